@@ -1,0 +1,1 @@
+"""pytest-devplug: end-to-end tests for Kubernetes device plugins."""

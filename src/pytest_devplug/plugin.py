@@ -1,0 +1,1 @@
+"""pytest entry point of pytest-devplug (options, ini keys and fixtures)."""
