@@ -1,0 +1,77 @@
+"""Readable views of a device-manager checkpoint, with each ``AllocResp`` decoded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from .api.deviceplugin import v1beta1_pb2 as pb
+from .sim.checkpoint import CheckpointData
+
+__all__ = ["decode_alloc_resp", "checkpoint_as_dict", "format_checkpoint"]
+
+
+def decode_alloc_resp(blob: bytes | None) -> pb.ContainerAllocateResponse:
+    """Parse a stored Allocate response; raises ``DecodeError`` when it is not one."""
+    return pb.ContainerAllocateResponse.FromString(blob or b"")
+
+
+def _resp_dict(blob: bytes | None) -> dict[str, Any]:
+    try:
+        return json_format.MessageToDict(decode_alloc_resp(blob), preserving_proto_field_name=True)
+    except DecodeError as exc:
+        return {"undecodable": f"{exc} ({len(blob or b'')} bytes)"}
+
+
+def checkpoint_as_dict(data: CheckpointData, stored: int, computed: int) -> dict[str, Any]:
+    entries = [
+        {
+            "pod_uid": e.pod_uid,
+            "container": e.container_name,
+            "resource": e.resource_name,
+            "devices_by_numa": None if e.device_ids is None else {str(k): v for k, v in sorted(e.device_ids.items())},
+            "allocate_response": _resp_dict(e.alloc_resp),
+        }
+        for e in data.pod_device_entries or []
+    ]
+    return {
+        "checksum": {"stored": stored, "computed": computed, "valid": stored == computed},
+        "registered_devices": data.registered_devices,
+        "pod_device_entries": entries,
+    }
+
+
+def _format_resp(blob: bytes | None) -> list[str]:
+    try:
+        resp = decode_alloc_resp(blob)
+    except DecodeError as exc:
+        return [f"      (AllocResp is not a ContainerAllocateResponse: {exc})"]
+    lines = [f"      env {k}={v}" for k, v in sorted(resp.envs.items())]
+    lines += [f"      device {d.host_path} -> {d.container_path} ({d.permissions})" for d in resp.devices]
+    lines += [
+        f"      mount {m.host_path} -> {m.container_path} ({'ro' if m.read_only else 'rw'})" for m in resp.mounts
+    ]
+    lines += [f"      annotation {k}={v}" for k, v in sorted(resp.annotations.items())]
+    lines += [f"      cdi {c.name}" for c in resp.cdi_devices]
+    return lines or ["      (empty response)"]
+
+
+def format_checkpoint(path: str, data: CheckpointData, stored: int, computed: int) -> str:
+    state = "ok" if stored == computed else f"MISMATCH: computed {computed} (the kubelet would discard this file)"
+    out = [f"{path}", f"  checksum {stored} {state}", "  registered devices (healthy when written):"]
+    if not data.registered_devices:
+        out.append("    (none)")
+    for resource, ids in sorted((data.registered_devices or {}).items()):
+        out.append(f"    {resource}: {', '.join(ids or []) or '(none)'}")
+    out.append("  allocations:")
+    if not data.pod_device_entries:
+        out.append("    (none)")
+    for e in data.pod_device_entries or []:
+        out.append(f"    pod {e.pod_uid} container {e.container_name} resource {e.resource_name}")
+        for numa, ids in sorted((e.device_ids or {}).items()):
+            where = "no NUMA node" if numa == -1 else f"NUMA node {numa}"
+            out.append(f"      devices on {where}: {', '.join(ids or [])}")
+        out.extend(_format_resp(e.alloc_resp))
+    return "\n".join(out)
