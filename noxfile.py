@@ -1,0 +1,63 @@
+"""Developer and CI entry points: `nox -s tests` (the test suite), `nox -s conformance` (the main job)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["tests", "conformance"]
+nox.options.error_on_missing_interpreters = False
+
+PYTHON = ["3.11", "3.12", "3.13", "3.10"]
+GRPC_TOOLS = "grpcio-tools==1.85.1"  # pinned: the checked-in stubs carry its version
+
+
+def _install(session: nox.Session, *extra: str) -> None:
+    session.install("-e", ".", "-e", "./plugin_under_test", *extra)
+
+
+@nox.session(python=PYTHON[0])
+def tests(session: nox.Session) -> None:
+    """Unit and integration tests on the embedded kubelet (no Docker needed)."""
+    _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf")
+    session.run("mypy")
+    session.run("pytest", "-m", "not kind", *session.posargs)
+
+
+@nox.session(python=PYTHON[0])
+def conformance(session: nox.Session) -> None:
+    """The shipped conformance suite against the included GPU plugin on the embedded kubelet."""
+    session.install(".", "./plugin_under_test")
+    # From an empty directory: the suite must need nothing of this repo.
+    with tempfile.TemporaryDirectory(prefix="devplug-conformance-") as empty:
+        session.chdir(empty)
+        session.run("devplug", "conformance", "--backend", "sim", *session.posargs)
+
+
+@nox.session(python=PYTHON[0])
+def proto(session: nox.Session) -> None:
+    """Regenerate the gRPC stubs of both distributions from proto/."""
+    session.install(GRPC_TOOLS)
+    session.run("python", "tools/genproto.py")
+
+
+@nox.session(python=PYTHON[0])
+def bench(session: nox.Session) -> None:
+    """Benchmarks of the embedded kubelet (results go to bench/RESULTS.md by hand)."""
+    _install(session)
+    session.run("python", "bench/bench_sim.py", *session.posargs)
+
+
+@nox.session(python=PYTHON[0])
+def e2e(session: nox.Session) -> None:
+    """The kind tier: a real kind cluster (offline-built images where no registry is reachable)."""
+    _install(session)
+    ensure = ROOT.parent / "shared" / "ci" / "ensure-docker"
+    if ensure.exists():
+        session.run("bash", str(ensure), external=True)
+    session.run("pytest", "-m", "kind", "tests/kind", *session.posargs, env={"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", "")})
