@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["SimError", "AdmissionError", "ApiError", "NotFoundError", "PluginProcessError"]
+__all__ = ["SimError", "AdmissionError", "ApiError", "NotFoundError", "PluginProcessError", "PreStartError"]
 
 
 class SimError(Exception):
@@ -36,3 +36,9 @@ class NotFoundError(ApiError):
 
 class PluginProcessError(SimError):
     """A plugin subprocess could not be started or did not behave (exit, timeout)."""
+
+
+class PreStartError(SimError):
+    """``PreStartContainer`` could not be done for a container, so the kubelet does not start it
+    (upstream: the error of ``GetDeviceRunContainerOptions``, e.g. ``device plugin PreStartContainer
+    rpc failed with err: ...``)."""
