@@ -1,0 +1,50 @@
+# Shared helpers for the offline kind build scripts (sourced, not run).
+# Everything here is for machines with no container registry; users' machines never need it.
+set -euo pipefail
+
+OFFLINE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$OFFLINE_DIR/../.." && pwd)"
+# shellcheck source=versions.env
+. "$OFFLINE_DIR/versions.env"
+
+CACHE_ROOT="${DEVPLUG_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-devplug}"
+OFFLINE_CACHE="$CACHE_ROOT/offline"
+mkdir -p "$OFFLINE_CACHE"
+
+GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
+export GOFLAGS="${GOFLAGS:-}"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+
+_T0=$(date +%s)
+_prog="$(basename "$0" .sh)"
+log() { printf '[%s +%4ss] %s\n' "$_prog" "$(( $(date +%s) - _T0 ))" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# step NAME CMD...: runs CMD with a start line and an elapsed-time line.
+step() {
+  local name=$1; shift
+  local s; s=$(date +%s)
+  log "==> $name"
+  "$@"
+  log "<== $name done in $(( $(date +%s) - s ))s"
+}
+
+ensure_docker() {
+  if docker info >/dev/null 2>&1; then return 0; fi
+  if [ -x "$REPO_ROOT/../shared/ci/ensure-docker" ]; then
+    "$REPO_ROOT/../shared/ci/ensure-docker" >&2
+  fi
+  docker info >/dev/null 2>&1 || die "no working Docker engine (docker info fails)"
+}
+
+image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+image_label() { docker image inspect -f "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true; }
+
+apt_ensure() {  # apt_ensure pkg... : install Debian packages on the build host when missing
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}

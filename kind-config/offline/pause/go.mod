@@ -1,0 +1,3 @@
+module devplug.local/pause
+
+go 1.22
