@@ -1,0 +1,250 @@
+"""Command line: flags with ``DP_*`` environment equivalents (for the DaemonSet) and ``main()``.
+
+Exit codes: 0 after SIGTERM/SIGINT; 2 for bad configuration (including a malformed mock
+state at start-up); 1 for runtime failures (NVML missing, registration refused, cannot serve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from . import __name__ as _pkg
+from .allocation import STRATEGIES, AllocationConfig, ensure_dev_nodes, write_cdi_spec
+from .devices import DeviceState
+from .health import DEFAULT_IGNORED_XIDS, HealthMonitor
+from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, default_socket_name
+
+log = logging.getLogger(_pkg)
+
+PROG = "devplug-gpu-plugin"
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off", ""}
+
+
+def _env(flag: str) -> str:
+    return "DP_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _env_bool(flag: str) -> bool:
+    raw = os.environ.get(_env(flag))
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise SystemExit(f"{PROG}: error: {_env(flag)}={raw!r} is not a boolean (use true/false)")
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [p.strip() for v in values for p in v.split(",") if p.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Kubernetes device plugin for NVIDIA GPUs on NVML, with a mock NVML for GPU-less nodes. "
+        "Every flag can also be set by the environment variable shown (DP_<FLAG>).",
+    )
+
+    def opt(flag: str, default: str | None, help: str, **kw: object) -> None:
+        env = _env(flag)
+        p.add_argument(flag, default=os.environ.get(env, default), help=f"{help} [{env}]", **kw)  # type: ignore[arg-type]
+
+    opt("--plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet device-plugin directory (default %(default)s)")
+    opt("--resource-name", "nvidia.com/gpu", "extended resource to advertise (default %(default)s)")
+    opt("--nvml", "real", "NVML backend: real libnvidia-ml or the mock fed by --mock-state", choices=["mock", "real"])
+    opt("--mock-state", None, "mock NVML state file (JSON, see README); required with --nvml mock")
+    opt("--nvml-lib", None, "path of libnvidia-ml.so.1 for --nvml real (default: the loader's search)")
+    p.add_argument(
+        "--pre-start-required",
+        action="store_true",
+        default=_env_bool("--pre-start-required"),
+        help="ask the kubelet to call PreStartContainer [DP_PRE_START_REQUIRED]",
+    )
+    opt(
+        "--ignored-xids",
+        ",".join(map(str, DEFAULT_IGNORED_XIDS)),
+        "comma-separated Xids that do not make a GPU unhealthy (default %(default)s)",
+    )
+    p.add_argument(
+        "--device-list-strategy",
+        action="append",
+        default=None,
+        help=f"how containers get their GPUs: {', '.join(STRATEGIES)}; repeatable or comma-separated "
+        "(default envvar) [DP_DEVICE_LIST_STRATEGY]",
+    )
+    opt("--cdi-spec-dir", "/var/run/cdi", "where the CDI spec is written for cdi-* strategies (default %(default)s)")
+    opt("--driver-lib-dir", None, "host directory of driver libraries, mounted read-only at the same path")
+    opt("--dev-root", "/dev", "host directory holding the nvidia* device nodes (default %(default)s)")
+    p.add_argument(
+        "--create-dev-nodes",
+        action="store_true",
+        default=_env_bool("--create-dev-nodes"),
+        help="mock mode: create stand-in nvidia* device nodes under --dev-root [DP_CREATE_DEV_NODES]",
+    )
+    opt("--socket-name", None, "plugin socket file name in --plugin-dir (default devplug-<resource>.sock)")
+    opt("--log-level", "info", "debug, info, warning or error (default %(default)s)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    raw_strategies = args.device_list_strategy or [os.environ.get("DP_DEVICE_LIST_STRATEGY", "envvar")]
+    strategies = _split(raw_strategies)
+    for s in strategies:
+        if s not in STRATEGIES:
+            parser.error(f"--device-list-strategy: unknown strategy {s!r} (choose from {', '.join(STRATEGIES)})")
+    if not strategies:
+        parser.error("--device-list-strategy: at least one strategy is needed")
+    args.device_list_strategy = tuple(dict.fromkeys(strategies))
+    # gRPC reads "unix:dir/x" as an authority and DeviceSpecs need absolute host paths.
+    for attr in ("plugin_dir", "mock_state", "cdi_spec_dir", "driver_lib_dir", "dev_root"):
+        if getattr(args, attr):
+            setattr(args, attr, os.path.abspath(getattr(args, attr)))
+    try:
+        args.ignored_xids = tuple(int(x) for x in _split([args.ignored_xids]))
+    except ValueError:
+        parser.error(f"--ignored-xids: expected comma-separated integers, got {args.ignored_xids!r}")
+    if args.nvml not in ("mock", "real"):
+        parser.error(f"--nvml: must be mock or real, got {args.nvml!r}")
+    if args.nvml == "mock" and not args.mock_state:
+        parser.error("--nvml mock needs --mock-state FILE (or DP_MOCK_STATE)")
+    name = args.resource_name
+    if "/" not in name or name.startswith("kubernetes.io/") or not name.split("/", 1)[1]:
+        parser.error(f"--resource-name: {name!r} is not an extended resource name like vendor.com/gpu")
+    if args.socket_name is None:
+        args.socket_name = default_socket_name(name)
+    if "/" in args.socket_name or args.socket_name == "kubelet.sock":
+        parser.error(f"--socket-name: {args.socket_name!r} must be a plain file name other than kubelet.sock")
+    level = getattr(logging, str(args.log_level).upper(), None)
+    if not isinstance(level, int):
+        parser.error(f"--log-level: unknown level {args.log_level!r}")
+    args.log_level = level
+    return args
+
+
+def _load_real_nvml(lib_path: str | None) -> None:
+    import ctypes
+
+    import pynvml
+
+    if lib_path:
+        try:
+            lib = ctypes.CDLL(lib_path)
+        except OSError as exc:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND) from exc
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = lib
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+    pynvml.nvmlInit()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import pynvml
+
+    from .nvml_mock import MockNvml, MockStateError, install
+
+    mock: MockNvml | None = None
+    if args.nvml == "mock":
+        try:
+            mock = install(args.mock_state)
+        except MockStateError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        pynvml.nvmlInit()
+        mock.start_watching()
+        log.info("NVML: mock library fed by %s", args.mock_state)
+    else:
+        try:
+            _load_real_nvml(args.nvml_lib)
+        except pynvml.NVMLError as exc:
+            where = args.nvml_lib or "libnvidia-ml.so.1"
+            print(
+                f"{PROG}: error: cannot use NVML ({where}): {exc}. On a node without an NVIDIA driver "
+                f"use --nvml mock --mock-state FILE (DP_NVML=mock).",
+                file=sys.stderr,
+            )
+            return 1
+        log.info("NVML: driver %s", pynvml.nvmlSystemGetDriverVersion())
+
+    stopping = threading.Event()
+    alloc = AllocationConfig(
+        resource_name=args.resource_name,
+        strategies=args.device_list_strategy,
+        dev_root=args.dev_root,
+        driver_lib_dir=args.driver_lib_dir,
+        cdi_spec_dir=args.cdi_spec_dir,
+    )
+    state = DeviceState()
+
+    def on_change() -> None:
+        """Keep the files that mirror the device list (CDI spec, fake dev nodes) current."""
+        gpus = state.snapshot().gpus
+        try:
+            if args.create_dev_nodes:
+                ensure_dev_nodes(args.dev_root, [g.info.minor for g in gpus])
+            if alloc.uses_cdi:
+                log.info("CDI spec written to %s", write_cdi_spec(alloc, gpus))
+        except OSError as exc:
+            log.error("cannot update device files: %s", exc)
+
+    monitor = HealthMonitor(state, args.ignored_xids)
+    servicer = DevicePluginServicer(
+        state, alloc, args.pre_start_required, mock.allocate_fault if mock else None, stopping
+    )
+    server = PluginServer(
+        ServerConfig(args.plugin_dir, args.resource_name, args.socket_name, args.pre_start_required),
+        servicer,
+        stopping,
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        server.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    rc = 0
+    try:
+        os.makedirs(args.plugin_dir, exist_ok=True)
+        monitor.start()
+        on_change()  # after the first probe, even when it found no GPU
+        monitor.on_change = on_change
+        server.run()
+    except RegistrationRefused as exc:
+        log.error("registration refused by the kubelet: %s", exc)
+        print(f"{PROG}: error: registration refused by the kubelet: {exc}", file=sys.stderr)
+        rc = 1
+    except Exception as exc:
+        log.exception("fatal: %s", exc)
+        rc = 1
+    finally:
+        server.stop()
+        if mock is not None:
+            mock.close()  # also wakes the health thread's event wait
+        monitor.stop()
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    log.info("stopped (exit %d)", rc)
+    return rc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

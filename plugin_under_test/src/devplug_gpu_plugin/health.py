@@ -1,0 +1,181 @@
+"""NVML probing and the event loop that turns NVML events into health changes.
+
+One loop thread owns all NVML calls after start-up. It waits on an NVML event set for
+critical Xids; after every wake (event, timeout, or the mock's wake on a state change) it
+re-probes every GPU, so lost GPUs, GPUs that answer again and added/removed GPUs are
+published within one wake.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pynvml
+
+from .devices import DeviceState, GpuInfo, Probe
+
+log = logging.getLogger("devplug_gpu_plugin.health")
+
+DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+"""Application errors, not GPU faults (the same set NVIDIA's device plugin skips)."""
+
+WAIT_MS = 1000
+
+
+def _is_lost(exc: Exception) -> bool:
+    return isinstance(exc, pynvml.NVMLError) and exc.value == pynvml.NVML_ERROR_GPU_IS_LOST
+
+
+def _handle_key(handle: Any) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+class HealthMonitor:
+    """Owns NVML after ``pynvml.nvmlInit()``: probes GPUs and follows Xid events."""
+
+    def __init__(
+        self,
+        state: DeviceState,
+        ignored_xids: Iterable[int] = DEFAULT_IGNORED_XIDS,
+        on_change: Callable[[], None] | None = None,
+        wait_ms: int = WAIT_MS,
+    ) -> None:
+        self.state = state
+        self.ignored_xids = frozenset(ignored_xids)
+        self.on_change = on_change
+        self.wait_ms = wait_ms
+        self._known: dict[int, GpuInfo] = {}  # handle -> info from when it last answered
+        self._registered: set[int] = set()
+        self._event_set: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- probing -----------------------------------------------------------------------------
+    def _read_info(self, handle: Any) -> GpuInfo:
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        name = pynvml.nvmlDeviceGetName(handle)
+        minor = pynvml.nvmlDeviceGetMinorNumber(handle)
+        memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+        numa: int | None
+        try:
+            numa = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+        except pynvml.NVMLError as exc:
+            if _is_lost(exc):
+                raise
+            numa = None  # NOT_SUPPORTED / FUNCTION_NOT_FOUND: no topology
+        if numa is not None and numa < 0:
+            numa = None
+        return GpuInfo(uuid=str(uuid), name=str(name), minor=int(minor), numa_node=numa, memory_mib=memory_mib)
+
+    def probe(self) -> list[Probe]:
+        """Ask NVML for every GPU; a lost GPU keeps the info it had when it last answered."""
+        probes: list[Probe] = []
+        count = pynvml.nvmlDeviceGetCount()
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as exc:
+                log.warning("NVML: no handle for GPU index %d: %s", index, exc)
+                continue
+            key = _handle_key(handle)
+            try:
+                info = self._read_info(handle)
+            except pynvml.NVMLError as exc:
+                known = self._known.get(key)
+                if known is None:
+                    log.warning("NVML: GPU index %d does not answer (%s) and was never seen; not listed", index, exc)
+                    continue
+                if not _is_lost(exc):
+                    log.warning("NVML: GPU %s: %s; treating it as lost", known.uuid, exc)
+                probes.append(Probe(known, lost=True))
+                continue
+            self._known[key] = info
+            probes.append(Probe(info, lost=False))
+            self._register_events(handle, key, info.uuid)
+        return probes
+
+    def refresh(self) -> None:
+        """Probe and publish; NVML failures are logged, never raised (the plugin keeps running)."""
+        try:
+            probes = self.probe()
+        except pynvml.NVMLError as exc:
+            log.error("NVML probe failed: %s; keeping the last device list", exc)
+            return
+        self._publish(self.state.update_inventory(probes))
+
+    def _publish(self, changes: list[str]) -> None:
+        for line in changes:
+            log.info("device %s", line)
+        if changes and self.on_change is not None:
+            self.on_change()
+
+    # ---- events ------------------------------------------------------------------------------
+    def _register_events(self, handle: Any, key: int, uuid: str) -> None:
+        if self._event_set is None or key in self._registered:
+            return
+        try:
+            supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+            mask = supported & pynvml.nvmlEventTypeXidCriticalError
+            if not mask:
+                log.warning("NVML: GPU %s does not report Xid events; health follows lost/back only", uuid)
+            else:
+                pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+            self._registered.add(key)
+        except pynvml.NVMLError as exc:
+            log.warning("NVML: cannot register Xid events for %s: %s (will retry)", uuid, exc)
+
+    def handle_event(self, data: Any) -> None:
+        """Apply one NVML event; unknown GPUs and ignored Xids are logged, not applied."""
+        if int(data.eventType) != pynvml.nvmlEventTypeXidCriticalError:
+            return
+        xid = int(data.eventData)
+        info = self._known.get(_handle_key(data.device))
+        if info is None:
+            log.warning("NVML: Xid %d on an unknown device; ignored", xid)
+            return
+        if xid in self.ignored_xids:
+            log.info("NVML: Xid %d on %s is in the ignored list; health unchanged", xid, info.uuid)
+            return
+        log.warning("NVML: critical Xid %d on %s; marking it Unhealthy", xid, info.uuid)
+        self._publish(self.state.mark_xid(info.uuid, xid))
+
+    def start(self) -> None:
+        """Create the event set, do the first probe, then follow events in a thread."""
+        self._event_set = pynvml.nvmlEventSetCreate()
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="health", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._event_set, self.wait_ms)
+            except pynvml.NVMLError as exc:
+                if exc.value != pynvml.NVML_ERROR_TIMEOUT and not self._stop.is_set():
+                    log.warning("NVML event wait: %s", exc)
+                    self._stop.wait(0.1)  # don't spin on a persistent error
+            except Exception:  # never let the health thread die silently
+                log.exception("health loop: unexpected error")
+                self._stop.wait(0.1)
+            else:
+                try:
+                    self.handle_event(data)
+                except Exception:
+                    log.exception("health loop: cannot handle event")
+            if not self._stop.is_set():
+                self.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.wait_ms / 1000 + 1)
+        if self._event_set is not None:
+            try:
+                pynvml.nvmlEventSetFree(self._event_set)
+            except pynvml.NVMLError:
+                pass
+            self._event_set = None

@@ -1,0 +1,314 @@
+"""The DevicePlugin servicer (thin) and the serve -> prove -> register lifecycle.
+
+Order matters to the kubelet: it dials the endpoint during ``Register``, so the plugin
+serves first, proves its own socket answers, then registers. Kubelet restarts are seen by
+inotify on the plugin dir (own socket deleted, ``kubelet.sock`` re-created) and answered by
+serving again and registering again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import tenacity
+
+from .allocation import AllocationConfig, AllocationError, container_response, preferred_allocation
+from .api.deviceplugin import v1beta1_pb2 as pb
+from .api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
+from .devices import DeviceState, Snapshot
+from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Inotify
+
+log = logging.getLogger("devplug_gpu_plugin.server")
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+STREAM_POLL_S = 0.25
+
+
+class RegistrationRefused(Exception):
+    """The kubelet answered ``Register`` with an error: retrying will not help."""
+
+
+def default_socket_name(resource_name: str) -> str:
+    """``nvidia.com/gpu`` -> ``devplug-nvidia.com-gpu.sock``: one socket per resource."""
+    return "devplug-" + resource_name.replace("/", "-") + ".sock"
+
+
+def to_device(gpu: Any) -> pb.Device:
+    dev = pb.Device(ID=gpu.uuid, health=gpu.health)
+    if gpu.info.numa_node is not None:
+        dev.topology.nodes.add(ID=gpu.info.numa_node)
+    return dev
+
+
+def list_response(snapshot: Snapshot) -> pb.ListAndWatchResponse:
+    return pb.ListAndWatchResponse(devices=[to_device(g) for g in snapshot.gpus])
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    """Maps RPCs onto :mod:`devices` and :mod:`allocation`; holds no logic of its own."""
+
+    def __init__(
+        self,
+        state: DeviceState,
+        config: AllocationConfig,
+        pre_start_required: bool,
+        fault: Callable[[str], str | None] | None,
+        stopping: threading.Event,
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.pre_start_required = pre_start_required
+        self.fault = fault
+        self.stopping = stopping
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=self.pre_start_required, get_preferred_allocation_available=True
+        )
+
+    def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+        snap = self.state.snapshot()
+        log.info("ListAndWatch: sending %d devices (version %d)", len(snap.gpus), snap.version)
+        yield list_response(snap)
+        while context.is_active() and not self.stopping.is_set():
+            new = self.state.wait_for_change(snap.version, STREAM_POLL_S)
+            if new.version != snap.version:
+                snap = new
+                log.info("ListAndWatch: sending %d devices (version %d)", len(snap.gpus), snap.version)
+                yield list_response(snap)
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        infos = {g.uuid: g.info for g in self.state.snapshot().gpus}
+        resp = pb.PreferredAllocationResponse()
+        for req in request.container_requests:
+            ids = preferred_allocation(
+                list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size, infos
+            )
+            resp.container_responses.add(deviceIDs=ids)
+        return resp
+
+    def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        snap = self.state.snapshot()
+        resp = pb.AllocateResponse()
+        try:
+            for req in request.container_requests:
+                resp.container_responses.append(
+                    container_response(list(req.devices_ids), snap, self.config, self.fault)
+                )
+        except AllocationError as exc:
+            log.error("Allocate refused: %s", exc.message)
+            code = grpc.StatusCode.INVALID_ARGUMENT if exc.code == "invalid_argument" else grpc.StatusCode.INTERNAL
+            context.abort(code, exc.message)
+        log.info(
+            "Allocate: %s",
+            "; ".join(",".join(r.devices_ids) for r in request.container_requests),
+        )
+        return resp
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
+        log.info("PreStartContainer: devices %s", ",".join(request.devices_ids))
+        return pb.PreStartContainerResponse()
+
+
+@dataclass
+class ServerConfig:
+    plugin_dir: str
+    resource_name: str
+    socket_name: str
+    pre_start_required: bool = False
+
+
+class PluginServer:
+    """Serves the socket and keeps the plugin registered until :meth:`stop`."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        servicer: DevicePluginServicer,
+        stopping: threading.Event,
+    ) -> None:
+        self.config = config
+        self.servicer = servicer
+        self.stopping = stopping
+        self.socket_path = os.path.join(config.plugin_dir, config.socket_name)
+        self.kubelet_socket = os.path.join(config.plugin_dir, KUBELET_SOCKET)
+        self._server: Any = None
+        self._kick = threading.Event()
+        self._registered_kubelet: tuple[int, int] | None = None  # (dev, ino) of kubelet.sock
+        self._watcher: Inotify | None = None
+        self._watch_thread: threading.Thread | None = None
+
+    # ---- serving -----------------------------------------------------------------------------
+    def serve(self) -> None:
+        """(Re)start the gRPC server on our socket and prove it answers."""
+        self._stop_server()
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port("unix://" + self.socket_path)
+        server.start()
+        self._server = server
+        self._prove()
+        log.info("serving on %s", self.socket_path)
+
+    def _prove(self) -> None:
+        with grpc.insecure_channel("unix://" + self.socket_path) as channel:
+            stub = pb_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+            stub.GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._server.stop(0).wait(2)
+            self._server = None
+
+    # ---- registration ------------------------------------------------------------------------
+    def _kubelet_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.kubelet_socket)
+        except FileNotFoundError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def _register_once(self) -> None:
+        identity = self._kubelet_identity()
+        if identity is None:
+            raise FileNotFoundError(f"kubelet socket {self.kubelet_socket} does not exist")
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.config.socket_name,
+            resource_name=self.config.resource_name,
+            options=pb.DevicePluginOptions(
+                pre_start_required=self.config.pre_start_required, get_preferred_allocation_available=True
+            ),
+        )
+        with grpc.insecure_channel("unix://" + self.kubelet_socket) as channel:
+            try:
+                stub = pb_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+                stub.Register(request, timeout=10)
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise ConnectionError(f"kubelet at {self.kubelet_socket}: {exc.details()}") from None
+                raise RegistrationRefused(str(exc.details())) from None
+        self._registered_kubelet = identity
+        log.info(
+            "registered with kubelet as %s (endpoint %s)", self.config.resource_name, self.config.socket_name
+        )
+
+    def register(self) -> bool:
+        """Register, retrying with backoff while the kubelet is absent; False if stopping.
+
+        A wait is cut short when ``kubelet.sock`` appears (inotify), so a restarted kubelet
+        is answered at once, whatever the backoff has grown to.
+        """
+
+        def sleep(seconds: float) -> None:
+            self._kick.wait(seconds)
+            self._kick.clear()
+
+        def before_sleep(rs: tenacity.RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            delay = rs.next_action.sleep if rs.next_action else 0.0
+            log.warning("waiting for the kubelet (attempt %d, retry in %.2fs): %s", rs.attempt_number, delay, exc)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type((FileNotFoundError, ConnectionError)),
+            wait=tenacity.wait_exponential(multiplier=0.05, min=0.05, max=5),
+            stop=lambda rs: self.stopping.is_set(),
+            sleep=sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            retrying(self._register_once)
+        except (FileNotFoundError, ConnectionError):
+            if self.stopping.is_set():
+                return False
+            raise
+        return True
+
+    # ---- kubelet restarts --------------------------------------------------------------------
+    def start_watching(self) -> None:
+        watcher = Inotify()
+        watcher.add_watch(self.config.plugin_dir, IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)
+        self._watcher = watcher
+        own, kubelet = self.config.socket_name, KUBELET_SOCKET
+
+        def loop() -> None:
+            while not self.stopping.is_set():
+                try:
+                    events = watcher.read(None)
+                except (OSError, ValueError):
+                    return
+                for e in events:
+                    if (e.name == own and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
+                        e.name == kubelet and e.mask & (IN_CREATE | IN_MOVED_TO)
+                    ):
+                        log.info("plugin dir: %s %s", e.name, "created" if e.mask & (IN_CREATE | IN_MOVED_TO) else "removed")
+                        self._kick.set()
+
+        self._watch_thread = threading.Thread(target=loop, name="plugin-dir-watch", daemon=True)
+        self._watch_thread.start()
+
+    def needs_attention(self) -> bool:
+        """Our socket is gone, or the kubelet socket is not the one we registered with."""
+        return not os.path.exists(self.socket_path) or self._kubelet_identity() != self._registered_kubelet
+
+    def run(self) -> None:
+        """Serve, register, and re-serve/re-register on kubelet restarts until stopped."""
+        self.start_watching()
+        self.serve()
+        if not self.register():
+            return
+        while not self.stopping.is_set():
+            self._kick.wait(1.0)  # also a periodic self-check should an inotify event be missed
+            self._kick.clear()
+            if self.stopping.is_set():
+                break
+            if not self.needs_attention():
+                continue
+            started = time.monotonic()
+            if not os.path.exists(self.socket_path):
+                log.info("own socket %s is gone: serving again", self.socket_path)
+                self.serve()
+            else:
+                log.info("kubelet socket re-created: registering again")
+            if not self.register():
+                return
+            log.info("re-registered in %.3fs", time.monotonic() - started)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to return soon; safe from a signal handler (only sets events)."""
+        self.stopping.set()
+        self._kick.set()
+
+    def stop(self) -> None:
+        """Stop serving and remove our socket (the kubelet then marks our devices unhealthy)."""
+        self.stopping.set()
+        self._kick.set()
+        self._stop_server()
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        if self._watcher is not None:
+            self._watcher.wake()
+            if self._watch_thread is not None:
+                self._watch_thread.join(2)
+            self._watcher.close()
+            self._watcher = None
