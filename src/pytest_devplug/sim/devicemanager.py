@@ -1,0 +1,760 @@
+"""The kubelet's device manager, faithful to upstream ``pkg/kubelet/cm/devicemanager``.
+
+It owns the Registration server, one :class:`~pytest_devplug.sim.endpoint.Endpoint` per resource,
+the device sets reported over ListAndWatch (healthy / unhealthy), the allocation of devices to
+containers (``devicesToAllocate``, NUMA-aware, with ``GetPreferredAllocation`` and one
+``Allocate`` per resource per container) and the checkpoint that survives a kubelet restart.
+
+Locking: one state lock. Unlike the kubelet, which admits pods one at a time, many threads may
+admit here at once, so devices are *reserved* under the lock before any RPC and the reservation
+is rolled back (only this call's, never a recomputation that would drop other calls' in-flight
+devices) when the RPC fails. ``on_change`` is always called with no lock held.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
+from pytest_devplug.sim.checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointData,
+    CheckpointError,
+    PodDevicesEntry,
+    read_checkpoint,
+    write_checkpoint,
+)
+from pytest_devplug.sim.endpoint import Endpoint, EndpointError
+from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
+from pytest_devplug.sim.model import (
+    ContainerRuntimeOptions,
+    ContainerSpec,
+    DeviceNodeSpec,
+    MountSpec,
+    PodSpecView,
+)
+from pytest_devplug.sim.registration import RegistrationError, RegistrationServer
+from pytest_devplug.sim.topology import (
+    POLICIES,
+    TOPOLOGY_AFFINITY_MESSAGE,
+    TOPOLOGY_AFFINITY_REASON,
+    TopologyHint,
+    generate_device_hints,
+    merge_hints,
+)
+
+__all__ = ["DeviceManager", "AllocateError", "KUBELET_SOCKET", "HEALTHY", "UNHEALTHY"]
+
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+#: Devices without topology sit under this fake NUMA node (``nodeWithoutTopology``).
+NO_NUMA = -1
+
+
+class AllocateError(SimError):
+    """``devicesToAllocate``/``allocateContainerResources`` failed; the text is upstream's."""
+
+
+@dataclass
+class _AllocInfo:
+    numa: dict[int, list[str]]
+    resp: pb.ContainerAllocateResponse | None
+
+    def ids(self) -> set[str]:
+        return {d for ids in self.numa.values() for d in ids}
+
+
+def _device_nodes(dev: pb.Device | None) -> list[int]:
+    if dev is None or not dev.HasField("topology"):
+        return []
+    return [int(n.ID) for n in dev.topology.nodes]
+
+
+class DeviceManager:
+    """One node's device manager; see the module docstring for the rules it follows."""
+
+    def __init__(
+        self,
+        plugin_dir: Path,
+        *,
+        grace_period: float = 300.0,
+        topology_policy: str = "none",
+        numa_nodes: int = 2,
+        on_change: Callable[[], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if topology_policy not in POLICIES:
+            raise ValueError(f"unknown topology manager policy {topology_policy!r}; known: {', '.join(POLICIES)}")
+        self.plugin_dir = Path(plugin_dir)
+        self.grace_period = grace_period
+        self.topology_policy = topology_policy
+        self.numa_nodes = list(range(numa_nodes))
+        self._on_change = on_change
+        self._log = logger or logging.getLogger(__name__)
+        #: Set by the kubelet once its post-restart re-admission pass is done (``sourcesReady``).
+        self.sources_ready = False
+
+        self._lock = threading.Lock()
+        self._ckpt_lock = threading.Lock()
+        self._endpoints: dict[str, Endpoint] = {}
+        self._all: dict[str, dict[str, pb.Device]] = {}
+        self._healthy: dict[str, set[str]] = {}
+        self._unhealthy: dict[str, set[str]] = {}
+        self._allocated: dict[str, set[str]] = {}
+        self._pod_devs: dict[str, dict[str, dict[str, _AllocInfo]]] = {}
+        self._reservations: dict[int, tuple[str, set[str]]] = {}
+        self._reuse: dict[str, dict[str, set[str]]] = {}
+        self._affinity: dict[tuple[str, str], TopologyHint] = {}
+        self._timers: dict[str, threading.Timer] = {}
+        self._tokens = itertools.count()
+        self._registration: RegistrationServer | None = None
+        self._running = False
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+
+    @property
+    def socket_path(self) -> Path:
+        return self.plugin_dir / KUBELET_SOCKET
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugin_dir / CHECKPOINT_NAME
+
+    def start(self) -> None:
+        """Read the checkpoint, clean stale sockets, serve Registration (upstream ``Start``)."""
+        self._read_checkpoint()
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._cleanup_plugin_directory()
+        self._registration = RegistrationServer(self.socket_path, self._on_register, logger=self._log)
+        self._registration.start()
+        self._running = True
+
+    def stop(self) -> None:
+        """Stop serving and every stream; nothing on disk but ``kubelet.sock`` goes away."""
+        with self._lock:
+            endpoints = list(self._endpoints.values())
+            timers = list(self._timers.values())
+            self._timers.clear()
+            self._running = False
+        for t in timers:
+            t.cancel()
+        if self._registration is not None:
+            self._registration.stop()
+            self._registration = None
+        for ep in endpoints:
+            ep.close()
+        with self._lock:
+            for resource, ep in self._endpoints.items():
+                if not ep.is_stopped():
+                    self._mark_resource_unhealthy(resource)
+                    ep.set_stop_time(time.monotonic())
+
+    def _read_checkpoint(self) -> None:
+        try:
+            data = read_checkpoint(self.checkpoint_path)
+        except FileNotFoundError:
+            self._log.info("Failed to read data from checkpoint %s: checkpoint is not found", CHECKPOINT_NAME)
+            return
+        except (CheckpointError, OSError) as err:
+            self._log.error(
+                "Continue after failing to read checkpoint file. Device allocation info may NOT be up-to-date: %s", err
+            )
+            return
+        with self._lock:
+            for entry in data.pod_device_entries or []:
+                try:
+                    resp = pb.ContainerAllocateResponse.FromString(entry.alloc_resp or b"")
+                except Exception as err:  # protobuf raises DecodeError; keep going like the kubelet
+                    self._log.error(
+                        "Can't unmarshal allocResp for %s %s %s: %s",
+                        entry.pod_uid, entry.container_name, entry.resource_name, err,
+                    )
+                    continue
+                numa = {int(k): list(v or []) for k, v in (entry.device_ids or {}).items()}
+                self._pod_devs.setdefault(entry.pod_uid, {}).setdefault(entry.container_name, {})[
+                    entry.resource_name
+                ] = _AllocInfo(numa, resp)
+            self._recompute_allocated()
+            for resource in data.registered_devices or {}:
+                self._healthy[resource] = set()
+                self._unhealthy[resource] = set()
+                self._endpoints[resource] = Endpoint.stopped(resource, logger=self._log)
+                self._arm_grace_timer(resource)
+
+    def _cleanup_plugin_directory(self) -> None:
+        """Delete every socket in the plugin dir (not the checkpoint, not other files or dirs)."""
+        for path in self.plugin_dir.iterdir():
+            if path.name == CHECKPOINT_NAME:
+                continue
+            try:
+                mode = path.lstat().st_mode
+            except OSError as err:
+                self._log.error("Failed to stat file %s: %s", path, err)
+                continue
+            if stat.S_ISSOCK(mode):
+                path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------------------------------
+    # registration and ListAndWatch
+
+    def _on_register(self, req: pb.RegisterRequest) -> None:
+        resource = req.resource_name
+        ep = Endpoint(resource, self.plugin_dir / req.endpoint, logger=self._log)
+        try:
+            ep.connect()
+            ep.get_options()
+        except EndpointError as err:
+            ep.close()
+            raise RegistrationError(str(err)) from None
+        with self._lock:
+            old = self._endpoints.get(resource)
+            self._endpoints[resource] = ep
+            timer = self._timers.pop(resource, None)
+        if timer is not None:
+            timer.cancel()
+        if old is not None:
+            old.close()
+        self._log.info("Device plugin connected: %s at %s", resource, ep.socket_path)
+        ep.run(self._on_list_and_watch, self._on_stream_end)
+        self._notify()
+
+    def _on_list_and_watch(self, ep: Endpoint, resp: pb.ListAndWatchResponse) -> None:
+        resource = ep.resource_name
+        with self._lock:
+            if self._endpoints.get(resource) is not ep:
+                return
+            healthy: set[str] = set()
+            unhealthy: set[str] = set()
+            devices: dict[str, pb.Device] = {}
+            for d in resp.devices:
+                devices[d.ID] = d
+                (healthy if d.health == HEALTHY else unhealthy).add(d.ID)
+            self._all[resource] = devices
+            self._healthy[resource] = healthy
+            self._unhealthy[resource] = unhealthy
+        self._log.info(
+            "Processed device updates for resource %s: total %d, healthy %d", resource, len(devices), len(healthy)
+        )
+        self._write_checkpoint_logged()
+        self._notify()
+
+    def _on_stream_end(self, ep: Endpoint) -> None:
+        """``PluginDisconnected``: every device unhealthy, grace period starts, no re-dial."""
+        resource = ep.resource_name
+        with self._lock:
+            if self._endpoints.get(resource) is not ep:
+                return
+            self._mark_resource_unhealthy(resource)
+            ep.set_stop_time(time.monotonic())
+            if self._running:
+                self._arm_grace_timer(resource)
+        self._log.info("Endpoint became unhealthy: %s", resource)
+        ep.close()
+        self._notify()
+
+    def _mark_resource_unhealthy(self, resource: str) -> None:
+        healthy = self._healthy.get(resource, set())
+        if resource in self._healthy:
+            self._healthy[resource] = set()
+        self._unhealthy[resource] = self._unhealthy.get(resource, set()) | healthy
+
+    def _arm_grace_timer(self, resource: str) -> None:
+        """Wake the kubelet when the grace period ends so that its next ``capacity()`` removes
+        the resource (upstream only notices on the periodic node-status update)."""
+        old = self._timers.pop(resource, None)
+        if old is not None:
+            old.cancel()
+        t = threading.Timer(self.grace_period + 0.01, self._notify)
+        t.daemon = True
+        self._timers[resource] = t
+        t.start()
+
+    def _notify(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # a broken listener must not kill a stream thread
+                self._log.exception("on_change callback failed")
+
+    # ------------------------------------------------------------------------------------------
+    # node status views
+
+    def capacity(self) -> tuple[dict[str, int], dict[str, int], list[str]]:
+        """``GetCapacity``: capacity = healthy + unhealthy, allocatable = healthy; resources whose
+        endpoint's grace period expired are dropped and reported once in the third value."""
+        capacity: dict[str, int] = {}
+        allocatable: dict[str, int] = {}
+        removed: set[str] = set()
+        with self._lock:
+            for devsets, is_healthy in ((self._healthy, True), (self._unhealthy, False)):
+                for resource in list(devsets):
+                    ep = self._endpoints.get(resource)
+                    if ep is None or ep.grace_expired(self.grace_period):
+                        self._endpoints.pop(resource, None)
+                        del devsets[resource]
+                        removed.add(resource)
+                        timer = self._timers.pop(resource, None)
+                        if timer is not None:
+                            timer.cancel()
+                    elif is_healthy:
+                        capacity[resource] = allocatable[resource] = len(devsets[resource])
+                    else:
+                        capacity[resource] = capacity.get(resource, 0) + len(devsets[resource])
+        if removed:
+            self._log.info("Removed resources after their grace period: %s", sorted(removed))
+            self._write_checkpoint_logged()
+        return capacity, allocatable, sorted(removed)
+
+    def resources(self) -> list[str]:
+        """Registered resources, including stopped ones still in their grace period."""
+        with self._lock:
+            return sorted(r for r, ep in self._endpoints.items() if not ep.grace_expired(self.grace_period))
+
+    def device_health(self, resource: str) -> dict[str, str]:
+        with self._lock:
+            out = {d: UNHEALTHY for d in self._unhealthy.get(resource, ())}
+            out.update({d: HEALTHY for d in self._healthy.get(resource, ())})
+            return dict(sorted(out.items()))
+
+    def plugin_options(self, resource: str) -> pb.DevicePluginOptions | None:
+        with self._lock:
+            ep = self._endpoints.get(resource)
+            return ep.options if ep is not None else None
+
+    def device_numa(self, resource: str, device_id: str) -> list[int]:
+        with self._lock:
+            return _device_nodes(self._all.get(resource, {}).get(device_id))
+
+    def allocatable_devices(self) -> dict[str, list[tuple[str, int | None]]]:
+        """Healthy devices with their NUMA node (one tuple per node; ``None`` = no topology),
+        as ``GetAllocatableDevices`` feeds pod-resources."""
+        with self._lock:
+            out: dict[str, list[tuple[str, int | None]]] = {}
+            for resource, ids in sorted(self._healthy.items()):
+                rows: list[tuple[str, int | None]] = []
+                for d in sorted(ids):
+                    nodes = _device_nodes(self._all.get(resource, {}).get(d))
+                    rows.extend([(d, n) for n in nodes] if nodes else [(d, None)])
+                out[resource] = rows
+            return out
+
+    # ------------------------------------------------------------------------------------------
+    # allocations views
+
+    def container_devices(self, pod_uid: str, container_name: str) -> dict[str, list[str]]:
+        with self._lock:
+            infos = self._pod_devs.get(pod_uid, {}).get(container_name, {})
+            return {r: sorted(i.ids()) for r, i in sorted(infos.items())}
+
+    def container_device_topology(self, pod_uid: str, container_name: str) -> dict[str, dict[str, list[int]]]:
+        """resource -> device -> NUMA nodes recorded at allocation (``[]`` = none), for pod-resources."""
+        with self._lock:
+            infos = self._pod_devs.get(pod_uid, {}).get(container_name, {})
+            out: dict[str, dict[str, list[int]]] = {}
+            for r, info in sorted(infos.items()):
+                per: dict[str, list[int]] = {}
+                for node, ids in sorted(info.numa.items()):
+                    for d in ids:
+                        per.setdefault(d, [])
+                        if node != NO_NUMA:
+                            per[d].append(node)
+                out[r] = dict(sorted(per.items()))
+            return out
+
+    def pod_devices(self) -> dict[str, dict[str, dict[str, list[str]]]]:
+        with self._lock:
+            return {
+                uid: {c: {r: sorted(i.ids()) for r, i in sorted(rs.items())} for c, rs in sorted(cs.items())}
+                for uid, cs in sorted(self._pod_devs.items())
+            }
+
+    def container_options(self, pod_uid: str, container_name: str) -> ContainerRuntimeOptions:
+        """Merge of the container's Allocate responses (``deviceRunContainerOptions``): the first
+        setting of an env var, annotation, device or mount path wins; CDI names are deduplicated."""
+        with self._lock:
+            infos = dict(self._pod_devs.get(pod_uid, {}).get(container_name, {}))
+        opts = ContainerRuntimeOptions()
+        devs: set[str] = set()
+        mounts: set[str] = set()
+        cdi: set[str] = set()
+        for resource in sorted(infos):
+            resp = infos[resource].resp
+            if resp is None:
+                continue
+            for k, v in sorted(resp.envs.items()):
+                if k in opts.envs:
+                    if opts.envs[k] != v:
+                        self._log.error("Environment variable %s has conflicting setting: %s and %s", k, opts.envs[k], v)
+                    continue
+                opts.envs[k] = v
+            for dev in resp.devices:
+                if dev.container_path in devs:
+                    continue
+                devs.add(dev.container_path)
+                opts.devices.append(DeviceNodeSpec(dev.container_path, dev.host_path, dev.permissions))
+            for m in resp.mounts:
+                if m.container_path in mounts:
+                    continue
+                mounts.add(m.container_path)
+                opts.mounts.append(MountSpec(m.container_path, m.host_path, m.read_only))
+            for k, v in sorted(resp.annotations.items()):
+                opts.annotations.setdefault(k, v)
+            for c in resp.cdi_devices:
+                if c.name not in cdi:
+                    cdi.add(c.name)
+                    opts.cdi_devices.append(c.name)
+        return opts
+
+    def remove_stale_pods(self, active_pod_uids: set[str]) -> None:
+        """``UpdateAllocatedDevices``: free the devices of pods no longer active. Like upstream it
+        does nothing until ``sources_ready`` (after a restart the active list is not yet complete)."""
+        if not self.sources_ready:
+            return
+        with self._lock:
+            stale = [uid for uid in self._pod_devs if uid not in active_pod_uids]
+            for uid in list(self._reuse):
+                if uid not in active_pod_uids:
+                    del self._reuse[uid]
+            for key in [k for k in self._affinity if k[0] not in active_pod_uids]:
+                del self._affinity[key]
+            if not stale:
+                return
+            for uid in stale:
+                del self._pod_devs[uid]
+            self._recompute_allocated()
+        self._log.info("Pods to be removed: %s", sorted(stale))
+        self._write_checkpoint_logged()
+
+    # ------------------------------------------------------------------------------------------
+    # admission
+
+    def admit_container(self, pod: PodSpecView, container: ContainerSpec, *, container_running: bool = False) -> None:
+        """Topology Manager admit (container scope) then device allocation for one container.
+
+        Raises :class:`AdmissionError` with upstream's reason and message."""
+        if self.topology_policy != "none":
+            hints = self.get_topology_hints(pod, container)
+            best, admit = merge_hints(self.topology_policy, self.numa_nodes, [hints])
+            self._log.info("Best TopologyHint for %s/%s: %s (admit=%s)", pod.name, container.name, best, admit)
+            if not admit:
+                raise AdmissionError(TOPOLOGY_AFFINITY_REASON, TOPOLOGY_AFFINITY_MESSAGE)
+            with self._lock:
+                self._affinity[(pod.uid, container.name)] = best
+        try:
+            self._allocate(pod, container, container_running)
+        except (AllocateError, EndpointError) as err:
+            raise AdmissionError("UnexpectedAdmissionError", f"Allocate failed due to {err}, which is unexpected") from None
+
+    def get_affinity(self, pod_uid: str, container_name: str) -> TopologyHint | None:
+        with self._lock:
+            return self._affinity.get((pod_uid, container_name))
+
+    def get_topology_hints(self, pod: PodSpecView, container: ContainerSpec) -> dict[str, list[TopologyHint] | None]:
+        """``GetTopologyHints``: ``None`` for resources without topology, ``[]`` when impossible."""
+        hints: dict[str, list[TopologyHint] | None] = {}
+        with self._lock:
+            for resource, requested in sorted(container.resources.items()):
+                if not self._is_device_plugin_resource(resource):
+                    continue
+                nodes = {d: _device_nodes(dev) for d, dev in self._all.get(resource, {}).items()}
+                if not any(nodes.values()):
+                    hints[resource] = None
+                    continue
+                info = self._pod_devs.get(pod.uid, {}).get(container.name, {}).get(resource)
+                allocated = info.ids() if info is not None else set()
+                if allocated:
+                    if len(allocated) != requested:
+                        hints[resource] = []
+                    else:
+                        hints[resource] = generate_device_hints(self.numa_nodes, nodes, allocated, set(), requested)
+                    continue
+                available = self._healthy.get(resource, set()) - self._allocated.get(resource, set())
+                reusable = set(self._reuse.get(pod.uid, {}).get(resource, set()))
+                if len(available | reusable) < requested:
+                    hints[resource] = []
+                    continue
+                hints[resource] = generate_device_hints(self.numa_nodes, nodes, available, reusable, requested)
+        return hints
+
+    def _is_device_plugin_resource(self, resource: str) -> bool:
+        return resource in self._healthy or resource in self._allocated
+
+    def _allocate(self, pod: PodSpecView, container: ContainerSpec, running: bool) -> None:
+        """Upstream ``Allocate``: init containers' devices become reusable by later containers
+        (``devicesToReuse``) unless the init container is a sidecar, which keeps them."""
+        with self._lock:
+            reuse = self._reuse.setdefault(pod.uid, {})
+        self._allocate_container_resources(pod, container, reuse, running)
+        with self._lock:
+            infos = self._pod_devs.get(pod.uid, {}).get(container.name, {})
+            for resource, info in infos.items():
+                if container.init and not container.sidecar:
+                    reuse[resource] = reuse.get(resource, set()) | info.ids()
+                else:
+                    reuse[resource] = reuse.get(resource, set()) - info.ids()
+
+    def _allocate_container_resources(
+        self, pod: PodSpecView, container: ContainerSpec, reuse: dict[str, set[str]], running: bool
+    ) -> None:
+        needs_checkpoint = False
+        for resource, needed in sorted(container.resources.items()):
+            with self._lock:
+                if not self._is_device_plugin_resource(resource):
+                    continue
+                picked = self._devices_to_allocate(
+                    pod.uid, container.name, resource, needed, set(reuse.get(resource, set())), running
+                )
+                if picked is None:
+                    continue
+                token, devices = picked
+                ep = self._endpoints.get(resource)
+            needs_checkpoint = True
+            try:
+                if ep is None:
+                    raise AllocateError(f"unknown Device Plugin {resource}")
+                self._log.info(
+                    "Making allocation request for device plugin %s: %s for %s/%s",
+                    resource, sorted(devices), pod.name, container.name,
+                )
+                resp = ep.allocate(sorted(devices))
+                if len(resp.container_responses) == 0:
+                    raise AllocateError(
+                        "no containers return in allocation response "
+                        "&AllocateResponse{ContainerResponses:[]*ContainerAllocateResponse{},}"
+                    )
+            except (AllocateError, EndpointError):
+                with self._lock:
+                    self._release(token)
+                raise
+            with self._lock:
+                numa: dict[int, list[str]] = {}
+                for d in sorted(devices):
+                    nodes = _device_nodes(self._all.get(resource, {}).get(d))
+                    for n in nodes or [NO_NUMA]:
+                        numa.setdefault(n, []).append(d)
+                self._pod_devs.setdefault(pod.uid, {}).setdefault(container.name, {})[resource] = _AllocInfo(
+                    numa, resp.container_responses[0]
+                )
+                self._release(token)
+        if needs_checkpoint:
+            try:
+                self._write_checkpoint()
+            except OSError as err:
+                raise AllocateError(f'failed to write checkpoint file "{CHECKPOINT_NAME}": {err}') from None
+
+    def _release(self, token: int) -> None:
+        """Drop a reservation (lock held); devices recorded in pod devices stay allocated."""
+        self._reservations.pop(token, None)
+        self._recompute_allocated()
+
+    def _recompute_allocated(self) -> None:
+        allocated: dict[str, set[str]] = {}
+        for containers in self._pod_devs.values():
+            for resources in containers.values():
+                for resource, info in resources.items():
+                    if info.resp is not None:
+                        allocated.setdefault(resource, set()).update(info.ids())
+        for resource, devs in self._reservations.values():
+            allocated.setdefault(resource, set()).update(devs)
+        self._allocated = allocated
+
+    def _devices_to_allocate(
+        self, pod_uid: str, cname: str, resource: str, required: int, reusable: set[str], running: bool
+    ) -> tuple[int, set[str]] | None:
+        """``devicesToAllocate`` (lock held; released only around GetPreferredAllocation).
+
+        Returns a reservation token and the devices, or ``None`` when no Allocate RPC is needed."""
+        needed = required
+        info = self._pod_devs.get(pod_uid, {}).get(cname, {}).get(resource)
+        devices = info.ids() if info is not None else None
+        if devices is not None:
+            needed -= len(devices)
+            if needed != 0:
+                raise AllocateError(
+                    f'pod "{pod_uid}" container "{cname}" changed request for resource "{resource}" '
+                    f"from {len(devices)} to {required}"
+                )
+        if not self.sources_ready and running:
+            self._log.info("Container detected running, nothing to do: %s/%s %s", pod_uid, cname, resource)
+            return None
+        if resource not in self._healthy:
+            raise AllocateError(f"cannot allocate unregistered device {resource}")
+        if not self._healthy[resource]:
+            raise AllocateError(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
+        if devices is not None and not devices <= self._healthy[resource]:
+            raise AllocateError(
+                f"previously allocated devices are no longer healthy; cannot allocate unhealthy devices {resource}"
+            )
+        if needed == 0:
+            return None
+
+        token = next(self._tokens)
+        mine: set[str] = set()
+        self._reservations[token] = (resource, mine)
+        remaining = needed
+
+        def take(candidates: set[str]) -> bool:
+            nonlocal remaining
+            for d in sorted(candidates - mine):
+                self._allocated.setdefault(resource, set()).add(d)
+                mine.add(d)
+                remaining -= 1
+                if remaining == 0:
+                    return True
+            return False
+
+        def free_now() -> set[str]:
+            others = self._allocated.get(resource, set()) - mine
+            return self._healthy.get(resource, set()) - others
+
+        try:
+            if take(reusable):
+                return token, mine
+            available = self._healthy[resource] - self._allocated.get(resource, set())
+            if len(available) < remaining:
+                raise AllocateError(
+                    f"requested number of devices unavailable for {resource}. "
+                    f"Requested: {remaining}, Available: {len(available)}"
+                )
+            aligned, unaligned, no_affinity = self._filter_by_affinity(pod_uid, cname, resource, available)
+            if remaining < len(aligned):
+                preferred = self._call_preferred(resource, aligned | mine, set(mine), required)
+                aligned &= free_now()
+                if take(preferred & aligned) or take(aligned):
+                    return token, mine
+                raise AllocateError(
+                    f"unexpectedly allocated less resources than required. Requested: {required}, "
+                    f"Got: {required - remaining}"
+                )
+            if take(aligned):
+                return token, mine
+            preferred = self._call_preferred(resource, available | mine, set(mine), required)
+            now = free_now()
+            if take(preferred & available & now) or take(unaligned & now) or take(no_affinity & now):
+                return token, mine
+            raise AllocateError(
+                f"unexpectedly allocated less resources than required. Requested: {required}, Got: {required - remaining}"
+            )
+        except BaseException:
+            self._release(token)
+            raise
+
+    def _call_preferred(self, resource: str, available: set[str], must_include: set[str], size: int) -> set[str]:
+        """``callGetPreferredAllocationIfAvailable``: the lock is released during the RPC; the
+        first container answer is used, and callers intersect it with what is still free."""
+        ep = self._endpoints.get(resource)
+        if ep is None:
+            raise AllocateError(f"endpoint not found in cache for a registered resource: {resource}")
+        if ep.options is None or not ep.options.get_preferred_allocation_available:
+            return set()
+        self._lock.release()
+        try:
+            resp = ep.get_preferred_allocation(sorted(available), sorted(must_include), size)
+        finally:
+            self._lock.acquire()
+        if resp.container_responses:
+            return set(resp.container_responses[0].deviceIDs)
+        return set()
+
+    def _filter_by_affinity(
+        self, pod_uid: str, cname: str, resource: str, available: set[str]
+    ) -> tuple[set[str], set[str], set[str]]:
+        """``filterByAffinity``: split free devices into inside the container's NUMA affinity,
+        outside it, and without topology."""
+        hint = self._affinity.get((pod_uid, cname))
+        all_devs = self._all.get(resource, {})
+        if hint is None or hint.affinity is None or not any(_device_nodes(d) for d in all_devs.values()):
+            return set(), set(), set(available)
+        in_hint = set(hint.nodes())
+        per_node: dict[int, set[str]] = {}
+        for d in available:
+            for n in _device_nodes(all_devs.get(d)) or [NO_NUMA]:
+                per_node.setdefault(n, set()).add(d)
+
+        def order(n: int) -> tuple[int, int, int]:
+            group = 0 if n in in_hint else (2 if n == NO_NUMA else 1)
+            return (group, len(per_node[n]), n)
+
+        nodes = sorted(per_node, key=order)
+        aligned: set[str] = set()
+        unaligned: set[str] = set()
+        without: set[str] = set()
+        for d in available:
+            for n in nodes:
+                if d in per_node[n]:
+                    if n == NO_NUMA:
+                        without.add(d)
+                    elif n in in_hint:
+                        aligned.add(d)
+                    else:
+                        unaligned.add(d)
+                    break
+        return aligned, unaligned, without
+
+    # ------------------------------------------------------------------------------------------
+    # PreStartContainer
+
+    def pre_start_container(self, pod: PodSpecView, container: ContainerSpec) -> None:
+        """``callPreStartContainerIfNeeded`` for each device resource of the container."""
+        for resource, n in sorted(container.resources.items()):
+            with self._lock:
+                if not self._is_device_plugin_resource(resource) or n == 0:
+                    continue
+                ep = self._endpoints.get(resource)
+                if ep is None:
+                    raise PreStartError(f"endpoint not found in cache for a registered resource: {resource}")
+                if ep.options is None or not ep.options.pre_start_required:
+                    continue
+                info = self._pod_devs.get(pod.uid, {}).get(container.name, {}).get(resource)
+                if info is None:
+                    raise PreStartError(
+                        f"no devices found allocated in local cache for pod {pod.uid}, "
+                        f"container {container.name}, resource {resource}"
+                    )
+                devs = sorted(info.ids())
+            self._log.info("Issuing a PreStartContainer call for container %s of pod %s", container.name, pod.uid)
+            try:
+                ep.pre_start_container(devs)
+            except EndpointError as err:
+                raise PreStartError(str(err)) from None
+
+    # ------------------------------------------------------------------------------------------
+    # checkpoint
+
+    def _write_checkpoint(self) -> None:
+        """Snapshot and write under one lock so that a later snapshot is never overwritten by an
+        earlier one; the state lock is held only for the snapshot."""
+        with self._ckpt_lock:
+            with self._lock:
+                entries: list[PodDevicesEntry] = []
+                for uid, containers in sorted(self._pod_devs.items()):
+                    for cname, resources in sorted(containers.items()):
+                        for resource, info in sorted(resources.items()):
+                            if info.resp is None:
+                                continue
+                            entries.append(
+                                PodDevicesEntry(
+                                    pod_uid=uid,
+                                    container_name=cname,
+                                    resource_name=resource,
+                                    device_ids={n: list(ids) for n, ids in sorted(info.numa.items())},
+                                    alloc_resp=info.resp.SerializeToString(deterministic=True),
+                                )
+                            )
+                registered: dict[str, list[str] | None] = {r: sorted(d) for r, d in sorted(self._healthy.items())}
+            write_checkpoint(self.checkpoint_path, CheckpointData(entries or None, registered))
+
+    def _write_checkpoint_logged(self) -> None:
+        try:
+            self._write_checkpoint()
+        except OSError as err:
+            self._log.error("Failed to write checkpoint file %s: %s", CHECKPOINT_NAME, err)

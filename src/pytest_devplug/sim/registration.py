@@ -1,0 +1,141 @@
+"""The kubelet's ``Registration`` service on ``<plugin dir>/kubelet.sock``.
+
+Mirrors upstream ``plugin/v1beta1/server.go``: the version and the resource name are checked
+first, then the plugin is connected synchronously (dial, GetDevicePluginOptions) so that a
+failure reaches the plugin as the error of its ``Register`` call. grpc-go turns a plain Go error
+returned by a handler into status ``Unknown`` with the error text as description; this server
+answers the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
+from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
+from pytest_devplug.sim.errors import SimError
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "RegistrationError",
+    "RegistrationServer",
+    "is_extended_resource_name",
+    "unsupported_version_message",
+    "invalid_resource_name_message",
+]
+
+SUPPORTED_VERSIONS = ("v1beta1",)
+
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class RegistrationError(SimError):
+    """A registration was refused; the text is what the plugin receives."""
+
+
+def _go_quote_list(values: tuple[str, ...]) -> str:
+    # fmt's %q of a Go string array: ["a" "b"]
+    return "[" + " ".join(f'"{v}"' for v in values) + "]"
+
+
+def unsupported_version_message(version: str) -> str:
+    """``errUnsupportedVersion`` formatted with ``api.SupportedVersions`` (a Go array, so ``%q``
+    prints it as ``["v1beta1"]``)."""
+    return (
+        f'requested API version "{version}" is not supported by kubelet. '
+        f"Supported version is {_go_quote_list(SUPPORTED_VERSIONS)}"
+    )
+
+
+def invalid_resource_name_message(name: str) -> str:
+    return f'the ResourceName "{name}" is invalid'
+
+
+def _is_qualified_name(value: str) -> bool:
+    """``validation.IsQualifiedName``: optional DNS-1123 subdomain prefix, ``/``, a name of <= 63."""
+    parts = value.split("/")
+    if len(parts) == 1:
+        name = parts[0]
+    elif len(parts) == 2:
+        prefix, name = parts
+        if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+            return False
+    else:
+        return False
+    return bool(name) and len(name) <= 63 and bool(_QUALIFIED_NAME.match(name))
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """``v1helper.IsExtendedResourceName``: not native (has ``/``, no ``kubernetes.io/`` anywhere),
+    no ``requests.`` prefix, and ``requests.<name>`` is a qualified name."""
+    if "/" not in name or "kubernetes.io/" in name:
+        return False
+    if name.startswith("requests."):
+        return False
+    return _is_qualified_name("requests." + name)
+
+
+class _Servicer(pb_grpc.RegistrationServicer):
+    def __init__(self, on_register: Callable[[pb.RegisterRequest], None], log: logging.Logger) -> None:
+        self._on_register = on_register
+        self._log = log
+
+    def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:  # noqa: N802 (gRPC name)
+        self._log.info("Got registration request from device plugin with resource %s", request.resource_name)
+        if request.version not in SUPPORTED_VERSIONS:
+            msg = unsupported_version_message(request.version)
+            self._log.error("Bad registration request from device plugin with resource %s: %s", request.resource_name, msg)
+            context.abort(grpc.StatusCode.UNKNOWN, msg)
+        if not is_extended_resource_name(request.resource_name):
+            msg = invalid_resource_name_message(request.resource_name)
+            self._log.error("Bad registration request from device plugin: %s", msg)
+            context.abort(grpc.StatusCode.UNKNOWN, msg)
+        try:
+            self._on_register(request)
+        except RegistrationError as err:
+            self._log.error("Error connecting to device plugin client %s: %s", request.resource_name, err)
+            context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        return pb.Empty()
+
+
+class RegistrationServer:
+    """Serves ``Registration`` on a Unix socket; ``on_register`` connects the plugin or raises
+    :class:`RegistrationError`."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        on_register: Callable[[pb.RegisterRequest], None],
+        *,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self._on_register = on_register
+        self._log = logger or logging.getLogger(__name__)
+        self._server: Any = None
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="registration"))
+        pb_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
+            _Servicer(self._on_register, self._log), server
+        )
+        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
+            raise RegistrationError(f"failed to listen to socket {self.socket_path} while starting device plugin registry")
+        server.start()
+        self._server = server
+        self._log.info("Serving device plugin registration server on %s", self.socket_path)
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket file, as closing a Go unix listener does."""
+        if self._server is not None:
+            self._server.stop(grace=None).wait(5.0)
+            self._server = None
+        self.socket_path.unlink(missing_ok=True)
