@@ -1,1 +1,58 @@
-"""pytest-devplug: end-to-end tests for Kubernetes device plugins."""
+"""pytest-devplug: end-to-end tests for Kubernetes device plugins.
+
+The public API: the ``assert_*`` helpers, the handles the fixtures return, and the backend data types
+a ``conftest.py`` needs to point the fixtures at its own plugin (:class:`PluginSpec`).
+"""
+
+from .assertions import (
+    assert_allocatable,
+    assert_allocate_injections,
+    assert_checkpoint_survives_kubelet_restart,
+    assert_gpu_limit_rules,
+    assert_registered,
+    assert_reregisters_after_kubelet_restart,
+)
+from .backends.base import (
+    BackendError,
+    BackendUnavailableError,
+    NodeSpec,
+    PluginSpec,
+    PodRejectedError,
+    UnsupportedOperationError,
+)
+from .evidence import DevplugAssertionError
+from .handles import (
+    ClusterHandle,
+    MockControlsUnavailableError,
+    MockNvml,
+    NodeHandle,
+    PluginHandle,
+    PodFactory,
+    PodHandle,
+)
+from .waiting import WaitTimeout, wait_for
+
+__all__ = [
+    "assert_allocatable",
+    "assert_allocate_injections",
+    "assert_checkpoint_survives_kubelet_restart",
+    "assert_gpu_limit_rules",
+    "assert_registered",
+    "assert_reregisters_after_kubelet_restart",
+    "BackendError",
+    "BackendUnavailableError",
+    "ClusterHandle",
+    "DevplugAssertionError",
+    "MockControlsUnavailableError",
+    "MockNvml",
+    "NodeHandle",
+    "NodeSpec",
+    "PluginHandle",
+    "PluginSpec",
+    "PodFactory",
+    "PodHandle",
+    "PodRejectedError",
+    "UnsupportedOperationError",
+    "WaitTimeout",
+    "wait_for",
+]

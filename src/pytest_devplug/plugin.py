@@ -1,1 +1,316 @@
-"""pytest entry point of pytest-devplug (options, ini keys and fixtures)."""
+"""pytest entry point of pytest-devplug: the ``devplug`` option group, ini keys, fixtures, markers, report sections.
+
+Fixtures, from widest to narrowest:
+
+- ``devplug_cluster`` (session): the cluster (``--devplug-backend``), torn down at the end.
+- ``devplug_plugin_spec`` (session): what to deploy; override it in a ``conftest.py`` to point at your plugin.
+- ``devplug_node`` (session): the node that carries the resource.
+- ``devplug_plugin`` (function): the deployed plugin, deployed once per session and redeployed with a
+  fresh mock state after any test that changed it (faults, stop/kill/restart), so tests stay isolated
+  without paying a deployment each.
+- ``devplug_pod`` (function): a pod factory pinned to that node; deletes its pods after the test.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from .backends import BACKENDS, create_backend
+from .backends.base import DEFAULT_RESOURCE_NAME, Backend, BackendOptions, NodeSpec, PluginSpec
+from .evidence import DevplugAssertionError, Evidence, collect_evidence
+from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
+
+__all__ = [
+    "DevplugSettings",
+    "settings_from_config",
+    "default_plugin_argv",
+    "NODE_NAME",
+    "MOCK_MARKER",
+]
+
+#: The node the default fixtures deploy on.
+NODE_NAME = "devplug-node"
+MOCK_MARKER = "devplug_mock"
+
+_STATE_KEY = pytest.StashKey["_TestState"]()
+
+
+@dataclass(frozen=True)
+class DevplugSettings:
+    """The resolved options (command line first, then ini keys, then defaults)."""
+
+    backend: str
+    backend_options: BackendOptions
+    plugin: PluginSpec
+    missing_mock: str  # "skip" or "fail"
+
+
+def default_plugin_argv(resource_name: str, *, pre_start_required: bool = True) -> list[str]:
+    """The included GPU plugin on the mock NVML, with the harness's placeholders."""
+    argv = [
+        sys.executable, "-m", "devplug_gpu_plugin",
+        "--plugin-dir", "{plugin_dir}", "--resource-name", resource_name,
+        "--nvml", "mock", "--mock-state", "{mock_state}",
+    ]  # fmt: skip
+    if pre_start_required:
+        argv.append("--pre-start-required")
+    return argv
+
+
+# -- options -------------------------------------------------------------------------------------
+
+_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
+    ("backend", "where to run: sim (embedded kubelet, default) or kind", {"default": "sim", "choices": BACKENDS}),
+    (
+        "plugin-cmd",
+        "command line of the plugin under test (sim); placeholders {plugin_dir}, {mock_state}, {python}. "
+        "Default: the included GPU plugin on a mock NVML",
+        {},
+    ),
+    ("plugin-image", "container image of the plugin under test (kind)", {}),
+    ("plugin-manifest", "manifest (DaemonSet) that deploys the plugin under test (kind)", {}),
+    ("resource-name", f"extended resource the plugin advertises (default {DEFAULT_RESOURCE_NAME})", {}),
+    ("gpus", "GPUs in the mock NVML state (default 4)", {"type": int}),
+    ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology (default 2)", {"type": int}),
+    ("timeout", "seconds every bounded wait may take (default 20)", {"type": float}),
+    ("grace-period", "sim: seconds the kubelet keeps a resource whose plugin went away (default 300)", {"type": float}),
+    (
+        "missing-mock",
+        f"what @{MOCK_MARKER} tests do when the plugin has no mock controls: skip (default, with a reason) or fail",
+        {"choices": ("skip", "fail")},
+    ),
+]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("devplug", "device-plugin end-to-end tests (pytest-devplug)")
+    for name, help_text, kw in _OPTIONS:
+        dest = "devplug_" + name.replace("-", "_")
+        group.addoption(f"--devplug-{name}", dest=dest, default=None, help=help_text, **{k: v for k, v in kw.items() if k != "default"})
+        parser.addini(dest, help_text, default=kw.get("default"))
+    group.addoption(
+        "--devplug-mock",
+        dest="devplug_mock",
+        action="store_true",
+        default=None,
+        help="the plugin under test reads the mock-NVML state file (fault controls available); "
+        "default: yes for the included plugin, no for --devplug-plugin-cmd/-image",
+    )
+    group.addoption("--devplug-no-mock", dest="devplug_mock", action="store_false", help="the plugin has no mock controls")
+    parser.addini("devplug_mock", "see --devplug-mock", type="bool", default=None)
+    group.addoption(
+        "--devplug-pre-start-required",
+        dest="devplug_pre_start_required",
+        action="store_true",
+        default=None,
+        help="the plugin sets pre_start_required (default: yes for the included plugin, which is started so)",
+    )
+    parser.addini("devplug_pre_start_required", "see --devplug-pre-start-required", type="bool", default=None)
+
+
+def _opt(config: pytest.Config, dest: str) -> Any:
+    value = config.getoption(dest, default=None)
+    if value is None:
+        value = config.getini(dest)
+    return None if value in ("", []) else value
+
+
+def _kind_opt(config: pytest.Config, dest: str) -> Any:
+    # pytest-kind-ng registers these; pytest -p no:pytest-kind-ng would leave them undefined.
+    return config.getoption(dest, default=None)
+
+
+def settings_from_config(config: pytest.Config) -> DevplugSettings:
+    backend = str(_opt(config, "devplug_backend") or "sim")
+    if backend not in BACKENDS:
+        raise pytest.UsageError(f"devplug_backend = {backend!r}: choose one of {', '.join(BACKENDS)}")
+    resource = str(_opt(config, "devplug_resource_name") or DEFAULT_RESOURCE_NAME)
+    cmd = _opt(config, "devplug_plugin_cmd")
+    image = _opt(config, "devplug_plugin_image")
+    manifest = _opt(config, "devplug_plugin_manifest")
+    custom = bool(cmd or image or manifest)
+    mock = _opt(config, "devplug_mock")
+    mock = (not custom) if mock is None else bool(mock)
+    pre_start = _opt(config, "devplug_pre_start_required")
+    pre_start = (not custom) if pre_start is None else bool(pre_start)
+    if cmd:
+        argv = [a.replace("{python}", sys.executable) for a in shlex.split(str(cmd))]
+    else:
+        argv = default_plugin_argv(resource, pre_start_required=pre_start)
+    spec = PluginSpec(
+        resource_name=resource,
+        argv=tuple(argv),
+        image=image,
+        manifest=manifest,
+        mock=mock,
+        gpus=int(_opt(config, "devplug_gpus") or 4),
+        numa_nodes=int(n if (n := _opt(config, "devplug_numa_nodes")) is not None else 2),
+        pre_start_required=pre_start,
+    )
+    opts = BackendOptions(
+        timeout=float(_opt(config, "devplug_timeout") or 20.0),
+        grace_period=float(_opt(config, "devplug_grace_period") or 300.0),
+        cluster_name=str(_kind_opt(config, "cluster_name") or "pytest-kind"),
+        keep_cluster=bool(_kind_opt(config, "keep_cluster")),
+        kind_bin=_kind_opt(config, "kind_bin"),
+        kind_image=_kind_opt(config, "kind_image"),
+        kubeconfig=_kind_opt(config, "kubeconfig"),
+    )
+    return DevplugSettings(backend, opts, spec, str(_opt(config, "devplug_missing_mock") or "skip"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MOCK_MARKER}: the test injects faults through the mock-NVML controls; with a plugin that has none "
+        "it is skipped with that reason (or fails, --devplug-missing-mock=fail)",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        s = settings_from_config(config)
+    except pytest.UsageError as exc:
+        return f"devplug: {exc}"
+    what = shlex.join(s.plugin.argv) if s.backend == "sim" else f"image {s.plugin.image} manifest {s.plugin.manifest}"
+    return f"devplug: backend={s.backend} resource={s.plugin.resource_name} mock={s.plugin.mock} plugin: {what}"
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _TestState:
+    backend: Backend | None = None
+    node: str | None = None
+    pods: PodFactory | None = None
+
+
+def _state(request: pytest.FixtureRequest) -> _TestState:
+    item: pytest.Item = request.node
+    return item.stash.setdefault(_STATE_KEY, _TestState())
+
+
+@pytest.fixture(scope="session")
+def devplug_settings(pytestconfig: pytest.Config) -> DevplugSettings:
+    """The resolved pytest-devplug options."""
+    return settings_from_config(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def devplug_plugin_spec(devplug_settings: DevplugSettings) -> PluginSpec:
+    """What ``devplug_plugin`` deploys. Override in your conftest.py to test your own plugin."""
+    return devplug_settings.plugin
+
+
+@pytest.fixture(scope="session")
+def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
+    """The cluster for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
+    backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
+    try:
+        backend.start()
+        yield ClusterHandle(backend, timeout=devplug_settings.backend_options.timeout)
+    finally:
+        backend.close()
+
+
+@pytest.fixture(scope="session")
+def devplug_node(devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec) -> NodeHandle:
+    """The node the plugin under test runs on."""
+    return devplug_cluster.ensure_node(NodeSpec(NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1)))
+
+
+class _Deployment:
+    """The session's deployment of the plugin, redeployed when a test left it changed."""
+
+    def __init__(self, cluster: ClusterHandle, node: NodeHandle, spec: PluginSpec) -> None:
+        self.cluster, self.node, self.spec = cluster, node, spec
+        self.handle: PluginHandle | None = None
+        self.baseline: tuple[int | None, int | None] = (None, None)
+
+    def get(self) -> PluginHandle:
+        if self.handle is None:
+            self.handle = self.cluster.deploy(self.node, self.spec)
+            self.handle.wait_ready(self.spec.gpus if self.spec.mock else None)
+            self.baseline = self.node.counts(self.spec.resource_name)
+        return self.handle
+
+    def reset_if_needed(self) -> None:
+        h = self.handle
+        if h is None:
+            return
+        clean = not h.dirty and h.running and self.node.counts(self.spec.resource_name) == self.baseline
+        if clean:
+            return
+        self.cluster.backend.remove_plugin(self.node.name)
+        self.handle = None
+        self.get()
+
+
+@pytest.fixture(scope="session")
+def _devplug_deployment(devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec) -> _Deployment:
+    return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
+
+
+@pytest.fixture
+def devplug_plugin(
+    request: pytest.FixtureRequest, _devplug_deployment: _Deployment, devplug_settings: DevplugSettings
+) -> Iterator[PluginHandle]:
+    """The plugin under test, registered and ready; ``.mock`` holds the fault controls."""
+    if request.node.get_closest_marker(MOCK_MARKER) and not _devplug_deployment.spec.mock:
+        reason = (
+            f"needs the mock-NVML fault controls (@{MOCK_MARKER}); the plugin under test "
+            f"({_devplug_deployment.spec.resource_name}) was declared without them"
+        )
+        if devplug_settings.missing_mock == "fail":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    state = _state(request)
+    state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
+    handle = _devplug_deployment.get()
+    yield handle
+    _devplug_deployment.reset_if_needed()
+
+
+@pytest.fixture
+def devplug_pod(
+    request: pytest.FixtureRequest, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin: PluginHandle
+) -> Iterator[PodFactory]:
+    """``devplug_pod(gpus=2)`` or ``devplug_pod(manifest={...})``: pods on the plugin's node, deleted afterwards."""
+    factory = devplug_cluster.pods(devplug_node, devplug_plugin.resource_name, prefix=request.node.name)
+    _state(request).pods = factory
+    yield factory
+    errors = factory.cleanup()
+    if errors:
+        raise RuntimeError("devplug_pod could not delete: " + "; ".join(errors))
+
+
+# -- report sections -----------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach the cluster's evidence to a failed test's report (before teardown changes it)."""
+    report = yield
+    if not report.failed or call.excinfo is None or call.when == "teardown":
+        return report
+    evidence: list[Evidence] = []
+    exc = call.excinfo.value
+    if isinstance(exc, DevplugAssertionError):
+        evidence = exc.evidence
+    else:
+        state = item.stash.get(_STATE_KEY, None)
+        if state is not None and state.backend is not None:
+            pods = list(state.pods.created) if state.pods else []
+            evidence = collect_evidence(state.backend, state.node, pods)
+    for ev in evidence:
+        report.sections.append((f"devplug: {ev.title}", ev.text))
+    return report

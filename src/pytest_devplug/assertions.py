@@ -1,0 +1,345 @@
+"""Assertion helpers that check what matters about a device plugin, with bounded waits and evidence.
+
+Each helper waits (tenacity, bounded by the handle's timeout unless given) for the cluster to settle,
+and on failure raises :class:`~pytest_devplug.evidence.DevplugAssertionError` whose message says what
+was expected and what was seen, carrying the plugin log, kubelet log, node status, pod events and
+checkpoint; the pytest plugin attaches those to the test report.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Union
+
+from .backends.base import PodRejectedError
+from .evidence import DevplugAssertionError, collect_evidence
+from .handles import NodeHandle, PluginHandle, PodFactory, PodHandle
+from .waiting import WaitTimeout, wait_for
+
+__all__ = [
+    "assert_registered",
+    "assert_allocatable",
+    "assert_gpu_limit_rules",
+    "assert_allocate_injections",
+    "assert_checkpoint_survives_kubelet_restart",
+    "assert_reregisters_after_kubelet_restart",
+    "ValueMatcher",
+]
+
+#: An expected env/annotation value: exact text, a regex (searched), or a predicate.
+ValueMatcher = Union[str, "re.Pattern[str]", Callable[[str], bool]]
+
+
+def _fail(message: str, node: NodeHandle | None, pods: Iterable[PodHandle] = ()) -> DevplugAssertionError:
+    backend = node.backend if node is not None else next(iter(pods)).backend
+    return DevplugAssertionError(
+        message, collect_evidence(backend, node.name if node else None, [(p.name, p.namespace) for p in pods])
+    )
+
+
+def _kubelet_lines(node: NodeHandle, *needles: str, limit: int = 6) -> str:
+    """The kubelet log lines that mention any of ``needles``: usually the reason a registration failed."""
+    try:
+        lines = [ln for ln in node.kubelet_log().splitlines() if any(n and n in ln for n in needles)]
+    except Exception as exc:  # noqa: BLE001 - only decorates a failure message
+        return f" (kubelet log unreadable: {exc})"
+    if not lines:
+        return " (the kubelet log says nothing about it)"
+    return "; kubelet log: " + " | ".join(ln.strip() for ln in lines[-limit:])
+
+
+def assert_registered(
+    plugin: PluginHandle, *, count: int | None = None, timeout: float | None = None
+) -> tuple[int, int]:
+    """The plugin registered its resource: the node lists it with capacity ``count`` (or > 0).
+
+    Returns ``(capacity, allocatable)``. On failure the message quotes the kubelet's own words about
+    the resource (a rejected version or name, a plugin that registered before serving, ...).
+    """
+    node, res = plugin.node, plugin.resource_name
+
+    def ok(c: tuple[int | None, int | None]) -> bool:
+        return c[0] is not None and (c[0] == count if count is not None else c[0] > 0)
+
+    try:
+        cap, alloc = wait_for(
+            lambda: node.counts(res), ok, timeout=node.timeout if timeout is None else timeout, what=f"{res} registered"
+        )
+    except WaitTimeout as exc:
+        running = "" if plugin.running else "; the plugin process is not running"
+        raise _fail(
+            f"expected resource {res} registered on node {node.name} with capacity "
+            f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{running}"
+            + _kubelet_lines(node, res, "egist"),
+            node,
+        ) from None
+    return (cap or 0, alloc or 0)
+
+
+def assert_allocatable(
+    plugin: PluginHandle, allocatable: int, *, capacity: int | None = None, timeout: float | None = None
+) -> None:
+    """The node's allocatable (and, if given, capacity) of the plugin's resource settle at these values.
+
+    Capacity counts every device the plugin lists; allocatable only the healthy ones.
+    """
+    node, res = plugin.node, plugin.resource_name
+    try:
+        node.wait_counts(res, capacity=capacity, allocatable=allocatable, timeout=timeout)
+    except WaitTimeout as exc:
+        raise _fail(
+            f"expected {res} on node {node.name}: allocatable {allocatable}"
+            + (f", capacity {capacity}" if capacity is not None else "")
+            + f"; saw (capacity, allocatable) = {exc.last}",
+            node,
+        ) from None
+
+
+@dataclass
+class _Row:
+    case: str
+    expected: str
+    seen: str = ""
+    ok: bool = False
+
+
+def assert_gpu_limit_rules(pods: PodFactory, *, timeout: float | None = None) -> None:
+    """The API server's and scheduler's rules for an extended resource, row by row.
+
+    limits only -> accepted (requests defaulted to the limit) and runs; requests == limits -> runs;
+    requests only -> rejected ("Limit must be set"); requests != limits -> rejected ("must be equal");
+    a non-integer quantity -> rejected ("must be an integer"); more than allocatable -> Pending with a
+    FailedScheduling "Insufficient <resource>" event. Every row is checked; all failures are reported.
+    """
+    res = pods.resource_name
+    node = NodeHandle(pods.backend, pods.node, timeout=pods.timeout if timeout is None else timeout)
+    rows: list[_Row] = []
+    made: list[PodHandle] = []
+
+    def accepted(case: str, runs: bool, **kw: object) -> None:
+        row = _Row(case, "accepted, requests == limits, Running" if runs else "accepted")
+        rows.append(row)
+        try:
+            pod = pods(**kw)  # type: ignore[arg-type]
+        except PodRejectedError as exc:
+            row.seen = f"rejected: {exc.message}"
+            return
+        made.append(pod)
+        c = pod.obj["spec"]["containers"][0].get("resources", {})
+        req, lim = (c.get("requests") or {}).get(res), (c.get("limits") or {}).get(res)
+        if req != lim:
+            row.seen = f"accepted but requests={req!r} limits={lim!r} (defaulting must copy the limit)"
+            return
+        try:
+            pod.wait_running(timeout=node.timeout)
+        except AssertionError:
+            row.seen = f"phase {pod.phase} reason={pod.reason!r} message={pod.message!r}"
+            return
+        row.ok, row.seen = True, "Running"
+        pod.delete()
+
+    def rejected(case: str, needle: str, **kw: object) -> None:
+        row = _Row(case, f"rejected with a message containing {needle!r}")
+        rows.append(row)
+        try:
+            pod = pods(**kw)  # type: ignore[arg-type]
+        except PodRejectedError as exc:
+            row.ok = needle in exc.message
+            row.seen = f"rejected {exc.status}: {exc.message}"
+            return
+        made.append(pod)
+        row.seen = f"accepted (phase {pod.phase})"
+
+    accepted("limits only", True, limits=1)
+    accepted("requests == limits", True, limits=1, requests=1)
+    rejected("requests only", "Limit must be set for non overcommitable resources", requests=1)
+    rejected("requests != limits", f"must be equal to {res} limit", limits=2, requests=1)
+    rejected("non-integer quantity", "must be an integer", limits="500m", requests="500m")
+
+    too_many = node.allocatable(res) + 1
+    row = _Row(f"more than allocatable ({too_many})", f"Pending with FailedScheduling 'Insufficient {res}'")
+    rows.append(row)
+    try:
+        pod = pods(limits=too_many)
+    except PodRejectedError as exc:
+        row.seen = f"rejected: {exc.message}"
+    else:
+        made.append(pod)
+        try:
+            msg = pod.wait_event(rf"FailedScheduling: .*Insufficient {re.escape(res)}", timeout=node.timeout)
+            phase = pod.phase
+            row.ok = phase == "Pending" and not pod.node_name
+            row.seen = f"phase {phase}, nodeName={pod.node_name!r}, event {msg!r}"
+        except AssertionError:
+            row.seen = f"phase {pod.phase}, events {pod.event_messages}"
+
+    bad = [r for r in rows if not r.ok]
+    if bad:
+        table = "\n".join(f"  {r.case}: expected {r.expected}; saw {r.seen}" for r in bad)
+        raise _fail(f"extended-resource rules for {res} broken in {len(bad)} of {len(rows)} cases:\n{table}", node, made)
+
+
+def _match(value: str | None, want: ValueMatcher) -> bool:
+    if value is None:
+        return False
+    if isinstance(want, str):
+        return value == want
+    if isinstance(want, re.Pattern):
+        return want.search(value) is not None
+    return bool(want(value))
+
+
+def assert_allocate_injections(
+    pod: PodHandle,
+    *,
+    env: Mapping[str, ValueMatcher] | None = None,
+    device_nodes: Iterable[str] | None = None,
+    mounts: Iterable[str] | None = None,
+    annotations: Mapping[str, ValueMatcher] | None = None,
+    cdi_devices: Iterable[str] | None = None,
+    ids_visible: bool = True,
+    timeout: float | None = None,
+) -> None:
+    """What the plugin's Allocate put into the container, as the container sees it.
+
+    Always: the pod runs, it was assigned devices, something was injected, device-node permissions
+    use only ``r``/``w``/``m`` and CDI names are fully qualified (``vendor/class=name``). With
+    ``ids_visible`` every assigned device ID must appear in some injection (env value, annotation,
+    mount or device path, CDI name): that is how a workload learns which devices it got. ``env`` is
+    read with ``exec env`` in the container; the rest from the runtime's view of the container.
+    """
+    pod.wait_running(timeout=timeout)
+    node = NodeHandle(pod.backend, pod.node_name or "", timeout=pod.timeout)
+    problems: list[str] = []
+    ids = pod.allocated_devices
+    if not ids:
+        problems.append(f"no {pod.resource_name} devices assigned to container {pod.container} (pod-resources)")
+    view = pod.view()
+    if view.empty:
+        problems.append(
+            f"Allocate injected nothing into container {pod.container} for devices {ids}: "
+            "no env, mounts, device nodes, annotations or CDI devices"
+        )
+    for d in view.devices:
+        if not d.permissions or set(d.permissions) - set("rwm"):
+            problems.append(f"device node {d.container_path} has permissions {d.permissions!r} (letters from r, w, m)")
+    for name in view.cdi_devices:
+        if not re.fullmatch(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+=[a-zA-Z0-9._:-]+", name):
+            problems.append(f"CDI device {name!r} is not a fully qualified name vendor/class=name")
+    if env:
+        out = pod.exec("env")
+        seen_env = dict(ln.split("=", 1) for ln in out.stdout.splitlines() if "=" in ln)
+        for k, want in env.items():
+            if not _match(seen_env.get(k), want):
+                problems.append(f"env {k}: expected {want!r}, container has {seen_env.get(k)!r}")
+    for path in device_nodes or ():
+        if path not in {d.container_path for d in view.devices}:
+            problems.append(f"device node {path} missing; container has {[d.container_path for d in view.devices]}")
+    for path in mounts or ():
+        if path not in {m.container_path for m in view.mounts}:
+            problems.append(f"mount {path} missing; container has {[m.container_path for m in view.mounts]}")
+    for k, want in (annotations or {}).items():
+        if not _match(view.annotations.get(k), want):
+            problems.append(f"annotation {k}: expected {want!r}, container has {view.annotations.get(k)!r}")
+    for name in cdi_devices or ():
+        if name not in view.cdi_devices:
+            problems.append(f"CDI device {name} missing; container has {list(view.cdi_devices)}")
+    if ids_visible and ids and not view.empty:
+        texts = [
+            *view.envs.values(),
+            *view.annotations.values(),
+            *view.cdi_devices,
+            *(m.container_path for m in view.mounts),
+            *(m.host_path for m in view.mounts),
+            *(d.container_path for d in view.devices),
+            *(d.host_path for d in view.devices),
+        ]
+        hidden = [i for i in ids if not any(i in t for t in texts)]
+        if hidden:
+            problems.append(f"assigned devices {hidden} appear in no injection (env, annotation, mount, device, CDI name)")
+    if problems:
+        raise _fail(
+            f"Allocate injections of {pod.namespace}/{pod.name} wrong:\n  " + "\n  ".join(problems), node, [pod]
+        )
+
+
+def _entries(node: NodeHandle, pod: PodHandle) -> dict[tuple[str, str], tuple[list[str], bytes]]:
+    cp = node.checkpoint()
+    if cp is None:
+        return {}
+    uid = pod.uid
+    return {(e.container_name, e.resource_name): (e.all_device_ids, e.alloc_resp) for e in cp.entries_for(uid)}
+
+
+def assert_checkpoint_survives_kubelet_restart(
+    plugin: PluginHandle, pod: PodHandle, *, timeout: float | None = None
+) -> None:
+    """A running pod's checkpointed assignment is the same after a kubelet restart, and still used.
+
+    Before: the checkpoint holds the pod's devices (matching pod-resources). Restart the kubelet.
+    After: the same entries (device IDs and Allocate response), the pod still Running with the same
+    restart count, pod-resources still listing the same devices, and the plugin registered again.
+    """
+    node = plugin.node
+    pod.wait_running(timeout=timeout)
+    before = _entries(node, pod)
+    assigned = pod.allocated_devices
+    key = (pod.container, plugin.resource_name)
+    if key not in before or before[key][0] != assigned:
+        raise _fail(
+            f"before the restart the checkpoint should hold pod {pod.name}'s {plugin.resource_name} devices {assigned}; "
+            f"it holds {({k: v[0] for k, v in before.items()})}",
+            node,
+            [pod],
+        )
+    restarts = pod.restart_count
+    capacity = node.capacity(plugin.resource_name)
+    node.restart_kubelet()
+    t = node.timeout if timeout is None else timeout
+    try:
+        wait_for(lambda: node.counts(plugin.resource_name)[1] or 0, lambda a: a > 0, timeout=t, what="re-registration")
+    except WaitTimeout:
+        pass  # reported below together with the checkpoint comparison
+    after = _entries(node, pod)
+    problems = []
+    if after.get(key) != before[key]:
+        problems.append(f"checkpoint entry {key}: before {before[key][0]}, after {after.get(key, (None,))[0]}")
+    if pod.phase != "Running":
+        problems.append(f"pod phase {pod.phase} ({pod.reason}: {pod.message}) after the restart")
+    elif pod.restart_count != restarts:
+        problems.append(f"container restarted ({restarts} -> {pod.restart_count}) across the kubelet restart")
+    if pod.allocated_devices != assigned:
+        problems.append(f"pod-resources: before {assigned}, after {pod.allocated_devices}")
+    cap_after, _ = node.counts(plugin.resource_name)
+    if cap_after != capacity:
+        problems.append(f"capacity {capacity} before, {cap_after} after: the plugin did not register again")
+    if problems:
+        raise _fail("assignment did not survive the kubelet restart:\n  " + "\n  ".join(problems), node, [pod])
+
+
+def assert_reregisters_after_kubelet_restart(
+    plugin: PluginHandle, *, count: int | None = None, timeout: float | None = None
+) -> None:
+    """After a kubelet restart the plugin, without being restarted, registers again by itself.
+
+    The kubelet deletes every socket in the plugin directory and comes back with the resource at
+    0/0 until the plugin registers again; a plugin must notice and re-register.
+    """
+    node, res = plugin.node, plugin.resource_name
+    want = node.allocatable(res) if count is None else count
+    if not plugin.running:
+        raise _fail(f"the plugin for {res} is not running before the kubelet restart", node)
+    node.restart_kubelet()
+    try:
+        node.wait_counts(res, capacity=want, allocatable=want, timeout=timeout)
+    except WaitTimeout as exc:
+        raise _fail(
+            f"expected {res} to come back to {want}/{want} (capacity/allocatable) after the kubelet restarted; "
+            f"saw {exc.last}. A plugin must watch its socket (deleted by the kubelet on start) or kubelet.sock "
+            "(re-created) and register again" + _kubelet_lines(node, res, "egist"),
+            node,
+        ) from None
+    if not plugin.running:
+        raise _fail(f"the plugin for {res} exited around the kubelet restart", node)

@@ -1,0 +1,328 @@
+"""The backend protocol: everything the fixtures and helpers need from a cluster, and nothing more.
+
+Two backends implement it: ``sim`` (the embedded kubelet, in-process) and ``kind`` (a real cluster).
+The protocol is shaped so that a remote cluster can implement it: pods travel as Kubernetes JSON
+manifests (dicts), ``exec`` takes an argv and returns its output, the checkpoint is the file's bytes as
+read from the node, pod-resources answers come back as plain data, and the mock-NVML state is a JSON
+document read from and written to the node. Nothing here exposes a sim object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendUnavailableError",
+    "UnsupportedOperationError",
+    "NodeSpec",
+    "PluginSpec",
+    "ExecResult",
+    "ContainerView",
+    "MountView",
+    "DeviceNodeView",
+    "PodResourcesDevices",
+    "PodResourcesContainer",
+    "PodResourcesPod",
+    "Checkpoint",
+    "CheckpointEntry",
+    "parse_checkpoint",
+    "DEFAULT_RESOURCE_NAME",
+]
+
+#: The resource the included GPU plugin advertises unless told otherwise.
+DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+
+JSONDict = dict[str, Any]
+
+
+class BackendError(Exception):
+    """A backend operation failed for a reason outside the plugin under test."""
+
+
+class BackendUnavailableError(BackendError):
+    """The selected backend cannot run here (not implemented yet, missing tool, no cluster)."""
+
+
+class UnsupportedOperationError(BackendError):
+    """The backend cannot answer this question honestly (e.g. an ``exec`` the sim cannot emulate)."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node the suite wants: the sim creates it; kind must already have one with these traits."""
+
+    name: str
+    numa_nodes: int = 2
+    topology_policy: str = "none"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """How to deploy the plugin under test on a node.
+
+    ``argv`` (sim) may hold ``{plugin_dir}`` and ``{mock_state}`` placeholders; ``image`` and
+    ``manifest`` are what kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
+    the fault controls (Xid, lost, add/remove, fail_allocate) work; ``gpus``/``numa_nodes`` shape the
+    initial mock state.
+    """
+
+    resource_name: str = DEFAULT_RESOURCE_NAME
+    argv: Sequence[str] = ()
+    image: str | None = None
+    manifest: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    mock: bool = False
+    gpus: int = 4
+    numa_nodes: int = 2
+    #: Whether the plugin asks for PreStartContainer (a conformance test checks it is called).
+    pre_start_required: bool = False
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What an ``exec`` in a container returned."""
+
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+
+@dataclass(frozen=True)
+class MountView:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class DeviceNodeView:
+    container_path: str
+    host_path: str
+    permissions: str
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """What the container runtime applied to a container from the plugin's Allocate responses."""
+
+    envs: Mapping[str, str]
+    mounts: tuple[MountView, ...]
+    devices: tuple[DeviceNodeView, ...]
+    annotations: Mapping[str, str]
+    cdi_devices: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.envs or self.mounts or self.devices or self.annotations or self.cdi_devices)
+
+
+@dataclass(frozen=True)
+class PodResourcesDevices:
+    """One ``ContainerDevices`` of the pod-resources API."""
+
+    resource_name: str
+    device_ids: tuple[str, ...]
+    numa_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PodResourcesContainer:
+    name: str
+    devices: tuple[PodResourcesDevices, ...]
+
+    def device_ids(self, resource_name: str) -> list[str]:
+        return [d for devs in self.devices if devs.resource_name == resource_name for d in devs.device_ids]
+
+
+@dataclass(frozen=True)
+class PodResourcesPod:
+    name: str
+    namespace: str
+    containers: tuple[PodResourcesContainer, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    pod_uid: str
+    container_name: str
+    resource_name: str
+    #: NUMA node (decimal string, ``"-1"`` for none) -> device IDs, as the kubelet writes it.
+    device_ids: Mapping[str, tuple[str, ...]]
+    alloc_resp: bytes
+
+    @property
+    def all_device_ids(self) -> list[str]:
+        return sorted(d for ids in self.device_ids.values() for d in ids)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The kubelet's device-manager checkpoint, decoded (no checksum check: the kubelet does that)."""
+
+    entries: tuple[CheckpointEntry, ...]
+    registered_devices: Mapping[str, tuple[str, ...]]
+    raw: bytes
+
+    def entries_for(self, pod_uid: str, container: str | None = None) -> list[CheckpointEntry]:
+        return [
+            e for e in self.entries if e.pod_uid == pod_uid and (container is None or e.container_name == container)
+        ]
+
+
+def parse_checkpoint(raw: bytes) -> Checkpoint:
+    """Decode ``kubelet_internal_checkpoint`` bytes; raises ``ValueError`` when it is not that format."""
+    import base64
+
+    try:
+        doc = json.loads(raw)
+        data = doc["Data"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a kubelet device-manager checkpoint: {exc}") from exc
+    entries = []
+    for e in data.get("PodDeviceEntries") or []:
+        entries.append(
+            CheckpointEntry(
+                pod_uid=e["PodUID"],
+                container_name=e["ContainerName"],
+                resource_name=e["ResourceName"],
+                device_ids={k: tuple(v or ()) for k, v in (e.get("DeviceIDs") or {}).items()},
+                alloc_resp=base64.b64decode(e.get("AllocResp") or ""),
+            )
+        )
+    registered = {k: tuple(v or ()) for k, v in (data.get("RegisteredDevices") or {}).items()}
+    return Checkpoint(entries=tuple(entries), registered_devices=registered, raw=raw)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A cluster the fixtures drive. Kubernetes objects are JSON-shaped dicts (camelCase keys)."""
+
+    #: ``"sim"`` or ``"kind"``.
+    name: str
+
+    # -- cluster lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Create the cluster, or attach to an existing one (kind ``--cluster-name``)."""
+
+    def close(self) -> None:
+        """Tear everything down that ``start`` and later calls created (kind: unless kept)."""
+
+    def ensure_node(self, spec: NodeSpec) -> str:
+        """Return the name of a node with ``spec``'s traits, creating it where the backend can."""
+
+    # -- the plugin under test ---------------------------------------------------------------------
+    def deploy_plugin(self, node: str, spec: PluginSpec) -> None:
+        """Start the plugin on ``node`` (sim: run ``argv``; kind: apply ``manifest`` with ``image``)."""
+
+    def remove_plugin(self, node: str) -> None:
+        """Stop the plugin for good on ``node``."""
+
+    def stop_plugin(self, node: str) -> None:
+        """Stop the plugin gracefully (SIGTERM); it may be started again."""
+
+    def kill_plugin(self, node: str) -> None:
+        """Kill the plugin abruptly (SIGKILL)."""
+
+    def start_plugin(self, node: str) -> None:
+        """Start a stopped plugin again with the same spec."""
+
+    def plugin_running(self, node: str) -> bool: ...
+
+    def plugin_log(self, node: str) -> str: ...
+
+    # -- nodes -------------------------------------------------------------------------------------
+    def list_nodes(self) -> list[JSONDict]: ...
+
+    def get_node(self, name: str) -> JSONDict: ...
+
+    def restart_kubelet(self, node: str) -> None:
+        """Restart the kubelet; containers and plugin processes keep running."""
+
+    def kubelet_log(self, node: str) -> str: ...
+
+    def read_checkpoint(self, node: str) -> bytes | None:
+        """The checkpoint file's bytes as on the node, or ``None`` when there is none."""
+
+    def pod_resources(self, node: str) -> list[PodResourcesPod]:
+        """pod-resources v1 ``List`` on the node."""
+
+    def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
+        """pod-resources v1 ``GetAllocatableResources`` on the node."""
+
+    # -- pods --------------------------------------------------------------------------------------
+    def create_pod(self, manifest: JSONDict) -> JSONDict:
+        """Create a pod; raises ``PodRejectedError`` when the API server refuses it."""
+
+    def get_pod(self, name: str, namespace: str = "default") -> JSONDict: ...
+
+    def delete_pod(self, name: str, namespace: str = "default") -> None: ...
+
+    def list_pods(self, namespace: str | None = None) -> list[JSONDict]: ...
+
+    def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]: ...
+
+    def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:
+        """Run ``argv`` in a container and return its output."""
+
+    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
+        """What the runtime applied to the container from Allocate (env, mounts, devices, ...)."""
+
+    def restart_container(self, name: str, container: str, namespace: str = "default") -> None: ...
+
+    # -- mock NVML (only for plugins deployed with ``PluginSpec.mock``) ----------------------------
+    def read_mock_state(self, node: str) -> JSONDict: ...
+
+    def write_mock_state(self, node: str, state: JSONDict) -> None:
+        """Replace the mock state atomically (temp file in the same directory, then rename)."""
+
+    # -- knobs -------------------------------------------------------------------------------------
+    @property
+    def grace_period(self) -> float:
+        """Seconds the kubelet keeps a resource after its plugin went away."""
+
+    def set_grace_period(self, seconds: float) -> None:
+        """Change the grace period (sim only; kind raises ``UnsupportedOperationError``)."""
+
+
+class PodRejectedError(BackendError):
+    """The API server refused a pod (``status`` 422 with the validation message)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+__all__ += ["PodRejectedError"]
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What selects and shapes a backend (from the pytest options / ini keys)."""
+
+    timeout: float = 20.0
+    #: sim: seconds the kubelet keeps a resource after its plugin went away (upstream: 300).
+    grace_period: float = 300.0
+    # kind (pytest-kind-ng's own options):
+    cluster_name: str = "pytest-kind"
+    keep_cluster: bool = False
+    kind_bin: str | None = None
+    kind_image: str | None = None
+    kubeconfig: str | None = None
+
+
+__all__ += ["BackendOptions"]
+
+
+class ObjectNotFoundError(BackendError):
+    """The pod (or node) asked for does not exist."""
+
+
+__all__ += ["ObjectNotFoundError"]

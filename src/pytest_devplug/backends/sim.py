@@ -1,0 +1,372 @@
+"""The ``sim`` backend: the protocol on the embedded kubelet (``pytest_devplug.sim.SimCluster``).
+
+Everything lives under one short temp directory (Unix socket paths are limited to 107 bytes),
+removed by :meth:`SimBackend.close`, which also stops every plugin process.
+
+``exec`` is emulated from the runtime's record of the container, and only for questions that
+record answers honestly: ``env``, ``printenv [NAME...]``, ``ls [-1] /dev`` (a fixed base set plus
+the injected device nodes), ``ls PATH`` / ``test -e PATH`` for injected mounts and device nodes,
+and ``cat /proc/mounts`` style listing via ``mounts``. Anything else raises
+:class:`~pytest_devplug.backends.base.UnsupportedOperationError` instead of inventing an answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ..api.podresources import v1_pb2, v1_pb2_grpc
+from . import mockstate
+from .base import (
+    BackendError,
+    BackendOptions,
+    ContainerView,
+    DeviceNodeView,
+    ExecResult,
+    MountView,
+    NodeSpec,
+    ObjectNotFoundError,
+    PluginSpec,
+    PodRejectedError,
+    PodResourcesContainer,
+    PodResourcesDevices,
+    PodResourcesPod,
+    UnsupportedOperationError,
+)
+
+__all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
+
+#: What ``ls /dev`` lists in every emulated container besides the injected device nodes.
+BASE_DEV_ENTRIES = ("full", "null", "ptmx", "pts", "random", "shm", "tty", "urandom", "zero")
+
+JSONDict = dict[str, Any]
+
+
+class _Deployed:
+    def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
+        self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
+        self.proc: Any = None
+        self.logs: list[str] = []  # logs of earlier processes of this deployment (restarts)
+
+
+class SimBackend:
+    """Backend on the embedded kubelet; see the module docstring for what ``exec`` answers."""
+
+    name = "sim"
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+        self.workdir: Path | None = None
+        self.cluster: Any = None
+        self._plugins: dict[str, _Deployed] = {}
+        self._serial = 0
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        from ..sim.cluster import SimCluster  # type: ignore[import-not-found,unused-ignore]
+
+        self.workdir = Path(tempfile.mkdtemp(prefix="devplug-"))
+        try:
+            self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+            raise
+
+    def close(self) -> None:
+        errors: list[BaseException] = []
+        for node in list(self._plugins):
+            try:
+                self.remove_plugin(node)
+            except Exception as exc:  # noqa: BLE001 - keep tearing down, report at the end
+                errors.append(exc)
+        if self.cluster is not None:
+            try:
+                self.cluster.close()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+            self.cluster = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+        if errors:
+            raise BackendError(f"sim teardown: {'; '.join(map(repr, errors))}")
+
+    def _c(self) -> Any:
+        if self.cluster is None:
+            raise BackendError("sim backend not started")
+        return self.cluster
+
+    def _node(self, name: str) -> Any:
+        try:
+            return self._c().node(name)
+        except KeyError:
+            raise ObjectNotFoundError(f'node "{name}" not found') from None
+
+    def ensure_node(self, spec: NodeSpec) -> str:
+        c = self._c()
+        if spec.name in {n.name for n in c.nodes}:
+            return spec.name
+        labels = {"kubernetes.io/hostname": spec.name, **spec.labels}
+        c.add_node(spec.name, labels=labels, numa_nodes=spec.numa_nodes, topology_policy=spec.topology_policy)
+        return spec.name
+
+    # -- plugin ------------------------------------------------------------------------------------
+    def deploy_plugin(self, node: str, spec: PluginSpec) -> None:
+        if node in self._plugins:
+            raise BackendError(f"a plugin is already deployed on {node}; remove it first")
+        if not spec.argv:
+            raise BackendError("the sim backend runs the plugin from PluginSpec.argv, which is empty")
+        n = self._node(node)
+        mock_path: Path | None = None
+        assert self.workdir is not None
+        if spec.mock:
+            mock_dir = self.workdir / f"mock-{node}"
+            mock_dir.mkdir(exist_ok=True)
+            mock_path = mock_dir / "mock-state.json"
+            _write_json_atomic(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes))
+        with self._lock:
+            self._serial += 1
+            name = f"plugin-{self._serial}"
+        argv = [
+            a.replace("{plugin_dir}", str(n.plugin_dir)).replace("{mock_state}", str(mock_path or "")) for a in spec.argv
+        ]
+        dep = _Deployed(spec, argv, dict(spec.env), mock_path, name)
+        self._plugins[node] = dep
+        dep.proc = n.start_plugin(argv, name=name, env=dep.env or None)
+
+    def _dep(self, node: str) -> _Deployed:
+        try:
+            return self._plugins[node]
+        except KeyError:
+            raise BackendError(f"no plugin deployed on node {node}") from None
+
+    def remove_plugin(self, node: str) -> None:
+        dep = self._plugins.pop(node, None)
+        if dep is None:
+            return
+        if dep.proc is not None and dep.proc.running:
+            dep.proc.stop(timeout=5.0)
+
+    def stop_plugin(self, node: str) -> None:
+        proc = self._dep(node).proc
+        if proc.running:
+            proc.stop(timeout=5.0)
+
+    def kill_plugin(self, node: str) -> None:
+        import signal
+
+        proc = self._dep(node).proc
+        if proc.running:
+            proc.kill(signal.SIGKILL)
+            proc.wait(timeout=5.0)
+
+    def start_plugin(self, node: str) -> None:
+        dep = self._dep(node)
+        if dep.proc is not None and dep.proc.running:
+            return
+        dep.logs.append(dep.proc.log())
+        dep.proc.start()
+
+    def plugin_running(self, node: str) -> bool:
+        dep = self._plugins.get(node)
+        return bool(dep is not None and dep.proc is not None and dep.proc.running)
+
+    def plugin_log(self, node: str) -> str:
+        dep = self._dep(node)
+        return "".join(dep.logs) + (dep.proc.log() if dep.proc is not None else "")
+
+    # -- nodes -------------------------------------------------------------------------------------
+    def list_nodes(self) -> list[JSONDict]:
+        return list(self._c().list_nodes())
+
+    def get_node(self, name: str) -> JSONDict:
+        try:
+            return dict(self._c().get_node(name))
+        except KeyError:
+            raise ObjectNotFoundError(f'node "{name}" not found') from None
+
+    def restart_kubelet(self, node: str) -> None:
+        self._node(node).restart_kubelet()
+
+    def kubelet_log(self, node: str) -> str:
+        return str(self._node(node).kubelet_log())
+
+    def read_checkpoint(self, node: str) -> bytes | None:
+        path = Path(self._node(node).checkpoint_path)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _pod_resources_stub(self, node: str) -> tuple[grpc.Channel, Any]:
+        sock = self._node(node).pod_resources_socket
+        channel = grpc.insecure_channel(f"unix://{sock}")
+        return channel, v1_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+
+    def pod_resources(self, node: str) -> list[PodResourcesPod]:
+        channel, stub = self._pod_resources_stub(node)
+        with channel:
+            resp = stub.List(v1_pb2.ListPodResourcesRequest(), timeout=self.options.timeout)
+        return [
+            PodResourcesPod(
+                name=p.name,
+                namespace=p.namespace,
+                containers=tuple(
+                    PodResourcesContainer(name=c.name, devices=tuple(_devices(d) for d in c.devices)) for c in p.containers
+                ),
+            )
+            for p in resp.pod_resources
+        ]
+
+    def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
+        channel, stub = self._pod_resources_stub(node)
+        with channel:
+            resp = stub.GetAllocatableResources(v1_pb2.AllocatableResourcesRequest(), timeout=self.options.timeout)
+        return [_devices(d) for d in resp.devices]
+
+    # -- pods --------------------------------------------------------------------------------------
+    def create_pod(self, manifest: JSONDict) -> JSONDict:
+        from ..sim.errors import ApiError
+
+        try:
+            return dict(self._c().create_pod(manifest))
+        except ApiError as exc:
+            raise PodRejectedError(exc.status, exc.reason, exc.message) from None
+
+    def get_pod(self, name: str, namespace: str = "default") -> JSONDict:
+        from ..sim.errors import NotFoundError
+
+        try:
+            return dict(self._c().get_pod(name, namespace))
+        except NotFoundError as exc:
+            raise ObjectNotFoundError(str(exc)) from None
+
+    def delete_pod(self, name: str, namespace: str = "default") -> None:
+        from ..sim.errors import NotFoundError
+
+        try:
+            self._c().delete_pod(name, namespace)
+        except NotFoundError as exc:
+            raise ObjectNotFoundError(str(exc)) from None
+
+    def list_pods(self, namespace: str | None = None) -> list[JSONDict]:
+        return list(self._c().list_pods(namespace))
+
+    def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
+        return list(self._c().events(namespace=namespace, involved_name=involved_name))
+
+    def _container(self, name: str, container: str, namespace: str) -> Any:
+        node = self.get_pod(name, namespace).get("spec", {}).get("nodeName")
+        if not node:
+            raise BackendError(f"pod {namespace}/{name} is not on a node yet")
+        rec = self._node(node).container(name, container, namespace)
+        return getattr(rec, "options", rec)
+
+    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
+        rec = self._container(name, container, namespace)
+        return ContainerView(
+            envs=dict(rec.envs),
+            mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in rec.mounts),
+            devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in rec.devices),
+            annotations=dict(rec.annotations),
+            cdi_devices=tuple(rec.cdi_devices),
+        )
+
+    def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:
+        view = self.container_view(name, container, namespace)
+        return emulate_exec(view, list(argv))
+
+    def restart_container(self, name: str, container: str, namespace: str = "default") -> None:
+        node = self.get_pod(name, namespace).get("spec", {}).get("nodeName")
+        self._node(str(node)).restart_container(name, container, namespace)
+
+    # -- mock NVML ---------------------------------------------------------------------------------
+    def _mock_path(self, node: str) -> Path:
+        path = self._dep(node).mock_path
+        if path is None:
+            raise BackendError(f"the plugin on {node} was deployed without a mock-NVML state file")
+        return path
+
+    def read_mock_state(self, node: str) -> JSONDict:
+        return dict(json.loads(self._mock_path(node).read_text()))
+
+    def write_mock_state(self, node: str, state: JSONDict) -> None:
+        _write_json_atomic(self._mock_path(node), state)
+
+    # -- knobs -------------------------------------------------------------------------------------
+    @property
+    def grace_period(self) -> float:
+        nodes = self._c().nodes
+        return float(nodes[0].device_manager.grace_period) if nodes else self.options.grace_period
+
+    def set_grace_period(self, seconds: float) -> None:
+        for n in self._c().nodes:
+            n.device_manager.grace_period = float(seconds)
+
+
+def _devices(d: Any) -> PodResourcesDevices:
+    numa = tuple(int(n.ID) for n in d.topology.nodes) if d.HasField("topology") else ()
+    return PodResourcesDevices(resource_name=d.resource_name, device_ids=tuple(d.device_ids), numa_nodes=numa)
+
+
+def _write_json_atomic(path: Path, doc: JSONDict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def emulate_exec(view: ContainerView, argv: list[str]) -> ExecResult:
+    """Answer the few shell questions the container record can answer truthfully (see module doc)."""
+    if not argv:
+        raise UnsupportedOperationError("sim exec: empty command")
+    cmd, args = argv[0].rsplit("/", 1)[-1], argv[1:]
+    paths = {m.container_path for m in view.mounts} | {d.container_path for d in view.devices}
+    if cmd == "env" and not args:
+        return ExecResult(0, "".join(f"{k}={v}\n" for k, v in sorted(view.envs.items())))
+    if cmd == "printenv":
+        if not args:
+            return ExecResult(0, "".join(f"{k}={v}\n" for k, v in sorted(view.envs.items())))
+        found = [view.envs[a] for a in args if a in view.envs]
+        return ExecResult(0 if len(found) == len(args) else 1, "".join(f"{v}\n" for v in found))
+    if cmd == "ls":
+        out: list[str] = []
+        for t in [a for a in args if not a.startswith("-")] or ["."]:
+            t = t.rstrip("/") or "/"
+            children = {p[len(t) + 1 :].split("/", 1)[0] for p in paths if p.startswith(t + "/")}
+            if t == "/dev":
+                out.extend(sorted(children | set(BASE_DEV_ENTRIES)))
+            elif t in paths:
+                out.append(t)
+            elif children:
+                out.extend(sorted(children))
+            elif t.startswith("/dev/"):
+                return ExecResult(2, "", f"ls: {t}: No such file or directory\n")
+            else:
+                break  # a path of the image itself: the record cannot say
+        else:
+            return ExecResult(0, "".join(f"{n}\n" for n in out))
+    if cmd == "test" and len(args) == 2 and args[0] == "-e":
+        return ExecResult(0 if args[1] in paths or args[1] in {f"/dev/{n}" for n in BASE_DEV_ENTRIES} else 1, "")
+    if cmd == "cat" and args == ["/proc/mounts"]:
+        return ExecResult(
+            0, "".join(f"devplug {m.container_path} bind {'ro' if m.read_only else 'rw'} 0 0\n" for m in view.mounts)
+        )
+    raise UnsupportedOperationError(
+        f"sim exec cannot answer {argv!r} honestly; it emulates env, printenv, ls /dev, ls/test -e of injected "
+        "paths and cat /proc/mounts (use the kind backend for real commands)"
+    )

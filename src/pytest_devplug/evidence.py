@@ -1,0 +1,108 @@
+"""Evidence for failure reports: plugin log, kubelet log, node status, pod events, checkpoint.
+
+Collected at the moment of failure (before teardown changes the cluster) and attached by
+``plugin.py`` as report sections, so a red test explains itself without re-running it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .backends.base import Backend, parse_checkpoint
+
+__all__ = ["Evidence", "DevplugAssertionError", "collect_evidence", "tail"]
+
+#: Lines of a log kept in a report section: enough to see the story, short enough to read.
+LOG_TAIL_LINES = 80
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One report section: ``title`` (prefixed ``devplug:`` in the report) and its text."""
+
+    title: str
+    text: str
+
+
+class DevplugAssertionError(AssertionError):
+    """An ``assert_*`` helper failed; ``evidence`` is what the cluster looked like at that moment."""
+
+    def __init__(self, message: str, evidence: Iterable[Evidence] = ()) -> None:
+        super().__init__(message)
+        self.evidence = list(evidence)
+
+
+def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    parts = text.splitlines()
+    if len(parts) <= lines:
+        return text
+    return f"[... {len(parts) - lines} earlier lines omitted ...]\n" + "\n".join(parts[-lines:])
+
+
+def _safe(title: str, fn: Callable[[], str]) -> Evidence:
+    # Evidence must never hide the real failure: a collector that breaks reports why instead.
+    try:
+        return Evidence(title, fn())
+    except Exception as exc:  # noqa: BLE001 - deliberately broad, see above
+        return Evidence(title, f"<could not collect: {type(exc).__name__}: {exc}>")
+
+
+def _node_status(backend: Backend, node: str) -> str:
+    obj = backend.get_node(node)
+    status = obj.get("status", {})
+    view = {k: status.get(k) for k in ("capacity", "allocatable", "conditions")}
+    return json.dumps(view, indent=2, sort_keys=True)
+
+
+def _checkpoint(backend: Backend, node: str) -> str:
+    raw = backend.read_checkpoint(node)
+    if raw is None:
+        return "<no checkpoint file>"
+    try:
+        cp = parse_checkpoint(raw)
+    except ValueError as exc:
+        return f"<undecodable: {exc}>\n{raw[:4000]!r}"
+    lines = [f"RegisteredDevices: {json.dumps({k: list(v) for k, v in cp.registered_devices.items()})}"]
+    for e in cp.entries:
+        ids = {k: list(v) for k, v in e.device_ids.items()}
+        lines.append(f"pod {e.pod_uid} container {e.container_name} {e.resource_name}: {json.dumps(ids)}")
+    if not cp.entries:
+        lines.append("PodDeviceEntries: none")
+    return "\n".join(lines)
+
+
+def _events(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
+    out = []
+    for name, namespace in pods:
+        for ev in backend.events(namespace=namespace, involved_name=name):
+            out.append(f"{namespace}/{name}: {ev.get('type')} {ev.get('reason')}: {ev.get('message')}")
+    return "\n".join(out) or "<no events>"
+
+
+def _pods(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
+    out = []
+    for name, namespace in pods:
+        try:
+            obj = backend.get_pod(name, namespace)
+        except Exception as exc:  # noqa: BLE001 - a deleted pod is evidence too
+            out.append(f"{namespace}/{name}: <{type(exc).__name__}: {exc}>")
+            continue
+        out.append(f"{namespace}/{name}: {json.dumps(obj.get('status', {}), sort_keys=True, default=str)}")
+    return "\n".join(out)
+
+
+def collect_evidence(backend: Backend, node: str | None, pods: Iterable[tuple[str, str]] = ()) -> list[Evidence]:
+    """Everything worth reading when a device-plugin test fails on ``node`` with ``pods``."""
+    pods = list(pods)
+    ev: list[Evidence] = []
+    if node is not None:
+        ev.append(_safe("node status", lambda: _node_status(backend, node)))
+        ev.append(_safe("plugin log", lambda: tail(backend.plugin_log(node))))
+        ev.append(_safe("kubelet log", lambda: tail(backend.kubelet_log(node))))
+        ev.append(_safe("checkpoint", lambda: _checkpoint(backend, node)))
+    if pods:
+        ev.append(_safe("pods", lambda: _pods(backend, pods)))
+        ev.append(_safe("pod events", lambda: _events(backend, pods)))
+    return ev

@@ -1,0 +1,591 @@
+"""Handles that read naturally in a test: ``pod.env``, ``node.allocatable()``, ``plugin.mock.inject_xid(...)``.
+
+Every property asks the backend afresh (no caching), so a test reads the cluster as it is now;
+the ``wait_*`` methods are the only places that poll, each with a bounded timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .backends import mockstate
+from .backends.base import (
+    Backend,
+    Checkpoint,
+    ContainerView,
+    DeviceNodeView,
+    ExecResult,
+    MountView,
+    NodeSpec,
+    PluginSpec,
+    PodResourcesDevices,
+    PodResourcesPod,
+    parse_checkpoint,
+)
+from .waiting import WaitTimeout, wait_for
+
+__all__ = [
+    "ClusterHandle",
+    "NodeHandle",
+    "PluginHandle",
+    "PodHandle",
+    "PodFactory",
+    "MockNvml",
+    "MockControlsUnavailableError",
+    "DEFAULT_IMAGE",
+    "parse_quantity",
+]
+
+#: The container image of pods made by :class:`PodFactory` (kind needs a shell for ``exec``).
+DEFAULT_IMAGE = "busybox:1.36"
+
+
+class MockControlsUnavailableError(RuntimeError):
+    """The plugin under test was not deployed with the mock-NVML state file, so faults cannot be injected."""
+
+
+def parse_quantity(value: str | int | None) -> int:
+    """An extended-resource quantity as an int (they are integers; ``"0"``/missing -> 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"extended-resource quantity {value!r} is not an integer") from None
+
+
+class NodeHandle:
+    """A node of the cluster under test."""
+
+    def __init__(self, backend: Backend, name: str, *, timeout: float) -> None:
+        self.backend = backend
+        self.name = name
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"NodeHandle({self.name!r})"
+
+    @property
+    def obj(self) -> dict[str, Any]:
+        return self.backend.get_node(self.name)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.obj.get("metadata", {}).get("labels") or {})
+
+    def capacity(self, resource: str) -> int:
+        return parse_quantity((self.obj.get("status", {}).get("capacity") or {}).get(resource))
+
+    def allocatable(self, resource: str) -> int:
+        return parse_quantity((self.obj.get("status", {}).get("allocatable") or {}).get(resource))
+
+    def counts(self, resource: str) -> tuple[int | None, int | None]:
+        """``(capacity, allocatable)``; ``None`` where the node status does not list the resource."""
+        status = self.obj.get("status", {})
+        cap = (status.get("capacity") or {}).get(resource)
+        alloc = (status.get("allocatable") or {}).get(resource)
+        return (None if cap is None else parse_quantity(cap), None if alloc is None else parse_quantity(alloc))
+
+    def wait_counts(
+        self, resource: str, *, capacity: int | None = None, allocatable: int | None = None, timeout: float | None = None
+    ) -> tuple[int | None, int | None]:
+        """Wait until capacity/allocatable equal the given values (``None`` = any)."""
+
+        def ok(c: tuple[int | None, int | None]) -> bool:
+            return (capacity is None or (c[0] or 0) == capacity) and (allocatable is None or (c[1] or 0) == allocatable)
+
+        return wait_for(
+            lambda: self.counts(resource),
+            ok,
+            timeout=self.timeout if timeout is None else timeout,
+            what=f"{self.name}: {resource} capacity={capacity} allocatable={allocatable} (capacity, allocatable)",
+        )
+
+    def restart_kubelet(self) -> None:
+        self.backend.restart_kubelet(self.name)
+
+    def kubelet_log(self) -> str:
+        return self.backend.kubelet_log(self.name)
+
+    def checkpoint(self) -> Checkpoint | None:
+        raw = self.backend.read_checkpoint(self.name)
+        return None if raw is None else parse_checkpoint(raw)
+
+    def pod_resources(self) -> list[PodResourcesPod]:
+        return self.backend.pod_resources(self.name)
+
+    def allocatable_devices(self, resource: str | None = None) -> list[PodResourcesDevices]:
+        devs = self.backend.allocatable_devices(self.name)
+        return [d for d in devs if resource is None or d.resource_name == resource]
+
+    def device_ids(self, resource: str) -> list[str]:
+        """Allocatable device IDs of ``resource`` per pod-resources ``GetAllocatableResources``."""
+        return sorted(i for d in self.allocatable_devices(resource) for i in d.device_ids)
+
+    def device_numa(self, resource: str) -> dict[str, tuple[int, ...]]:
+        """Device ID -> NUMA nodes it reports (empty tuple: no topology)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for d in self.allocatable_devices(resource):
+            for i in d.device_ids:
+                out[i] = d.numa_nodes
+        return out
+
+
+class MockNvml:
+    """Fault controls of the included GPU plugin: edits its mock-NVML state file on the node."""
+
+    def __init__(self, plugin: PluginHandle) -> None:
+        self._plugin = plugin
+
+    def _edit(self, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self._plugin.dirty = True
+        backend, node = self._plugin.backend, self._plugin.node.name
+        backend.write_mock_state(node, fn(backend.read_mock_state(node)))
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self._plugin.backend.read_mock_state(self._plugin.node.name)
+
+    @property
+    def uuids(self) -> list[str]:
+        return [str(g["uuid"]) for g in self.state["gpus"]]
+
+    def numa_of(self, uuid: str) -> int | None:
+        for g in self.state["gpus"]:
+            if g["uuid"] == uuid:
+                return None if g["numa_node"] is None else int(g["numa_node"])
+        raise KeyError(uuid)
+
+    def inject_xid(self, uuid: str, xid: int = 79) -> None:
+        """Deliver an Xid critical-error event for ``uuid`` (79 = fallen off the bus: makes it Unhealthy)."""
+        self._edit(lambda s: mockstate.with_xid(s, uuid, xid))
+
+    def set_lost(self, uuid: str, lost: bool = True) -> None:
+        """Make NVML answer GPU_IS_LOST for ``uuid`` (or answer again, which also clears an Xid)."""
+        self._edit(lambda s: mockstate.with_lost(s, uuid, lost))
+
+    def set_usable(self, uuid: str) -> None:
+        self.set_lost(uuid, False)
+
+    def fail_allocate(self, uuid: str, fail: bool = True) -> None:
+        """Make the plugin's Allocate fail for any request including ``uuid``."""
+        self._edit(lambda s: mockstate.with_fail_allocate(s, uuid, fail))
+
+    def add_gpu(self, numa_node: int | None = 0) -> str:
+        added: list[str] = []
+
+        def fn(s: dict[str, Any]) -> dict[str, Any]:
+            new, uuid = mockstate.with_gpu_added(s, numa_node)
+            added.append(uuid)
+            return new
+
+        self._edit(fn)
+        return added[0]
+
+    def remove_gpu(self, uuid: str) -> None:
+        self._edit(lambda s: mockstate.with_gpu_removed(s, uuid))
+
+
+class PluginHandle:
+    """The plugin under test as deployed on one node.
+
+    ``dirty`` is set by every call that changes the plugin's state (faults, stop, restart); the
+    ``devplug_plugin`` fixture redeploys a dirty plugin after the test so the next one starts clean.
+    """
+
+    def __init__(self, backend: Backend, node: NodeHandle, spec: PluginSpec) -> None:
+        self.backend = backend
+        self.node = node
+        self.spec = spec
+        self.dirty = False
+
+    def __repr__(self) -> str:
+        return f"PluginHandle({self.spec.resource_name!r} on {self.node.name!r})"
+
+    @property
+    def resource_name(self) -> str:
+        return self.spec.resource_name
+
+    @property
+    def has_mock(self) -> bool:
+        return self.spec.mock
+
+    @property
+    def mock(self) -> MockNvml:
+        if not self.spec.mock:
+            raise MockControlsUnavailableError(
+                "this plugin was deployed without mock-NVML controls (PluginSpec.mock is False / "
+                "--devplug-no-mock); tests that inject faults need the included GPU plugin or a plugin "
+                "that reads the mock-state file"
+            )
+        return MockNvml(self)
+
+    @property
+    def running(self) -> bool:
+        return self.backend.plugin_running(self.node.name)
+
+    def log(self) -> str:
+        return self.backend.plugin_log(self.node.name)
+
+    def stop(self) -> None:
+        self.dirty = True
+        self.backend.stop_plugin(self.node.name)
+
+    def kill(self) -> None:
+        self.dirty = True
+        self.backend.kill_plugin(self.node.name)
+
+    def start(self) -> None:
+        self.dirty = True
+        self.backend.start_plugin(self.node.name)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def wait_ready(self, count: int | None = None, timeout: float | None = None) -> None:
+        """Wait until the node lists the resource as allocatable (``count`` of them, or at least one)."""
+        res = self.resource_name
+
+        def ok(c: tuple[int | None, int | None]) -> bool:
+            return (c[1] or 0) == count if count is not None else (c[1] or 0) > 0
+
+        try:
+            wait_for(
+                lambda: self.node.counts(res),
+                ok,
+                timeout=self.node.timeout if timeout is None else timeout,
+                what=f"{res} allocatable on {self.node.name}",
+            )
+        except WaitTimeout as exc:
+            from .evidence import DevplugAssertionError, collect_evidence
+
+            raise DevplugAssertionError(
+                f"plugin for {res} did not become ready on node {self.node.name}: expected allocatable "
+                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}",
+                collect_evidence(self.backend, self.node.name),
+            ) from None
+
+
+def _iter_containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = pod.get("spec", {})
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+
+
+class PodHandle:
+    """A pod the test created. Properties read the cluster now; ``container`` picks the default one."""
+
+    def __init__(self, backend: Backend, name: str, namespace: str, *, container: str, resource_name: str, timeout: float) -> None:
+        self.backend = backend
+        self.name = name
+        self.namespace = namespace
+        self.container = container
+        self.resource_name = resource_name
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"PodHandle({self.namespace}/{self.name})"
+
+    # -- the pod object ----------------------------------------------------------------------------
+    @property
+    def obj(self) -> dict[str, Any]:
+        return self.backend.get_pod(self.name, self.namespace)
+
+    @property
+    def uid(self) -> str:
+        return str(self.obj["metadata"]["uid"])
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.obj.get("status") or {})
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase", ""))
+
+    @property
+    def reason(self) -> str | None:
+        value = self.status.get("reason")
+        return None if value is None else str(value)
+
+    @property
+    def message(self) -> str | None:
+        value = self.status.get("message")
+        return None if value is None else str(value)
+
+    @property
+    def node_name(self) -> str | None:
+        value = self.obj.get("spec", {}).get("nodeName")
+        return None if value is None else str(value)
+
+    @property
+    def conditions(self) -> list[dict[str, Any]]:
+        return list(self.status.get("conditions") or [])
+
+    def container_status(self, container: str | None = None) -> dict[str, Any]:
+        name = container or self.container
+        for st in [*(self.status.get("initContainerStatuses") or []), *(self.status.get("containerStatuses") or [])]:
+            if st.get("name") == name:
+                return dict(st)
+        raise KeyError(f"pod {self.namespace}/{self.name} has no status for container {name!r} yet")
+
+    @property
+    def restart_count(self) -> int:
+        return int(self.container_status().get("restartCount", 0))
+
+    @property
+    def device_health(self) -> dict[str, str]:
+        """``allocatedResourcesStatus`` of the default container: device ID -> health, for our resource."""
+        out: dict[str, str] = {}
+        for entry in self.container_status().get("allocatedResourcesStatus") or []:
+            if entry.get("name") == self.resource_name:
+                for r in entry.get("resources") or []:
+                    out[str(r.get("resourceID"))] = str(r.get("health"))
+        return out
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.backend.events(namespace=self.namespace, involved_name=self.name)
+
+    @property
+    def event_messages(self) -> list[str]:
+        return [f"{e.get('reason')}: {e.get('message')}" for e in self.events]
+
+    # -- what the container got from Allocate --------------------------------------------------
+    def view(self, container: str | None = None) -> ContainerView:
+        return self.backend.container_view(self.name, container or self.container, self.namespace)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.view().envs)
+
+    @property
+    def device_nodes(self) -> list[DeviceNodeView]:
+        return list(self.view().devices)
+
+    @property
+    def mounts(self) -> list[MountView]:
+        return list(self.view().mounts)
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return dict(self.view().annotations)
+
+    @property
+    def cdi_devices(self) -> list[str]:
+        return list(self.view().cdi_devices)
+
+    def allocated(self, container: str | None = None, resource: str | None = None) -> list[str]:
+        """Device IDs of ``resource`` assigned to the container, per the pod-resources API on its node."""
+        node = self.node_name
+        if not node:
+            return []
+        cname, res = container or self.container, resource or self.resource_name
+        for p in self.backend.pod_resources(node):
+            if p.name == self.name and p.namespace == self.namespace:
+                for c in p.containers:
+                    if c.name == cname:
+                        return sorted(c.device_ids(res))
+        return []
+
+    @property
+    def allocated_devices(self) -> list[str]:
+        return self.allocated()
+
+    # -- actions -----------------------------------------------------------------------------------
+    def exec(self, *argv: str, container: str | None = None) -> ExecResult:
+        return self.backend.exec_pod(self.name, list(argv), container=container or self.container, namespace=self.namespace)
+
+    def restart_container(self, container: str | None = None) -> None:
+        self.backend.restart_container(self.name, container or self.container, self.namespace)
+
+    def delete(self) -> None:
+        self.backend.delete_pod(self.name, self.namespace)
+
+    # -- waits -------------------------------------------------------------------------------------
+    def wait_phase(self, *phases: str, timeout: float | None = None) -> str:
+        """Wait until the pod is in one of ``phases``; fails with the pod's status and events otherwise."""
+        try:
+            return wait_for(
+                lambda: self.phase,
+                lambda p: p in phases,
+                timeout=self.timeout if timeout is None else timeout,
+                what=f"pod {self.namespace}/{self.name} phase in {phases}",
+            )
+        except WaitTimeout:
+            raise self._failure(f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}") from None
+
+    def wait_running(self, timeout: float | None = None) -> PodHandle:
+        self.wait_phase("Running", timeout=timeout)
+        return self
+
+    def wait_event(self, pattern: str, timeout: float | None = None) -> str:
+        """Wait for an event on this pod whose ``reason: message`` matches the regex ``pattern``."""
+        rx = re.compile(pattern)
+
+        def found(msgs: list[str]) -> bool:
+            return any(rx.search(m) for m in msgs)
+
+        try:
+            msgs = wait_for(
+                lambda: self.event_messages, found, timeout=self.timeout if timeout is None else timeout, what=f"event /{pattern}/"
+            )
+        except WaitTimeout:
+            raise self._failure(f"expected an event matching /{pattern}/ on pod {self.namespace}/{self.name}") from None
+        return next(m for m in msgs if rx.search(m))
+
+    def _failure(self, expected: str) -> AssertionError:
+        from .evidence import DevplugAssertionError, collect_evidence
+
+        try:
+            st = self.status
+            seen = f"phase={st.get('phase')!r} reason={st.get('reason')!r} message={st.get('message')!r}"
+            events = "; ".join(self.event_messages) or "none"
+        except Exception as exc:  # noqa: BLE001 - report what we could not read
+            seen, events = f"<could not read pod: {exc}>", "?"
+        return DevplugAssertionError(
+            f"{expected}; saw {seen}; events: {events}",
+            collect_evidence(self.backend, self.node_name, [(self.name, self.namespace)]),
+        )
+
+
+class PodFactory:
+    """``devplug_pod(gpus=2)``: makes pods requesting the resource under test, deletes them afterwards.
+
+    ``gpus`` sets the limit (the API server copies it into requests). ``limits``/``requests`` set
+    them explicitly (ints or quantity strings, e.g. ``requests=1`` alone, or ``limits="0.5"``);
+    ``manifest`` takes a full pod dict instead. Pods are pinned to ``node`` with a nodeSelector on
+    ``kubernetes.io/hostname`` unless the manifest says otherwise.
+    """
+
+    _counter = itertools.count(1)
+
+    def __init__(self, backend: Backend, *, node: str, resource_name: str, timeout: float, prefix: str = "devplug") -> None:
+        self.backend = backend
+        self.node = node
+        self.resource_name = resource_name
+        self.timeout = timeout
+        self.prefix = _dns_label(prefix)[:40].rstrip("-") or "devplug"
+        self.created: list[tuple[str, str]] = []
+
+    def manifest(
+        self,
+        gpus: int | None = None,
+        *,
+        limits: int | str | None = None,
+        requests: int | str | None = None,
+        name: str | None = None,
+        namespace: str = "default",
+        node: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        containers: int = 1,
+        restart_policy: str | None = None,
+    ) -> dict[str, Any]:
+        """The pod :meth:`__call__` would create, for tests that tweak it first."""
+        if gpus is not None and limits is None:
+            limits = gpus
+        resources: dict[str, dict[str, str]] = {}
+        if limits is not None:
+            resources["limits"] = {self.resource_name: str(limits)}
+        if requests is not None:
+            resources["requests"] = {self.resource_name: str(requests)}
+        name = name or f"{self.prefix}-{next(self._counter)}"
+        spec: dict[str, Any] = {
+            "containers": [
+                {
+                    "name": "main" if i == 0 else f"c{i}",
+                    "image": image,
+                    "command": ["sleep", "3600"],
+                    "resources": resources,
+                }
+                for i in range(containers)
+            ],
+            "nodeSelector": {"kubernetes.io/hostname": node or self.node},
+            "terminationGracePeriodSeconds": 1,
+        }
+        if restart_policy:
+            spec["restartPolicy"] = restart_policy
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+    def __call__(
+        self,
+        gpus: int | None = None,
+        *,
+        manifest: Mapping[str, Any] | None = None,
+        wait: bool = False,
+        **kwargs: Any,
+    ) -> PodHandle:
+        """Create a pod (``wait=True``: and wait until it runs). Raises ``PodRejectedError`` on validation."""
+        body = dict(manifest) if manifest is not None else self.manifest(gpus, **kwargs)
+        meta = body.setdefault("metadata", {})
+        meta.setdefault("name", f"{self.prefix}-{next(self._counter)}")
+        namespace = meta.setdefault("namespace", "default")
+        created = self.backend.create_pod(body)
+        name = created["metadata"]["name"]
+        self.created.append((name, namespace))
+        first = _iter_containers(body)[len((body.get("spec") or {}).get("initContainers") or []) :]
+        pod = PodHandle(
+            self.backend,
+            name,
+            namespace,
+            container=str(first[0]["name"]) if first else "main",
+            resource_name=self.resource_name,
+            timeout=self.timeout,
+        )
+        if wait:
+            pod.wait_running()
+        return pod
+
+    def cleanup(self) -> list[str]:
+        """Delete every pod this factory made; returns the errors (cleanup must not stop at the first)."""
+        errors = []
+        for name, ns in reversed(self.created):
+            try:
+                self.backend.delete_pod(name, ns)
+            except Exception as exc:  # noqa: BLE001 - collected and reported by the fixture
+                if "not found" not in str(exc).lower():
+                    errors.append(f"{ns}/{name}: {exc}")
+        self.created.clear()
+        return errors
+
+
+def _dns_label(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+class ClusterHandle:
+    """The cluster under test (``devplug_cluster``): its nodes and a way to deploy plugins on them."""
+
+    def __init__(self, backend: Backend, *, timeout: float) -> None:
+        self.backend = backend
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"ClusterHandle(backend={self.backend.name!r})"
+
+    def node(self, name: str) -> NodeHandle:
+        return NodeHandle(self.backend, name, timeout=self.timeout)
+
+    @property
+    def nodes(self) -> list[NodeHandle]:
+        return [self.node(str(n["metadata"]["name"])) for n in self.backend.list_nodes()]
+
+    def ensure_node(self, spec: NodeSpec) -> NodeHandle:
+        """A node with ``spec``'s traits (the sim creates it; kind must have one)."""
+        return self.node(self.backend.ensure_node(spec))
+
+    def deploy(self, node: NodeHandle | str, spec: PluginSpec) -> PluginHandle:
+        """Deploy ``spec`` on ``node`` and return its handle (not waited for: see ``wait_ready``)."""
+        handle = node if isinstance(node, NodeHandle) else self.node(node)
+        self.backend.deploy_plugin(handle.name, spec)
+        return PluginHandle(self.backend, handle, spec)
+
+    def pods(self, node: NodeHandle | str, resource_name: str, *, prefix: str = "devplug") -> PodFactory:
+        """A pod factory pinned to ``node``; call ``cleanup()`` when done."""
+        name = node.name if isinstance(node, NodeHandle) else node
+        return PodFactory(self.backend, node=name, resource_name=resource_name, timeout=self.timeout, prefix=prefix)
