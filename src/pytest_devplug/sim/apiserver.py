@@ -1,0 +1,303 @@
+"""What kube-apiserver does to a pod on create: decoding, defaulting and validation.
+
+Only the rules a device-plugin test can trip over are reproduced, with upstream's texts and field
+paths (``pkg/apis/core/validation``: ``ValidateContainerResourceRequirements``,
+``ValidateResourceQuantityValue``; ``pkg/apis/core/v1/defaults.go``: ``SetDefaults_Pod``), so that a
+spec rejected here is rejected the same way by a real API server, and one accepted here runs on kind.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+import string
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from fractions import Fraction
+from typing import Any, Mapping
+
+from .errors import ApiError
+
+__all__ = [
+    "Quantity",
+    "parse_quantity",
+    "is_extended_resource",
+    "to_manifest",
+    "default_pod",
+    "validate_pod",
+    "admit_pod",
+    "now_rfc3339",
+    "FieldError",
+]
+
+QUANTITY_REGEX_TEXT = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+_QUANTITY_RE = re.compile(r"^([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)(.*)$")
+_DECIMAL_SUFFIX = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL_BY_EXP = {v: k for k, v in _DECIMAL_SUFFIX.items()}
+_BINARY_BY_EXP = {v: k for k, v in _BINARY_SUFFIX.items()}
+_STANDARD_CONTAINER_RESOURCES = {"cpu", "memory", "ephemeral-storage"}
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A ``resource.Quantity``: exact value plus the format its canonical string is written in."""
+
+    value: Fraction
+    fmt: str  # "DecimalSI" | "BinarySI" | "DecimalExponent"
+
+    def is_integer(self) -> bool:
+        # Upstream: value.MilliValue() % 1000 != 0 (MilliValue rounds up to whole milli-units).
+        milli = -((-self.value * 1000) // 1)
+        return milli % 1000 == 0
+
+    def ceil_int(self) -> int:
+        return int(-((-self.value) // 1))
+
+    def milli(self) -> int:
+        return int(-((-self.value * 1000) // 1))
+
+    def __str__(self) -> str:
+        return _canonical(self.value, self.fmt)
+
+
+def _bad_quantity() -> ApiError:
+    return ApiError(
+        400,
+        "BadRequest",
+        'Pod in version "v1" cannot be handled as a Pod: quantities must match the regular expression '
+        f"'{QUANTITY_REGEX_TEXT}'",
+    )
+
+
+def parse_quantity(raw: object) -> Quantity:
+    """Parse a quantity as the API server decodes it from JSON (string, int or float)."""
+    if isinstance(raw, bool):
+        raise _bad_quantity()
+    if isinstance(raw, int):
+        return Quantity(Fraction(raw), "DecimalSI")
+    if isinstance(raw, float):
+        return parse_quantity(repr(raw))
+    if not isinstance(raw, str):
+        raise _bad_quantity()
+    m = _QUANTITY_RE.match(raw.strip())
+    if not m:
+        raise _bad_quantity()
+    sign, digits, suffix = m.groups()
+    number = Fraction(digits)
+    if sign == "-":
+        number = -number
+    if suffix in _DECIMAL_SUFFIX:
+        return Quantity(number * Fraction(10) ** _DECIMAL_SUFFIX[suffix], "DecimalSI")
+    if suffix in _BINARY_SUFFIX:
+        return Quantity(number * 2 ** _BINARY_SUFFIX[suffix], "BinarySI")
+    em = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
+    if em:
+        return Quantity(number * Fraction(10) ** int(em.group(1)), "DecimalExponent")
+    raise _bad_quantity()
+
+
+def _canonical(value: Fraction, fmt: str) -> str:
+    """``Quantity.String()``: the canonical form (e.g. ``0.5`` -> ``500m``, ``2000`` -> ``2k``)."""
+    if value == 0:
+        return "0"
+    if fmt == "BinarySI" and (value <= -1024 or value >= 1024) and value.denominator == 1:
+        n, exp = int(value), 0
+        while exp < 60 and n % 1024 == 0:
+            n //= 1024
+            exp += 10
+        return f"{n}{_BINARY_BY_EXP[exp]}"
+    # Decimal: round up to nano units, then the largest exponent (multiple of 3) keeping an integer.
+    nanos = -((-value * 10**9) // 1)
+    mantissa, exp = int(nanos), -9
+    while exp < 18 and mantissa % 1000 == 0:
+        mantissa //= 1000
+        exp += 3
+    if fmt == "DecimalExponent":
+        return f"{mantissa}e{exp}" if exp else str(mantissa)
+    return f"{mantissa}{_DECIMAL_BY_EXP[exp]}"
+
+
+def is_extended_resource(name: str) -> bool:
+    """``IsExtendedResourceName``: a domain-prefixed name outside ``kubernetes.io`` (no ``requests.``)."""
+    if "/" not in name or name.startswith("requests."):
+        return False
+    domain = name.split("/", 1)[0]
+    return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def to_manifest(obj: object) -> dict[str, Any]:
+    """A plain Kubernetes dict from a dict or a ``kubernetes.client`` model (``V1Pod``)."""
+    if isinstance(obj, Mapping):
+        return copy.deepcopy(dict(obj))
+    if hasattr(obj, "openapi_types") and hasattr(obj, "attribute_map"):
+        from kubernetes.client import ApiClient  # imported lazily: heavy, and only needed for models
+
+        data = ApiClient().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        if isinstance(data, dict):
+            return data
+    raise ApiError(400, "BadRequest", f"cannot handle {type(obj).__name__} as a Pod manifest")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One ``field.Error``: rendered exactly like apimachinery's ``Error()``."""
+
+    path: str
+    kind: str  # "Invalid" | "Required" | "Forbidden"
+    value: object
+    detail: str
+
+    def __str__(self) -> str:
+        if self.kind == "Required":
+            body = "Required value"
+        elif self.kind == "Forbidden":
+            body = "Forbidden"
+        elif isinstance(self.value, str):
+            body = f'Invalid value: "{self.value}"'
+        else:  # a Stringer (resource.Quantity) prints unquoted
+            body = f"Invalid value: {self.value}"
+        return f"{self.path}: {body}: {self.detail}" if self.detail else f"{self.path}: {body}"
+
+
+def _containers(spec: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    for key in ("containers", "initContainers"):
+        for i, c in enumerate(spec.get(key) or []):
+            out.append((f"spec.{key}[{i}]", c))
+    return out
+
+
+def default_pod(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Server-side defaulting: identity fields, ``SetDefaults_Pod`` (limits copied into missing
+    requests, per resource) and the few spec defaults that tests read back."""
+    pod = copy.deepcopy(dict(manifest))
+    pod.setdefault("apiVersion", "v1")
+    pod.setdefault("kind", "Pod")
+    meta = pod.setdefault("metadata", {})
+    if not meta.get("name") and meta.get("generateName"):
+        suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+        meta["name"] = f"{meta['generateName']}{suffix}"
+    meta["namespace"] = meta.get("namespace") or "default"
+    meta["uid"] = str(uuid.uuid4())
+    meta["creationTimestamp"] = now_rfc3339()
+    meta.setdefault("resourceVersion", "1")
+    spec = pod.setdefault("spec", {})
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("priority", 0)
+    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+    for _, c in _containers(spec):
+        res = c.get("resources")
+        if not isinstance(res, dict):
+            continue
+        limits = res.get("limits")
+        if limits:
+            requests = res.setdefault("requests", {}) or {}
+            res["requests"] = requests
+            for k, v in limits.items():
+                requests.setdefault(k, v)
+    return pod
+
+
+def _validate_resources(path: str, res: Mapping[str, Any], errs: list[FieldError]) -> None:
+    limits = res.get("limits") or {}
+    requests = res.get("requests") or {}
+    lim_path, req_path = f"{path}.resources.limits", f"{path}.resources.requests"
+    parsed_limits: dict[str, Quantity] = {}
+    for name in sorted(limits):
+        q = parse_quantity(limits[name])
+        parsed_limits[name] = q
+        _validate_name_and_value(name, q, f"{lim_path}[{name}]", errs)
+    for name in sorted(requests):
+        q = parse_quantity(requests[name])
+        _validate_name_and_value(name, q, f"{req_path}[{name}]", errs)
+        overcommit_allowed = not is_extended_resource(name) and not name.startswith("hugepages-")
+        lim = parsed_limits.get(name)
+        if lim is not None:
+            if q.value != lim.value and not overcommit_allowed:
+                errs.append(FieldError(req_path, "Invalid", str(q), f"must be equal to {name} limit of {lim}"))
+            elif q.value > lim.value:
+                errs.append(
+                    FieldError(req_path, "Invalid", str(q), f"must be less than or equal to {name} limit of {lim}")
+                )
+        elif not overcommit_allowed:
+            errs.append(FieldError(lim_path, "Required", "", "Limit must be set for non overcommitable resources"))
+
+
+def _validate_name_and_value(name: str, q: Quantity, path: str, errs: list[FieldError]) -> None:
+    if "/" not in name:
+        if name not in _STANDARD_CONTAINER_RESOURCES and not name.startswith("hugepages-"):
+            errs.append(FieldError(path, "Invalid", name, "must be a standard resource for containers"))
+    elif not is_extended_resource(name) and not name.startswith("kubernetes.io/"):
+        errs.append(FieldError(path, "Invalid", name, "doesn't follow extended resource name standard"))
+    if q.value < 0:
+        errs.append(FieldError(path, "Invalid", str(q), "must be greater than or equal to 0"))
+    if is_extended_resource(name) and not q.is_integer():
+        errs.append(FieldError(path, "Invalid", q, "must be an integer"))
+
+
+def validate_pod(pod: Mapping[str, Any]) -> list[FieldError]:
+    """The create-time validation errors of a defaulted pod, in upstream's order."""
+    errs: list[FieldError] = []
+    meta = pod.get("metadata") or {}
+    name = meta.get("name") or ""
+    if not name:
+        errs.append(FieldError("metadata.name", "Required", "", "name or generateName is required"))
+    elif len(name) > 253 or not _NAME_RE.match(name):
+        errs.append(
+            FieldError(
+                "metadata.name",
+                "Invalid",
+                name,
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
+                "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+            )
+        )
+    spec = pod.get("spec") or {}
+    if not spec.get("containers"):
+        errs.append(FieldError("spec.containers", "Required", "", ""))
+    for path, c in _containers(spec):
+        if not c.get("name"):
+            errs.append(FieldError(f"{path}.name", "Required", "", ""))
+        if not c.get("image"):
+            errs.append(FieldError(f"{path}.image", "Required", "", ""))
+        res = c.get("resources")
+        if isinstance(res, Mapping):
+            _validate_resources(path, res, errs)
+    return errs
+
+
+def admit_pod(manifest: object) -> dict[str, Any]:
+    """Decode, default and validate a pod as ``POST /api/v1/namespaces/{ns}/pods`` would.
+
+    Raises ``ApiError(422, "Invalid", 'Pod "x" is invalid: ...')`` (several errors are joined as
+    ``[a, b]``, duplicates dropped, like ``ErrorList.ToAggregate``) or ``ApiError(400, ...)``.
+    """
+    pod = default_pod(to_manifest(manifest))
+    errs = validate_pod(pod)
+    if errs:
+        seen: list[str] = []
+        for e in errs:
+            if str(e) not in seen:
+                seen.append(str(e))
+        agg = seen[0] if len(seen) == 1 else "[" + ", ".join(seen) + "]"
+        name = (pod.get("metadata") or {}).get("name") or ""
+        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {agg}')
+    # Quantities are stored in canonical form, as the API server re-serializes them.
+    for _, c in _containers(pod["spec"]):
+        res = c.get("resources")
+        if isinstance(res, dict):
+            for key in ("limits", "requests"):
+                if res.get(key):
+                    res[key] = {k: str(parse_quantity(v)) for k, v in res[key].items()}
+    return pod
