@@ -1,0 +1,65 @@
+"""Helpers of the control-plane tests: mock-NVML state files, the real GPU plugin's command line,
+pod manifests and bounded waits that say what they expected and what they saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+GPU = "nvidia.com/gpu"
+T = TypeVar("T")
+
+
+def gpu(i: int, numa: int | None = 0, **extra: Any) -> dict[str, Any]:
+    return {"uuid": f"GPU-{i:04d}", "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "numa_node": numa,
+            "minor": i, "lost": False, "fail_allocate": False, **extra}
+
+
+def write_state(path: Path, gpus: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> None:
+    """Replace the mock NVML state atomically (the plugin watches the file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"gpus": gpus, "events": events or []}))
+    os.replace(tmp, path)
+
+
+def plugin_argv(state: Path, *extra: str, resource: str = GPU) -> list[str]:
+    return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}", "--resource-name", resource,
+            "--nvml", "mock", "--mock-state", str(state), *extra]
+
+
+def pod(name: str, gpus: int | str | None = 1, *, requests: Any = None, node_name: str | None = None,
+        restart_policy: str | None = None, init: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    if gpus is not None:
+        res["limits"] = {GPU: gpus}
+    if requests is not None:
+        res["requests"] = {GPU: requests}
+    body: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox", "resources": res}], **spec}
+    if node_name:
+        body["nodeName"] = node_name
+    if restart_policy:
+        body["restartPolicy"] = restart_policy
+    if init:
+        body["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body}
+
+
+def wait_for(fn: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll ``fn`` until ``ok(value)``; fail with the expectation and the last value seen."""
+    deadline = time.monotonic() + timeout
+    value = fn()
+    while not ok(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {value!r}")
+        time.sleep(interval)
+        value = fn()
+    return value
+
+
+def allocatable(cluster: Any, node: str, resource: str = GPU) -> tuple[str | None, str | None]:
+    st = cluster.get_node(node)["status"]
+    return st["capacity"].get(resource), st["allocatable"].get(resource)
