@@ -1,0 +1,312 @@
+"""In-process tests of the plugin's pure logic and of the mock NVML as pynvml sees it."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from devplug_gpu_plugin import cli, nvml_mock, watch
+from devplug_gpu_plugin.allocation import (
+    AllocationConfig,
+    AllocationError,
+    cdi_spec,
+    container_response,
+    ensure_dev_nodes,
+    preferred_allocation,
+)
+from devplug_gpu_plugin.devices import DeviceState, GpuInfo, Probe
+from devplug_gpu_plugin.health import HealthMonitor
+
+from gpu_plugin_helpers import UUIDS, MockStateFile
+
+
+def infos(numa: list[int | None]) -> dict[str, GpuInfo]:
+    return {f"g{i}": GpuInfo(uuid=f"g{i}", name="x", minor=i, numa_node=n) for i, n in enumerate(numa)}
+
+
+# ---- preferred allocation --------------------------------------------------------------------
+class TestPreferredAllocation:
+    gpus = infos([0, 0, 1, 1, 1, None])
+
+    def pick(self, available: list[str], must: list[str], size: int) -> list[str]:
+        return preferred_allocation(available, must, size, self.gpus)
+
+    def test_exact_size_and_stable_minor_order(self) -> None:
+        assert self.pick(["g4", "g3", "g2"], [], 2) == ["g2", "g3"]
+        assert self.pick(["g1", "g0"], [], 1) == ["g0"]
+        assert self.pick(["g0", "g1"], [], 0) == []
+
+    def test_node_with_fewest_leftovers_wins(self) -> None:
+        # node 0 holds 2 (no leftover), node 1 holds 3 (one leftover): node 0
+        assert self.pick(["g2", "g3", "g4", "g0", "g1"], [], 2) == ["g0", "g1"]
+        assert self.pick(["g0", "g2", "g3", "g4"], [], 2) == ["g2", "g3"]  # node 0 cannot hold 2
+
+    def test_must_include_kept_and_its_node_preferred(self) -> None:
+        assert self.pick(["g0", "g1", "g2", "g3", "g4"], ["g4"], 2) == ["g4", "g2"]
+        assert self.pick(["g0", "g1", "g2", "g3", "g4"], ["g1", "g4"], 3) == ["g1", "g4", "g0"]
+
+    def test_spills_to_fullest_node_then_no_numa(self) -> None:
+        got = self.pick(["g0", "g2", "g3", "g4", "g5"], [], 5)
+        assert got[:3] == ["g2", "g3", "g4"] and got[3:] == ["g0", "g5"]
+
+    def test_must_include_larger_than_size_is_truncated(self) -> None:
+        assert self.pick(["g0", "g1", "g2"], ["g2", "g0", "g1"], 2) == ["g0", "g1"]
+
+    def test_unknown_ids_come_last(self) -> None:
+        assert self.pick(["zz", "g3"], [], 2) == ["g3", "zz"]
+
+
+# ---- device state / health policy ------------------------------------------------------------
+def test_xid_is_sticky_until_lost_and_back() -> None:
+    state = DeviceState()
+    info = GpuInfo("u", "x", 0, 0)
+    state.update_inventory([Probe(info, lost=False)])
+    v = state.snapshot().version
+    assert state.mark_xid("u", 79) == ["u Healthy -> Unhealthy (Xid 79)"]
+    assert state.wait_for_change(v, 1).version == v + 1
+    state.update_inventory([Probe(info, lost=False)])
+    assert not state.get("u").healthy  # type: ignore[union-attr]
+    state.update_inventory([Probe(info, lost=True)])
+    state.update_inventory([Probe(info, lost=False)])
+    assert state.get("u").healthy  # type: ignore[union-attr]
+    assert state.mark_xid("nope", 79) == []
+
+
+# ---- Allocate responses ----------------------------------------------------------------------
+def _snapshot() -> DeviceState:
+    state = DeviceState()
+    state.update_inventory([Probe(GpuInfo(f"g{i}", "x", i, i // 2), lost=False) for i in range(3)])
+    return state
+
+
+def test_container_response_envvar_and_errors() -> None:
+    snap = _snapshot().snapshot()
+    cfg = AllocationConfig("v.io/gpu", dev_root="/host/dev")
+    r = container_response(["g2"], snap, cfg)
+    assert dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": "g2"}
+    assert [(d.host_path, d.container_path) for d in r.devices][-1] == ("/host/dev/nvidia2", "/dev/nvidia2")
+    with pytest.raises(AllocationError, match="unknown device gX") as exc:
+        container_response(["g0", "gX"], snap, cfg)
+    assert exc.value.code == "invalid_argument"
+    with pytest.raises(AllocationError, match="allocating GPU g1 failed: boom") as exc:
+        container_response(["g0", "g1"], snap, cfg, fault=lambda u: "boom" if u == "g1" else None)
+    assert exc.value.code == "internal"
+
+
+def test_cdi_spec_shape() -> None:
+    gpus = _snapshot().snapshot().gpus
+    spec = cdi_spec(AllocationConfig("v.io/gpu", strategies=("cdi-cri",), dev_root="/d"), gpus)
+    assert spec["kind"] == "v.io/gpu"
+    assert [d["name"] for d in spec["devices"]] == ["g0", "g1", "g2"]
+    assert "mounts" not in spec["containerEdits"]
+
+
+def test_ensure_dev_nodes_creates_missing_only(tmp_path: Path) -> None:
+    (tmp_path / "nvidia0").write_text("keep")
+    created = ensure_dev_nodes(str(tmp_path), [0, 1])
+    assert sorted(os.path.basename(p) for p in created) == ["nvidia-uvm", "nvidia1", "nvidiactl"]
+    assert (tmp_path / "nvidia0").read_text() == "keep"
+    assert ensure_dev_nodes(str(tmp_path), [0, 1]) == []
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+def test_cli_env_equivalents_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("DP_"):
+            monkeypatch.delenv(k)
+    args = cli.parse_args(["--nvml", "mock", "--mock-state", "/s.json"])
+    assert args.plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert args.resource_name == "nvidia.com/gpu"
+    assert args.socket_name == "devplug-nvidia.com-gpu.sock"
+    assert args.device_list_strategy == ("envvar",)
+    assert args.ignored_xids == (13, 31, 43, 45, 68, 109)
+    assert args.cdi_spec_dir == "/var/run/cdi" and args.dev_root == "/dev"
+    assert args.pre_start_required is False and args.create_dev_nodes is False
+    monkeypatch.setenv("DP_NVML", "mock")
+    monkeypatch.setenv("DP_MOCK_STATE", "/m.json")
+    monkeypatch.setenv("DP_RESOURCE_NAME", "example.com/gpu")
+    monkeypatch.setenv("DP_PRE_START_REQUIRED", "true")
+    monkeypatch.setenv("DP_DEVICE_LIST_STRATEGY", "cdi-cri,volume-mounts")
+    monkeypatch.setenv("DP_IGNORED_XIDS", "")
+    monkeypatch.setenv("DP_SOCKET_NAME", "x.sock")
+    args = cli.parse_args([])
+    assert (args.nvml, args.mock_state, args.resource_name) == ("mock", "/m.json", "example.com/gpu")
+    assert args.pre_start_required is True
+    assert args.device_list_strategy == ("cdi-cri", "volume-mounts")
+    assert args.ignored_xids == ()
+    assert args.socket_name == "x.sock"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device-list-strategy", "bogus"], "unknown strategy 'bogus'"),
+        (["--ignored-xids", "1,x"], "--ignored-xids"),
+        (["--resource-name", "gpu"], "not an extended resource name"),
+        (["--nvml", "mock"], "--mock-state"),
+    ],
+)
+def test_cli_rejects_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# ---- mock NVML through pynvml ----------------------------------------------------------------
+@pytest.fixture
+def nvml(mock_state: MockStateFile) -> Iterator[nvml_mock.MockNvml]:
+    mock = nvml_mock.install(str(mock_state.path))
+    pynvml.nvmlInit()
+    mock.start_watching()
+    try:
+        yield mock
+    finally:
+        mock.close()
+        pynvml.nvmlShutdown()
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = None
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def _wait(cond, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_mock_answers_pynvml_like_the_library(nvml: nvml_mock.MockNvml) -> None:
+    assert pynvml.nvmlSystemGetDriverVersion().endswith("mock")
+    assert pynvml.nvmlDeviceGetCount() == 4
+    h = pynvml.nvmlDeviceGetHandleByIndex(2)
+    assert pynvml.nvmlDeviceGetUUID(h) == UUIDS[2]
+    assert pynvml.nvmlDeviceGetName(h) == "NVIDIA A100-SXM4-40GB"
+    assert pynvml.nvmlDeviceGetMemoryInfo(h).total == 40960 * 1024 * 1024
+    assert pynvml.nvmlDeviceGetMinorNumber(h) == 2
+    assert pynvml.nvmlDeviceGetNumaNodeId(h) == 1
+    assert list(pynvml.nvmlDeviceGetCpuAffinity(h, 1)) == [0xFF00]
+    assert pynvml.nvmlDeviceGetSupportedEventTypes(h) & pynvml.nvmlEventTypeXidCriticalError
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetHandleByIndex(4)
+
+
+def test_mock_lost_numa_null_and_add_remove(nvml: nvml_mock.MockNvml, mock_state: MockStateFile) -> None:
+    h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
+    mock_state.gpu(UUIDS[1])["lost"] = True
+    mock_state.gpus.append({"uuid": "GPU-new", "minor": 9, "numa_node": None})
+    mock_state.write()
+    _wait(lambda: pynvml.nvmlDeviceGetCount() == 5, "the added GPU")
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlDeviceGetUUID(h1)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetNumaNodeId(pynvml.nvmlDeviceGetHandleByIndex(4))
+    mock_state.gpus.pop(0)
+    mock_state.write()
+    _wait(lambda: pynvml.nvmlDeviceGetCount() == 4, "the removed GPU")
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))  # index 0 is the lost GPU now
+
+
+def test_mock_events_delivered_once_history_skipped(tmp_path: Path) -> None:
+    state = MockStateFile(tmp_path / "s.json")
+    state.events = [{"uuid": UUIDS[0], "xid": 31}]  # history at load: never delivered
+    state.write()
+    mock = nvml_mock.install(str(state.path))
+    pynvml.nvmlInit()
+    mock.start_watching()
+    try:
+        es = pynvml.nvmlEventSetCreate()
+        h0 = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlDeviceRegisterEvents(h0, pynvml.nvmlEventTypeXidCriticalError, es)
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(es, 50)
+        got: list[object] = []
+        waiter = threading.Thread(target=lambda: got.append(pynvml.nvmlEventSetWait_v2(es, 5000)))
+        waiter.start()  # blocks until the event arrives
+        state.xid(UUIDS[0], 79)
+        waiter.join(5)
+        data = got[0]
+        assert data.eventType == pynvml.nvmlEventTypeXidCriticalError and data.eventData == 79  # type: ignore[attr-defined]
+        assert pynvml.nvmlDeviceGetUUID(data.device) == UUIDS[0]  # type: ignore[attr-defined]
+        with pytest.raises(pynvml.NVMLError_Timeout):  # delivered once only
+            pynvml.nvmlEventSetWait_v2(es, 50)
+        pynvml.nvmlEventSetFree(es)
+    finally:
+        mock.close()
+        pynvml.nvmlShutdown()
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = None
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def test_mock_malformed_reload_keeps_state(
+    nvml: nvml_mock.MockNvml, mock_state: MockStateFile, caplog: pytest.LogCaptureFixture
+) -> None:
+    mock_state.write_raw(json.dumps({"gpus": [{"uuid": "only", "minor": "zero"}]}))
+    _wait(lambda: "keeping the last good mock state" in caplog.text, "the error log")
+    assert str(mock_state.path) in caplog.text and "'minor' must be int" in caplog.text
+    assert pynvml.nvmlDeviceGetCount() == 4
+
+
+def test_health_loop_woken_by_state_change_not_by_timeout(
+    nvml: nvml_mock.MockNvml, mock_state: MockStateFile
+) -> None:
+    state = DeviceState()
+    monitor = HealthMonitor(state, wait_ms=30_000)  # a timeout-driven loop would take 30 s
+    monitor.start()
+    try:
+        assert len(state.snapshot().gpus) == 4
+        v = state.snapshot().version
+        started = time.monotonic()
+        mock_state.set(UUIDS[3], lost=True)
+        snap = state.wait_for_change(v, 5)
+        assert time.monotonic() - started < 2, "the health loop was not woken by the state change"
+        assert not snap.by_uuid()[UUIDS[3]].healthy
+    finally:
+        nvml.close()  # wakes the waiter so stop() returns at once
+        monitor.stop()
+
+
+def test_mock_state_errors_name_file_and_problem(tmp_path: Path) -> None:
+    p = tmp_path / "s.json"
+    with pytest.raises(nvml_mock.MockStateError, match=f"mock state {p}: cannot read"):
+        nvml_mock.load_state(str(p))
+    for text, problem in [
+        ("[]", "top level must be an object"),
+        ('{"gpus": [{"uuid": "a", "minor": 0, "numa_node": -1}]}', "numa_node"),
+        ('{"gpus": [{"uuid": "a", "minor": 0}, {"uuid": "b", "minor": 0}]}', "duplicate minor 0"),
+        ('{"gpus": [], "events": [{"uuid": "a"}]}', "events[0]: missing field 'xid'"),
+        ('{"gpus": [{"uuid": "a", "minor": 0, "lost": 1}]}', "'lost' must be bool"),
+    ]:
+        with pytest.raises(nvml_mock.MockStateError) as exc:
+            nvml_mock.parse_state(text, str(p))
+        assert str(p) in str(exc.value) and problem in str(exc.value)
+
+
+# ---- inotify ---------------------------------------------------------------------------------
+def test_inotify_sees_create_delete_and_rename(tmp_path: Path) -> None:
+    with watch.Inotify() as ino:
+        ino.add_watch(str(tmp_path), watch.IN_CREATE | watch.IN_DELETE | watch.IN_MOVED_TO)
+        (tmp_path / "a").write_text("x")
+        os.replace(tmp_path / "a", tmp_path / "b")
+        (tmp_path / "b").unlink()
+        seen: list[tuple[str, int]] = []
+        deadline = time.monotonic() + 5
+        while len(seen) < 3 and time.monotonic() < deadline:
+            seen += [(e.name, e.mask) for e in ino.read(1.0)]
+        assert ("a", watch.IN_CREATE) in seen
+        assert ("b", watch.IN_MOVED_TO) in seen
+        assert ("b", watch.IN_DELETE) in seen
+        t = threading.Timer(0.05, ino.wake)
+        t.start()
+        started = time.monotonic()
+        assert ino.read(10) == []
+        assert time.monotonic() - started < 5
