@@ -1,0 +1,126 @@
+"""Smoke test of the kind tier: a real cluster starts, an image built here loads into it, and the
+included GPU plugin's DaemonSet advertises the mock GPUs as ``nvidia.com/gpu`` on the GPU node.
+
+Run by ``nox -s e2e`` (``pytest -m kind tests/kind``); ``--keep-cluster`` keeps the cluster afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import pytest
+import yaml
+
+from kind_helpers import REPO, KindCluster, image_labels, offline_python_base_name, run, unavailable, wait_for
+
+pytestmark = pytest.mark.kind
+
+PLUGIN_DIR = REPO / "plugin_under_test"
+PLUGIN_IMAGE = "devplug/gpu-plugin:kind-smoke"
+MOCK_STATE = "/var/lib/devplug/mock-state.json"
+RESOURCE = "nvidia.com/gpu"
+GPU_LABEL = "devplug.io/gpu=true"
+
+
+def _python_base() -> str | None:
+    """The offline Python base image when it is present here (machines with no registry)."""
+    name = offline_python_base_name()
+    return name if image_labels(name) is not None else None
+
+
+def test_nodes_ready(kind_cluster: KindCluster) -> None:
+    nodes = kind_cluster.kubectl_json("get", "nodes")["items"]
+    assert len(nodes) == len(kind_cluster.nodes)
+    for n in nodes:
+        ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready and ready[0]["status"] == "True", f"{n['metadata']['name']}: {ready}"
+    gpu_nodes = [n for n in nodes if n["metadata"].get("labels", {}).get("devplug.io/gpu") == "true"]
+    assert gpu_nodes, "no node labelled devplug.io/gpu=true"
+
+
+def test_loaded_image_runs_a_pod(kind_cluster: KindCluster) -> None:
+    """`kind load docker-image` works and a pod runs from the loaded image (pulling nothing)."""
+    image = _python_base()
+    if image is None:
+        image = "busybox:1.36"  # users' machines: pullable
+        run(["docker", "pull", image], timeout=300)
+        command = ["sh", "-c", "echo devplug-smoke-ok"]
+    else:
+        command = ["python3", "-c", "print('devplug-smoke-ok')"]
+    kind_cluster.load_image(image)
+    name = f"smoke-{uuid.uuid4().hex[:6]}"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"restartPolicy": "Never",
+                 "tolerations": [{"key": RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                 "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never", "command": command}]},
+    }
+    kind_cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    try:
+        phase = wait_for(f"pod {name} to finish", lambda: (
+            p if (p := kind_cluster.kubectl_json("get", "pod", name)["status"].get("phase")) in ("Succeeded", "Failed")
+            else None), timeout=180)
+        logs = kind_cluster.kubectl("logs", name).stdout
+        assert phase == "Succeeded" and "devplug-smoke-ok" in logs, (phase, logs,
+                                                                     kind_cluster.kubectl("describe", "pod", name).stdout)
+    finally:
+        kind_cluster.kubectl("delete", "pod", name, "--wait=false", check=False)
+
+
+def _mock_state(n: int) -> str:
+    gpus = [{"uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "name": "NVIDIA A100-SXM4-40GB",
+             "memory_mib": 40960, "numa_node": i % 2, "minor": i, "lost": False, "fail_allocate": False}
+            for i in range(n)]
+    return json.dumps({"gpus": gpus, "events": []})
+
+
+def _plugin_manifest(image: str) -> str:
+    """The plugin's DaemonSet manifest with its container images pointed at the image loaded here."""
+    docs = [d for d in yaml.safe_load_all((PLUGIN_DIR / "deploy" / "daemonset.yaml").read_text()) if d]
+    for d in docs:
+        spec = d.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            c["image"] = image
+            c["imagePullPolicy"] = "IfNotPresent"
+    return yaml.safe_dump_all(docs)
+
+
+def test_plugin_advertises_mock_gpus(kind_cluster: KindCluster) -> None:
+    dockerfile = PLUGIN_DIR / "Dockerfile"
+    manifest = PLUGIN_DIR / "deploy" / "daemonset.yaml"
+    if not dockerfile.exists() or not manifest.exists():
+        pytest.skip("plugin_under_test/Dockerfile or deploy/daemonset.yaml not there yet")
+    build = ["docker", "build", "-t", PLUGIN_IMAGE]
+    if (base := _python_base()) is not None:
+        build += ["--build-arg", f"BASE_IMAGE={base}"]
+    t0 = time.monotonic()
+    proc = run([*build, str(PLUGIN_DIR)], check=False, timeout=1200)
+    if proc.returncode != 0:
+        unavailable(f"plugin image build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    print(f"\nplugin image built in {time.monotonic() - t0:.1f}s")
+    kind_cluster.load_image(PLUGIN_IMAGE)
+
+    node = kind_cluster.node_container(GPU_LABEL)
+    n_gpus = int(os.environ.get("DEVPLUG_KIND_GPUS", "4"))
+    kind_cluster.write_node_file(node, MOCK_STATE, _mock_state(n_gpus))
+    kind_cluster.kubectl("apply", "-f", "-", input=_plugin_manifest(PLUGIN_IMAGE))
+
+    def advertised() -> tuple[str, str] | None:
+        status = kind_cluster.kubectl_json("get", "node", node)["status"]
+        cap, alloc = status.get("capacity", {}).get(RESOURCE), status.get("allocatable", {}).get(RESOURCE)
+        return (cap, alloc) if cap == str(n_gpus) and alloc == str(n_gpus) else None
+
+    try:
+        wait_for(f"{RESOURCE}={n_gpus} in capacity and allocatable of {node}", advertised, timeout=240)
+    except AssertionError as e:
+        pods = kind_cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+        logs = kind_cluster.kubectl("logs", "-A", "-l", "app.kubernetes.io/name", "--tail=50", check=False)
+        raise AssertionError(f"{e}\n--- pods\n{pods}\n--- logs\n{logs.stdout}{logs.stderr}") from None
+    # the other nodes (multi-node config) must not advertise GPUs
+    for other in kind_cluster.nodes:
+        if other != node:
+            cap = kind_cluster.kubectl_json("get", "node", other)["status"].get("capacity", {})
+            assert RESOURCE not in cap or cap[RESOURCE] == "0", (other, cap)
