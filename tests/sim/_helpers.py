@@ -63,3 +63,32 @@ def wait_for(fn: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: f
 def allocatable(cluster: Any, node: str, resource: str = GPU) -> tuple[str | None, str | None]:
     st = cluster.get_node(node)["status"]
     return st["capacity"].get(resource), st["allocatable"].get(resource)
+
+
+def start_gpu_node(cluster: Any, name: str, state: Path, n: int = 2, *extra: str, **node_kw: Any) -> Any:
+    """Add a node, run the real GPU plugin on ``n`` mock GPUs and wait until they are allocatable."""
+    if not state.exists():
+        write_state(state, [gpu(i, numa=i % 2) for i in range(n)])
+    node = cluster.add_node(name, **node_kw)
+    node.start_plugin(plugin_argv(state, *extra))
+    wait_for(lambda: allocatable(cluster, name), lambda v: v == (str(n), str(n)), f"{n}/{n} {GPU} on {name}")
+    return node
+
+
+def pod_resources(node: Any) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """``List`` of the node's pod-resources API: {(pod, container): {resource: device ids}}."""
+    import grpc
+
+    from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
+
+    with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as ch:
+        resp = v1_pb2_grpc.PodResourcesListerStub(ch).List(v1_pb2.ListPodResourcesRequest(), timeout=5)
+    out: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for p in resp.pod_resources:
+        for c in p.containers:
+            out[(p.name, c.name)] = {d.resource_name: sorted(d.device_ids) for d in c.devices}
+    return out
+
+
+def phase(cluster: Any, name: str) -> str:
+    return str(cluster.get_pod(name)["status"].get("phase"))

@@ -329,14 +329,21 @@ class SimNode:
             self._on_node_change()
 
     def refresh_status(self) -> None:
-        """Re-read capacity/allocatable from the device manager (removed resources disappear)."""
+        """Re-read capacity/allocatable from the device manager. A removed resource is set to 0,
+        not dropped (``setters.go``: it tells device-plugin resources from cluster-level ones), and
+        stays at 0 like the key in the stored Node object."""
         dm = self._dm
         if dm is None:
             return
-        capacity, allocatable, _removed = dm.capacity()
+        capacity, allocatable, removed = dm.capacity()
         with self._lock:
-            if self._dm is dm:
-                self._ext_capacity, self._ext_allocatable = dict(capacity), dict(allocatable)
+            if self._dm is not dm:
+                return
+            cap, alloc = dict(capacity), dict(allocatable)
+            for res in set(removed) | (set(self._ext_capacity) - set(cap)):
+                cap.setdefault(res, 0)
+                alloc.setdefault(res, 0)
+            self._ext_capacity, self._ext_allocatable = cap, alloc
 
     def capacity(self) -> dict[str, str]:
         with self._lock:
