@@ -50,6 +50,27 @@ def _kubelet_lines(node: NodeHandle, *needles: str, limit: int = 6) -> str:
     return "; kubelet log: " + " | ".join(ln.strip() for ln in lines[-limit:])
 
 
+#: Upstream kubelet log texts -> what they mean for the plugin author.
+_REGISTRATION_FAULTS = (
+    (
+        "Error connecting to device plugin client",
+        "the kubelet could not reach the plugin's gRPC server when it registered: "
+        "a plugin must be serving on its socket BEFORE it calls Register",
+    ),
+    ("is not supported by kubelet", "the plugin registered with an API version the kubelet does not support (want v1beta1)"),
+    ("is invalid", "the plugin registered an invalid extended-resource name"),
+)
+
+
+def _registration_hint(node: NodeHandle, resource: str) -> str:
+    try:
+        log = node.kubelet_log()
+    except Exception:  # noqa: BLE001 - only decorates a failure message
+        return ""
+    hints = [hint for needle, hint in _REGISTRATION_FAULTS if any(needle in ln and resource in ln for ln in log.splitlines())]
+    return "".join(f"; FAULT: {h}" for h in hints)
+
+
 def assert_registered(
     plugin: PluginHandle, *, count: int | None = None, timeout: float | None = None
 ) -> tuple[int, int]:
@@ -72,6 +93,7 @@ def assert_registered(
         raise _fail(
             f"expected resource {res} registered on node {node.name} with capacity "
             f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{running}"
+            + _registration_hint(node, res)
             + _kubelet_lines(node, res, "egist"),
             node,
         ) from None

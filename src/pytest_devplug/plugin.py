@@ -168,8 +168,9 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MOCK_MARKER}: the test injects faults through the mock-NVML controls; with a plugin that has none "
-        "it is skipped with that reason (or fails, --devplug-missing-mock=fail)",
+        f"{MOCK_MARKER}: the test needs the mock-NVML plugin (it injects faults through the mock-state file, or "
+        "checks a documented policy of the included GPU plugin); with a plugin declared without mock controls "
+        "it is skipped with that reason (or fails: --devplug-missing-mock=fail)",
     )
 
 

@@ -107,10 +107,12 @@ class SimBackend:
         return self.cluster
 
     def _node(self, name: str) -> Any:
+        from ..sim.errors import NotFoundError
+
         try:
             return self._c().node(name)
-        except KeyError:
-            raise ObjectNotFoundError(f'node "{name}" not found') from None
+        except NotFoundError as exc:
+            raise ObjectNotFoundError(str(exc)) from None
 
     def ensure_node(self, spec: NodeSpec) -> str:
         c = self._c()
@@ -190,10 +192,7 @@ class SimBackend:
         return list(self._c().list_nodes())
 
     def get_node(self, name: str) -> JSONDict:
-        try:
-            return dict(self._c().get_node(name))
-        except KeyError:
-            raise ObjectNotFoundError(f'node "{name}" not found') from None
+        return dict(self._node(name) and self._c().get_node(name))
 
     def restart_kubelet(self, node: str) -> None:
         self._node(node).restart_kubelet()
@@ -266,11 +265,17 @@ class SimBackend:
         return list(self._c().events(namespace=namespace, involved_name=involved_name))
 
     def _container(self, name: str, container: str, namespace: str) -> Any:
-        node = self.get_pod(name, namespace).get("spec", {}).get("nodeName")
+        pod = self.get_pod(name, namespace)
+        node = pod.get("spec", {}).get("nodeName")
         if not node:
             raise BackendError(f"pod {namespace}/{name} is not on a node yet")
-        rec = self._node(node).container(name, container, namespace)
-        return getattr(rec, "options", rec)
+        from ..sim.errors import SimError
+
+        try:
+            rec = self._node(node).container(pod["metadata"]["uid"], container)
+        except SimError:
+            raise BackendError(f"pod {namespace}/{name} has no container {container!r} on {node} (not admitted?)") from None
+        return rec.options
 
     def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
         rec = self._container(name, container, namespace)
@@ -287,8 +292,7 @@ class SimBackend:
         return emulate_exec(view, list(argv))
 
     def restart_container(self, name: str, container: str, namespace: str = "default") -> None:
-        node = self.get_pod(name, namespace).get("spec", {}).get("nodeName")
-        self._node(str(node)).restart_container(name, container, namespace)
+        self._c().restart_container(name, container, namespace)
 
     # -- mock NVML ---------------------------------------------------------------------------------
     def _mock_path(self, node: str) -> Path:
@@ -306,12 +310,16 @@ class SimBackend:
     # -- knobs -------------------------------------------------------------------------------------
     @property
     def grace_period(self) -> float:
-        nodes = self._c().nodes
-        return float(nodes[0].device_manager.grace_period) if nodes else self.options.grace_period
+        return float(self._c().grace_period)
 
     def set_grace_period(self, seconds: float) -> None:
-        for n in self._c().nodes:
-            n.device_manager.grace_period = float(seconds)
+        """For the cluster, every node and every running device manager (a kubelet restart keeps it)."""
+        c = self._c()
+        c.grace_period = float(seconds)
+        for n in c.nodes:
+            n.grace_period = float(seconds)
+            if n.device_manager is not None:
+                n.device_manager.grace_period = float(seconds)
 
 
 def _devices(d: Any) -> PodResourcesDevices:

@@ -1,0 +1,36 @@
+"""Registration: the plugin serves first, then registers v1beta1 with its resource name."""
+
+from __future__ import annotations
+
+from pytest_devplug import PluginHandle, assert_registered
+
+
+def test_registers_its_resource(devplug_plugin: PluginHandle) -> None:
+    """The node lists the resource by exactly the name the plugin was configured with."""
+    cap, alloc = assert_registered(devplug_plugin)
+    capacity = devplug_plugin.node.obj["status"]["capacity"]
+    assert devplug_plugin.resource_name in capacity, f"node capacity lists {sorted(capacity)}"
+    assert alloc == cap, f"all devices healthy at start, so allocatable should equal capacity: {cap}/{alloc}"
+
+
+def test_registration_accepted_without_errors(devplug_plugin: PluginHandle) -> None:
+    """The kubelet accepted the registration first time: right version, valid name, plugin already serving."""
+    assert_registered(devplug_plugin)
+    res = devplug_plugin.resource_name
+    bad = [
+        ln
+        for ln in devplug_plugin.node.kubelet_log().splitlines()
+        if res in ln and ("Bad registration request" in ln or "Error connecting to device plugin client" in ln)
+    ]
+    assert not bad, (
+        "the kubelet refused a registration of the plugin (wrong version, bad name, or Register called "
+        f"before the plugin served its socket): {bad}"
+    )
+
+
+def test_devices_listed_match_capacity(devplug_plugin: PluginHandle) -> None:
+    """Capacity counts exactly the devices the plugin listed (pod-resources GetAllocatableResources)."""
+    cap, alloc = assert_registered(devplug_plugin)
+    ids = devplug_plugin.node.device_ids(devplug_plugin.resource_name)
+    assert len(ids) == alloc == cap, f"pod-resources lists {len(ids)} devices {ids}; node says {cap}/{alloc}"
+    assert len(set(ids)) == len(ids), f"device IDs must be unique: {ids}"

@@ -1,0 +1,70 @@
+"""NUMA: preferred allocation and the Topology Manager's single-numa-node policy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pytest_devplug import ClusterHandle, NodeSpec, PluginHandle, PluginSpec, PodFactory
+
+from ._support import require_topology
+
+
+def test_allocation_is_numa_aligned(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
+    """A pod asking for two devices gets them from one NUMA node, even after another pod took one."""
+    numa = require_topology(devplug_plugin)
+    per_node = {n: sum(1 for v in numa.values() if v == n) for n in set(numa.values())}
+    if max(per_node.values()) < 2:
+        pytest.skip(f"needs a NUMA node with 2+ devices; have {per_node}")
+    first = devplug_pod(gpus=1, wait=True)
+    second = devplug_pod(gpus=2, wait=True)
+    got = second.allocated_devices
+    assert len({numa[d] for d in got}) == 1, f"2 devices spread over NUMA nodes {[numa[d] for d in got]}: {got}"
+    assert not set(got) & set(first.allocated_devices)
+
+
+@pytest.mark.devplug_mock
+def test_preferred_allocation_packs_numa_nodes(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
+    """GetPreferredAllocation of the included plugin is used: single-device pods fill one NUMA node
+    before the next (best fit), leaving whole nodes free for big requests. Plugin-specific policy,
+    hence ``devplug_mock`` (the included plugin)."""
+    numa = require_topology(devplug_plugin)
+    pods = [devplug_pod(gpus=1, wait=True) for _ in range(2)]
+    used = [numa[p.allocated_devices[0]] for p in pods]
+    per_node = {n: sum(1 for v in numa.values() if v == n) for n in set(numa.values())}
+    if min(per_node.values()) >= 2:
+        assert used[0] == used[1], f"two 1-device pods landed on NUMA nodes {used}; a NUMA node had room for both"
+
+
+@pytest.fixture
+def numa_strict_node(
+    devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec, devplug_plugin: PluginHandle
+) -> Iterator[tuple[PluginHandle, PodFactory]]:
+    """A second node with the Topology Manager's single-numa-node policy, running the same plugin."""
+    require_topology(devplug_plugin)
+    node = devplug_cluster.ensure_node(
+        NodeSpec("devplug-numa-strict", numa_nodes=max(devplug_plugin_spec.numa_nodes, 2), topology_policy="single-numa-node")
+    )
+    plugin = devplug_cluster.deploy(node, devplug_plugin_spec)
+    pods = devplug_cluster.pods(node, devplug_plugin_spec.resource_name, prefix="numa-strict")
+    try:
+        plugin.wait_ready()
+        yield plugin, pods
+    finally:
+        pods.cleanup()
+        devplug_cluster.backend.remove_plugin(node.name)
+
+
+def test_single_numa_node_policy_rejects_cross_numa_request(numa_strict_node: tuple[PluginHandle, PodFactory]) -> None:
+    """More devices than any one NUMA node has: rejected with TopologyAffinityError; fitting requests run."""
+    plugin, pods = numa_strict_node
+    numa = require_topology(plugin)
+    biggest = max(sum(1 for v in numa.values() if v == n) for n in set(numa.values()))
+    fits = pods(gpus=biggest, wait=True)
+    assert len({numa[d] for d in fits.allocated_devices}) == 1
+    fits.delete()
+    pod = pods(gpus=biggest + 1)
+    pod.wait_phase("Failed")
+    assert pod.reason == "TopologyAffinityError", f"{pod.reason}: {pod.message}"
+    assert pod.allocated_devices == []
