@@ -310,3 +310,38 @@ def test_inotify_sees_create_delete_and_rename(tmp_path: Path) -> None:
         started = time.monotonic()
         assert ino.read(10) == []
         assert time.monotonic() - started < 5
+
+
+# ---- image and manifest ----------------------------------------------------------------------
+PLUGIN_ROOT = Path(__file__).resolve().parents[2] / "plugin_under_test"
+
+
+def test_daemonset_manifest_matches_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    (ds,) = list(yaml.safe_load_all((PLUGIN_ROOT / "deploy" / "daemonset.yaml").read_text()))
+    assert (ds["kind"], ds["metadata"]["namespace"]) == ("DaemonSet", "kube-system")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"devplug.io/gpu": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    host = {v["hostPath"]["path"] for v in pod["volumes"]}
+    for path in (env["DP_PLUGIN_DIR"], os.path.dirname(env["DP_MOCK_STATE"])):
+        assert path in mounts and path in host, f"{path} must be a hostPath mounted at the same path"
+    assert env["DP_DEV_ROOT"].startswith("/var/lib/devplug/")
+    for k in list(os.environ):
+        if k.startswith("DP_"):
+            monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    args = cli.parse_args([])  # every DP_* the manifest sets is understood
+    assert (args.nvml, args.create_dev_nodes, args.mock_state) == ("mock", True, env["DP_MOCK_STATE"])
+
+
+def test_dockerfile_shape() -> None:
+    text = (PLUGIN_ROOT / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.12-slim" in text and "FROM ${BASE_IMAGE}" in text
+    assert 'ENTRYPOINT ["devplug-gpu-plugin"]' in text

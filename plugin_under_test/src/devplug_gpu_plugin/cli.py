@@ -167,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         pynvml.nvmlInit()
         mock.start_watching()
-        log.info("NVML: mock library fed by %s", args.mock_state)
+        st = mock.state
+        log.info("mock state %s loaded: %d GPUs, %d events", args.mock_state, len(st.gpus), len(st.events))
     else:
         try:
             _load_real_nvml(args.nvml_lib)
