@@ -63,10 +63,72 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     verify.set_defaults(func=_checkpoint_verify)
 
 
+# -- conformance (plugin layer) ------------------------------------------------------------------
+
+#: ``devplug conformance`` flag -> the pytest option it becomes (``None``: a boolean flag).
+_CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
+    ("--backend", "--devplug-backend", "sim (embedded kubelet, default) or kind", {"choices": ("sim", "kind"), "default": "sim"}),
+    ("--plugin-cmd", "--devplug-plugin-cmd", "your plugin's command line; {plugin_dir} {mock_state} {python} are filled in", {}),
+    ("--plugin-image", "--devplug-plugin-image", "your plugin's image (kind)", {}),
+    ("--plugin-manifest", "--devplug-plugin-manifest", "your plugin's DaemonSet manifest (kind)", {}),
+    ("--resource-name", "--devplug-resource-name", "the extended resource it advertises (default nvidia.com/gpu)", {}),
+    ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
+    ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
+    ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
+    ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
+    ("--missing-mock", "--devplug-missing-mock", "skip (default) or fail the mock-only tests for a plugin without mock controls", {"choices": ("skip", "fail")}),
+)
+
+
+def _run_conformance(args: argparse.Namespace) -> int:
+    """Run the shipped suite through ``pytest.main``, hermetically: no ini file or conftest of the cwd."""
+    import os
+
+    import pytest
+
+    from . import conformance
+
+    pytest_args = [
+        "-c", os.devnull, "--rootdir", os.path.dirname(conformance.__file__),
+        "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "-rfEs",
+        "--pyargs", "pytest_devplug.conformance",
+    ]  # fmt: skip
+    for flag, pytest_flag, _, _ in _CONFORMANCE_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            pytest_args.append(f"{pytest_flag}={value}")
+    if args.mock is not None:
+        pytest_args.append("--devplug-mock" if args.mock else "--devplug-no-mock")
+    if args.pre_start_required:
+        pytest_args.append("--devplug-pre-start-required")
+    extra = list(args.pytest_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    return int(pytest.main([*pytest_args, *extra]))
+
+
+def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    conf = sub.add_parser(
+        "conformance",
+        help="run the shipped conformance suite against a device plugin",
+        description="Run pytest_devplug.conformance. Without plugin options it tests the included GPU plugin "
+        "on a mock NVML. Arguments after -- go to pytest (e.g. -- -k registration -x).",
+    )
+    for flag, _, help_text, kw in _CONFORMANCE_FLAGS:
+        conf.add_argument(flag, help=help_text, **kw)  # type: ignore[arg-type]
+    mock = conf.add_mutually_exclusive_group()
+    mock.add_argument("--mock", dest="mock", action="store_true", default=None, help="your plugin reads the mock-NVML state file")
+    mock.add_argument("--no-mock", dest="mock", action="store_false", help="your plugin has no mock controls")
+    conf.add_argument("--pre-start-required", action="store_true", help="your plugin sets pre_start_required")
+    conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for pytest")
+    conf.set_defaults(func=_run_conformance)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="devplug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_checkpoint_commands(sub)
+    _add_conformance_command(sub)
     return parser
 
 

@@ -22,7 +22,14 @@ from typing import Any
 import pytest
 
 from .backends import BACKENDS, create_backend
-from .backends.base import DEFAULT_RESOURCE_NAME, Backend, BackendOptions, NodeSpec, PluginSpec
+from .backends.base import (
+    DEFAULT_RESOURCE_NAME,
+    Backend,
+    BackendOptions,
+    BackendUnavailableError,
+    NodeSpec,
+    PluginSpec,
+)
 from .evidence import DevplugAssertionError, Evidence, collect_evidence
 from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
 
@@ -215,7 +222,11 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
     """The cluster for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
     backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
     try:
-        backend.start()
+        try:
+            backend.start()
+        except BackendUnavailableError as exc:
+            # Every devplug test would error the same way: stop once, saying why.
+            pytest.exit(f"devplug: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         yield ClusterHandle(backend, timeout=devplug_settings.backend_options.timeout)
     finally:
         backend.close()
