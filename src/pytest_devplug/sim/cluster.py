@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping, Sequence
@@ -36,7 +36,9 @@ class _Pod:
     obj: dict[str, Any]  # apiVersion, kind, metadata, spec as the API server stored them
     scheduled: dict[str, Any] | None = None  # the PodScheduled condition
     kubelet_status: dict[str, Any] | None = None  # last status the kubelet posted
-    nominated_for: set[str] = field(default_factory=set)
+    #: Set while ``create_pod`` makes the first scheduling attempt itself, so the retry thread
+    #: does not bind it meanwhile and ``create_pod`` returns the admitted pod.
+    in_create: bool = True
 
     @property
     def uid(self) -> str:
@@ -197,7 +199,7 @@ class SimCluster:
                 node.admit(copy.deepcopy(pod))
         else:
             self._refresh_nodes()
-            self._try_schedule(key)
+            self._try_schedule(key, from_create=True)
         return self.get_pod(meta["name"], meta["namespace"])
 
     def get_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
@@ -339,11 +341,12 @@ class SimCluster:
                 view.requested[k] = view.requested.get(k, 0) + v
         return list(views.values())
 
-    def _try_schedule(self, key: tuple[str, str]) -> None:
+    def _try_schedule(self, key: tuple[str, str], *, from_create: bool = False) -> None:
         with self._lock:
             rec = self._pods.get(key)
-            if rec is None or rec.node_name or self._closed:
+            if rec is None or rec.node_name or self._closed or (rec.in_create and not from_create):
                 return
+            rec.in_create = False
             result = schedule(rec.obj, self._node_views())
             now = apiserver.now_rfc3339()
             if result.node is None:
