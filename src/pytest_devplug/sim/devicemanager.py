@@ -31,7 +31,7 @@ from pytest_devplug.sim.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from pytest_devplug.sim.endpoint import Endpoint, EndpointError
+from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
 from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
 from pytest_devplug.sim.model import (
     ContainerRuntimeOptions,
@@ -57,6 +57,8 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 #: Devices without topology sit under this fake NUMA node (``nodeWithoutTopology``).
 NO_NUMA = -1
+#: How often an allocation starts over after losing a race during GetPreferredAllocation.
+_MAX_RACE_RETRIES = 20
 
 
 class AllocateError(SimError):
@@ -101,6 +103,8 @@ class DeviceManager:
         self._log = logger or logging.getLogger(__name__)
         #: Set by the kubelet once its post-restart re-admission pass is done (``sourcesReady``).
         self.sources_ready = False
+        #: How long Register waits to dial the plugin socket (upstream: 10 s).
+        self.dial_timeout = DIAL_TIMEOUT_S
 
         self._lock = threading.Lock()
         self._ckpt_lock = threading.Lock()
@@ -115,6 +119,9 @@ class DeviceManager:
         self._affinity: dict[tuple[str, str], TopologyHint] = {}
         self._timers: dict[str, threading.Timer] = {}
         self._tokens = itertools.count()
+        #: Bumped on every change of the free devices; tells an allocation that dropped the lock
+        #: for GetPreferredAllocation whether its view went stale.
+        self._gen = 0
         self._registration: RegistrationServer | None = None
         self._running = False
 
@@ -210,7 +217,7 @@ class DeviceManager:
         resource = req.resource_name
         ep = Endpoint(resource, self.plugin_dir / req.endpoint, logger=self._log)
         try:
-            ep.connect()
+            ep.connect(self.dial_timeout)
             ep.get_options()
         except EndpointError as err:
             ep.close()
@@ -241,6 +248,7 @@ class DeviceManager:
             self._all[resource] = devices
             self._healthy[resource] = healthy
             self._unhealthy[resource] = unhealthy
+            self._gen += 1
         self._log.info(
             "Processed device updates for resource %s: total %d, healthy %d", resource, len(devices), len(healthy)
         )
@@ -266,6 +274,7 @@ class DeviceManager:
         if resource in self._healthy:
             self._healthy[resource] = set()
         self._unhealthy[resource] = self._unhealthy.get(resource, set()) | healthy
+        self._gen += 1
 
     def _arm_grace_timer(self, resource: str) -> None:
         """Wake the kubelet when the grace period ends so that its next ``capacity()`` removes
@@ -301,6 +310,7 @@ class DeviceManager:
                     if ep is None or ep.grace_expired(self.grace_period):
                         self._endpoints.pop(resource, None)
                         del devsets[resource]
+                        self._gen += 1
                         removed.add(resource)
                         timer = self._timers.pop(resource, None)
                         if timer is not None:
@@ -566,6 +576,7 @@ class DeviceManager:
         for resource, devs in self._reservations.values():
             allocated.setdefault(resource, set()).update(devs)
         self._allocated = allocated
+        self._gen += 1
 
     def _devices_to_allocate(
         self, pod_uid: str, cname: str, resource: str, required: int, reusable: set[str], running: bool
@@ -606,64 +617,85 @@ class DeviceManager:
             nonlocal remaining
             for d in sorted(candidates - mine):
                 self._allocated.setdefault(resource, set()).add(d)
+                self._gen += 1
                 mine.add(d)
                 remaining -= 1
                 if remaining == 0:
                     return True
             return False
 
-        def free_now() -> set[str]:
-            others = self._allocated.get(resource, set()) - mine
-            return self._healthy.get(resource, set()) - others
+        def less_than_required() -> AllocateError:
+            return AllocateError(
+                f"unexpectedly allocated less resources than required. Requested: {required}, "
+                f"Got: {required - remaining}"
+            )
 
         try:
             if take(reusable):
                 return token, mine
-            available = self._healthy[resource] - self._allocated.get(resource, set())
-            if len(available) < remaining:
-                raise AllocateError(
-                    f"requested number of devices unavailable for {resource}. "
-                    f"Requested: {remaining}, Available: {len(available)}"
-                )
-            aligned, unaligned, no_affinity = self._filter_by_affinity(pod_uid, cname, resource, available)
-            if remaining < len(aligned):
-                preferred = self._call_preferred(resource, aligned | mine, set(mine), required)
-                aligned &= free_now()
-                if take(preferred & aligned) or take(aligned):
+            from_reusable = set(mine)
+            for attempt in range(_MAX_RACE_RETRIES + 1):
+                if attempt:
+                    # Another admission took devices while the lock was released for
+                    # GetPreferredAllocation and what is left does not fit: start over as if
+                    # that admission had come first (the kubelet admits one pod at a time).
+                    mine.intersection_update(from_reusable)
+                    remaining = needed - len(mine)
+                    self._recompute_allocated()
+                available = self._healthy[resource] - self._allocated.get(resource, set())
+                if len(available) < remaining:
+                    raise AllocateError(
+                        f"requested number of devices unavailable for {resource}. "
+                        f"Requested: {remaining}, Available: {len(available)}"
+                    )
+                aligned, unaligned, no_affinity = self._filter_by_affinity(pod_uid, cname, resource, available)
+                if remaining < len(aligned):
+                    preferred, changed = self._call_preferred(resource, aligned | mine, set(mine), required)
+                    if changed:
+                        aligned &= self._free(resource, mine)
+                    if take(preferred & aligned) or take(aligned):
+                        return token, mine
+                    if changed:
+                        continue
+                    raise less_than_required()
+                if take(aligned):
                     return token, mine
-                raise AllocateError(
-                    f"unexpectedly allocated less resources than required. Requested: {required}, "
-                    f"Got: {required - remaining}"
-                )
-            if take(aligned):
-                return token, mine
-            preferred = self._call_preferred(resource, available | mine, set(mine), required)
-            now = free_now()
-            if take(preferred & available & now) or take(unaligned & now) or take(no_affinity & now):
-                return token, mine
-            raise AllocateError(
-                f"unexpectedly allocated less resources than required. Requested: {required}, Got: {required - remaining}"
-            )
+                preferred, changed = self._call_preferred(resource, available | mine, set(mine), required)
+                if changed:
+                    free = self._free(resource, mine)
+                    available, unaligned, no_affinity = available & free, unaligned & free, no_affinity & free
+                if take(preferred & available) or take(unaligned) or take(no_affinity):
+                    return token, mine
+                if changed:
+                    continue
+                raise less_than_required()
+            raise less_than_required()
         except BaseException:
             self._release(token)
             raise
 
-    def _call_preferred(self, resource: str, available: set[str], must_include: set[str], size: int) -> set[str]:
+    def _free(self, resource: str, mine: set[str]) -> set[str]:
+        """Healthy devices not held by anyone but this allocation (lock held)."""
+        return self._healthy.get(resource, set()) - (self._allocated.get(resource, set()) - mine)
+
+    def _call_preferred(
+        self, resource: str, available: set[str], must_include: set[str], size: int
+    ) -> tuple[set[str], bool]:
         """``callGetPreferredAllocationIfAvailable``: the lock is released during the RPC; the
-        first container answer is used, and callers intersect it with what is still free."""
+        first container answer is used. The flag says whether the device state changed meanwhile."""
         ep = self._endpoints.get(resource)
         if ep is None:
             raise AllocateError(f"endpoint not found in cache for a registered resource: {resource}")
         if ep.options is None or not ep.options.get_preferred_allocation_available:
-            return set()
+            return set(), False
+        gen = self._gen
         self._lock.release()
         try:
             resp = ep.get_preferred_allocation(sorted(available), sorted(must_include), size)
         finally:
             self._lock.acquire()
-        if resp.container_responses:
-            return set(resp.container_responses[0].deviceIDs)
-        return set()
+        ids = set(resp.container_responses[0].deviceIDs) if resp.container_responses else set()
+        return ids, self._gen != gen
 
     def _filter_by_affinity(
         self, pod_uid: str, cname: str, resource: str, available: set[str]
