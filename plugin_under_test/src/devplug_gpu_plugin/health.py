@@ -133,15 +133,20 @@ class HealthMonitor:
         if int(data.eventType) != pynvml.nvmlEventTypeXidCriticalError:
             return
         xid = int(data.eventData)
-        info = self._known.get(_handle_key(data.device))
-        if info is None:
+        uuid: str | None
+        try:
+            uuid = str(pynvml.nvmlDeviceGetUUID(data.device))
+        except pynvml.NVMLError:  # e.g. lost meanwhile: fall back to what the handle was
+            info = self._known.get(_handle_key(data.device))
+            uuid = info.uuid if info is not None else None
+        if uuid is None:
             log.warning("NVML: Xid %d on an unknown device; ignored", xid)
             return
         if xid in self.ignored_xids:
-            log.info("NVML: Xid %d on %s is in the ignored list; health unchanged", xid, info.uuid)
+            log.info("NVML: Xid %d on %s is in the ignored list; health unchanged", xid, uuid)
             return
-        log.warning("NVML: critical Xid %d on %s; marking it Unhealthy", xid, info.uuid)
-        self._publish(self.state.mark_xid(info.uuid, xid))
+        log.warning("NVML: critical Xid %d on %s; marking it Unhealthy", xid, uuid)
+        self._publish(self.state.mark_xid(uuid, xid))
 
     def start(self) -> None:
         """Create the event set, do the first probe, then follow events in a thread."""

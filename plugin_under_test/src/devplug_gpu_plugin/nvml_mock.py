@@ -472,8 +472,10 @@ class MockNvml:
                 end = time.monotonic() + timeout_ms / 1000.0
                 while True:
                     members = self._event_sets.get(key)
-                    if members is None or self._stopping or not self._initialized:
-                        return NVML_ERROR_INVALID_ARGUMENT if members is None else NVML_ERROR_TIMEOUT
+                    if members is None:
+                        return NVML_ERROR_INVALID_ARGUMENT
+                    if self._stopping or not self._initialized:
+                        return NVML_ERROR_UNINITIALIZED
                     event = self._take_event(members)
                     if event is not None:
                         handle, xid = event
