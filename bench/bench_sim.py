@@ -29,7 +29,7 @@ from pytest_devplug.sim.kubelet import SimNode
 GPU = "nvidia.com/gpu"
 
 
-def write_state(path: Path, n: int, lost: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+def write_state(path: Path, n: int, lost: frozenset[int] = frozenset()) -> None:
     gpus = [{"uuid": f"GPU-{i:04d}", "name": "A100", "memory_mib": 40960, "numa_node": i % 2, "minor": i,
              "lost": i in lost, "fail_allocate": False} for i in range(n)]
     tmp = path.with_name(path.name + ".tmp")
@@ -53,7 +53,8 @@ def wait(fn: Callable[[], bool], what: str, timeout: float = 15.0) -> float:
 
 
 def alloc(c: SimCluster, node: str) -> str | None:
-    return c.get_node(node)["status"]["allocatable"].get(GPU)
+    value = c.get_node(node)["status"]["allocatable"].get(GPU)
+    return None if value is None else str(value)
 
 
 class _RegistrationClock(logging.Handler):
@@ -82,7 +83,7 @@ def bench_latencies(runs: int, tmp: Path) -> dict[str, list[float]]:
             assert clock.at is not None
             out["registration"].append(seen - clock.at)
             t0 = time.monotonic()
-            write_state(state, 4, lost={1})
+            write_state(state, 4, lost=frozenset({1}))
             out["health"].append(wait(lambda: alloc(c, "node-1") == "3", "allocatable 3 after a GPU is lost") - t0)
             t0 = time.monotonic()
             node.restart_kubelet()

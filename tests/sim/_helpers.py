@@ -82,7 +82,8 @@ def pod_resources(node: Any) -> dict[tuple[str, str], dict[str, list[str]]]:
     from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
 
     with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as ch:
-        resp = v1_pb2_grpc.PodResourcesListerStub(ch).List(v1_pb2.ListPodResourcesRequest(), timeout=5)
+        stub = v1_pb2_grpc.PodResourcesListerStub(ch)  # type: ignore[no-untyped-call]
+        resp = stub.List(v1_pb2.ListPodResourcesRequest(), timeout=5)
     out: dict[tuple[str, str], dict[str, list[str]]] = {}
     for p in resp.pod_resources:
         for c in p.containers:
