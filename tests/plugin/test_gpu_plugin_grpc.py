@@ -138,6 +138,20 @@ def test_kubelet_restart_reregisters_within_1s_with_same_health(
     assert sum(d.health == HEALTHY for d in msg.devices) == 3
 
 
+def test_kubelet_sock_recreated_alone_registers_again(
+    start_plugin, kubelet_factory, plugin_dir: Path
+) -> None:
+    start_plugin()
+    first = kubelet_factory()
+    first.next_registration().next_update()
+    first.stop()
+    (plugin_dir / "kubelet.sock").unlink(missing_ok=True)  # gRPC's stop may have removed it
+    assert (plugin_dir / SOCKET).exists()  # our own socket stays: only the kubelet's is new
+    second = kubelet_factory()
+    again = second.next_registration()
+    assert len(again.next_update().devices) == 4
+
+
 def test_own_socket_deleted_serves_and_registers_again(
     start_plugin, kubelet: FakeKubelet, plugin_dir: Path
 ) -> None:
