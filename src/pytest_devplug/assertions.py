@@ -67,7 +67,15 @@ def _registration_hint(node: NodeHandle, resource: str) -> str:
         log = node.kubelet_log()
     except Exception:  # noqa: BLE001 - only decorates a failure message
         return ""
-    hints = [hint for needle, hint in _REGISTRATION_FAULTS if any(needle in ln and resource in ln for ln in log.splitlines())]
+    lines = log.splitlines()
+    hints = [hint for needle, hint in _REGISTRATION_FAULTS if any(needle in ln and resource in ln for ln in lines)]
+    asked = any("Got registration request" in ln and resource in ln for ln in lines)
+    connected = any("Device plugin connected" in ln and resource in ln for ln in lines)
+    if asked and not connected and not hints:
+        hints.append(
+            "the plugin called Register but the kubelet has not connected to its socket: "
+            "a plugin must be serving on its socket BEFORE it calls Register"
+        )
     return "".join(f"; FAULT: {h}" for h in hints)
 
 

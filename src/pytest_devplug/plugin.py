@@ -30,6 +30,7 @@ from .backends.base import (
     NodeSpec,
     PluginSpec,
 )
+from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence
 from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
 
@@ -187,7 +188,10 @@ def pytest_report_header(config: pytest.Config) -> str:
     except pytest.UsageError as exc:
         return f"devplug: {exc}"
     what = shlex.join(s.plugin.argv) if s.backend == "sim" else f"image {s.plugin.image} manifest {s.plugin.manifest}"
-    return f"devplug: backend={s.backend} resource={s.plugin.resource_name} mock={s.plugin.mock} plugin: {what}"
+    return (
+        f"devplug: backend={s.backend}; from options (a conftest may override devplug_plugin_spec): "
+        f"resource={s.plugin.resource_name} mock={s.plugin.mock} plugin: {what}"
+    )
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -245,13 +249,31 @@ class _Deployment:
         self.cluster, self.node, self.spec = cluster, node, spec
         self.handle: PluginHandle | None = None
         self.baseline: tuple[int | None, int | None] = (None, None)
+        self.ready = False
+        self.failure: AssertionError | None = None
 
-    def get(self) -> PluginHandle:
+    def started(self) -> PluginHandle:
+        """Deployed, not waited for (registration tests judge registration themselves)."""
         if self.handle is None:
             self.handle = self.cluster.deploy(self.node, self.spec)
-            self.handle.wait_ready(self.spec.gpus if self.spec.mock else None)
-            self.baseline = self.node.counts(self.spec.resource_name)
+            self.ready = False
         return self.handle
+
+    def get(self) -> PluginHandle:
+        if self.failure is not None:
+            # Do not wait again in every test for a plugin that never came up: same verdict at once.
+            raise self.failure
+        handle = self.started()
+        if not self.ready:
+            try:
+                assert_registered(handle, count=self.spec.gpus if self.spec.mock else None)
+                handle.wait_ready(self.spec.gpus if self.spec.mock else None)
+            except AssertionError as exc:
+                self.failure = exc
+                raise
+            self.ready = True
+            self.baseline = self.node.counts(self.spec.resource_name)
+        return handle
 
     def reset_if_needed(self) -> None:
         h = self.handle
@@ -288,6 +310,18 @@ def devplug_plugin(
     handle = _devplug_deployment.get()
     yield handle
     _devplug_deployment.reset_if_needed()
+
+
+@pytest.fixture
+def devplug_plugin_started(
+    request: pytest.FixtureRequest, _devplug_deployment: _Deployment
+) -> Iterator[PluginHandle]:
+    """The plugin under test, deployed but not waited for: for tests that judge registration themselves."""
+    state = _state(request)
+    state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
+    yield _devplug_deployment.started()
+    if _devplug_deployment.ready:
+        _devplug_deployment.reset_if_needed()
 
 
 @pytest.fixture

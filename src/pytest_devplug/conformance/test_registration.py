@@ -5,8 +5,9 @@ from __future__ import annotations
 from pytest_devplug import PluginHandle, assert_registered
 
 
-def test_registers_its_resource(devplug_plugin: PluginHandle) -> None:
+def test_registers_its_resource(devplug_plugin_started: PluginHandle) -> None:
     """The node lists the resource by exactly the name the plugin was configured with."""
+    devplug_plugin = devplug_plugin_started
     cap, alloc = assert_registered(devplug_plugin)
     capacity = devplug_plugin.node.obj["status"]["capacity"]
     assert devplug_plugin.resource_name in capacity, f"node capacity lists {sorted(capacity)}"
