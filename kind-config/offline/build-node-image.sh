@@ -47,7 +47,7 @@ build_base() {
   : > "$root/etc/machine-id"
   log "docker import -> $BASE_IMAGE"
   tar -C "$root" --numeric-owner -c . | docker import \
-    --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' \
+    --change 'ENV container=docker' \
     --change 'CMD ["/sbin/init"]' \
     --change "LABEL io.devplug.offline.packages=$NODE_PACKAGES" - "$BASE_IMAGE" >/dev/null
   rm -rf "$root"
@@ -136,7 +136,7 @@ cp -a /build-ctd/root/. /var/lib/containerd/
 SH
   docker commit \
     --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
-    --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' \
+    --change 'ENV container=docker' \
     --change "LABEL io.devplug.offline.inputs=$hash io.devplug.offline.kubernetes=$KUBERNETES_VERSION" \
     "$ctr" "$NODE_IMAGE" >/dev/null
   docker rm -f -v "$ctr" >/dev/null

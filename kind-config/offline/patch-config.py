@@ -6,7 +6,7 @@
 Adds (never to the configs users run with the standard image):
   networking.disableDefaultCNI: true   the offline node ships a static ptp CNI config
   networking.kubeProxyMode: none       no kube-proxy image is built offline
-  InitConfiguration skipPhases         addon/kube-proxy and addon/coredns (no images for them)
+  InitConfiguration skipPhases         + addon/kube-proxy and addon/coredns (no images for them)
   KubeletConfiguration failCgroupV1: false   only when the host uses cgroup v1 (or --cgroup-v1)
 Prints OUT.
 """
@@ -18,7 +18,9 @@ import sys
 
 import yaml
 
-SKIP_PHASES = "kind: InitConfiguration\nskipPhases:\n  - addon/kube-proxy\n  - addon/coredns\n"
+# kind itself skips preflight (pulls happen there) and, with kubeProxyMode none, addon/kube-proxy; a patch
+# replaces the whole list, so it repeats those.
+SKIP_PHASES = "kind: InitConfiguration\nskipPhases:\n  - preflight\n  - addon/kube-proxy\n  - addon/coredns\n"
 CGROUP_V1 = "kind: KubeletConfiguration\nfailCgroupV1: false\n"
 
 
