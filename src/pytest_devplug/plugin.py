@@ -350,13 +350,14 @@ def pytest_runtest_makereport(
         return report
     evidence: list[Evidence] = []
     exc = call.excinfo.value
+    state = item.stash.get(_STATE_KEY, None)
+    pods = list(state.pods.created) if state is not None and state.pods else []
     if isinstance(exc, DevplugAssertionError):
-        evidence = exc.evidence
-    else:
-        state = item.stash.get(_STATE_KEY, None)
-        if state is not None and state.backend is not None:
-            pods = list(state.pods.created) if state.pods else []
-            evidence = collect_evidence(state.backend, state.node, pods)
+        evidence = list(exc.evidence)
+        if pods and state is not None and state.backend is not None and not any(e.title == "pods" for e in evidence):
+            evidence += collect_evidence(state.backend, None, pods)  # the test's pods, next to the helper's view
+    elif state is not None and state.backend is not None:
+        evidence = collect_evidence(state.backend, state.node, pods)
     for ev in evidence:
         report.sections.append((f"devplug: {ev.title}", ev.text))
     return report

@@ -74,7 +74,7 @@ class SimBackend:
     def start(self) -> None:
         from ..sim.cluster import SimCluster  # type: ignore[import-not-found,unused-ignore]
 
-        self.workdir = Path(tempfile.mkdtemp(prefix="devplug-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="devplug-", dir=_short_tmp()))
         try:
             self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
         except BaseException:
@@ -320,6 +320,16 @@ class SimBackend:
             n.grace_period = float(seconds)
             if n.device_manager is not None:
                 n.device_manager.grace_period = float(seconds)
+
+
+#: Room left for ``c/<node>/device-plugins/<socket name>`` under the work dir (sun_path is 108 bytes).
+_SOCKET_PATH_RESERVE = 64
+
+
+def _short_tmp() -> str | None:
+    """The temp dir, unless its path is too long for the sockets under it; then ``/tmp``."""
+    base = tempfile.gettempdir()
+    return None if len(base) + _SOCKET_PATH_RESERVE < 108 else "/tmp"
 
 
 def _devices(d: Any) -> PodResourcesDevices:

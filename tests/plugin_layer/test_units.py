@@ -1,0 +1,149 @@
+"""Fast tests of the plugin layer's pure parts: mock state, sim exec emulation, checkpoint decoding,
+bounded waits, backend selection, option/ini resolution, pod manifests."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+
+from pytest_devplug.backends import create_backend, mockstate
+from pytest_devplug.backends.base import (
+    BackendOptions,
+    BackendUnavailableError,
+    ContainerView,
+    DeviceNodeView,
+    MountView,
+    UnsupportedOperationError,
+    parse_checkpoint,
+)
+from pytest_devplug.backends.kind import KindBackendNotImplementedError
+from pytest_devplug.backends.sim import emulate_exec
+from pytest_devplug.handles import PodFactory, parse_quantity
+from pytest_devplug.waiting import WaitTimeout, wait_for
+
+pytest_plugins = ["pytester"]
+
+
+def test_initial_mock_state_spreads_gpus_over_numa_nodes() -> None:
+    s = mockstate.initial_state(4, 2)
+    assert [g["numa_node"] for g in s["gpus"]] == [0, 0, 1, 1]
+    assert len({g["uuid"] for g in s["gpus"]}) == 4 and [g["minor"] for g in s["gpus"]] == [0, 1, 2, 3]
+    assert s["events"] == [] and not any(g["lost"] or g["fail_allocate"] for g in s["gpus"])
+    assert [g["numa_node"] for g in mockstate.initial_state(3, 0)["gpus"]] == [None, None, None]
+
+
+def test_mock_state_edits_follow_the_contract() -> None:
+    s = mockstate.initial_state(2, 1)
+    u0, u1 = (g["uuid"] for g in s["gpus"])
+    s2 = mockstate.with_xid(mockstate.with_xid(s, u0, 79), u1, 48)
+    assert s2["events"] == [{"uuid": u0, "xid": 79}, {"uuid": u1, "xid": 48}]
+    assert s["events"] == []  # pure: the input is untouched
+    assert mockstate.with_lost(s, u1, True)["gpus"][1]["lost"] is True
+    assert mockstate.with_fail_allocate(s, u0, True)["gpus"][0]["fail_allocate"] is True
+    s3, new = mockstate.with_gpu_added(s, numa_node=0)
+    assert new not in (u0, u1) and s3["gpus"][-1]["minor"] == 2
+    assert [g["uuid"] for g in mockstate.with_gpu_removed(s3, u0)["gpus"]] == [u1, new]
+    with pytest.raises(KeyError, match="no mock GPU"):
+        mockstate.with_xid(s, "GPU-nope", 79)
+
+
+VIEW = ContainerView(
+    envs={"WIDGET_IDS": "w-0,w-1", "A": "1"},
+    mounts=(MountView("/var/run/widgets/w-0", "/dev/null", True),),
+    devices=(DeviceNodeView("/dev/w-0", "/dev/null", "rw"), DeviceNodeView("/dev/dri/card0", "/dev/null", "rw")),
+    annotations={},
+    cdi_devices=(),
+)
+
+
+def test_sim_exec_answers_only_what_the_record_knows() -> None:
+    assert emulate_exec(VIEW, ["env"]).stdout == "A=1\nWIDGET_IDS=w-0,w-1\n"
+    assert emulate_exec(VIEW, ["printenv", "WIDGET_IDS"]).stdout == "w-0,w-1\n"
+    assert emulate_exec(VIEW, ["printenv", "NOPE"]).returncode == 1
+    dev = emulate_exec(VIEW, ["ls", "/dev"]).stdout.split()
+    assert {"w-0", "dri", "null", "zero"} <= set(dev) and "nvidia0" not in dev
+    assert emulate_exec(VIEW, ["ls", "/var/run/widgets"]).stdout.split() == ["w-0"]
+    assert emulate_exec(VIEW, ["ls", "/dev/w-9"]).returncode == 2
+    assert emulate_exec(VIEW, ["test", "-e", "/dev/w-0"]).returncode == 0
+    assert emulate_exec(VIEW, ["test", "-e", "/dev/w-1"]).returncode == 1
+    assert "/var/run/widgets/w-0 bind ro" in emulate_exec(VIEW, ["cat", "/proc/mounts"]).stdout
+    for argv in (["nvidia-smi"], ["ls", "/usr/bin"], []):
+        with pytest.raises(UnsupportedOperationError):
+            emulate_exec(VIEW, argv)
+
+
+def test_parse_checkpoint_of_a_real_kubelet() -> None:
+    raw = (
+        b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":'
+        b'["GPU-0650a168-e770-3ea8-8ac3-8a1d419763e0"]}},"Checksum":3952659280}'
+    )
+    cp = parse_checkpoint(raw)
+    assert cp.entries == () and cp.registered_devices == {"nvidia.com/gpu": ("GPU-0650a168-e770-3ea8-8ac3-8a1d419763e0",)}
+    entry = {"PodUID": "u", "ContainerName": "c", "ResourceName": "r/x", "DeviceIDs": {"-1": ["a"], "0": ["b"]},
+             "AllocResp": base64.b64encode(b"\x0a\x00").decode()}  # fmt: skip
+    cp2 = parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": None}, "Checksum": 1}).encode())
+    assert cp2.entries_for("u")[0].all_device_ids == ["a", "b"] and cp2.entries[0].alloc_resp == b"\x0a\x00"
+    with pytest.raises(ValueError, match="not a kubelet device-manager checkpoint"):
+        parse_checkpoint(b"{}")
+
+
+def test_wait_for_is_bounded_and_keeps_the_last_value() -> None:
+    calls = iter(range(100))
+    assert wait_for(lambda: next(calls), lambda v: v >= 3, timeout=5, what="three", interval=0.001) == 3
+    t = time.monotonic()
+    with pytest.raises(WaitTimeout) as err:
+        wait_for(lambda: "no", lambda v: v == "yes", timeout=0.3, what="yes")
+    assert time.monotonic() - t < 2 and err.value.last == "no" and "waiting for yes" in str(err.value)
+    with pytest.raises(WaitTimeout) as err2:
+        wait_for(lambda: {}["k"], lambda v: True, timeout=0.2, what="k", retry_on=(KeyError,))
+    assert isinstance(err2.value.last_error, KeyError)
+    with pytest.raises(ZeroDivisionError):  # not in retry_on: propagates at once
+        wait_for(lambda: 1 / 0, lambda v: True, timeout=5, what="x")
+
+
+def test_kind_backend_says_it_is_not_there_yet() -> None:
+    backend = create_backend("kind", BackendOptions())
+    with pytest.raises(KindBackendNotImplementedError, match="kind backend of pytest-devplug is not implemented yet"):
+        backend.start()
+    with pytest.raises(KindBackendNotImplementedError, match="called get_node"):
+        backend.get_node("x")
+    with pytest.raises(BackendUnavailableError, match="unknown devplug backend"):
+        create_backend("minikube", BackendOptions())
+
+
+def test_pod_factory_manifests() -> None:
+    f = PodFactory(None, node="n1", resource_name="example.com/w", timeout=1, prefix="Test Thing[1]")  # type: ignore[arg-type]
+    m = f.manifest(2)
+    c = m["spec"]["containers"][0]
+    assert c["resources"] == {"limits": {"example.com/w": "2"}} and m["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
+    assert m["metadata"]["name"].startswith("test-thing-1-")
+    assert f.manifest(requests=1)["spec"]["containers"][0]["resources"] == {"requests": {"example.com/w": "1"}}
+    assert parse_quantity("3") == 3 and parse_quantity(None) == 0
+    with pytest.raises(ValueError):
+        parse_quantity("500m")
+
+
+def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["device-plugin end-to-end tests (pytest-devplug):", "*--devplug-backend=*", "*devplug_resource_name (string)*"])
+    for opt in ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest", "--devplug-gpus",
+                "--devplug-numa-nodes", "--devplug-timeout", "--devplug-grace-period", "--devplug-no-mock",
+                "--cluster-name", "--keep-cluster", "--kind-bin", "--kind-image", "--kubeconfig"):  # fmt: skip
+        assert opt in result.stdout.str(), opt
+    pytester.makeini("[pytest]\ndevplug_resource_name = example.com/ini\ndevplug_plugin_cmd = {python} p.py {plugin_dir}\n")
+    pytester.makepyfile(
+        test_s="""
+        def test_settings(devplug_settings):
+            s = devplug_settings
+            assert s.plugin.resource_name == "example.com/cli"  # the command line beats the ini file
+            assert s.plugin.argv[1:] == ("p.py", "{plugin_dir}")
+            assert "python" in s.plugin.argv[0]  # {python} became this interpreter
+            assert s.plugin.mock is False and s.plugin.pre_start_required is False
+            assert s.backend_options.timeout == 7.5 and s.backend_options.cluster_name == "mine"
+        """
+    )
+    pytester.runpytest("--devplug-resource-name=example.com/cli", "--devplug-timeout=7.5", "--cluster-name=mine").assert_outcomes(passed=1)
+    pytester.runpytest("--devplug-backend=docker").stderr.fnmatch_lines(["*invalid choice*"])
