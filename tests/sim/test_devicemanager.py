@@ -68,9 +68,9 @@ def test_registration_gives_capacity_equal_allocatable(dm_make: Make, dm_plugin:
     assert opts is not None and opts.get_preferred_allocation_available and not opts.pre_start_required
     assert dm.device_numa(GPU, "GPU-0001") == [1]
     assert w.changes > 0
-    cp = read_checkpoint(dm.checkpoint_path)
-    assert cp.pod_device_entries is None
-    assert cp.registered_devices == {GPU: ["GPU-0000", "GPU-0001"]}
+    w.until("healthy devices in the checkpoint", lambda: registered_in_checkpoint(dm),
+            lambda r: r == {GPU: ["GPU-0000", "GPU-0001"]})
+    assert read_checkpoint(dm.checkpoint_path).pod_device_entries is None
 
 
 def register_raw(sock_dir: Path, version: str, resource: str, endpoint: str = "x.sock") -> grpc.RpcError:
