@@ -98,7 +98,8 @@ def test_wait_for_is_bounded_and_keeps_the_last_value() -> None:
         wait_for(lambda: "no", lambda v: v == "yes", timeout=0.3, what="yes")
     assert time.monotonic() - t < 2 and err.value.last == "no" and "waiting for yes" in str(err.value)
     with pytest.raises(WaitTimeout) as err2:
-        wait_for(lambda: {}["k"], lambda v: True, timeout=0.2, what="k", retry_on=(KeyError,))
+        empty: dict[str, int] = {}
+        wait_for(lambda: empty["k"], lambda v: True, timeout=0.2, what="k", retry_on=(KeyError,))
     assert isinstance(err2.value.last_error, KeyError)
     with pytest.raises(ZeroDivisionError):  # not in retry_on: propagates at once
         wait_for(lambda: 1 / 0, lambda v: True, timeout=5, what="x")
