@@ -147,6 +147,9 @@ class PluginServer:
         self.kubelet_socket = os.path.join(config.plugin_dir, KUBELET_SOCKET)
         self._server: Any = None
         self._kick = threading.Event()
+        # Set by inotify when kubelet.sock is created: a new socket may reuse the old inode,
+        # so its identity alone cannot tell a restarted kubelet from the one we registered with.
+        self._kubelet_created = threading.Event()
         self._registered_kubelet: tuple[int, int] | None = None  # (dev, ino) of kubelet.sock
         self._watcher: Inotify | None = None
         self._watch_thread: threading.Thread | None = None
@@ -186,6 +189,7 @@ class PluginServer:
         return (st.st_dev, st.st_ino)
 
     def _register_once(self) -> None:
+        self._kubelet_created.clear()  # a creation seen from here on is a newer kubelet
         identity = self._kubelet_identity()
         if identity is None:
             raise FileNotFoundError(f"kubelet socket {self.kubelet_socket} does not exist")
@@ -259,7 +263,10 @@ class PluginServer:
                     if (e.name == own and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
                         e.name == kubelet and e.mask & (IN_CREATE | IN_MOVED_TO)
                     ):
-                        log.info("plugin dir: %s %s", e.name, "created" if e.mask & (IN_CREATE | IN_MOVED_TO) else "removed")
+                        created = bool(e.mask & (IN_CREATE | IN_MOVED_TO))
+                        log.info("plugin dir: %s %s", e.name, "created" if created else "removed")
+                        if created:
+                            self._kubelet_created.set()
                         self._kick.set()
 
         self._watch_thread = threading.Thread(target=loop, name="plugin-dir-watch", daemon=True)
@@ -267,7 +274,11 @@ class PluginServer:
 
     def needs_attention(self) -> bool:
         """Our socket is gone, or the kubelet socket is not the one we registered with."""
-        return not os.path.exists(self.socket_path) or self._kubelet_identity() != self._registered_kubelet
+        return (
+            self._kubelet_created.is_set()
+            or not os.path.exists(self.socket_path)
+            or self._kubelet_identity() != self._registered_kubelet
+        )
 
     def run(self) -> None:
         """Serve, register, and re-serve/re-register on kubelet restarts until stopped."""
