@@ -90,7 +90,7 @@ def _run_conformance(args: argparse.Namespace) -> int:
 
     pytest_args = [
         "-c", os.devnull, "--rootdir", os.path.dirname(conformance.__file__),
-        "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "-rfEs",
+        "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "-rfEs", "-v",
         "--pyargs", "pytest_devplug.conformance",
     ]  # fmt: skip
     for flag, pytest_flag, _, _ in _CONFORMANCE_FLAGS:
