@@ -129,7 +129,7 @@ containerd --root /build-ctd/root --state /run/ctd-build --address /run/ctd-buil
 pid=\$!
 for i in \$(seq 1 50); do ctr --address /run/ctd-build/containerd.sock version >/dev/null 2>&1 && break; sleep 0.2; done
 ctr --address /run/ctd-build/containerd.sock -n k8s.io images import --snapshotter overlayfs /build-ctd/images.tar >/dev/null
-ctr --address /run/ctd-build/containerd.sock -n k8s.io images ls -q | grep -v '^sha256:' | sort
+ctr --address /run/ctd-build/containerd.sock -n k8s.io images ls -q | grep -v '^sha256:' | sort | sed 's/^/  in node: /' >&2
 kill \$pid; wait \$pid || true
 mkdir -p /var/lib/containerd
 cp -a /build-ctd/root/. /var/lib/containerd/
