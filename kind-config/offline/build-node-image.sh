@@ -14,10 +14,10 @@
 # Only for machines without a registry; elsewhere use kind's standard kindest/node image.
 . "$(dirname "$0")/lib.sh"
 
-NODE_REPO="${DEVPLUG_NODE_REPO:-devplug/kind-node}"
+NODE_REPO="$IMAGE_PREFIX/kind-node"
 NODE_IMAGE="$NODE_REPO:$KUBERNETES_VERSION-offline-r$NODE_LAYOUT_REV"
 NODE_PACKAGES="systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iptables,iproute2,util-linux,mount,kmod,procps,jq,ca-certificates,conntrack,ethtool,socat,libseccomp2,nftables,bash"
-BASE_IMAGE="devplug/kind-node-base:$DEBIAN_SUITE-$(printf '%s' "$NODE_PACKAGES" | sha256sum | cut -c1-10)"
+BASE_IMAGE="$IMAGE_PREFIX/kind-node-base:$DEBIAN_SUITE-$(printf '%s' "$NODE_PACKAGES" | sha256sum | cut -c1-10)"
 REG=registry.k8s.io
 CP_IMAGES=("$REG/kube-apiserver:$KUBERNETES_VERSION" "$REG/kube-controller-manager:$KUBERNETES_VERSION"
            "$REG/kube-scheduler:$KUBERNETES_VERSION" "$REG/etcd:$ETCD_IMAGE_TAG" "$REG/pause:$PAUSE_VERSION")
@@ -134,6 +134,7 @@ kill \$pid; wait \$pid || true
 mkdir -p /var/lib/containerd
 cp -a /build-ctd/root/. /var/lib/containerd/
 SH
+  local old; old=$(docker image inspect -f '{{.Id}}' "$NODE_IMAGE" 2>/dev/null || true)
   docker commit \
     --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
     --change 'ENV container=docker' \
@@ -141,6 +142,8 @@ SH
     "$ctr" "$NODE_IMAGE" >/dev/null
   docker rm -f -v "$ctr" >/dev/null
   trap - EXIT
+  # the previous build of this tag is now untagged: remove it unless something still uses it
+  [ -n "$old" ] && [ "$old" != "$(docker image inspect -f '{{.Id}}' "$NODE_IMAGE")" ] && docker rmi "$old" >/dev/null 2>&1 || true
   rm -f "$tar"
 }
 

@@ -11,7 +11,7 @@
 . "$(dirname "$0")/lib.sh"
 
 PY_PACKAGES="python3,python3-pip,python3-venv,python-is-python3,ca-certificates,tzdata,netbase"
-PY_IMAGE="${DEVPLUG_PYTHON_BASE:-devplug/python-base:$DEBIAN_SUITE-r$PYTHON_BASE_REV}"
+PY_IMAGE="$IMAGE_PREFIX/python-base:$DEBIAN_SUITE-r$PYTHON_BASE_REV"
 KEY=$(printf '%s|%s|%s' "$PY_PACKAGES" "$DEBIAN_SUITE" "$PYTHON_BASE_REV" | sha256sum | cut -c1-16)
 
 build() {

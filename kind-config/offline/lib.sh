@@ -11,6 +11,9 @@ CACHE_ROOT="${DEVPLUG_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-devplug}
 OFFLINE_CACHE="$CACHE_ROOT/offline"
 mkdir -p "$OFFLINE_CACHE"
 
+# Repository part of the images built here (devplug/kind-node, devplug/python-base, ...).
+IMAGE_PREFIX="${DEVPLUG_IMAGE_PREFIX:-devplug}"
+
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 export GOFLAGS="${GOFLAGS:-}"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"

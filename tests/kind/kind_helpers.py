@@ -57,14 +57,18 @@ def image_labels(image: str) -> dict[str, str] | None:
     return json.loads(proc.stdout or "null") or {}
 
 
+def _prefix() -> str:
+    return os.environ.get("DEVPLUG_IMAGE_PREFIX", "devplug")
+
+
 def offline_node_image_name() -> str:
     v = read_versions()
-    return f"devplug/kind-node:{v['KUBERNETES_VERSION']}-offline-r{v['NODE_LAYOUT_REV']}"
+    return f"{_prefix()}/kind-node:{v['KUBERNETES_VERSION']}-offline-r{v['NODE_LAYOUT_REV']}"
 
 
 def offline_python_base_name() -> str:
     v = read_versions()
-    return os.environ.get("DEVPLUG_PYTHON_BASE") or f"devplug/python-base:{v['DEBIAN_SUITE']}-r{v['PYTHON_BASE_REV']}"
+    return os.environ.get("DEVPLUG_PYTHON_BASE") or f"{_prefix()}/python-base:{v['DEBIAN_SUITE']}-r{v['PYTHON_BASE_REV']}"
 
 
 def script_output(script: Path) -> str:
