@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -35,13 +36,18 @@ def _python_base() -> str | None:
 
 
 def test_nodes_ready(kind_cluster: KindCluster) -> None:
-    nodes = kind_cluster.kubectl_json("get", "nodes")["items"]
-    assert len(nodes) == len(kind_cluster.nodes)
-    for n in nodes:
-        ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
-        assert ready and ready[0]["status"] == "True", f"{n['metadata']['name']}: {ready}"
+    def all_ready() -> list[Any] | None:
+        items = kind_cluster.kubectl_json("get", "nodes")["items"]
+        ok = len(items) == len(kind_cluster.nodes) and all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in items)
+        return items if ok else None
+
+    nodes = wait_for("every node Ready", all_ready, timeout=180)
     gpu_nodes = [n for n in nodes if n["metadata"].get("labels", {}).get("devplug.io/gpu") == "true"]
     assert gpu_nodes, "no node labelled devplug.io/gpu=true"
+    if len(nodes) > 1:  # multi-node.yaml: the GPU worker carries the nvidia.com/gpu taint
+        taints = [t for n in gpu_nodes for t in n["spec"].get("taints", [])]
+        assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in taints, taints
 
 
 def test_loaded_image_runs_a_pod(kind_cluster: KindCluster) -> None:
