@@ -1,0 +1,172 @@
+"""The Kubernetes API as the backend protocol wants it: JSON-shaped dicts in and out, typed errors.
+
+Objects are read with ``_preload_content=False`` and decoded as JSON, so tests see exactly what the API
+server sent (camelCase keys), like the manifests they write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import kubernetes
+from kubernetes.client import ApiException
+from kubernetes.stream import stream
+
+from ..base import BackendError, ExecResult, ObjectNotFoundError, PodRejectedError
+
+__all__ = ["KubeApi"]
+
+JSONDict = dict[str, Any]
+
+
+def _json(resp: Any) -> Any:
+    return json.loads(resp.data)
+
+
+def _message(exc: ApiException) -> tuple[str, str]:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        body = {}
+    return str(body.get("reason") or exc.reason), str(body.get("message") or exc.body)
+
+
+class KubeApi:
+    """Thin typed wrapper of the API calls the kind backend makes."""
+
+    def __init__(self, client: Any, timeout: float) -> None:
+        self.client = client
+        # Typed as Any: the client's stubs want model objects; we pass and read JSON dicts on purpose.
+        self.core: Any = kubernetes.client.CoreV1Api(client)
+        self.apps: Any = kubernetes.client.AppsV1Api(client)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _t(self) -> float:
+        return max(self.timeout, 30.0)
+
+    # -- nodes -------------------------------------------------------------------------------------
+    def list_nodes(self) -> list[JSONDict]:
+        return list(_json(self.core.list_node(_preload_content=False, _request_timeout=self._t()))["items"])
+
+    def get_node(self, name: str) -> JSONDict:
+        try:
+            return dict(_json(self.core.read_node(name, _preload_content=False, _request_timeout=self._t())))
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ObjectNotFoundError(f"node {name} not found") from None
+            raise BackendError(f"reading node {name}: {exc.status} {exc.reason}") from None
+
+    # -- pods --------------------------------------------------------------------------------------
+    def create_pod(self, manifest: JSONDict) -> JSONDict:
+        ns = manifest.get("metadata", {}).get("namespace", "default")
+        try:
+            resp = self.core.create_namespaced_pod(ns, manifest, _preload_content=False, _request_timeout=self._t())
+        except ApiException as exc:
+            reason, message = _message(exc)
+            if exc.status in (400, 403, 409, 422):
+                raise PodRejectedError(int(exc.status), reason, message) from None
+            raise BackendError(f"creating pod: {exc.status} {reason}: {message}") from None
+        return dict(_json(resp))
+
+    def get_pod(self, name: str, namespace: str) -> JSONDict:
+        try:
+            return dict(_json(self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self._t())))
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ObjectNotFoundError(f'pods "{name}" not found in namespace {namespace}') from None
+            raise BackendError(f"reading pod {namespace}/{name}: {exc.status} {exc.reason}") from None
+
+    def delete_pod(self, name: str, namespace: str, *, grace: int | None = None) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace, _request_timeout=self._t())
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ObjectNotFoundError(f'pods "{name}" not found in namespace {namespace}') from None
+            raise BackendError(f"deleting pod {namespace}/{name}: {exc.status} {exc.reason}") from None
+
+    def list_pods(self, namespace: str | None = None, *, label_selector: str = "", field_selector: str = "") -> list[JSONDict]:
+        kw: dict[str, Any] = {"label_selector": label_selector, "field_selector": field_selector}
+        if namespace is None:
+            resp = self.core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._t(), **kw)
+        else:
+            resp = self.core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=self._t(), **kw)
+        return list(_json(resp)["items"])
+
+    def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
+        fs = f"involvedObject.name={involved_name}" if involved_name else ""
+        if namespace is None:
+            resp = self.core.list_event_for_all_namespaces(field_selector=fs, _preload_content=False, _request_timeout=self._t())
+        else:
+            resp = self.core.list_namespaced_event(namespace, field_selector=fs, _preload_content=False, _request_timeout=self._t())
+        items = list(_json(resp)["items"])
+        items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or "")
+        return items
+
+    def pod_log(self, name: str, namespace: str, container: str | None = None, *, previous: bool = False) -> str:
+        try:
+            return str(
+                self.core.read_namespaced_pod_log(
+                    name, namespace, container=container, previous=previous, _request_timeout=self._t()
+                )
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):
+                return ""
+            raise BackendError(f"logs of {namespace}/{name}: {exc.status} {exc.reason}") from None
+
+    def exec(self, name: str, namespace: str, container: str, argv: Sequence[str]) -> ExecResult:
+        """Run ``argv`` in the container through the API's exec; the exit status comes from the v4 channel."""
+        try:
+            ws = stream(
+                self.core.connect_get_namespaced_pod_exec, name, namespace, container=container, command=list(argv),
+                stderr=True, stdin=False, stdout=True, tty=False, _preload_content=False,
+            )  # fmt: skip
+        except ApiException as exc:
+            raise BackendError(f"exec in {namespace}/{name}/{container}: {exc.status} {exc.reason}: {exc.body}") from None
+        out: list[str] = []
+        err: list[str] = []
+        try:
+            ws.run_forever(timeout=self._t())
+            out.append(ws.read_stdout() or "")
+            err.append(ws.read_stderr() or "")
+            if ws.is_open():
+                raise BackendError(f"exec {list(argv)} in {namespace}/{name} did not finish within {self._t():g}s")
+            rc = ws.returncode
+        finally:
+            ws.close()
+        return ExecResult(int(rc if rc is not None else -1), "".join(out), "".join(err))
+
+    # -- DaemonSets --------------------------------------------------------------------------------
+    def apply_daemonset(self, ds: JSONDict) -> None:
+        ns, name = ds["metadata"].get("namespace", "default"), ds["metadata"]["name"]
+        try:
+            self.apps.create_namespaced_daemon_set(ns, ds, _request_timeout=self._t())
+        except ApiException as exc:
+            if exc.status != 409:
+                raise BackendError(f"creating DaemonSet {ns}/{name}: {exc.status} {_message(exc)[1]}") from None
+            self.apps.replace_namespaced_daemon_set(name, ns, ds, _request_timeout=self._t())
+
+    def get_daemonset(self, name: str, namespace: str) -> JSONDict | None:
+        try:
+            return dict(_json(self.apps.read_namespaced_daemon_set(name, namespace, _preload_content=False, _request_timeout=self._t())))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise BackendError(f"reading DaemonSet {namespace}/{name}: {exc.status} {exc.reason}") from None
+
+    def patch_daemonset(self, name: str, namespace: str, patch: JSONDict) -> None:
+        self.apps.patch_namespaced_daemon_set(name, namespace, patch, _request_timeout=self._t())
+
+    def delete_daemonset(self, name: str, namespace: str) -> None:
+        try:
+            self.apps.delete_namespaced_daemon_set(
+                name, namespace, propagation_policy="Foreground", grace_period_seconds=None, _request_timeout=self._t()
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise BackendError(f"deleting DaemonSet {namespace}/{name}: {exc.status} {exc.reason}") from None
