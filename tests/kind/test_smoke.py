@@ -94,7 +94,7 @@ def _plugin_manifest(image: str) -> str:
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             c["image"] = image
             c["imagePullPolicy"] = "IfNotPresent"
-    return yaml.safe_dump_all(docs)
+    return str(yaml.safe_dump_all(docs))
 
 
 def _image_python(image: str) -> str:
