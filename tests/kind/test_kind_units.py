@@ -1,0 +1,57 @@
+"""Units of the kind backend that need no cluster (run in the sim tier): choices, manifests, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_devplug.backends import create_backend
+from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError, PluginSpec, UnsupportedOperationError
+from pytest_devplug.backends.kind import KindBackend
+from pytest_devplug.backends.kind.cluster import ClusterManager
+from pytest_devplug.backends.kind.deploy import render_daemonsets
+
+
+def test_cluster_name_defaults_to_devplug_not_pytest_kinds_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEVPLUG_KIND_CLUSTER", raising=False)
+    assert ClusterManager(BackendOptions(cluster_name="pytest-kind")).name == "devplug"
+    assert ClusterManager(BackendOptions(cluster_name="mine")).name == "mine"
+
+
+def test_without_docker_the_backend_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker, no kind
+    backend = create_backend("kind", BackendOptions())
+    assert isinstance(backend, KindBackend)
+    with pytest.raises(BackendUnavailableError, match="working Docker engine"):
+        backend.start()
+
+
+def test_grace_period_is_the_kubelets_constant() -> None:
+    backend = KindBackend(BackendOptions())
+    try:
+        assert backend.grace_period == 300.0
+        with pytest.raises(UnsupportedOperationError, match="endpointStopGracePeriod"):
+            backend.set_grace_period(1)
+    finally:
+        backend.close()
+
+
+def test_included_manifest_gets_image_resource_and_prestart() -> None:
+    spec = PluginSpec(resource_name="example.com/gpu", pre_start_required=True, env={"DP_LOG_LEVEL": "debug"})
+    (ds,) = render_daemonsets(spec, "devplug/gpu-plugin:test")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert c["image"] == "devplug/gpu-plugin:test" and c["imagePullPolicy"] == "IfNotPresent"
+    assert env["DP_RESOURCE_NAME"] == "example.com/gpu"
+    assert env["DP_PRE_START_REQUIRED"] == "true"
+    assert env["DP_LOG_LEVEL"] == "debug"
+    assert env["DP_MOCK_STATE"] == "/var/lib/devplug/mock-state.json"
+
+
+def test_user_manifest_must_be_daemonsets(tmp_path: Path) -> None:
+    m = tmp_path / "m.yaml"
+    m.write_text(yaml.safe_dump_all([{"kind": "Deployment", "metadata": {"name": "x"}}]))
+    with pytest.raises(Exception, match="DaemonSets only"):
+        render_daemonsets(PluginSpec(manifest=str(m)), "img")
