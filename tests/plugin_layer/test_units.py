@@ -19,7 +19,6 @@ from pytest_devplug.backends.base import (
     UnsupportedOperationError,
     parse_checkpoint,
 )
-from pytest_devplug.backends.kind import KindBackendNotImplementedError
 from pytest_devplug.backends.sim import emulate_exec
 from pytest_devplug.handles import PodFactory, parse_quantity
 from pytest_devplug.waiting import WaitTimeout, wait_for
@@ -105,12 +104,7 @@ def test_wait_for_is_bounded_and_keeps_the_last_value() -> None:
         wait_for(lambda: 1 / 0, lambda v: True, timeout=5, what="x")
 
 
-def test_kind_backend_says_it_is_not_there_yet() -> None:
-    backend = create_backend("kind", BackendOptions())
-    with pytest.raises(KindBackendNotImplementedError, match="kind backend of pytest-devplug is not implemented yet"):
-        backend.start()
-    with pytest.raises(KindBackendNotImplementedError, match="called get_node"):
-        backend.get_node("x")
+def test_unknown_backend_is_refused() -> None:
     with pytest.raises(BackendUnavailableError, match="unknown devplug backend"):
         create_backend("minikube", BackendOptions())
 
