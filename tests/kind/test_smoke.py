@@ -103,6 +103,15 @@ def _image_python(image: str) -> str:
     return out.strip().splitlines()[-1]
 
 
+def _pip() -> list[str]:
+    """A pip to run: this interpreter's, else the system python3's (uv-made venvs have no pip)."""
+    for python in (sys.executable, shutil.which("python3")):
+        if python and run([python, "-m", "pip", "--version"], check=False).returncode == 0:
+            return [python, "-m", "pip"]
+    unavailable("no pip to fetch the plugin's wheels with")
+    raise AssertionError("unreachable")
+
+
 def build_plugin_image(tmp: Path, tag: str) -> None:
     """Build plugin_under_test/Dockerfile in a copy of the directory, with dist/ holding the plugin's
     wheel and every dependency wheel for the base image's Python (downloaded here, on the host: a
@@ -112,11 +121,12 @@ def build_plugin_image(tmp: Path, tag: str) -> None:
     dist = ctx / "dist"
     base = _python_base()
     pyver = _image_python(base or "python:3.12-slim")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ctx)], timeout=600)
+    pip = _pip()
+    run([*pip, "wheel", "--no-deps", "-q", "-w", str(dist), str(ctx)], timeout=600)
     wheel = next(dist.glob("devplug_gpu_plugin-*.whl"))
     platforms = [f"--platform={p}" for p in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64",
                                                "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")]
-    run([sys.executable, "-m", "pip", "download", "-q", "-d", str(dist), "--only-binary=:all:",
+    run([*pip, "download", "-q", "-d", str(dist), "--only-binary=:all:",
          f"--python-version={pyver}", "--implementation=cp", *platforms, str(wheel)], timeout=900)
     build = ["docker", "build", "-q", "-t", tag]
     if base is not None:
