@@ -105,7 +105,8 @@ def _image_python(image: str) -> str:
 
 def _pip() -> list[str]:
     """A pip to run: this interpreter's, else the system python3's (uv-made venvs have no pip)."""
-    for python in (sys.executable, shutil.which("python3")):
+    candidates = (sys.executable, getattr(sys, "_base_executable", None), shutil.which("python3"), "/usr/bin/python3")
+    for python in candidates:
         if python and run([python, "-m", "pip", "--version"], check=False).returncode == 0:
             return [python, "-m", "pip"]
     unavailable("no pip to fetch the plugin's wheels with")
