@@ -5,9 +5,12 @@
 #   img=$(kind-config/offline/build-python-base.sh)
 #   docker build --build-arg BASE_IMAGE="$img" plugin_under_test
 #
-# pip inside it installs from PyPI during `docker build` (checked here: a container reaches PyPI).
-# Where it does not, set PIP_WHEELS=1 to bake wheels downloaded on the host into /wheels and point
-# pip at them (PIP_FIND_LINKS=/wheels).
+# Containers on the CI machines reach PyPI's address but cannot verify its TLS chain (the machine's
+# intercepting CA is in the host's trust store only), so nothing here relies on pip inside
+# `docker build`: the plugin's Dockerfile installs from dist/, filled on the host with
+# `pip wheel --no-deps` (the plugin) + `pip download --only-binary=:all: --python-version <image's>`
+# (its dependencies) -- what tests/kind/test_smoke.py does. pip in the image works where PyPI is
+# reachable normally.
 . "$(dirname "$0")/lib.sh"
 
 PY_PACKAGES="python3,python3-pip,python3-venv,python-is-python3,ca-certificates,tzdata,netbase"
