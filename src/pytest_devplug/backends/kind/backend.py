@@ -61,9 +61,10 @@ class KindBackend:
 
     name = "kind"
 
-    def __init__(self, options: BackendOptions) -> None:
+    def __init__(self, options: BackendOptions, *, config: str | None = None) -> None:
+        """``config``: a kind config (path or file name in kind-config/); default ``$DEVPLUG_KIND_CONFIG`` or single-node."""
         self.options = options
-        self.cluster = ClusterManager(options)
+        self.cluster = ClusterManager(options, config=config)
         self.workdir = Path(tempfile.mkdtemp(prefix="devplug-kindb-", dir="/tmp"))
         self.nodeops = NodeOps(self.workdir, options.timeout)
         self.images = PluginImage(self.workdir)
@@ -195,9 +196,24 @@ class KindBackend:
         )
 
     def restart_kubelet(self, node: str) -> None:
+        """Restart, then wait until the new kubelet posted node status and pod-resources lists its running pods.
+
+        Right after a restart the real kubelet answers pod-resources before it has synced its pods from the
+        API server; "restarted" here means caught up, as the embedded kubelet is when its restart returns.
+        """
         before = self._status_heartbeat(node)
+        running = {
+            (p["metadata"]["namespace"], p["metadata"]["name"])
+            for p in self.api.list_pods(None, field_selector=f"spec.nodeName={node},status.phase=Running")
+        }
         self.nodeops.restart_kubelet(node)
         self._after_kubelet_restart(node, before)
+        self._wait(
+            lambda: running - {(p.namespace, p.name) for p in self.pod_resources(node)},
+            lambda missing: not missing,
+            f"pod-resources on {node} listing the pods that ran before the kubelet restart",
+            timeout=max(self.options.timeout, 60.0),
+        )
 
     def kubelet_log(self, node: str) -> str:
         return self.nodeops.kubelet_log(node)
@@ -269,6 +285,20 @@ class KindBackend:
     def _wait_no_plugin_pods(self, node: str, what: str) -> None:
         self._wait(lambda: self._plugin_pods(node), lambda pods: not pods, what, timeout=max(self.options.timeout, 60.0))
 
+    def _wait_kubelet_noticed_stop(self, node: str, resource: str) -> None:
+        """Until the node status shows no allocatable ``resource``: the kubelet noticed the plugin went away.
+
+        The kubelet posts node status every 10 s; without this wait the next reader sees the old plugin's
+        counts, a scheduler binds to them and admission fails (``no healthy devices``) before the new
+        plugin registers. The sim updates at once, so it needs no such wait.
+        """
+        self._wait(
+            lambda: (self.get_node(node).get("status", {}).get("allocatable") or {}).get(resource),
+            lambda a: a in (None, "0"),
+            f"{resource} allocatable 0 on {node} after its plugin stopped (the kubelet posts status every 10 s)",
+            timeout=max(self.options.timeout, 60.0),
+        )
+
     def remove_plugin(self, node: str) -> None:
         dep = self._plugins.get(node)
         if dep is None:
@@ -286,6 +316,7 @@ class KindBackend:
             self.api.delete_daemonset(ds["metadata"]["name"], ds["metadata"]["namespace"])
         try:
             self._wait_no_plugin_pods(node, f"plugin pods on {node} gone after deleting the DaemonSet")
+            self._wait_kubelet_noticed_stop(node, dep.spec.resource_name)
         finally:
             del self._plugins[node]
 
@@ -294,6 +325,7 @@ class KindBackend:
         self._snapshot_logs(node)
         self._set_stopped(node, True)
         self._wait_no_plugin_pods(node, f"plugin pod on {node} terminated")
+        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
 
     def kill_plugin(self, node: str) -> None:
         """Abrupt stop: the pod is force-deleted (SIGKILL, no grace) and not recreated until ``start_plugin``."""
@@ -305,6 +337,7 @@ class KindBackend:
             except ObjectNotFoundError:
                 pass
         self._wait_no_plugin_pods(node, f"plugin pod on {node} killed")
+        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
 
     def start_plugin(self, node: str) -> None:
         self._set_stopped(node, False)

@@ -127,8 +127,9 @@ def _env_flag(name: str) -> bool | None:
 class ClusterManager:
     """One kind cluster for the session: ``start()`` gets it ready, ``close()`` removes it if we made it."""
 
-    def __init__(self, options: BackendOptions) -> None:
+    def __init__(self, options: BackendOptions, *, config: str | None = None) -> None:
         self.options = options
+        self.config_choice = config or os.environ.get("DEVPLUG_KIND_CONFIG") or "single-node.yaml"
         name = options.cluster_name
         self.name = os.environ.get("DEVPLUG_KIND_CLUSTER") or (DEFAULT_NAME if name == PYTEST_KIND_DEFAULT_NAME else name)
         self.workdir = Path(tempfile.mkdtemp(prefix="devplug-kind-"))
@@ -170,7 +171,7 @@ class ClusterManager:
         return image, OFFLINE_LABEL in (_image_labels(image) or {})
 
     def _config_source(self) -> tuple[str, dict[str, Any]]:
-        choice = os.environ.get("DEVPLUG_KIND_CONFIG", "single-node.yaml")
+        choice = self.config_choice
         path = Path(choice)
         if not path.is_file() and KIND_CONFIG_DIR is not None:
             path = KIND_CONFIG_DIR / choice
@@ -193,6 +194,9 @@ class ClusterManager:
             finally:
                 sys.path.remove(str(OFFLINE_DIR))
             config = patch_config.patch(config, patch_config.host_is_cgroup_v1())
+        # allocatedResourcesStatus (device health of a running pod's devices) is behind this alpha gate in
+        # Kubernetes 1.34 (kubelet and API server); the conformance suite checks it, so switch it on.
+        config.setdefault("featureGates", {}).setdefault("ResourceHealthStatus", True)
         if verbosity := os.environ.get("DEVPLUG_KIND_KUBELET_VERBOSITY"):
             patches = list(config.get("kubeadmConfigPatches") or [])
             patches.append(KUBELET_VERBOSITY_PATCH.replace("4", str(int(verbosity))))

@@ -1,0 +1,136 @@
+"""One scenario, two backends: what a user observes must be the same on the embedded kubelet and on kind.
+
+Each test drives the same steps on both sides (same mock GPUs, same pod names) and compares observations:
+node counts, pod phase/reason/message, assigned device IDs, what Allocate injected, checkpoint entries,
+API-server rejections and the scheduler's message. Known differences are listed in docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from pytest_devplug import PodRejectedError
+from pytest_devplug.handles import PodHandle
+from pytest_devplug.waiting import wait_for
+
+from conftest import Side
+
+pytestmark = [pytest.mark.kind, pytest.mark.devplug_mock]
+
+
+def _both(sides: tuple[Side, Side], fn: Any) -> dict[str, Any]:
+    return {s.name: fn(s) for s in sides}
+
+
+def _same(observed: dict[str, Any], what: str) -> Any:
+    assert observed["sim"] == observed["kind"], f"{what} differs between the backends: {observed}"
+    return observed["kind"]
+
+
+def _pod_outcome(pod: PodHandle) -> dict[str, Any]:
+    ids = pod.allocated_devices
+    view = pod.view()
+    cp = pod.backend.read_checkpoint(pod.node_name or "")
+    from pytest_devplug.backends.base import parse_checkpoint
+
+    entries = parse_checkpoint(cp).entries_for(pod.uid) if cp else []
+    return {
+        "phase": pod.phase,
+        "devices": ids,
+        "envs": dict(view.envs),
+        "device_nodes": [(d.container_path, d.permissions) for d in view.devices],
+        "mounts": [(m.container_path, m.read_only) for m in view.mounts],
+        "checkpoint": sorted((e.container_name, e.resource_name, {k: list(v) for k, v in e.device_ids.items()}.__repr__()) for e in entries),
+        "health": pod.device_health,
+    }
+
+
+def test_registration_counts_and_unhealthy_device(sides: tuple[Side, Side]) -> None:
+    """Capacity/allocatable after registration, then after an Xid and a lost GPU, then back."""
+    res = sides[0].plugin.resource_name
+    _same(_both(sides, lambda s: s.plugin.node.counts(res)), "counts after registration")
+    _same(_both(sides, lambda s: s.plugin.node.device_ids(res)), "pod-resources allocatable device IDs")
+    for s in sides:
+        first, second = s.plugin.mock.uuids[:2]
+        s.plugin.mock.inject_xid(first, 79)
+        s.plugin.mock.set_lost(second)
+    counts = _both(sides, lambda s: s.plugin.node.wait_counts(res, capacity=4, allocatable=2, timeout=60))
+    _same(counts, "counts after an Xid and a lost GPU")
+    _same(_both(sides, lambda s: s.plugin.node.device_ids(res)), "healthy devices after faults")
+
+
+def test_pod_gets_the_same_devices_and_injections(sides: tuple[Side, Side]) -> None:
+    """Same mock GPUs, same requests: the same devices, env, device nodes and checkpoint entries."""
+    pods = {}
+    for s in sides:
+        first = s.pods(gpus=1, name="diff-first", wait=True)
+        pods[s.name] = (first, s.pods(gpus=2, name="diff-second", wait=True))
+    _same({k: _pod_outcome(v[0]) for k, v in pods.items()}, "one-GPU pod")
+    _same({k: _pod_outcome(v[1]) for k, v in pods.items()}, "two-GPU pod (NUMA-packed by the plugin's preference)")
+    cps = {}
+    for s in sides:
+        raw = s.plugin.backend.read_checkpoint(s.plugin.node.name)
+        from pytest_devplug.backends.base import parse_checkpoint
+
+        assert raw is not None
+        cps[s.name] = {k: sorted(v) for k, v in parse_checkpoint(raw).registered_devices.items()}
+    _same(cps, "checkpoint RegisteredDevices")
+
+
+def _normalize(text: str, *names: str) -> str:
+    for n in names:
+        text = text.replace(n, "<pod>")
+    return re.sub(r"\s+", " ", text).strip()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"requests": 1}, {"limits": 2, "requests": 1}, {"limits": "0.5"}],
+    ids=["requests-only", "unequal", "non-integer"],
+)
+def test_api_server_rejections_read_the_same(sides: tuple[Side, Side], kw: dict[str, Any]) -> None:
+    out = {}
+    for s in sides:
+        with pytest.raises(PodRejectedError) as err:
+            s.pods(name="diff-rejected", **kw)
+        out[s.name] = (err.value.status, err.value.reason, _normalize(err.value.message, "diff-rejected"))
+    _same(out, f"rejection of {kw}")
+
+
+def test_scheduler_message_for_too_many_gpus(sides: tuple[Side, Side]) -> None:
+    """More GPUs than the node has: Pending, PodScheduled=False/Unschedulable, the same FailedScheduling text."""
+    res = sides[0].plugin.resource_name
+    out = {}
+    for s in sides:
+        pod = s.pods(gpus=5, name="diff-too-many")
+        msg = pod.wait_event(f"FailedScheduling: .*Insufficient {re.escape(res)}", timeout=60)
+        cond = next(c for c in pod.conditions if c.get("type") == "PodScheduled")
+        out[s.name] = (pod.phase, pod.node_name, cond.get("status"), cond.get("reason"), msg)
+    _same(out, "unschedulable pod")
+
+
+def test_failing_allocate_fails_admission_the_same_way(sides: tuple[Side, Side]) -> None:
+    out = {}
+    for s in sides:
+        for uuid in s.plugin.mock.uuids:
+            s.plugin.mock.fail_allocate(uuid)
+        pod = s.pods(gpus=1, name="diff-fail")
+        pod.wait_phase("Failed", timeout=60)
+        out[s.name] = (pod.phase, pod.reason, pod.message, pod.allocated_devices)
+    _same(out, "pod whose Allocate failed")
+
+
+def test_checkpoint_and_assignment_survive_kubelet_restart(sides: tuple[Side, Side]) -> None:
+    out = {}
+    for s in sides:
+        pod = s.pods(gpus=1, name="diff-restart", wait=True)
+        before = _pod_outcome(pod)
+        s.plugin.node.restart_kubelet()
+        res = s.plugin.resource_name
+        wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 3), timeout=60, what=f"{s.name}: re-registration")
+        out[s.name] = (before, _pod_outcome(pod), pod.restart_count)
+    _same(out, "pod across a kubelet restart")
+    assert out["kind"][0] == out["kind"][1], f"assignment changed across the restart: {out['kind']}"

@@ -1,0 +1,113 @@
+"""Multi-node kind (kind-config/multi-node.yaml): GPU pods land only on the GPU worker; too big a request stays Pending.
+
+Its own cluster (``devplug-multi``), created once for this module and deleted afterwards (kept with
+``--keep-cluster``). The GPU worker is labelled ``devplug.io/gpu=true`` and tainted
+``nvidia.com/gpu=present:NoSchedule``; the plain worker has neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kind_helpers import unavailable
+from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
+from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError
+from pytest_devplug.backends.kind import KindBackend
+from pytest_devplug.handles import DEFAULT_IMAGE, PodHandle
+from pytest_devplug.plugin import default_plugin_argv
+
+pytestmark = pytest.mark.kind
+
+RES = "nvidia.com/gpu"
+TOLERATION = {"key": RES, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@pytest.fixture(scope="module")
+def multi(request: pytest.FixtureRequest) -> Iterator[tuple[ClusterHandle, str]]:
+    opts = BackendOptions(
+        timeout=90.0, cluster_name="devplug-multi", keep_cluster=bool(request.config.getoption("keep_cluster", default=False))
+    )
+    backend = KindBackend(opts, config="multi-node.yaml")
+    try:
+        backend.start()
+    except BackendUnavailableError as exc:
+        unavailable(f"multi-node kind cluster: {exc}")
+    try:
+        cluster = ClusterHandle(backend, timeout=opts.timeout)
+        node = cluster.ensure_node(NodeSpec("gpu"))
+        spec = PluginSpec(resource_name=RES, argv=tuple(default_plugin_argv(RES)), mock=True, gpus=4, numa_nodes=2)
+        plugin = cluster.deploy(node, spec)
+        plugin.wait_ready(4, timeout=180)
+        yield cluster, node.name
+    finally:
+        backend.close()
+
+
+def _pod(cluster: ClusterHandle, name: str, *, gpus: int | None, tolerate: bool) -> PodHandle:
+    res: dict[str, Any] = {"limits": {RES: str(gpus)}} if gpus else {}
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": DEFAULT_IMAGE, "command": ["sleep", "3600"], "resources": res}],
+        "terminationGracePeriodSeconds": 1,
+    }
+    if tolerate:
+        spec["tolerations"] = [TOLERATION]
+    cluster.backend.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+    return PodHandle(cluster.backend, name, "default", container="main", resource_name=RES, timeout=cluster.timeout)
+
+
+def test_only_the_gpu_worker_advertises_gpus(multi: tuple[ClusterHandle, str]) -> None:
+    cluster, gpu_node = multi
+    counts = {n.name: n.counts(RES) for n in cluster.nodes}
+    assert counts.pop(gpu_node) == (4, 4)
+    assert len(counts) == 2 and all(c in ((None, None), (0, 0)) for c in counts.values()), counts
+
+
+def test_gpu_pod_lands_on_the_gpu_worker(multi: tuple[ClusterHandle, str]) -> None:
+    cluster, gpu_node = multi
+    pod = _pod(cluster, "mn-gpu", gpus=1, tolerate=True)
+    try:
+        pod.wait_running()
+        assert pod.node_name == gpu_node
+        assert len(pod.allocated_devices) == 1
+    finally:
+        pod.delete()
+
+
+def test_plain_pod_stays_off_the_gpu_worker(multi: tuple[ClusterHandle, str]) -> None:
+    """No toleration: the taint keeps it off the GPU node; it runs on the plain worker."""
+    cluster, gpu_node = multi
+    pod = _pod(cluster, "mn-plain", gpus=None, tolerate=False)
+    try:
+        pod.wait_running()
+        assert pod.node_name not in (gpu_node, None) and not pod.node_name.endswith("control-plane"), pod.node_name
+    finally:
+        pod.delete()
+
+
+def test_gpu_pod_without_toleration_is_unschedulable(multi: tuple[ClusterHandle, str]) -> None:
+    cluster, _ = multi
+    pod = _pod(cluster, "mn-untolerated", gpus=1, tolerate=False)
+    try:
+        msg = pod.wait_event("FailedScheduling: ")
+        assert pod.phase == "Pending" and pod.node_name is None
+        assert "0/3 nodes are available" in msg, msg
+        assert "untolerated taint {nvidia.com/gpu: present}" in msg, msg
+        assert f"Insufficient {RES}" in msg, msg
+    finally:
+        pod.delete()
+
+
+def test_more_gpus_than_any_node_stays_pending(multi: tuple[ClusterHandle, str]) -> None:
+    cluster, _ = multi
+    pod = _pod(cluster, "mn-too-many", gpus=5, tolerate=True)
+    try:
+        msg = pod.wait_event(f"FailedScheduling: .*Insufficient {RES}")
+        assert pod.phase == "Pending" and pod.node_name is None, (pod.phase, pod.node_name)
+        cond = next(c for c in pod.conditions if c.get("type") == "PodScheduled")
+        assert (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable"), cond
+        assert msg.startswith("FailedScheduling: 0/3 nodes are available: "), msg
+    finally:
+        pod.delete()
