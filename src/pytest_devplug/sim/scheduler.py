@@ -5,7 +5,7 @@ Filters run per node in the default profile's order and stop at the first failur
 required affinity), NodeResourcesFit. A pod that fits nowhere gets upstream's ``FitError`` text:
 a sorted histogram of reasons, then DefaultPreemption's verdict (no priorities are simulated, so
 preemption never finds victims), e.g. ``0/1 nodes are available: 1 Insufficient nvidia.com/gpu.
-preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.``
+no new claims to deallocate, preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.``
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ def filter_node(pod: Mapping[str, Any], node: NodeView, requests: Mapping[str, i
         return FilterStatus(("node(s) were unschedulable",), True)
     for taint in node.taints:
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
-            return FilterStatus((f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value') or ''}}}",), True)
+            # Kubernetes >= 1.34 no longer names the taint (seen on a real 1.34 kind cluster).
+            return FilterStatus(("node(s) had untolerated taint(s)",), True)
     if not _affinity_matches(pod, node):
         return FilterStatus(("node(s) didn't match Pod's node affinity/selector",), True)
     req = pod_requests(pod) if requests is None else requests
@@ -199,7 +200,8 @@ def fit_error_message(pod: Mapping[str, Any], statuses: Mapping[str, FilterStatu
             "Preemption is not helpful for scheduling" if s.unresolvable else "No preemption victims found for incoming pod"
             for s in statuses.values()
         ) + "."
-    return f"{msg} preemption: {post}"
+    # DynamicResources' PostFilter runs first (DRA is on by default since 1.34): its note precedes preemption's.
+    return f"{msg} no new claims to deallocate, preemption: {post}"
 
 
 @dataclass(frozen=True)
