@@ -7,6 +7,7 @@
 # and replaces every k8s.io/* staging module with its published v0.x release, then `go build`.
 . "$(dirname "$0")/lib.sh"
 
+lock k8s
 K8S_BIN="$OFFLINE_CACHE/k8s/$KUBERNETES_VERSION/bin"
 ETCD_BIN="$OFFLINE_CACHE/etcd/$ETCD_VERSION/bin"
 CMDS=(kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler)

@@ -148,6 +148,7 @@ SH
 }
 
 main() {
+  lock node-image
   step "docker" ensure_docker
   if [ "${1:-}" = "--base-only" ]; then  # just the Debian rootfs image (lets it run beside the Go build)
     image_exists "$BASE_IMAGE" || step "node rootfs ($BASE_IMAGE)" build_base

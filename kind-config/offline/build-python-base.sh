@@ -42,6 +42,7 @@ build() {
   rm -rf "$root"
 }
 
+lock python-base
 step "docker" ensure_docker
 if [ "$(image_label "$PY_IMAGE" io.devplug.offline.python-base)" = "$KEY" ]; then
   log "python base $PY_IMAGE is up to date"

@@ -6,6 +6,7 @@
 if [ -n "${KIND_BIN:-}" ] && [ -x "$KIND_BIN" ]; then echo "$KIND_BIN"; exit 0; fi
 if command -v kind >/dev/null 2>&1; then command -v kind; exit 0; fi
 
+lock kind
 bin="$CACHE_ROOT/bin/kind-$KIND_VERSION"
 if [ ! -x "$bin/kind" ]; then
   [ -x "$GO" ] || die "no kind on PATH and no Go toolchain to build it with"

@@ -32,6 +32,17 @@ step() {
   log "<== $name done in $(( $(date +%s) - s ))s"
 }
 
+# lock NAME: hold an exclusive lock for the rest of this script (two builds at once would share
+# work dirs and image tags); a second caller waits, then finds the result cached.
+lock() {
+  local f="$OFFLINE_CACHE/$1.lock" fd
+  exec {fd}>"$f"
+  if ! flock -n "$fd"; then
+    log "waiting for another build holding $f"
+    flock "$fd"
+  fi
+}
+
 ensure_docker() {
   if docker info >/dev/null 2>&1; then return 0; fi
   if [ -x "$REPO_ROOT/../shared/ci/ensure-docker" ]; then
