@@ -132,7 +132,7 @@ class ClusterManager:
         self.config_choice = config or os.environ.get("DEVPLUG_KIND_CONFIG") or "single-node.yaml"
         name = options.cluster_name
         self.name = os.environ.get("DEVPLUG_KIND_CLUSTER") or (DEFAULT_NAME if name == PYTEST_KIND_DEFAULT_NAME else name)
-        self.workdir = Path(tempfile.mkdtemp(prefix="devplug-kind-"))
+        self._workdir: Path | None = None  # made on first use, removed by close()
         self.kind_bin = ""
         self.image: str | None = None
         self.offline = False
@@ -142,6 +142,12 @@ class ClusterManager:
         self.timings: dict[str, float] = {}
         self._pytest_kind: Any = None
         self._pytest_kind_dir: Path | None = None
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="devplug-kind-"))
+        return self._workdir
 
     # -- choices ---------------------------------------------------------------------------------
     def _resolve_kind(self) -> str:
@@ -348,7 +354,9 @@ class ClusterManager:
                     file=sys.stderr,
                 )
         finally:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+                self._workdir = None
             if self._pytest_kind_dir is not None:
                 shutil.rmtree(self._pytest_kind_dir, ignore_errors=True)
                 try:
