@@ -83,6 +83,11 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("plugin-image", "container image of the plugin under test (kind)", {}),
     ("plugin-manifest", "manifest (DaemonSet) that deploys the plugin under test (kind)", {}),
+    (
+        "kind-config",
+        "kind: cluster config, a path or a file name in kind-config/ (default $DEVPLUG_KIND_CONFIG, else single-node.yaml)",
+        {},
+    ),
     ("resource-name", f"extended resource the plugin advertises (default {DEFAULT_RESOURCE_NAME})", {}),
     ("gpus", "GPUs in the mock NVML state (default 4)", {"type": int}),
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology (default 2)", {"type": int}),
@@ -169,6 +174,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         kind_bin=_kind_opt(config, "kind_bin"),
         kind_image=_kind_opt(config, "kind_image"),
         kubeconfig=_kind_opt(config, "kubeconfig"),
+        kind_config=_opt(config, "devplug_kind_config"),
     )
     return DevplugSettings(backend, opts, spec, str(_opt(config, "devplug_missing_mock") or "skip"))
 

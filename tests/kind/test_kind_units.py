@@ -13,6 +13,8 @@ from pytest_devplug.backends.kind import KindBackend
 from pytest_devplug.backends.kind.cluster import ClusterManager
 from pytest_devplug.backends.kind.deploy import render_daemonsets
 
+pytest_plugins = ["pytester"]
+
 
 def test_cluster_name_defaults_to_devplug_not_pytest_kinds_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEVPLUG_KIND_CLUSTER", raising=False)
@@ -55,3 +57,39 @@ def test_user_manifest_must_be_daemonsets(tmp_path: Path) -> None:
     m.write_text(yaml.safe_dump_all([{"kind": "Deployment", "metadata": {"name": "x"}}]))
     with pytest.raises(Exception, match="DaemonSets only"):
         render_daemonsets(PluginSpec(manifest=str(m)), "img")
+
+
+def test_kind_config_option_then_env_then_default(monkeypatch: pytest.MonkeyPatch, pytester: pytest.Pytester) -> None:
+    """--devplug-kind-config / ini devplug_kind_config beat $DEVPLUG_KIND_CONFIG; an explicit config beats both."""
+    from pytest_devplug.plugin import settings_from_config
+
+    monkeypatch.setenv("DEVPLUG_KIND_CONFIG", "from-env.yaml")
+    assert ClusterManager(BackendOptions()).config_choice == "from-env.yaml"
+    config = pytester.parseconfig("--devplug-kind-config", "multi-node.yaml")
+    opts = settings_from_config(config).backend_options
+    assert opts.kind_config == "multi-node.yaml"
+    assert ClusterManager(opts).config_choice == "multi-node.yaml"
+    assert ClusterManager(opts, config="other.yaml").config_choice == "other.yaml"
+    pytester.makeini("[pytest]\ndevplug_kind_config = single-node.yaml\n")
+    assert settings_from_config(pytester.parseconfig()).backend_options.kind_config == "single-node.yaml"
+    monkeypatch.delenv("DEVPLUG_KIND_CONFIG")
+    assert ClusterManager(BackendOptions()).config_choice == "single-node.yaml"
+
+
+def test_kind_config_name_is_looked_up_in_kind_config_dir_and_missing_ones_are_named() -> None:
+    src, config = ClusterManager(BackendOptions(kind_config="multi-node.yaml"))._config_source()
+    assert src.endswith("kind-config/multi-node.yaml") and len(config["nodes"]) == 3
+    with pytest.raises(BackendUnavailableError, match="--devplug-kind-config"):
+        ClusterManager(BackendOptions(kind_config="no-such.yaml"))._config_source()
+
+
+def test_image_names_follow_the_offline_scripts_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_devplug.backends.kind import cluster
+
+    monkeypatch.delenv("DEVPLUG_PYTHON_BASE", raising=False)
+    monkeypatch.setenv("DEVPLUG_IMAGE_PREFIX", "acme")
+    assert (cluster._offline_node_image_name() or "").startswith("acme/kind-node:")
+    seen: list[str] = []
+    monkeypatch.setattr(cluster, "_image_labels", lambda image: seen.append(image) or {})
+    assert (cluster.python_base_image() or "").startswith("acme/python-base:")
+    assert seen and seen[0].startswith("acme/python-base:")

@@ -316,6 +316,8 @@ class BackendOptions:
     kind_bin: str | None = None
     kind_image: str | None = None
     kubeconfig: str | None = None
+    #: kind cluster config: a path or a file name in kind-config/ (``None``: ``$DEVPLUG_KIND_CONFIG``, else single-node).
+    kind_config: str | None = None
 
 
 __all__ += ["BackendOptions"]

@@ -8,7 +8,7 @@ hand it a ``kind_path`` (so it never downloads) and talk to the API with the ``k
 
 Choices, in order (each documented in docs/backends.md):
 
-- kind binary: ``--kind-bin``, ``$KIND_BIN``, ``kind`` on PATH, else ``kind-config/offline/ensure-kind.sh``
+- kind binary: ``--kind-bin``, ``$KIND_BIN`` (or build-all.sh's ``$DEVPLUG_KIND_BIN``), ``kind`` on PATH, else ``kind-config/offline/ensure-kind.sh``
   (repo checkouts: builds the pinned kind with ``go install``).
 - node image: ``--kind-image`` or ``$DEVPLUG_KIND_NODE_IMAGE``; ``DEVPLUG_KIND_OFFLINE=1`` builds and uses
   the offline image; ``DEVPLUG_KIND_OFFLINE=0`` forces kind's default; otherwise the offline image is used
@@ -39,7 +39,15 @@ import yaml
 from ..base import BackendError, BackendOptions, BackendUnavailableError
 from .proc import ToolError, run
 
-__all__ = ["ClusterManager", "REPO_ROOT", "OFFLINE_DIR", "KIND_CONFIG_DIR", "offline_image_present", "python_base_image"]
+__all__ = [
+    "ClusterManager",
+    "REPO_ROOT",
+    "OFFLINE_DIR",
+    "KIND_CONFIG_DIR",
+    "image_prefix",
+    "offline_image_present",
+    "python_base_image",
+]
 
 #: The repository root when running from a checkout (src layout), else ``None``.
 _root = Path(__file__).resolve().parents[4]
@@ -85,9 +93,15 @@ def _image_labels(image: str) -> dict[str, str] | None:
     return dict(json.loads(proc.stdout or "null") or {})
 
 
+def image_prefix() -> str:
+    """Repository part of the images the offline scripts build (their ``DEVPLUG_IMAGE_PREFIX``, lib.sh)."""
+    return os.environ.get("DEVPLUG_IMAGE_PREFIX") or "devplug"
+
+
 def _offline_node_image_name() -> str | None:
+    """The name build-node-image.sh gives its image (same inputs: versions.env and the prefix)."""
     v = _versions()
-    return f"devplug/kind-node:{v['KUBERNETES_VERSION']}-offline-r{v['NODE_LAYOUT_REV']}" if v else None
+    return f"{image_prefix()}/kind-node:{v['KUBERNETES_VERSION']}-offline-r{v['NODE_LAYOUT_REV']}" if v else None
 
 
 def offline_image_present() -> bool:
@@ -103,7 +117,7 @@ def python_base_image() -> str | None:
     v = _versions()
     if not v:
         return None
-    name = f"devplug/python-base:{v['DEBIAN_SUITE']}-r{v['PYTHON_BASE_REV']}"
+    name = f"{image_prefix()}/python-base:{v['DEBIAN_SUITE']}-r{v['PYTHON_BASE_REV']}"
     return name if _image_labels(name) is not None else None
 
 
@@ -129,7 +143,9 @@ class ClusterManager:
 
     def __init__(self, options: BackendOptions, *, config: str | None = None) -> None:
         self.options = options
-        self.config_choice = config or os.environ.get("DEVPLUG_KIND_CONFIG") or "single-node.yaml"
+        # An explicit config (e.g. the multi-node tests') wins, then --devplug-kind-config / ini
+        # devplug_kind_config, then $DEVPLUG_KIND_CONFIG.
+        self.config_choice = config or options.kind_config or os.environ.get("DEVPLUG_KIND_CONFIG") or "single-node.yaml"
         name = options.cluster_name
         self.name = os.environ.get("DEVPLUG_KIND_CLUSTER") or (DEFAULT_NAME if name == PYTEST_KIND_DEFAULT_NAME else name)
         self._workdir: Path | None = None  # made on first use, removed by close()
@@ -153,8 +169,9 @@ class ClusterManager:
     def _resolve_kind(self) -> str:
         if self.options.kind_bin:
             return self.options.kind_bin
-        if (env := os.environ.get("KIND_BIN")) and os.access(env, os.X_OK):
-            return env
+        for var in ("KIND_BIN", "DEVPLUG_KIND_BIN"):  # the latter: what build-all.sh prints
+            if (env := os.environ.get(var)) and os.access(env, os.X_OK):
+                return env
         if found := shutil.which("kind"):
             return found
         if OFFLINE_DIR is not None:
@@ -184,7 +201,9 @@ class ClusterManager:
         if path.is_file():
             return str(path), dict(yaml.safe_load(path.read_text()))
         if choice != "single-node.yaml":
-            raise BackendUnavailableError(f"DEVPLUG_KIND_CONFIG={choice!r}: no such file (nor in kind-config/)")
+            raise BackendUnavailableError(
+                f"kind config {choice!r} (--devplug-kind-config / DEVPLUG_KIND_CONFIG): no such file (nor in kind-config/)"
+            )
         return "<built-in single-node>", json.loads(json.dumps(_FALLBACK_CONFIG))
 
     def _write_config(self) -> Path:

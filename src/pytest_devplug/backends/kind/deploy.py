@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from ..base import BackendError, BackendUnavailableError, PluginSpec
-from .cluster import REPO_ROOT, python_base_image
+from .cluster import REPO_ROOT, image_prefix, python_base_image
 from .proc import run
 
 __all__ = ["PluginImage", "render_daemonsets", "STOP_LABEL", "selector_of"]
@@ -69,7 +69,7 @@ class PluginImage:
                 "pass --devplug-plugin-image and --devplug-plugin-manifest for your own plugin"
             )
         base = python_base_image() or STANDARD_BASE
-        tag = f"devplug/gpu-plugin:{_inputs_hash(base)}"
+        tag = f"{image_prefix()}/gpu-plugin:{_inputs_hash(base)}"
         if not _image_present(tag):
             ctx = self.workdir / "plugin-image"
             shutil.rmtree(ctx, ignore_errors=True)
