@@ -37,13 +37,20 @@ def _pod_outcome(pod: PodHandle) -> dict[str, Any]:
     from pytest_devplug.backends.base import parse_checkpoint
 
     entries = parse_checkpoint(cp).entries_for(pod.uid) if cp else []
+    # The real kubelet hands the plugin a container's device IDs in Go set (map) iteration order, which is
+    # random (devicemanager: allocDevices.UnsortedList()); the included plugin answers in request order, so
+    # on kind the order of IDs in an env value and of device nodes/mounts varies from run to run. What the
+    # container gets is the same set: compare in sorted order (the order difference is in docs/backends.md).
     return {
         "phase": pod.phase,
         "devices": ids,
-        "envs": dict(view.envs),
-        "device_nodes": [(d.container_path, d.permissions) for d in view.devices],
-        "mounts": [(m.container_path, m.read_only) for m in view.mounts],
-        "checkpoint": sorted((e.container_name, e.resource_name, {k: list(v) for k, v in e.device_ids.items()}.__repr__()) for e in entries),
+        "envs": {k: ",".join(sorted(v.split(","))) for k, v in view.envs.items()},
+        "device_nodes": sorted((d.container_path, d.permissions) for d in view.devices),
+        "mounts": sorted((m.container_path, m.read_only) for m in view.mounts),
+        # Likewise each NUMA node's device IDs in a checkpoint entry: the entry's content is the set.
+        "checkpoint": sorted(
+            (e.container_name, e.resource_name, repr({k: sorted(v) for k, v in sorted(e.device_ids.items())})) for e in entries
+        ),
         "health": pod.device_health,
     }
 
