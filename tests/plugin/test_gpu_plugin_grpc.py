@@ -77,7 +77,7 @@ def test_ignored_xids_are_configurable(start_plugin, kubelet: FakeKubelet, mock_
 def test_lost_gpu_unhealthy_and_back_healthy_clearing_xid(
     start_plugin, kubelet: FakeKubelet, mock_state: MockStateFile
 ) -> None:
-    start_plugin()
+    plugin = start_plugin()
     reg = kubelet.next_registration()
     reg.next_update()
     mock_state.xid(UUIDS[2], 48)
@@ -87,6 +87,9 @@ def test_lost_gpu_unhealthy_and_back_healthy_clearing_xid(
     reg.wait_for(lambda h: h[UUIDS[0]] == UNHEALTHY, "GPU0 Unhealthy when lost")
     lost_latency = time.monotonic() - started
     mock_state.set(UUIDS[2], lost=True)
+    # Its health does not change, so wait for the plugin to have seen it lost before bringing it back:
+    # two quick rewrites of the state file can reach the plugin as one.
+    plugin.wait_log(f"{UUIDS[2]} Unhealthy (Xid 48 -> lost; Xid 48)")
     mock_state.set(UUIDS[2], lost=False)  # lost and back = reset: the Xid is cleared too
     mock_state.set(UUIDS[0], lost=False)
     reg.wait_for(lambda h: set(h.values()) == {HEALTHY}, "all four Healthy again")

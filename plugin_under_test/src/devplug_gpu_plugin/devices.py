@@ -112,6 +112,9 @@ class DeviceState:
                 changes.append(f"{uuid} removed")
             elif old is not None and old.health != new.health:
                 changes.append(f"{uuid} {old.health} -> {new.health} ({new.reason()})")
+            elif old is not None and old.reason() != new.reason():
+                # Same health for a new reason (an Xid'd GPU now lost, say): worth a line too.
+                changes.append(f"{uuid} {new.health} ({old.reason()} -> {new.reason()})")
         if gpus != self._gpus:
             self._gpus = gpus
             self._version += 1
