@@ -51,8 +51,8 @@ def test_non_integer_is_rejected_with_unquoted_quantity() -> None:
     assert (e.status, e.reason) == (422, "Invalid")
     # the limit is copied into requests first, so both paths fail (as on a real API server)
     assert e.message == (
-        'Pod "p" is invalid: [spec.containers[0].resources.limits[nvidia.com/gpu]: Invalid value: 500m: '
-        "must be an integer, spec.containers[0].resources.requests[nvidia.com/gpu]: Invalid value: 500m: "
+        'Pod "p" is invalid: [spec.containers[0].resources.limits[nvidia.com/gpu]: Invalid value: "500m": '
+        'must be an integer, spec.containers[0].resources.requests[nvidia.com/gpu]: Invalid value: "500m": '
         "must be an integer]"
     )
 
@@ -87,7 +87,7 @@ def test_cpu_may_overcommit_but_not_exceed_limit() -> None:
 
 def test_init_container_paths_and_missing_fields() -> None:
     p = pod("p", 1, init=[{"name": "i", "image": "x", "resources": {"limits": {GPU: "0.5"}}}])
-    with pytest.raises(ApiError, match=r"spec.initContainers\[0\].resources.limits\[nvidia.com/gpu\]: Invalid value: 500m"):
+    with pytest.raises(ApiError, match=r'spec.initContainers\[0\].resources.limits\[nvidia.com/gpu\]: Invalid value: "500m"'):
         admit_pod(p)
     with pytest.raises(ApiError, match=r"spec.containers\[0\].image: Required value"):
         admit_pod({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}})

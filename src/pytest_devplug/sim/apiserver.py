@@ -8,6 +8,8 @@ spec rejected here is rejected the same way by a real API server, and one accept
 
 from __future__ import annotations
 
+import json
+
 import copy
 import re
 import secrets
@@ -160,10 +162,12 @@ class FieldError:
             body = "Required value"
         elif self.kind == "Forbidden":
             body = "Forbidden"
-        elif isinstance(self.value, str):
-            body = f'Invalid value: "{self.value}"'
-        else:  # a Stringer (resource.Quantity) prints unquoted
-            body = f"Invalid value: {self.value}"
+        elif isinstance(self.value, (bool, int, float)):  # ErrorBody: simple types with %v
+            body = f"Invalid value: {str(self.value).lower() if isinstance(self.value, bool) else self.value}"
+        else:
+            # strings with %q; anything else as its JSON: a resource.Quantity marshals to a JSON string,
+            # so `Invalid value: "500m"` (seen on a real 1.34 API server), quoted like a string.
+            body = f"Invalid value: {json.dumps(str(self.value))}"
         return f"{self.path}: {body}: {self.detail}" if self.detail else f"{self.path}: {body}"
 
 
