@@ -161,8 +161,10 @@ class KindBackend:
 
     def _reconfigure_kubelet(self, node: str, text: str) -> None:
         before = self._status_heartbeat(node)
+        running = self._running_pods(node)
         self.nodeops.set_kubelet_config(node, text)
         self._after_kubelet_restart(node, before)
+        self._wait_pods_resynced(node, running)
         dep = self._plugins.get(node)
         if dep is not None and self.plugin_running(node):
             res = dep.spec.resource_name
@@ -202,12 +204,28 @@ class KindBackend:
         API server; "restarted" here means caught up, as the embedded kubelet is when its restart returns.
         """
         before = self._status_heartbeat(node)
-        running = {
+        running = self._running_pods(node)
+        self.nodeops.restart_kubelet(node)
+        self._after_kubelet_restart(node, before)
+        self._wait_pods_resynced(node, running)
+
+    def _running_pods(self, node: str) -> set[tuple[str, str]]:
+        return {
             (p["metadata"]["namespace"], p["metadata"]["name"])
             for p in self.api.list_pods(None, field_selector=f"spec.nodeName={node},status.phase=Running")
         }
-        self.nodeops.restart_kubelet(node)
-        self._after_kubelet_restart(node, before)
+
+    def _wait_pods_resynced(self, node: str, running: set[tuple[str, str]]) -> None:
+        """Until pod-resources lists the pods that ran before the restart: the kubelet handled its first pod
+        sync from the API server (and so marked its pod sources seen).
+
+        Until then a real kubelet's device manager does not drop allocations of pods that are gone
+        (``UpdateAllocatedDevices`` returns early while ``sourcesReady.AllReady()`` is false, and the kubelet
+        marks a source seen only after handling its first update): devices of pods deleted before the
+        restart still count as allocated from the checkpoint, and a pod arriving in that first sync can be
+        refused (e.g. TopologyAffinityError: its NUMA node's devices look taken). The embedded kubelet's
+        restart returns only after its sources are ready, so it has no such window.
+        """
         self._wait(
             lambda: running - {(p.namespace, p.name) for p in self.pod_resources(node)},
             lambda missing: not missing,
@@ -217,6 +235,9 @@ class KindBackend:
 
     def kubelet_log(self, node: str) -> str:
         return self.nodeops.kubelet_log(node)
+
+    def machine_numa_nodes(self, node: str) -> list[int]:
+        return self.nodeops.numa_nodes(node)
 
     def read_checkpoint(self, node: str) -> bytes | None:
         return self.nodeops.read_checkpoint(node)
