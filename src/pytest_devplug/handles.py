@@ -127,6 +127,11 @@ class NodeHandle:
         """Allocatable device IDs of ``resource`` per pod-resources ``GetAllocatableResources``."""
         return sorted(i for d in self.allocatable_devices(resource) for i in d.device_ids)
 
+    @property
+    def machine_numa_nodes(self) -> list[int]:
+        """NUMA node IDs of the node's machine (what its Topology Manager builds hints over)."""
+        return self.backend.machine_numa_nodes(self.name)
+
     def device_numa(self, resource: str) -> dict[str, tuple[int, ...]]:
         """Device ID -> NUMA nodes it reports (empty tuple: no topology)."""
         out: dict[str, tuple[int, ...]] = {}

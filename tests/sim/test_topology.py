@@ -105,6 +105,26 @@ def test_single_numa_node_aligns_and_rejects_spanning(dm_numa: Callable[..., tup
     assert "u2" not in dm.pod_devices()
 
 
+def test_single_numa_node_on_a_machine_without_the_devices_numa_node(
+    dm_state: DmMockState, dm_plugin: Callable[..., PluginProcess], dm_make: Make
+) -> None:
+    """Devices on NUMA 0 and 1, machine with node 0 only (kind on a 1-NUMA host, seen there at -v=4):
+    hints are built over the machine's nodes, so the NUMA-1 devices fit no single-node mask; a request the
+    NUMA-0 devices hold is admitted, and once they are taken (or for more) TopologyAffinityError."""
+    dm_state.write([dm_gpu(0, 0), dm_gpu(1, 0), dm_gpu(2, 1), dm_gpu(3, 1)])
+    dm, w = dm_make(topology_policy="single-numa-node", numa_nodes=1)
+    dm_plugin()
+    w.until("4 GPUs registered", dm_capacity_probe(dm), lambda s: s == (4, 4))
+    p, c = pod("u1", 2)
+    dm.admit_container(p, c)
+    assert {dm.device_numa(GPU, d)[0] for d in dm.container_devices("u1", "c")[GPU]} == {0}
+    for uid, n in (("u2", 2), ("u3", 1)):  # NUMA 1's two free devices do not count
+        q, cq = pod(uid, n)
+        with pytest.raises(AdmissionError) as exc:
+            dm.admit_container(q, cq)
+        assert exc.value.reason == "TopologyAffinityError"
+
+
 def test_restricted_rejects_when_only_wider_than_needed_is_free(
     dm_numa: Callable[..., tuple[DeviceManager, DmWaiter]], dm_make: Make
 ) -> None:

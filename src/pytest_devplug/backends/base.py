@@ -246,6 +246,13 @@ class Backend(Protocol):
 
     def kubelet_log(self, node: str) -> str: ...
 
+    def machine_numa_nodes(self, node: str) -> list[int]:
+        """The NUMA node IDs of the node's machine, as its kubelet's Topology Manager sees them (cadvisor).
+
+        Device hints are built over these only: a device reporting a NUMA node the machine does not have
+        fits no single-NUMA-node mask (sim: the node's ``NodeSpec.numa_nodes``; kind: the host's, read from
+        ``/sys/devices/system/node`` in the node container)."""
+
     def read_checkpoint(self, node: str) -> bytes | None:
         """The checkpoint file's bytes as on the node, or ``None`` when there is none."""
 

@@ -200,6 +200,9 @@ class SimBackend:
     def kubelet_log(self, node: str) -> str:
         return str(self._node(node).kubelet_log())
 
+    def machine_numa_nodes(self, node: str) -> list[int]:
+        return list(range(int(self._node(node).numa_nodes)))
+
     def read_checkpoint(self, node: str) -> bytes | None:
         path = Path(self._node(node).checkpoint_path)
         try:

@@ -73,6 +73,13 @@ class NodeOps:
             cmd += f" --since {shlex.quote(since)}"
         return self.exec(node, cmd, timeout=120)
 
+    def numa_nodes(self, node: str) -> list[int]:
+        """NUMA node IDs the node's kubelet sees: ``/sys/devices/system/node/node<N>`` (the host's; cadvisor's
+        source). None listed (a kernel without NUMA): taken as the single node 0."""
+        out = self.exec(node, "ls /sys/devices/system/node 2>/dev/null || true")
+        ids = sorted(int(n[4:]) for n in out.split() if n.startswith("node") and n[4:].isdigit())
+        return ids or [0]
+
     def kubelet_config(self, node: str) -> str:
         return self.exec(node, "cat /var/lib/kubelet/config.yaml")
 
