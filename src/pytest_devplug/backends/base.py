@@ -130,6 +130,12 @@ class PodResourcesDevices:
     device_ids: tuple[str, ...]
     numa_nodes: tuple[int, ...] = ()
 
+    @classmethod
+    def from_proto(cls, d: Any) -> PodResourcesDevices:
+        """From a pod-resources v1 ``ContainerDevices`` message (any backend's answer)."""
+        numa = tuple(int(n.ID) for n in d.topology.nodes) if d.HasField("topology") else ()
+        return cls(resource_name=d.resource_name, device_ids=tuple(d.device_ids), numa_nodes=numa)
+
 
 @dataclass(frozen=True)
 class PodResourcesContainer:
@@ -145,6 +151,15 @@ class PodResourcesPod:
     name: str
     namespace: str
     containers: tuple[PodResourcesContainer, ...]
+
+    @classmethod
+    def from_proto(cls, p: Any) -> PodResourcesPod:
+        """From a pod-resources v1 ``PodResources`` message."""
+        containers = tuple(
+            PodResourcesContainer(c.name, tuple(PodResourcesDevices.from_proto(d) for d in c.devices))
+            for c in p.containers
+        )
+        return cls(name=p.name, namespace=p.namespace, containers=containers)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from .base import (
     ObjectNotFoundError,
     PluginSpec,
     PodRejectedError,
-    PodResourcesContainer,
     PodResourcesDevices,
     PodResourcesPod,
     UnsupportedOperationError,
@@ -219,22 +218,13 @@ class SimBackend:
         channel, stub = self._pod_resources_stub(node)
         with channel:
             resp = stub.List(v1_pb2.ListPodResourcesRequest(), timeout=self.options.timeout)
-        return [
-            PodResourcesPod(
-                name=p.name,
-                namespace=p.namespace,
-                containers=tuple(
-                    PodResourcesContainer(name=c.name, devices=tuple(_devices(d) for d in c.devices)) for c in p.containers
-                ),
-            )
-            for p in resp.pod_resources
-        ]
+        return [PodResourcesPod.from_proto(p) for p in resp.pod_resources]
 
     def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
         channel, stub = self._pod_resources_stub(node)
         with channel:
             resp = stub.GetAllocatableResources(v1_pb2.AllocatableResourcesRequest(), timeout=self.options.timeout)
-        return [_devices(d) for d in resp.devices]
+        return [PodResourcesDevices.from_proto(d) for d in resp.devices]
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:
@@ -334,10 +324,6 @@ def _short_tmp() -> str | None:
     base = tempfile.gettempdir()
     return None if len(base) + _SOCKET_PATH_RESERVE < 108 else "/tmp"
 
-
-def _devices(d: Any) -> PodResourcesDevices:
-    numa = tuple(int(n.ID) for n in d.topology.nodes) if d.HasField("topology") else ()
-    return PodResourcesDevices(resource_name=d.resource_name, device_ids=tuple(d.device_ids), numa_nodes=numa)
 
 
 def _write_json_atomic(path: Path, doc: JSONDict) -> None:

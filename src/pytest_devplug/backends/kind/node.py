@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from ...api.podresources import v1_pb2, v1_pb2_grpc
-from ..base import BackendError, PodResourcesContainer, PodResourcesDevices, PodResourcesPod
+from ..base import BackendError, PodResourcesDevices, PodResourcesPod
 from .proc import run, run_bytes
 
 __all__ = ["NodeOps", "CHECKPOINT_PATH", "POD_RESOURCES_SOCKET", "MOCK_STATE_PATH"]
@@ -156,22 +156,13 @@ class NodeOps:
 
     def pod_resources(self, node: str) -> list[PodResourcesPod]:
         resp = self._call(node, "List", v1_pb2.ListPodResourcesRequest(), v1_pb2.ListPodResourcesResponse)
-        return [
-            PodResourcesPod(
-                name=p.name,
-                namespace=p.namespace,
-                containers=tuple(
-                    PodResourcesContainer(name=c.name, devices=tuple(_devices(d) for d in c.devices)) for c in p.containers
-                ),
-            )
-            for p in resp.pod_resources
-        ]
+        return [PodResourcesPod.from_proto(p) for p in resp.pod_resources]
 
     def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
         resp = self._call(
             node, "GetAllocatableResources", v1_pb2.AllocatableResourcesRequest(), v1_pb2.AllocatableResourcesResponse
         )
-        return [_devices(d) for d in resp.devices]
+        return [PodResourcesDevices.from_proto(d) for d in resp.devices]
 
     def wait_kubelet_serving(self, node: str, timeout: float) -> None:
         """After a restart: the unit is active and pod-resources answers (bounded; says what it waited for)."""
@@ -187,8 +178,3 @@ class NodeOps:
                 last = f"pod-resources not answering: {exc}"
             time.sleep(0.5)
         raise BackendError(f"kubelet on {node} not serving {timeout:g}s after a restart: {last}")
-
-
-def _devices(d: Any) -> PodResourcesDevices:
-    numa = tuple(int(n.ID) for n in d.topology.nodes) if d.HasField("topology") else ()
-    return PodResourcesDevices(resource_name=d.resource_name, device_ids=tuple(d.device_ids), numa_nodes=numa)
