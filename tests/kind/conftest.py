@@ -20,8 +20,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from kind_helpers import (KIND_CONFIG, OFFLINE, OFFLINE_LABEL, KindCluster, image_labels, offline_node_image_name,
-                          run, script_output, unavailable)
+from kind_helpers import KIND_CONFIG, OFFLINE, KindCluster, run, script_output, unavailable
+
+from pytest_devplug.backends.kind.cluster import (
+    OFFLINE_LABEL,
+    image_labels,
+    offline_image_present,
+    offline_node_image_name,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,7 +47,7 @@ def _node_image(config: pytest.Config) -> tuple[str | None, bool]:
         offline_env = os.environ.get("DEVPLUG_KIND_OFFLINE", "").strip().lower()
         if offline_env in ("1", "true", "yes"):
             image = script_output(OFFLINE / "build-node-image.sh")
-        elif offline_env not in ("0", "false", "no") and image_labels(offline_node_image_name()) is not None:
+        elif offline_env not in ("0", "false", "no") and offline_image_present():
             image = offline_node_image_name()
     if not image:
         return None, False

@@ -13,10 +13,15 @@ from typing import Any
 
 import pytest
 
+# Image names and labels come from the kind backend, so the smoke test and the backend agree on them.
+from pytest_devplug.backends.kind.cluster import python_base_image
+
+__all__ = ["REPO", "KIND_CONFIG", "OFFLINE", "KindCluster", "python_base_image", "required", "run", "script_output",
+           "unavailable", "wait_for"]
+
 REPO = Path(__file__).resolve().parents[2]
 KIND_CONFIG = REPO / "kind-config"
 OFFLINE = KIND_CONFIG / "offline"
-OFFLINE_LABEL = "io.devplug.offline.inputs"
 
 
 def required() -> bool:
@@ -38,37 +43,6 @@ def run(cmd: Sequence[str], *, input: str | None = None, timeout: float = 600, c
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
                            f"\n--- stderr\n{proc.stderr[-4000:]}")
     return proc
-
-
-def read_versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in (OFFLINE / "versions.env").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            k, v = line.split("=", 1)
-            out[k] = v
-    return out
-
-
-def image_labels(image: str) -> dict[str, str] | None:
-    proc = run(["docker", "image", "inspect", "-f", "{{json .Config.Labels}}", image], check=False)
-    if proc.returncode != 0:
-        return None
-    return json.loads(proc.stdout or "null") or {}
-
-
-def _prefix() -> str:
-    return os.environ.get("DEVPLUG_IMAGE_PREFIX", "devplug")
-
-
-def offline_node_image_name() -> str:
-    v = read_versions()
-    return f"{_prefix()}/kind-node:{v['KUBERNETES_VERSION']}-offline-r{v['NODE_LAYOUT_REV']}"
-
-
-def offline_python_base_name() -> str:
-    v = read_versions()
-    return os.environ.get("DEVPLUG_PYTHON_BASE") or f"{_prefix()}/python-base:{v['DEBIAN_SUITE']}-r{v['PYTHON_BASE_REV']}"
 
 
 def script_output(script: Path) -> str:

@@ -88,8 +88,13 @@ def test_image_names_follow_the_offline_scripts_prefix(monkeypatch: pytest.Monke
 
     monkeypatch.delenv("DEVPLUG_PYTHON_BASE", raising=False)
     monkeypatch.setenv("DEVPLUG_IMAGE_PREFIX", "acme")
-    assert (cluster._offline_node_image_name() or "").startswith("acme/kind-node:")
+    assert (cluster.offline_node_image_name() or "").startswith("acme/kind-node:")
     seen: list[str] = []
-    monkeypatch.setattr(cluster, "_image_labels", lambda image: seen.append(image) or {})
+
+    def labels(image: str) -> dict[str, str]:
+        seen.append(image)
+        return {}
+
+    monkeypatch.setattr(cluster, "image_labels", labels)
     assert (cluster.python_base_image() or "").startswith("acme/python-base:")
     assert seen and seen[0].startswith("acme/python-base:")

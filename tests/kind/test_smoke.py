@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kind_helpers import REPO, KindCluster, image_labels, offline_python_base_name, run, unavailable, wait_for
+from kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
 
 pytestmark = pytest.mark.kind
 
@@ -29,10 +29,6 @@ RESOURCE = "nvidia.com/gpu"
 GPU_LABEL = "devplug.io/gpu=true"
 
 
-def _python_base() -> str | None:
-    """The offline Python base image when it is present here (machines with no registry)."""
-    name = offline_python_base_name()
-    return name if image_labels(name) is not None else None
 
 
 def test_nodes_ready(kind_cluster: KindCluster) -> None:
@@ -52,7 +48,7 @@ def test_nodes_ready(kind_cluster: KindCluster) -> None:
 
 def test_loaded_image_runs_a_pod(kind_cluster: KindCluster) -> None:
     """`kind load docker-image` works and a pod runs from the loaded image (pulling nothing)."""
-    image = _python_base()
+    image = python_base_image()
     if image is None:
         image = "busybox:1.36"  # users' machines: pullable
         run(["docker", "pull", image], timeout=300)
@@ -120,7 +116,7 @@ def build_plugin_image(tmp: Path, tag: str) -> None:
     ctx = tmp / "plugin-context"
     shutil.copytree(PLUGIN_DIR, ctx, ignore=shutil.ignore_patterns("dist", "build", "*.egg-info", "__pycache__"))
     dist = ctx / "dist"
-    base = _python_base()
+    base = python_base_image()
     pyver = _image_python(base or "python:3.12-slim")
     pip = _pip()
     run([*pip, "wheel", "--no-deps", "-q", "-w", str(dist), str(ctx)], timeout=600)

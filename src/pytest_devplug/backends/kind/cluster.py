@@ -86,7 +86,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _image_labels(image: str) -> dict[str, str] | None:
+def image_labels(image: str) -> dict[str, str] | None:
     proc = run(["docker", "image", "inspect", "-f", "{{json .Config.Labels}}", image], check=False, timeout=60)
     if proc.returncode != 0:
         return None
@@ -98,7 +98,7 @@ def image_prefix() -> str:
     return os.environ.get("DEVPLUG_IMAGE_PREFIX") or "devplug"
 
 
-def _offline_node_image_name() -> str | None:
+def offline_node_image_name() -> str | None:
     """The name build-node-image.sh gives its image (same inputs: versions.env and the prefix)."""
     v = _versions()
     return f"{image_prefix()}/kind-node:{v['KUBERNETES_VERSION']}-offline-r{v['NODE_LAYOUT_REV']}" if v else None
@@ -106,8 +106,8 @@ def _offline_node_image_name() -> str | None:
 
 def offline_image_present() -> bool:
     """Whether this machine has the offline node image (i.e. it is one with no container registry)."""
-    name = _offline_node_image_name()
-    return name is not None and _image_labels(name) is not None
+    name = offline_node_image_name()
+    return name is not None and image_labels(name) is not None
 
 
 def python_base_image() -> str | None:
@@ -118,7 +118,7 @@ def python_base_image() -> str | None:
     if not v:
         return None
     name = f"{image_prefix()}/python-base:{v['DEBIAN_SUITE']}-r{v['PYTHON_BASE_REV']}"
-    return name if _image_labels(name) is not None else None
+    return name if image_labels(name) is not None else None
 
 
 def _script(name: str) -> str:
@@ -188,10 +188,10 @@ class ClusterManager:
             if offline:
                 image = _script("build-node-image.sh")
             elif offline is None and offline_image_present():
-                image = _offline_node_image_name()
+                image = offline_node_image_name()
         if not image:
             return None, False
-        return image, OFFLINE_LABEL in (_image_labels(image) or {})
+        return image, OFFLINE_LABEL in (image_labels(image) or {})
 
     def _config_source(self) -> tuple[str, dict[str, Any]]:
         choice = self.config_choice
