@@ -25,29 +25,22 @@ def _load(path: str) -> tuple[CheckpointData, int, int] | str:
     return data, stored, checksum(data)
 
 
-def _checkpoint_show(args: argparse.Namespace) -> int:
+def _checkpoint(args: argparse.Namespace) -> int:
+    """``show`` prints the file (a bad checksum is reported, not fatal); ``verify`` judges the checksum."""
     loaded = _load(args.file)
     if isinstance(loaded, str):
-        print(f"devplug checkpoint show: {loaded}", file=sys.stderr)
+        print(f"devplug checkpoint {args.action}: {loaded}", file=sys.stderr)
         return 2
     data, stored, computed = loaded
-    if args.json:
+    if args.action == "verify":
+        if stored != computed:
+            print(f"{args.file}: checksum mismatch: stored {stored}, computed {computed}", file=sys.stderr)
+            return 1
+        print(f"{args.file}: checksum {stored} ok")
+    elif args.json:
         print(json.dumps(checkpoint_as_dict(data, stored, computed), indent=2))
     else:
         print(format_checkpoint(args.file, data, stored, computed))
-    return 0
-
-
-def _checkpoint_verify(args: argparse.Namespace) -> int:
-    loaded = _load(args.file)
-    if isinstance(loaded, str):
-        print(f"devplug checkpoint verify: {loaded}", file=sys.stderr)
-        return 2
-    _, stored, computed = loaded
-    if stored != computed:
-        print(f"{args.file}: checksum mismatch: stored {stored}, computed {computed}", file=sys.stderr)
-        return 1
-    print(f"{args.file}: checksum {stored} ok")
     return 0
 
 
@@ -57,10 +50,10 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     show = cps.add_parser("show", help="print the checkpoint readably, Allocate responses decoded")
     show.add_argument("file")
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
-    show.set_defaults(func=_checkpoint_show)
+    show.set_defaults(func=_checkpoint)
     verify = cps.add_parser("verify", help="exit 0 when the kubelet's checksum matches, 1 when not")
     verify.add_argument("file")
-    verify.set_defaults(func=_checkpoint_verify)
+    verify.set_defaults(func=_checkpoint)
 
 
 # -- conformance (plugin layer) ------------------------------------------------------------------
