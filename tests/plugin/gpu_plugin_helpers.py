@@ -218,7 +218,12 @@ class PluginProcess:
         self.proc.send_signal(signum)
 
     def cleanup(self) -> None:
+        """SIGTERM first, so the plugin removes its socket as in production; SIGKILL if it hangs."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(5)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait(5)
         self._log.close()
