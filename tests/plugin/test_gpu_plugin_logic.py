@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import threading
@@ -161,9 +163,10 @@ def test_cli_rejects_bad_flags(argv: list[str], message: str, capsys: pytest.Cap
 
 
 # ---- mock NVML through pynvml ----------------------------------------------------------------
-@pytest.fixture
-def nvml(mock_state: MockStateFile) -> Iterator[nvml_mock.MockNvml]:
-    mock = nvml_mock.install(str(mock_state.path))
+@contextlib.contextmanager
+def _installed_mock(path: Path) -> Iterator[nvml_mock.MockNvml]:
+    """The mock under pynvml for the duration, then pynvml as it was (no library loaded)."""
+    mock = nvml_mock.install(str(path))
     pynvml.nvmlInit()
     mock.start_watching()
     try:
@@ -174,6 +177,12 @@ def nvml(mock_state: MockStateFile) -> Iterator[nvml_mock.MockNvml]:
         with pynvml.libLoadLock:
             pynvml.nvmlLib = None
             pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+@pytest.fixture
+def nvml(mock_state: MockStateFile) -> Iterator[nvml_mock.MockNvml]:
+    with _installed_mock(mock_state.path) as mock:
+        yield mock
 
 
 def _wait(cond, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -219,10 +228,7 @@ def test_mock_events_delivered_once_history_skipped(tmp_path: Path) -> None:
     state = MockStateFile(tmp_path / "s.json")
     state.events = [{"uuid": UUIDS[0], "xid": 31}]  # history at load: never delivered
     state.write()
-    mock = nvml_mock.install(str(state.path))
-    pynvml.nvmlInit()
-    mock.start_watching()
-    try:
+    with _installed_mock(state.path):
         es = pynvml.nvmlEventSetCreate()
         h0 = pynvml.nvmlDeviceGetHandleByIndex(0)
         pynvml.nvmlDeviceRegisterEvents(h0, pynvml.nvmlEventTypeXidCriticalError, es)
@@ -239,12 +245,6 @@ def test_mock_events_delivered_once_history_skipped(tmp_path: Path) -> None:
         with pytest.raises(pynvml.NVMLError_Timeout):  # delivered once only
             pynvml.nvmlEventSetWait_v2(es, 50)
         pynvml.nvmlEventSetFree(es)
-    finally:
-        mock.close()
-        pynvml.nvmlShutdown()
-        with pynvml.libLoadLock:
-            pynvml.nvmlLib = None
-            pynvml._nvmlGetFunctionPointer_cache.clear()
 
 
 def test_mock_malformed_reload_keeps_state(
