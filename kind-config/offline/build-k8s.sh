@@ -3,8 +3,7 @@
 # kube-scheduler) and etcd from their Go modules, statically, into the cache. Prints the bin dir.
 #
 # `go install k8s.io/kubernetes/cmd/...@v1.x` fails because k8s.io/kubernetes's go.mod has replace
-# directives (staging modules). So we generate a tiny local module that requires k8s.io/kubernetes
-# and replaces every k8s.io/* staging module with its published v0.x release, then `go build`.
+# directives (staging modules), so we build from a tiny local module (lib.sh's write_k8s_gomod).
 . "$(dirname "$0")/lib.sh"
 
 lock k8s
@@ -15,29 +14,11 @@ CMDS=(kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-schedu
 build_kubernetes() {
   local mod="$OFFLINE_CACHE/k8s/$KUBERNETES_VERSION/mod"
   mkdir -p "$mod" "$K8S_BIN"
-  local kv="${KUBERNETES_VERSION#v}" major minor patch
-  IFS=. read -r major minor patch <<<"$kv"
-  local staging="v0.$minor.$patch"
+  local major minor patch
+  IFS=. read -r major minor patch <<<"${KUBERNETES_VERSION#v}"
 
-  # The staging module list comes from k8s.io/kubernetes's own go.mod (its `=> ./staging/...` lines).
-  local gomod
-  gomod=$(cd "$mod" && GOFLAGS=-mod=mod "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" \
-          | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  [ -f "$gomod" ] || die "could not download k8s.io/kubernetes@$KUBERNETES_VERSION's go.mod"
-  local goline
-  goline=$(awk '$1=="go"{print $2; exit}' "$gomod")
-  {
-    echo "module devplug.local/k8s-offline-build"
-    echo
-    echo "go $goline"
-    echo
-    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
-    echo
-    echo "replace ("
-    awk '/=> \.\/staging\/src\// {print "\t" $1 " => " $1 " '"$staging"'"}' "$gomod"
-    echo ")"
-  } > "$mod/go.mod"
-  log "generated $mod/go.mod ($(grep -c '=>' "$mod/go.mod") staging replaces at $staging)"
+  write_k8s_gomod "$mod" devplug.local/k8s-offline-build
+  log "generated $mod/go.mod ($(grep -c '=>' "$mod/go.mod") staging replaces)"
 
   local commit="0000000000000000000000000000000000000000"
   local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)

@@ -32,15 +32,41 @@ step() {
   log "<== $name done in $(( $(date +%s) - s ))s"
 }
 
-# lock NAME: hold an exclusive lock for the rest of this script (two builds at once would share
-# work dirs and image tags); a second caller waits, then finds the result cached.
+# lock NAME [DIR]: hold an exclusive lock (DIR/NAME.lock, DIR defaults to the offline cache) for the
+# rest of this script (two builds at once would share work dirs and image tags); a second caller
+# waits, then finds the result cached.
 lock() {
-  local f="$OFFLINE_CACHE/$1.lock" fd
+  local f="${2:-$OFFLINE_CACHE}/$1.lock" fd
   exec {fd}>"$f"
   if ! flock -n "$fd"; then
     log "waiting for another build holding $f"
     flock "$fd"
   fi
+}
+
+# write_k8s_gomod DIR MODULE: DIR/go.mod for a local module MODULE that requires k8s.io/kubernetes
+# $KUBERNETES_VERSION and replaces each staging module (k8s.io/api, k8s.io/kubelet, ...) with its
+# published v0.<minor>.<patch> release: k8s.io/kubernetes's own go.mod points them at ./staging/...,
+# which a dependent module cannot use. The list comes from that go.mod's `=> ./staging/` lines.
+write_k8s_gomod() {
+  local dir=$1 module=$2 major minor patch gomod goline
+  IFS=. read -r major minor patch <<<"${KUBERNETES_VERSION#v}"
+  mkdir -p "$dir"
+  gomod=$(cd "$dir" && GOFLAGS=-mod=mod "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" \
+          | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -f "$gomod" ] || die "could not download k8s.io/kubernetes@$KUBERNETES_VERSION's go.mod"
+  goline=$(awk '$1=="go"{print $2; exit}' "$gomod")
+  {
+    echo "module $module"
+    echo
+    echo "go $goline"
+    echo
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo
+    echo "replace ("
+    awk '/=> \.\/staging\/src\// {print "\t" $1 " => " $1 " v0.'"$minor.$patch"'"}' "$gomod"
+    echo ")"
+  } > "$dir/go.mod"
 }
 
 ensure_docker() {
