@@ -82,6 +82,17 @@ class PluginSpec:
     numa_nodes: int = 2
     #: Whether the plugin asks for PreStartContainer (a conformance test checks it is called).
     pre_start_required: bool = False
+    #: sim: run the plugin in a private mount namespace with the node's directories at the kubelet's
+    #: standard paths (``/var/lib/kubelet/device-plugins``, ``/var/lib/kubelet/pod-resources``,
+    #: ``/var/run/cdi``). ``None`` (default): exactly when neither ``argv`` nor ``env`` holds
+    #: ``{plugin_dir}``, i.e. for a plugin that does not take the directory as a flag.
+    standard_paths: bool | None = None
+
+    def uses_standard_paths(self) -> bool:
+        """Whether the sim runs this plugin at the kubelet's standard paths (see ``standard_paths``)."""
+        if self.standard_paths is not None:
+            return self.standard_paths
+        return not any("{plugin_dir}" in a for a in [*self.argv, *self.env.values()])
 
 
 @dataclass(frozen=True)

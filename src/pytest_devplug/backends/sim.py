@@ -138,12 +138,14 @@ class SimBackend:
         with self._lock:
             self._serial += 1
             name = f"plugin-{self._serial}"
-        argv = [
-            a.replace("{plugin_dir}", str(n.plugin_dir)).replace("{mock_state}", str(mock_path or "")) for a in spec.argv
-        ]
-        dep = _Deployed(spec, argv, dict(spec.env), mock_path, name)
+
+        def fill(text: str) -> str:
+            return text.replace("{plugin_dir}", str(n.plugin_dir)).replace("{mock_state}", str(mock_path or ""))
+
+        argv = [fill(a) for a in spec.argv]
+        dep = _Deployed(spec, argv, {k: fill(v) for k, v in spec.env.items()}, mock_path, name)
         self._plugins[node] = dep
-        dep.proc = n.start_plugin(argv, name=name, env=dep.env or None)
+        dep.proc = n.start_plugin(argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths())
 
     def _dep(self, node: str) -> _Deployed:
         try:

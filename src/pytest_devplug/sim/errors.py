@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["SimError", "AdmissionError", "ApiError", "NotFoundError", "PluginProcessError", "PreStartError"]
+__all__ = ["SimError", "AdmissionError", "ApiError", "NotFoundError", "PluginProcessError", "NamespaceUnavailableError", "PreStartError"]
 
 
 class SimError(Exception):
@@ -36,6 +36,11 @@ class NotFoundError(ApiError):
 
 class PluginProcessError(SimError):
     """A plugin subprocess could not be started or did not behave (exit, timeout)."""
+
+
+class NamespaceUnavailableError(PluginProcessError):
+    """A plugin that needs the kubelet's standard paths cannot get its private mount namespace here
+    (neither root nor unprivileged user namespaces); the message names both ways out."""
 
 
 class PreStartError(SimError):

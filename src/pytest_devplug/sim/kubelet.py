@@ -28,6 +28,7 @@ from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
 from .devicemanager import DeviceManager
 from .model import ContainerRuntimeOptions, ContainerSpec, PodSpecView
 from .podresources import PodResourcesServer
+from .launcher import KUBELET_PATHS
 from .process import PluginProcess
 from .scheduler import pod_requests, tolerates
 
@@ -297,16 +298,36 @@ class SimNode:
         self.logger.removeHandler(self._log_handler)
 
     # ----------------------------------------------------------------- plugins
-    def start_plugin(self, argv: Sequence[str], *, name: str = "plugin", env: Mapping[str, str] | None = None) -> PluginProcess:
-        """Start a device plugin subprocess; ``{plugin_dir}`` in ``argv`` becomes this node's dir."""
+    def start_plugin(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str = "plugin",
+        env: Mapping[str, str] | None = None,
+        standard_paths: bool = False,
+    ) -> PluginProcess:
+        """Start a device plugin subprocess; ``{plugin_dir}`` in ``argv`` becomes this node's dir.
+
+        With ``standard_paths`` the plugin runs in a private mount namespace where this node's
+        directories are at the kubelet's standard paths (``/var/lib/kubelet/device-plugins`` ...),
+        for plugins that hard-code them; other nodes' plugins never see them.
+        """
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         args = [a.replace("{plugin_dir}", str(self.plugin_dir)) for a in argv]
-        proc = PluginProcess(args, plugin_dir=self.plugin_dir, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None)
+        binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] if standard_paths else []
+        proc = PluginProcess(
+            args, plugin_dir=self.plugin_dir, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
+        )
         proc.start()
         self._plugins[name] = proc
-        self.logger.info('"Started plugin process" name="%s" pid=%s', name, proc.pid)
+        self.logger.info(
+            '"Started plugin process" name="%s" pid=%s kubeletSocket="%s"',
+            name,
+            proc.pid,
+            f"{KUBELET_PATHS['device-plugins']}/kubelet.sock (private mount namespace)" if binds else self.plugin_dir / "kubelet.sock",
+        )
         return proc
 
     def plugin(self, name: str = "plugin") -> PluginProcess:

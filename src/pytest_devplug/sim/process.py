@@ -1,26 +1,39 @@
 """Device-plugin subprocesses that never outlive the test session.
 
 Each plugin runs in its own session and process group (so a kill reaches its children too) with stdout and
-stderr appended to one log file. Every live process sits in a module registry that is emptied
-by ``atexit`` and, once a process has been started from the main thread, by SIGTERM/SIGINT
-handlers that kill the plugins and then defer to the handler that was there before.
+stderr appended to one log file. It is started through :mod:`~pytest_devplug.sim.launcher`, which arms a
+parent-death signal (a test run killed with SIGKILL takes its plugins with it) and, for a plugin given
+``binds``, makes the private mount namespace that shows it the node's directories at the kubelet's
+standard paths. Every process is forked by one long-lived thread, because the parent-death signal fires
+when the *thread* that forked the process ends.
+
+Every live process sits in a module registry that is emptied by ``atexit`` and, once a process has
+been started from the main thread, by SIGTERM/SIGINT handlers that kill the plugins and then defer to
+the handler that was there before.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import queue
+import shutil
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
-from pytest_devplug.sim.errors import PluginProcessError
+from pytest_devplug.sim import launcher
+from pytest_devplug.sim.errors import NamespaceUnavailableError, PluginProcessError
 
-__all__ = ["PluginProcess", "live_processes", "kill_all"]
+__all__ = ["PluginProcess", "live_processes", "kill_all", "namespace_problem"]
+
+T = TypeVar("T")
+_LAUNCHER = [sys.executable, "-I", "-S", launcher.__file__]
 
 _registry: dict[int, PluginProcess] = {}
 _registry_lock = threading.Lock()
@@ -64,8 +77,58 @@ def _install_handlers() -> None:
 atexit.register(kill_all)
 
 
+class _Forker:
+    """One daemon thread that forks every plugin, so no plugin's parent thread ends before the run does."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue[tuple[bool, Any]]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="devplug-plugin-forker", daemon=True)
+                self._thread.start()
+        answer: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        self._jobs.put((fn, answer))
+        ok, value = answer.get()
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def _loop(self) -> None:
+        while True:
+            fn, answer = self._jobs.get()
+            try:
+                answer.put((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                answer.put((False, exc))
+
+
+_forker = _Forker()
+_namespace_problem: list[str | None] = []
+
+
+def namespace_problem() -> str | None:
+    """Why a private mount namespace cannot be made here (``None``: it can); probed once per run."""
+    if not _namespace_problem:
+        try:
+            done = subprocess.run([*_LAUNCHER, "--probe"], capture_output=True, text=True, timeout=30)
+            problem = None if done.returncode == 0 else (done.stderr.strip() or f"launcher probe exited {done.returncode}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = f"devplug launcher probe failed: {exc}; {launcher.NO_NAMESPACE_HELP}"
+        _namespace_problem.append(problem)
+    return _namespace_problem[0]
+
+
 class PluginProcess:
-    """A plugin command line; ``{plugin_dir}`` in ``argv`` is replaced by ``plugin_dir``."""
+    """A plugin command line; ``{plugin_dir}`` in ``argv`` is replaced by ``plugin_dir``.
+
+    ``binds`` (host directory, path the plugin sees) run it in a private mount namespace; see
+    :mod:`~pytest_devplug.sim.launcher`. Starting raises :class:`NamespaceUnavailableError` when
+    this machine allows no such namespace.
+    """
 
     def __init__(
         self,
@@ -74,12 +137,15 @@ class PluginProcess:
         plugin_dir: Path,
         log_path: Path,
         env: Mapping[str, str] | None = None,
+        binds: Sequence[tuple[Path, str]] = (),
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.argv = [a.replace("{plugin_dir}", str(self.plugin_dir)) for a in argv]
         self.log_path = Path(log_path)
         self.env = dict(env) if env is not None else None
+        self.binds = [(Path(src), dst) for src, dst in binds]
         self._popen: subprocess.Popen[bytes] | None = None
+        self._noted: subprocess.Popen[bytes] | None = None  # whose exit the log already records
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -91,11 +157,32 @@ class PluginProcess:
 
     @property
     def returncode(self) -> int | None:
-        return self._popen.poll() if self._popen is not None else None
+        return self._poll()
 
     @property
     def running(self) -> bool:
-        return self._popen is not None and self._popen.poll() is None
+        return self._popen is not None and self._poll() is None
+
+    def _poll(self) -> int | None:
+        popen = self._popen
+        if popen is None:
+            return None
+        rc = popen.poll()
+        if rc is not None:
+            self._note_exit(popen, rc)
+        return rc
+
+    def _note_exit(self, popen: subprocess.Popen[bytes], rc: int) -> None:
+        """Append the exit status to the log once, so the log says how the process ended."""
+        if self._noted is popen:
+            return
+        self._noted = popen
+        how = f"status {rc}" if rc >= 0 else f"killed by signal {-rc}"
+        try:
+            with open(self.log_path, "a") as log:
+                log.write(f"--- exited: {how}\n")
+        except OSError:
+            pass  # the work dir is going away
 
     def start(self) -> None:
         """Start the process (error if it is already running)."""
@@ -103,21 +190,39 @@ class PluginProcess:
             if self.running:
                 raise PluginProcessError(f"plugin already running (pid {self.pid}): {self.argv}")
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            env = None
-            if self.env is not None:
-                env = {**os.environ, **self.env}
+            env = {**os.environ, **self.env} if self.env is not None else dict(os.environ)
+            if not self.argv:
+                raise PluginProcessError("cannot start plugin: empty command")
+            if shutil.which(self.argv[0], path=env.get("PATH", os.defpath)) is None:
+                raise PluginProcessError(f"cannot start plugin {self.argv}: {self.argv[0]!r} is not an executable file or on PATH")
+            command = [*_LAUNCHER, "--parent", str(os.getpid())]
+            if self.binds:
+                problem = namespace_problem()
+                if problem is not None:
+                    raise NamespaceUnavailableError(problem)
+                scratch = self.log_path.with_name(f".{self.log_path.stem}.mnt")
+                scratch.mkdir(exist_ok=True)
+                command += ["--scratch", str(scratch)]
+                for src, dst in self.binds:
+                    src.mkdir(parents=True, exist_ok=True)
+                    command += ["--bind", str(src), dst]
             with open(self.log_path, "ab") as log:
-                log.write(f"--- start: {' '.join(self.argv)}\n".encode())
+                where = "".join(f"; {dst} is {src}" for src, dst in self.binds)
+                log.write(f"--- start: {' '.join(self.argv)}{where}\n".encode())
                 log.flush()
-                try:
-                    popen = subprocess.Popen(
-                        self.argv,
+
+                def fork() -> subprocess.Popen[bytes]:
+                    return subprocess.Popen(
+                        [*command, "--", *self.argv],
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         env=env,
                         start_new_session=True,
                     )
+
+                try:
+                    popen = _forker.run(fork)
                 except OSError as err:
                     raise PluginProcessError(f"cannot start plugin {self.argv}: {err}") from err
             self._popen = popen
@@ -147,6 +252,7 @@ class PluginProcess:
             rc = popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+        self._note_exit(popen, rc)
         with _registry_lock:
             if _registry.get(popen.pid) is self:
                 del _registry[popen.pid]

@@ -1,0 +1,234 @@
+"""Starts one plugin process: parent-death signal, and optionally the node's private mount namespace.
+
+Run as ``python launcher.py [--parent PID] [--bind SRC DST]... -- ARGV...`` (by file path, so that
+starting a plugin imports nothing but the standard library); it replaces itself with ``ARGV``.
+
+* ``--parent PID``: the plugin gets SIGKILL when the thread that started it dies, so a killed test
+  run leaves no plugin behind; if ``PID`` is already gone the launcher exits instead of starting it.
+* ``--bind SRC DST``: before the exec, the process enters a private mount namespace in which each
+  ``SRC`` directory is bind-mounted at ``DST``; nobody outside sees these mounts, so each node's
+  plugin finds *its* node's directories at the kubelet's standard paths
+  (:data:`KUBELET_PATHS`). Root unshares the mount namespace directly; anyone else goes through an
+  unprivileged user namespace (uid and gid mapped to themselves). Missing mount points are made
+  without touching the host: the first missing directory's parent is shadowed by a tmpfs holding
+  bind mounts of all of its entries plus the new directory. ``DST`` itself is first covered by a
+  tmpfs when it is ``/var/lib/kubelet`` or below, so the host's kubelet files stay out of sight.
+
+Exit status 126 with a message on stderr (the plugin log) when the namespace cannot be made, 127
+when ``ARGV[0]`` cannot be executed. ``--probe`` makes the namespace and exits 0 without a command.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import stat
+import sys
+from collections.abc import Sequence
+
+__all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "main", "NO_NAMESPACE_HELP"]
+
+#: A node's directory name -> where a kubelet on that node keeps it (``pkg/kubelet/apis``:
+#: ``DevicePluginPath``, ``podresources`` socket dir, CDI's default spec dir).
+KUBELET_PATHS = {
+    "device-plugins": "/var/lib/kubelet/device-plugins",
+    "pod-resources": "/var/lib/kubelet/pod-resources",
+    "cdi": "/var/run/cdi",
+}
+
+#: Where the host's kubelet files are hidden behind a tmpfs inside the namespace.
+_KUBELET_ROOT = "/var/lib/kubelet"
+
+NO_NAMESPACE_HELP = (
+    "a plugin command without {plugin_dir} runs in a private mount namespace with the node's directories at "
+    "the kubelet's standard paths, which needs either root or unprivileged user namespaces "
+    "(sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, one that "
+    "allows unshare). Either run the tests as root / enable user namespaces, or pass the directory with a "
+    "flag: put {plugin_dir} in the plugin command"
+)
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_PR_SET_PDEATHSIG = 1
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class NamespaceError(Exception):
+    """The private mount namespace could not be made (no root, no user namespaces, a failed mount)."""
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise NamespaceError(f"{what}: {os.strerror(err)}")
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def b(s: str | None) -> bytes | None:
+        return None if s is None else os.fsencode(s)
+
+    _check(_libc.mount(b(src), b(target), b(fstype), ctypes.c_ulong(flags), b(data)), f"mount {src or fstype} on {target}")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _unshare() -> None:
+    """A new mount namespace; through a user namespace mapping us to ourselves when root cannot do it."""
+    if os.geteuid() == 0 and _libc.unshare(_CLONE_NEWNS) == 0:
+        return
+    root_errno = ctypes.get_errno() if os.geteuid() == 0 else None
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        detail = f"unshare(CLONE_NEWUSER|CLONE_NEWNS) as uid {uid}: {os.strerror(err)}"
+        if root_errno is not None:
+            detail = f"unshare(CLONE_NEWNS) as root: {os.strerror(root_errno)}; {detail}"
+        raise NamespaceError(detail)
+    try:
+        _write("/proc/self/setgroups", "deny")
+    except FileNotFoundError:
+        pass  # kernels before 3.19
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+class _Mounter:
+    """Makes mount points inside the namespace without writing to the host: a directory is created
+    only inside a tmpfs of ours; a missing one under a host directory gets that directory shadowed."""
+
+    def __init__(self, scratch: str) -> None:
+        self.scratch = scratch
+        self.ours: set[str] = set()  # directories inside tmpfs mounts made here (safe to mkdir in)
+        self.serial = 0
+        _mount("tmpfs", scratch, "tmpfs", 0, "mode=700")
+
+    def tmpfs(self, path: str) -> None:
+        _mount("tmpfs", path, "tmpfs", 0, "mode=755")
+        self.ours.add(path)
+
+    def ensure_dir(self, path: str) -> None:
+        if os.path.isdir(path):
+            return
+        parent, child = os.path.split(path)
+        self.ensure_dir(parent)
+        if parent in self.ours:
+            os.mkdir(path)
+        else:
+            self._shadow(parent, child)
+        self.ours.add(path)
+
+    def _shadow(self, parent: str, new_child: str) -> None:
+        """A tmpfs holding bind mounts of every entry of ``parent`` plus ``new_child`` goes over ``parent``."""
+        self.serial += 1
+        layer = os.path.join(self.scratch, str(self.serial))
+        os.mkdir(layer)
+        _mount("tmpfs", layer, "tmpfs", 0, "mode=755")
+        for name in os.listdir(parent):
+            src, dst = os.path.join(parent, name), os.path.join(layer, name)
+            try:
+                st = os.lstat(src)
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(src), dst)
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(dst)
+            else:
+                open(dst, "w").close()
+            _mount(src, dst, None, _MS_BIND | _MS_REC)
+        os.mkdir(os.path.join(layer, new_child))
+        _mount(layer, parent, None, _MS_BIND | _MS_REC)
+        self.ours.add(parent)
+
+
+def enter_namespace(binds: Sequence[tuple[str, str]], scratch: str) -> None:
+    """Enter a private mount namespace where each ``(src, dst)`` directory is bind-mounted at ``dst``.
+
+    ``scratch`` is an existing directory of ours; inside the namespace a tmpfs covers it and holds the
+    layers that create missing mount points.
+    """
+    _unshare()
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    if not binds:
+        return
+    mounter = _Mounter(scratch)
+    targets = [(src, os.path.realpath(dst)) for src, dst in binds]
+    kubelet_root = os.path.realpath(_KUBELET_ROOT)
+    if any(dst == kubelet_root or dst.startswith(kubelet_root + "/") for _, dst in targets):
+        mounter.ensure_dir(kubelet_root)
+        mounter.tmpfs(kubelet_root)
+    for src, dst in targets:
+        mounter.ensure_dir(dst)
+        _mount(src, dst, None, _MS_BIND | _MS_REC)
+
+
+def _set_parent_death_signal(parent: int) -> None:
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if os.getppid() != parent:
+        os._exit(0)  # the test run died before the signal was armed: start nothing
+
+
+def main(args: Sequence[str]) -> int:
+    args = list(args)
+    if "--" in args:
+        cut = args.index("--")
+        opts, argv = args[:cut], args[cut + 1 :]
+    else:
+        opts, argv = args, []
+    parent: int | None = None
+    binds: list[tuple[str, str]] = []
+    scratch = ""
+    probe = False
+    i = 0
+    while i < len(opts):
+        opt = opts[i]
+        if opt == "--parent":
+            parent, i = int(opts[i + 1]), i + 2
+        elif opt == "--bind":
+            binds.append((opts[i + 1], opts[i + 2]))
+            i += 3
+        elif opt == "--scratch":
+            scratch, i = opts[i + 1], i + 2
+        elif opt == "--probe":
+            probe, i = True, i + 1
+        else:
+            print(f"devplug launcher: unknown option {opt!r}", file=sys.stderr)
+            return 2
+    if binds and not scratch:
+        print("devplug launcher: --bind needs --scratch DIR", file=sys.stderr)
+        return 2
+    if not argv and not probe:
+        print("devplug launcher: no command after --", file=sys.stderr)
+        return 2
+    if binds or probe:
+        try:
+            enter_namespace(binds, scratch)
+        except (NamespaceError, OSError) as exc:
+            print(f"devplug launcher: cannot make the node's mount namespace ({exc}); {NO_NAMESPACE_HELP}", file=sys.stderr)
+            return 126
+    if probe:
+        return 0
+    if parent is not None:
+        _set_parent_death_signal(parent)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"devplug launcher: cannot execute {argv[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    return 127  # not reached: execvp returns only by raising
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

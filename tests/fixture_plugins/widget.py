@@ -1,0 +1,102 @@
+"""example.com/widget: a small device plugin that, like most shipped plugins, hard-codes the kubelet's
+directory (``--plugin-dir`` only overrides it). ``--fault`` makes it break the way real plugins do:
+
+* ``allocate-empty``: ``Allocate`` answers with no container responses at all;
+* ``exit-at-start``: prints a reason and exits 3 before serving anything.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
+from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pbg
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--plugin-dir", default="/var/lib/kubelet/device-plugins")
+parser.add_argument("--resource-name", default="example.com/widget")
+parser.add_argument("--count", type=int, default=3)
+parser.add_argument("--retry", action="store_true", help="retry a failed registration every 0.5 s (else exit 1)")
+parser.add_argument("--fault", choices=["none", "allocate-empty", "exit-at-start"], default="none")
+args = parser.parse_args()
+
+if args.fault == "exit-at-start":
+    print("widget: cannot open /dev/widgetctl: no such device", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+NAME = "widget.sock"
+SOCK, KUBELET = os.path.join(args.plugin_dir, NAME), os.path.join(args.plugin_dir, "kubelet.sock")
+IDS = [f"widget-{i}" for i in range(args.count)]
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+
+class Widgets(pbg.DevicePluginServicer):
+    def GetDevicePluginOptions(self, request, context):
+        return pb.DevicePluginOptions()
+
+    def ListAndWatch(self, request, context):
+        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Healthy") for i in IDS])
+        while context.is_active() and not stop.wait(0.2):
+            pass
+
+    def Allocate(self, request, context):
+        out = pb.AllocateResponse()
+        if args.fault == "allocate-empty":
+            return out
+        for c in request.container_requests:
+            r = out.container_responses.add()
+            r.envs["WIDGET_IDS"] = ",".join(c.devices_ids)
+            for d in c.devices_ids:
+                r.devices.add(container_path=f"/dev/{d}", host_path="/dev/null", permissions="rw")
+        return out
+
+    def PreStartContainer(self, request, context):
+        return pb.PreStartContainerResponse()
+
+
+def serve() -> grpc.Server:
+    if os.path.exists(SOCK):
+        os.unlink(SOCK)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pbg.add_DevicePluginServicer_to_server(Widgets(), server)
+    server.add_insecure_port("unix://" + SOCK)
+    server.start()
+    return server
+
+
+def register() -> None:
+    with grpc.insecure_channel("unix://" + KUBELET) as ch:
+        pbg.RegistrationStub(ch).Register(
+            pb.RegisterRequest(version="v1beta1", endpoint=NAME, resource_name=args.resource_name), timeout=10
+        )
+
+
+print("widget: plugin dir holds", sorted(os.listdir(args.plugin_dir)), flush=True)
+server = serve()
+while True:
+    try:
+        register()
+        break
+    except grpc.RpcError as exc:
+        print("widget: register failed:", exc.code(), exc.details(), flush=True)
+        if not args.retry:
+            sys.exit(1)
+        if stop.wait(0.5):
+            sys.exit(0)
+print("widget: registered", args.resource_name, flush=True)
+while not stop.wait(0.1):
+    if not os.path.exists(SOCK):  # the kubelet restarted and removed our socket
+        server.stop(0)
+        server = serve()
+        try:
+            register()
+        except grpc.RpcError as exc:
+            print("widget: re-register failed:", exc.details(), flush=True)
+server.stop(0)

@@ -1,0 +1,193 @@
+"""Plugins as they ship: a plugin that hard-codes ``/var/lib/kubelet/device-plugins`` runs in a private
+mount namespace per node with that node's directories at the kubelet's standard paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_devplug.backends.base import BackendOptions, PluginSpec
+from pytest_devplug.backends.sim import SimBackend
+from pytest_devplug.sim import launcher
+from pytest_devplug.sim.cluster import SimCluster
+
+from _helpers import allocatable, wait_for
+
+WIDGET = Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py"
+LAUNCHER = [sys.executable, "-I", "-S", launcher.__file__]
+KUBELET_DIR = "/var/lib/kubelet"
+
+
+def host_view() -> dict[str, object]:
+    """What the host shows at the standard paths (the namespace must change none of it)."""
+
+    def listing(p: str) -> object:
+        try:
+            return sorted(os.listdir(p))
+        except OSError as exc:
+            return type(exc).__name__
+
+    return {p: listing(p) for p in (KUBELET_DIR, f"{KUBELET_DIR}/device-plugins", "/run/cdi", "/var/run/cdi")}
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A temp dir under /tmp that other users may enter (pytest's tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="devplug-nstest-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_launcher_binds_node_dirs_at_the_standard_paths_and_leaves_the_host_alone(tmp_path: Path) -> None:
+    if launcher_problem := _problem():
+        pytest.skip(f"this machine allows no private mount namespace: {launcher_problem}")
+    before = host_view()
+    binds = []
+    for name in launcher.KUBELET_PATHS:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"in-{name}").write_text(name)
+        binds += ["--bind", str(tmp_path / name), launcher.KUBELET_PATHS[name]]
+    (tmp_path / "scratch").mkdir()
+    script = "; ".join(f"cat {p}/in-{n}; echo" for n, p in launcher.KUBELET_PATHS.items())
+    script += f"; ls {KUBELET_DIR}; touch {KUBELET_DIR}/device-plugins/made-inside"
+    done = subprocess.run([*LAUNCHER, "--scratch", str(tmp_path / "scratch"), *binds, "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    # Each node dir shows at its standard path; /var/lib/kubelet holds only the node's dirs.
+    assert done.stdout.split() == ["device-plugins", "pod-resources", "cdi", "device-plugins", "pod-resources"]
+    assert (tmp_path / "device-plugins" / "made-inside").exists()
+    assert host_view() == before
+
+
+def test_unprivileged_user_gets_the_namespace_through_a_user_namespace(shared_tmp: Path) -> None:
+    """As nobody, through an unprivileged user namespace (uid and gid mapped to themselves)."""
+    setpriv, python = shutil.which("setpriv"), shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not setpriv or not python:
+        pytest.skip("needs root to become nobody, setpriv and a system python3 nobody can run")
+    nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if subprocess.run([*nobody, python, "-c", "pass"], capture_output=True).returncode != 0:
+        pytest.skip(f"nobody cannot run {python}")
+    script = shared_tmp / "launcher.py"
+    shutil.copy(launcher.__file__, script)
+    script.chmod(0o644)
+    node = shared_tmp / "dp"
+    scratch = shared_tmp / "scratch"
+    for d in (node, scratch):
+        d.mkdir()
+        d.chmod(0o777)
+    (node / "kubelet.sock.stand-in").write_text("x")
+    cmd = [*nobody, python, "-I", "-S", str(script), "--probe"]
+    if subprocess.run(cmd, capture_output=True).returncode != 0:
+        pytest.skip("unprivileged user namespaces are disabled on this machine (the error path is tested below)")
+    done = subprocess.run(
+        [*nobody, python, "-I", "-S", str(script), "--scratch", str(scratch), "--bind", str(node),
+         launcher.KUBELET_PATHS["device-plugins"], "--", "sh", "-c",
+         f"id -u; ls {launcher.KUBELET_PATHS['device-plugins']}; touch {launcher.KUBELET_PATHS['device-plugins']}/mine"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["65534", "kubelet.sock.stand-in"]
+    assert (node / "mine").stat().st_uid == 65534  # the plugin keeps its own identity
+
+
+RESTRICTED = "echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --bounding-set=-all --inh-caps=-all \"$@\""
+
+
+def restricted(argv: list[str]) -> list[str]:
+    """Run ``argv`` where neither way works: no CAP_SYS_ADMIN and no user namespaces (like a default
+    Docker container)."""
+    return ["unshare", "--user", "--map-root-user", "sh", "-c", RESTRICTED, "sh", *argv]
+
+
+def _restrictable() -> bool:
+    if not shutil.which("unshare") or not shutil.which("setpriv"):
+        return False
+    return subprocess.run(restricted(["true"]), capture_output=True).returncode == 0
+
+
+def test_no_root_and_no_user_namespaces_is_one_clear_error(tmp_path: Path) -> None:
+    if not _restrictable():
+        pytest.skip("cannot build a user namespace without caps here to reproduce the refusal")
+    probe = subprocess.run(restricted([*LAUNCHER, "--probe"]), capture_output=True, text=True, timeout=30)
+    assert probe.returncode == 126
+    assert "Operation not permitted" in probe.stderr and "No space left on device" in probe.stderr
+    # Through the process layer: a specific exception naming both ways out, before anything runs.
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from pytest_devplug.sim.errors import NamespaceUnavailableError
+        from pytest_devplug.sim.process import PluginProcess
+        d = Path({str(tmp_path)!r})
+        p = PluginProcess(["true"], plugin_dir=d / "dp", log_path=d / "p.log", binds=[(d / "dp", "/var/lib/kubelet/device-plugins")])
+        try:
+            p.start()
+        except NamespaceUnavailableError as exc:
+            print("REFUSED", exc)
+        else:
+            print("STARTED")
+    """)
+    done = subprocess.run(restricted([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("REFUSED"), done.stdout + done.stderr
+    for needle in ("root", "unprivileged user namespaces", "put {plugin_dir} in the plugin command"):
+        assert needle in done.stdout
+
+
+def _problem() -> str | None:
+    from pytest_devplug.sim.process import namespace_problem
+
+    return namespace_problem()
+
+
+def test_two_nodes_run_the_hard_coded_plugin_in_isolation(tmp_path: Path) -> None:
+    if problem := _problem():
+        pytest.skip(f"this machine allows no private mount namespace: {problem}")
+    before = host_view()
+    with SimCluster(Path(tempfile.mkdtemp(prefix="devplug-ns-", dir="/tmp"))) as cluster:
+        try:
+            nodes = [cluster.add_node(n) for n in ("node-a", "node-b")]
+            for i, node in enumerate(nodes):
+                node.start_plugin([sys.executable, str(WIDGET), "--count", str(2 + i)], standard_paths=True)
+            for i, node in enumerate(nodes):
+                want = (str(2 + i), str(2 + i))
+                wait_for(lambda: allocatable(cluster, node.name, "example.com/widget"), lambda v: v == want,
+                         f"{want} widgets on {node.name}", timeout=20)
+            for node in nodes:
+                # Each plugin saw only its own node's directory (its kubelet.sock, nobody else's socket).
+                log = node.plugin("plugin").log()
+                assert "widget: plugin dir holds ['kubelet.sock']" in log, log
+                assert (node.plugin_dir / "widget.sock").is_socket()
+                assert node.kubelet_log().count("Got registration request") == 1
+        finally:
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
+    assert host_view() == before
+
+
+def test_sim_backend_picks_the_standard_paths_when_the_command_has_no_plugin_dir() -> None:
+    assert PluginSpec(argv=["plugin"]).uses_standard_paths()
+    assert not PluginSpec(argv=["plugin", "--plugin-dir", "{plugin_dir}"]).uses_standard_paths()
+    assert not PluginSpec(argv=["plugin"], env={"DP_PLUGIN_DIR": "{plugin_dir}"}).uses_standard_paths()
+    assert PluginSpec(argv=["plugin", "--dir={plugin_dir}"], standard_paths=True).uses_standard_paths()
+    assert not PluginSpec(argv=["plugin"], standard_paths=False).uses_standard_paths()
+    if problem := _problem():
+        pytest.skip(f"this machine allows no private mount namespace: {problem}")
+    backend = SimBackend(BackendOptions(timeout=20))
+    backend.start()
+    try:
+        from pytest_devplug.backends.base import NodeSpec
+
+        node = backend.ensure_node(NodeSpec("n1"))
+        backend.deploy_plugin(node, PluginSpec(resource_name="example.com/widget", argv=[sys.executable, str(WIDGET)]))
+        wait_for(lambda: backend.get_node(node)["status"]["allocatable"].get("example.com/widget"), lambda v: v == "3",
+                 "3 widgets allocatable", timeout=20)
+        assert "/var/lib/kubelet/device-plugins is " in backend.plugin_log(node)
+    finally:
+        backend.close()
