@@ -9,6 +9,7 @@ checkpoint; the pytest plugin attaches those to the test report.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
@@ -79,6 +80,66 @@ def _registration_hint(node: NodeHandle, resource: str) -> str:
     return "".join(f"; FAULT: {h}" for h in hints)
 
 
+_REFUSALS = ("Bad registration request", "Error connecting to device plugin client")
+#: How long the kubelet's latest word on a resource stays a refusal (retries refused too) before a wait
+#: gives up on it (a plugin may retry and succeed), and how often the kubelet log is read for it (on
+#: kind that is a ``docker exec``).
+_REFUSAL_SETTLE_S = 2.0
+_REFUSAL_POLL_S = 0.5
+
+
+def _refusal_watch(node: NodeHandle, resource: str) -> Callable[[], str | None]:
+    """A ``give_up`` predicate: the kubelet's latest word on ``resource`` has been a refusal for a while."""
+    since: list[float] = []  # when this streak of refusals was first seen
+    checked = [0.0]
+    verdict: list[str | None] = [None]
+
+    def refused() -> str | None:
+        now = time.monotonic()
+        if now - checked[0] < _REFUSAL_POLL_S:
+            return verdict[0]
+        checked[0] = now
+        try:
+            lines = [ln for ln in node.kubelet_log().splitlines() if resource in ln]
+        except Exception:  # noqa: BLE001 - then the wait simply runs to its timeout
+            return None
+        relevant = [ln for ln in lines if "Got registration request" in ln or "Device plugin connected" in ln
+                    or any(r in ln for r in _REFUSALS)]  # fmt: skip
+        if not relevant or not any(r in relevant[-1] for r in _REFUSALS):
+            since.clear()
+            return None
+        if not since:
+            since.append(now)
+        if now - since[0] >= _REFUSAL_SETTLE_S:
+            verdict[0] = "the kubelet refused the registration: " + relevant[-1].strip()
+        return verdict[0]
+
+    return refused
+
+
+_KUBELET_SOCKET = re.compile(r'kubeletSocket="([^"]+)"')
+
+
+def _unreached_hint(node: NodeHandle) -> str:
+    """When no plugin ever called Register: where the kubelet listens, and how a hard-coded path is run."""
+    try:
+        lines = node.kubelet_log().splitlines()
+    except Exception:  # noqa: BLE001 - only decorates a failure message
+        return ""
+    if any("Got registration request" in ln for ln in lines):
+        return ""
+    found = [m.group(1) for ln in lines if (m := _KUBELET_SOCKET.search(ln))]
+    where = found[-1] if found else "/var/lib/kubelet/device-plugins/kubelet.sock"
+    if "namespace" in where:
+        fix = "a plugin that takes its directory as a flag needs {plugin_dir} in its command"
+    else:
+        fix = (
+            "a plugin that hard-codes /var/lib/kubelet/device-plugins needs a command without {plugin_dir}, "
+            "which runs it with the node's directories at the kubelet's standard paths"
+        )
+    return f"; FAULT: the plugin never reached kubelet.sock (no Register call arrived); the kubelet listens on {where}; {fix}"
+
+
 def assert_registered(
     plugin: PluginHandle, *, count: int | None = None, timeout: float | None = None
 ) -> tuple[int, int]:
@@ -92,16 +153,24 @@ def assert_registered(
     def ok(c: tuple[int | None, int | None]) -> bool:
         return c[0] is not None and (c[0] == count if count is not None else c[0] > 0)
 
+    refused = _refusal_watch(node, res)
     try:
         cap, alloc = wait_for(
-            lambda: node.counts(res), ok, timeout=node.timeout if timeout is None else timeout, what=f"{res} registered"
+            lambda: node.counts(res),
+            ok,
+            timeout=node.timeout if timeout is None else timeout,
+            what=f"{res} registered",
+            give_up=lambda: plugin.exited() or refused(),
         )
     except WaitTimeout as exc:
-        running = "" if plugin.running else "; the plugin process is not running"
+        exited = plugin.exited()
+        running = f"; {exited}" if exited and exited != exc.reason else ""
+        stopped = f"; stopped early: {exc.reason}" if exc.reason else ""
         raise _fail(
             f"expected resource {res} registered on node {node.name} with capacity "
-            f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{running}"
+            f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{stopped}{running}"
             + _registration_hint(node, res)
+            + _unreached_hint(node)
             + _kubelet_lines(node, res, "egist"),
             node,
         ) from None
@@ -329,7 +398,13 @@ def assert_checkpoint_survives_kubelet_restart(
     node.restart_kubelet()
     t = node.timeout if timeout is None else timeout
     try:
-        wait_for(lambda: node.counts(plugin.resource_name)[1] or 0, lambda a: a > 0, timeout=t, what="re-registration")
+        wait_for(
+            lambda: node.counts(plugin.resource_name)[1] or 0,
+            lambda a: a > 0,
+            timeout=t,
+            what="re-registration",
+            give_up=plugin.exited,
+        )
     except WaitTimeout:
         pass  # reported below together with the checkpoint comparison
     after = _entries(node, pod)
@@ -363,11 +438,11 @@ def assert_reregisters_after_kubelet_restart(
         raise _fail(f"the plugin for {res} is not running before the kubelet restart", node)
     node.restart_kubelet()
     try:
-        node.wait_counts(res, capacity=want, allocatable=want, timeout=timeout)
+        node.wait_counts(res, capacity=want, allocatable=want, timeout=timeout, give_up=plugin.exited)
     except WaitTimeout as exc:
         raise _fail(
             f"expected {res} to come back to {want}/{want} (capacity/allocatable) after the kubelet restarted; "
-            f"saw {exc.last}. A plugin must watch its socket (deleted by the kubelet on start) or kubelet.sock "
+            f"saw {exc.last}" + (f"; {exc.reason}" if exc.reason else "") + ". A plugin must watch its socket (deleted by the kubelet on start) or kubelet.sock "
             "(re-created) and register again" + _kubelet_lines(node, res, "egist"),
             node,
         ) from None

@@ -92,9 +92,15 @@ class NodeHandle:
         return (None if cap is None else parse_quantity(cap), None if alloc is None else parse_quantity(alloc))
 
     def wait_counts(
-        self, resource: str, *, capacity: int | None = None, allocatable: int | None = None, timeout: float | None = None
+        self,
+        resource: str,
+        *,
+        capacity: int | None = None,
+        allocatable: int | None = None,
+        timeout: float | None = None,
+        give_up: Callable[[], str | None] | None = None,
     ) -> tuple[int | None, int | None]:
-        """Wait until capacity/allocatable equal the given values (``None`` = any)."""
+        """Wait until capacity/allocatable equal the given values (``None`` = any); ``give_up`` as in ``wait_for``."""
 
         def ok(c: tuple[int | None, int | None]) -> bool:
             return (capacity is None or (c[0] or 0) == capacity) and (allocatable is None or (c[1] or 0) == allocatable)
@@ -104,6 +110,7 @@ class NodeHandle:
             ok,
             timeout=self.timeout if timeout is None else timeout,
             what=f"{self.name}: {resource} capacity={capacity} allocatable={allocatable} (capacity, allocatable)",
+            give_up=give_up,
         )
 
     def restart_kubelet(self) -> None:
@@ -253,8 +260,22 @@ class PluginHandle:
         self.stop()
         self.start()
 
+    def exited(self, log_lines: int = 12) -> str | None:
+        """``None`` while the plugin process runs; else that it exited (with its status where the log
+        records it) and the last lines of its log: the reason a wait for it can stop at once."""
+        if self.running:
+            return None
+        lines = [ln for ln in self.log().splitlines() if ln.strip()]
+        status = next((ln[len("--- exited: ") :] for ln in reversed(lines) if ln.startswith("--- exited: ")), None)
+        tail = [ln for ln in lines if not ln.startswith("--- ")][-log_lines:]
+        return (
+            f"the plugin process is not running ({'exited with ' + status if status else 'exited'}); "
+            + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
+        )
+
     def wait_ready(self, count: int | None = None, timeout: float | None = None) -> None:
-        """Wait until the node lists the resource as allocatable (``count`` of them, or at least one)."""
+        """Wait until the node lists the resource as allocatable (``count`` of them, or at least one);
+        stops at once when the plugin process has exited."""
         res = self.resource_name
 
         def ok(c: tuple[int | None, int | None]) -> bool:
@@ -266,15 +287,21 @@ class PluginHandle:
                 ok,
                 timeout=self.node.timeout if timeout is None else timeout,
                 what=f"{res} allocatable on {self.node.name}",
+                give_up=self.exited,
             )
         except WaitTimeout as exc:
             from .evidence import DevplugAssertionError, collect_evidence
 
             raise DevplugAssertionError(
                 f"plugin for {res} did not become ready on node {self.node.name}: expected allocatable "
-                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}",
+                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}"
+                + (f"; {exc.reason}" if exc.reason else ""),
                 collect_evidence(self.backend, self.node.name),
             ) from None
+
+
+#: Pod phases a pod never leaves.
+TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 def _iter_containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -414,13 +441,24 @@ class PodHandle:
 
     # -- waits -------------------------------------------------------------------------------------
     def wait_phase(self, *phases: str, timeout: float | None = None) -> str:
-        """Wait until the pod is in one of ``phases``; fails with the pod's status and events otherwise."""
+        """Wait until the pod is in one of ``phases``; fails with the pod's status and events otherwise,
+        at once when the pod reached a terminal phase (``Succeeded``/``Failed``) that is not wanted."""
+        seen: list[str] = []
+
+        def probe() -> str:
+            seen[:] = [self.phase]
+            return seen[0]
+
+        def terminal() -> str | None:
+            return f"the pod is {seen[0]}, a terminal phase" if seen and seen[0] in TERMINAL_PHASES else None
+
         try:
             return wait_for(
-                lambda: self.phase,
+                probe,
                 lambda p: p in phases,
                 timeout=self.timeout if timeout is None else timeout,
                 what=f"pod {self.namespace}/{self.name} phase in {phases}",
+                give_up=terminal,
             )
         except WaitTimeout:
             raise self._failure(f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}") from None

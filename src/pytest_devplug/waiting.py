@@ -1,17 +1,20 @@
 """One bounded wait for everything that polls the cluster: tenacity underneath, the last value kept.
 
 Every wait in fixtures and helpers goes through :func:`wait_for`, so each has a deadline and, when it
-runs out, the caller gets what it saw last to put in its failure message.
+runs out, the caller gets what it saw last to put in its failure message. A wait whose state can no
+longer come (the pod reached a terminal phase, the plugin process exited, the kubelet refused the
+registration) stops at once through ``give_up``, with the reason, instead of sitting out its timeout.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import tenacity
 
-__all__ = ["WaitTimeout", "wait_for"]
+__all__ = ["WaitTimeout", "WaitAbandoned", "wait_for"]
 
 T = TypeVar("T")
 
@@ -26,6 +29,20 @@ class WaitTimeout(Exception, Generic[T]):
         self.timeout = timeout
         self.last = last
         self.last_error = last_error
+        #: Why the wait stopped before its timeout (``None``: it timed out).
+        self.reason: str | None = None
+
+
+class WaitAbandoned(WaitTimeout[T]):
+    """The wait stopped early because ``give_up`` said the condition can no longer come; ``reason`` says why."""
+
+    def __init__(self, what: str, elapsed: float, last: T | None, reason: str) -> None:
+        Exception.__init__(self, f"gave up after {elapsed:.1f}s waiting for {what}: {reason}; last value: {last!r}")
+        self.what = what
+        self.timeout = elapsed
+        self.last = last
+        self.last_error = None
+        self.reason = reason
 
 
 def wait_for(
@@ -36,14 +53,17 @@ def wait_for(
     what: str,
     interval: float = 0.05,
     retry_on: tuple[type[BaseException], ...] = (),
+    give_up: Callable[[], str | None] | None = None,
 ) -> T:
     """Call ``probe`` until ``ok(value)`` or ``timeout`` seconds pass; return the value that was ok.
 
     Exceptions in ``retry_on`` count as "not yet" (e.g. a pod not created yet); others propagate.
-    Raises :class:`WaitTimeout` carrying the last value.
+    Raises :class:`WaitTimeout` carrying the last value; :class:`WaitAbandoned` (a ``WaitTimeout``) as
+    soon as ``give_up()``, asked after each value that is not ok, returns a reason.
     """
     last: list[T] = []
     last_error: list[BaseException] = []
+    started = time.monotonic()
 
     def attempt() -> T:
         try:
@@ -53,12 +73,17 @@ def wait_for(
             raise
         last_error.clear()
         last[:] = [value]
+        if give_up is not None and not ok(value):
+            reason = give_up()
+            if reason is not None:
+                raise WaitAbandoned(what, time.monotonic() - started, value, reason)
         return value
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_delay(timeout),
         wait=tenacity.wait_exponential(multiplier=interval, max=max(interval, 0.5)),
-        retry=tenacity.retry_if_exception_type(retry_on) | tenacity.retry_if_result(lambda v: not ok(v)),
+        retry=tenacity.retry_if_exception(lambda e: isinstance(e, retry_on) and not isinstance(e, WaitAbandoned))
+        | tenacity.retry_if_result(lambda v: not ok(v)),
         reraise=False,
     )
     try:

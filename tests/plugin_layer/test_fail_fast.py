@@ -1,0 +1,116 @@
+"""Waits stop at once, with the reason, when their state can no longer come: a plugin process that
+exited (status and last log lines), a terminal pod phase, a refused registration."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_devplug import PluginSpec, assert_registered
+from pytest_devplug.backends.base import BackendOptions, NodeSpec
+from pytest_devplug.backends.sim import SimBackend
+from pytest_devplug.handles import ClusterHandle, PluginHandle
+from pytest_devplug.waiting import WaitAbandoned, WaitTimeout, wait_for
+
+WIDGET = str(Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py")
+RESOURCE = "example.com/widget"
+TIMEOUT = 20.0  # every wait below must end long before this
+
+
+def test_wait_for_gives_up_with_the_reason() -> None:
+    calls = []
+
+    def give_up() -> str | None:
+        calls.append(1)
+        return "it can never happen" if len(calls) >= 3 else None
+
+    start = time.monotonic()
+    with pytest.raises(WaitAbandoned) as info:
+        wait_for(lambda: 0, lambda v: v == 1, timeout=TIMEOUT, what="one", interval=0.01, give_up=give_up)
+    assert time.monotonic() - start < 2
+    assert info.value.reason == "it can never happen" and info.value.last == 0
+    assert isinstance(info.value, WaitTimeout) and "gave up after" in str(info.value)
+    # A value that is ok wins over give_up; a plain timeout has no reason.
+    assert wait_for(lambda: 1, lambda v: v == 1, timeout=1, what="one", give_up=lambda: "never asked") == 1
+    with pytest.raises(WaitTimeout) as timed_out:
+        wait_for(lambda: 0, lambda v: v == 1, timeout=0.2, what="one", give_up=lambda: None)
+    assert timed_out.value.reason is None
+
+
+@pytest.fixture
+def cluster() -> Iterator[ClusterHandle]:
+    backend = SimBackend(BackendOptions(timeout=TIMEOUT))
+    backend.start()
+    try:
+        yield ClusterHandle(backend, timeout=TIMEOUT)
+    finally:
+        backend.close()
+
+
+def deploy(cluster: ClusterHandle, *args: str, standard_paths: bool | None = None) -> PluginHandle:
+    node = cluster.ensure_node(NodeSpec("n1"))
+    argv = [sys.executable, WIDGET, "--plugin-dir", "{plugin_dir}", *args]
+    if standard_paths is not None:
+        argv = [sys.executable, WIDGET, *args]
+    return cluster.deploy(node, PluginSpec(resource_name=RESOURCE, argv=argv, standard_paths=standard_paths))
+
+
+def test_registration_wait_stops_when_the_plugin_exits(cluster: ClusterHandle) -> None:
+    plugin = deploy(cluster, "--fault", "exit-at-start")
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as info:
+        assert_registered(plugin)
+    assert time.monotonic() - start < 10
+    msg = str(info.value).splitlines()[0:4]
+    text = "\n".join(msg)
+    assert "exited with status 3" in text, text
+    assert "cannot open /dev/widgetctl: no such device" in text, text  # the last log lines
+    with pytest.raises(AssertionError, match="exited with status 3"):
+        plugin.wait_ready()
+
+
+def test_plugin_that_never_reaches_kubelet_sock_is_told_where_it_listens(cluster: ClusterHandle, tmp_path: Path) -> None:
+    """A plugin looking for kubelet.sock elsewhere (as a hard-coded path would) is told where it is."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    plugin = deploy(cluster, "--plugin-dir", str(elsewhere), standard_paths=False)
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as info:
+        assert_registered(plugin)
+    assert time.monotonic() - start < 10
+    text = str(info.value)
+    kubelet_sock = plugin.node.backend.cluster.node("n1").plugin_dir / "kubelet.sock"  # type: ignore[attr-defined]
+    assert "the plugin never reached kubelet.sock" in text and f"the kubelet listens on {kubelet_sock}" in text, text
+    assert "hard-codes /var/lib/kubelet/device-plugins needs a command without {plugin_dir}" in text, text
+    assert "exited with status 1" in text, text  # this plugin gives up itself when Register fails
+
+
+def test_pod_wait_stops_at_a_terminal_phase(cluster: ClusterHandle) -> None:
+    """Allocate returning no container responses fails the pod; waiting for Running stops at once."""
+    plugin = deploy(cluster, "--fault", "allocate-empty")
+    assert_registered(plugin, count=3)
+    pods = cluster.pods(plugin.node, RESOURCE)
+    try:
+        pod = pods(gpus=1, wait=False)
+        start = time.monotonic()
+        with pytest.raises(AssertionError) as info:
+            pod.wait_running()
+        assert time.monotonic() - start < 10
+        assert "phase='Failed'" in str(info.value) and "UnexpectedAdmissionError" in str(info.value)
+    finally:
+        pods.cleanup()
+
+
+def test_refused_registration_stops_the_wait(cluster: ClusterHandle) -> None:
+    plugin = deploy(cluster, "--resource-name", "widget-without-domain", "--retry")
+    bad = PluginHandle(plugin.backend, plugin.node, PluginSpec(resource_name="widget-without-domain"))
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as info:
+        assert_registered(bad)
+    assert time.monotonic() - start < 10
+    assert "stopped early: the kubelet refused the registration" in str(info.value), str(info.value)
+    assert plugin.running  # it retries: the kubelet's refusal, not an exit, ended the wait
