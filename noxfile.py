@@ -49,9 +49,10 @@ def proto(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON[0])
 def bench(session: nox.Session) -> None:
-    """Benchmarks of the embedded kubelet (results go to bench/RESULTS.md by hand)."""
+    """Benchmarks of the embedded kubelet and of failing a broken plugin fast (results go to bench/RESULTS.md by hand)."""
     _install(session)
     session.run("python", "bench/bench_sim.py", *session.posargs)
+    session.run("python", "bench/bench_fail_fast.py")
 
 
 @nox.session(python=PYTHON[0])
