@@ -69,6 +69,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
     ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
     ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
+    ("--report", "--devplug-report", "write a Markdown report to FILE (and JSON beside it, FILE with .json)", {"metavar": "FILE"}),
     ("--missing-mock", "--devplug-missing-mock", "skip (default) or fail the mock-only tests for a plugin without mock controls", {"choices": ("skip", "fail")}),
 )
 
@@ -80,6 +81,14 @@ def _run_conformance(args: argparse.Namespace) -> int:
     import pytest
 
     from . import conformance
+    from .plugin import NO_PLUGIN_MESSAGE, included_plugin_installed
+
+    plugin_flags = ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest")
+    custom = args.plugin_cmd or args.plugin_image or args.plugin_manifest
+    custom = custom or any(a.startswith(plugin_flags) for a in args.pytest_args)
+    if args.backend == "sim" and not custom and not included_plugin_installed():
+        print(f"devplug conformance: {NO_PLUGIN_MESSAGE}", file=sys.stderr)
+        return int(pytest.ExitCode.USAGE_ERROR)
 
     pytest_args = [
         "-c", os.devnull, "--rootdir", os.path.dirname(conformance.__file__),

@@ -13,6 +13,7 @@ Fixtures, from widest to narrowest:
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import sys
 from collections.abc import Generator, Iterator
@@ -33,6 +34,7 @@ from .backends.base import (
 from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence
 from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
+from .report import ReportWriter, note_run
 
 __all__ = [
     "DevplugSettings",
@@ -40,6 +42,7 @@ __all__ = [
     "default_plugin_argv",
     "NODE_NAME",
     "MOCK_MARKER",
+    "NO_PLUGIN_MESSAGE",
 ]
 
 #: The node the default fixtures deploy on.
@@ -57,6 +60,21 @@ class DevplugSettings:
     backend_options: BackendOptions
     plugin: PluginSpec
     missing_mock: str  # "skip" or "fail"
+    included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
+
+
+#: Why there is nothing to test: no plugin option, and the included plugin (its own distribution) is absent.
+NO_PLUGIN_MESSAGE = (
+    "no device plugin to test: no --devplug-plugin-cmd (devplug conformance: --plugin-cmd) was given, and the "
+    "included GPU plugin is not installed (it is the separate distribution devplug-gpu-plugin). Either install "
+    "it: pip install 'pytest-devplug[gpu-plugin]', or point at your plugin: --devplug-plugin-cmd "
+    "\"{python} -m my_plugin --plugin-dir {plugin_dir}\" --devplug-resource-name example.com/widget"
+)
+
+
+def included_plugin_installed() -> bool:
+    """Whether the included GPU plugin can be started here (``python -m devplug_gpu_plugin``)."""
+    return importlib.util.find_spec("devplug_gpu_plugin") is not None
 
 
 def default_plugin_argv(resource_name: str, *, pre_start_required: bool = True) -> list[str]:
@@ -78,7 +96,7 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "plugin-cmd",
         "command line of the plugin under test (sim); placeholders {plugin_dir}, {mock_state}, {python}. "
-        "Default: the included GPU plugin on a mock NVML",
+        "Default: the included GPU plugin on a mock NVML (pip install 'pytest-devplug[gpu-plugin]')",
         {},
     ),
     ("plugin-image", "container image of the plugin under test (kind)", {}),
@@ -94,6 +112,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("timeout", "seconds every bounded wait may take (default 20)", {"type": float}),
     ("grace-period", "sim: seconds the kubelet keeps a resource whose plugin went away (default 300)", {"type": float}),
     (
+        "report",
+        "write a Markdown report of the run to this file (one row per check, grouped core / conventions / faults) "
+        "and the same as JSON beside it (.json)",
+        {},
+    ),
+    (
         "missing-mock",
         f"what @{MOCK_MARKER} tests do when the plugin has no mock controls: skip (default, with a reason) or fail",
         {"choices": ("skip", "fail")},
@@ -101,7 +125,22 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
+#: The kind cluster options. pytest-kind-ng (the ``kind`` extra) registers them itself; without it they are
+#: registered here under the same names, so ``--help``, ini-free command lines and CI recipes stay the same.
+_KIND_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--cluster-name", "kind: name of the cluster (default devplug)", {}),
+    ("--keep-cluster", "kind: keep the cluster afterwards (the next run reuses it)", {"action": "store_true"}),
+    ("--kubeconfig", "kind: where to write the cluster's kubeconfig", {}),
+    ("--kind-image", "kind: node image (default: kind's standard image)", {}),
+    ("--kind-bin", "kind: the kind binary (default: kind on PATH)", {}),
+]
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    if importlib.util.find_spec("pytest_kind") is None:
+        kind = parser.getgroup("kind", "kind cluster (pytest-devplug; pip install 'pytest-devplug[kind]')")
+        for flag, help_text, kw in _KIND_OPTIONS:
+            kind.addoption(flag, default=None, help=help_text, **kw)
     group = parser.getgroup("devplug", "device-plugin end-to-end tests (pytest-devplug)")
     for name, help_text, kw in _OPTIONS:
         dest = "devplug_" + name.replace("-", "_")
@@ -176,10 +215,15 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         kubeconfig=_kind_opt(config, "kubeconfig"),
         kind_config=_opt(config, "devplug_kind_config"),
     )
-    return DevplugSettings(backend, opts, spec, str(_opt(config, "devplug_missing_mock") or "skip"))
+    return DevplugSettings(
+        backend, opts, spec, str(_opt(config, "devplug_missing_mock") or "skip"), included_plugin=not custom
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    report = _opt(config, "devplug_report")
+    if report:
+        ReportWriter.install(config, str(report))
     config.addinivalue_line(
         "markers",
         f"{MOCK_MARKER}: the test needs the mock-NVML plugin (it injects faults through the mock-state file, or "
@@ -224,13 +268,19 @@ def devplug_settings(pytestconfig: pytest.Config) -> DevplugSettings:
 @pytest.fixture(scope="session")
 def devplug_plugin_spec(devplug_settings: DevplugSettings) -> PluginSpec:
     """What ``devplug_plugin`` deploys. Override in your conftest.py to test your own plugin."""
+    if devplug_settings.included_plugin and devplug_settings.backend == "sim" and not included_plugin_installed():
+        # Say so now, instead of a registration wait that ends in "No module named devplug_gpu_plugin".
+        pytest.exit(f"devplug: {NO_PLUGIN_MESSAGE}", returncode=pytest.ExitCode.USAGE_ERROR)
     return devplug_settings.plugin
 
 
 @pytest.fixture(scope="session")
 def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
     """The cluster for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
-    backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
+    try:
+        backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
+    except BackendUnavailableError as exc:
+        pytest.exit(f"devplug: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     try:
         try:
             backend.start()
@@ -293,8 +343,21 @@ class _Deployment:
         self.get()
 
 
+def _kubernetes_version(cluster: ClusterHandle, node: NodeHandle) -> str:
+    info = cluster.backend.get_node(node.name).get("status", {}).get("nodeInfo", {})
+    version = info.get("kubeletVersion")
+    return f"kubelet {version}" if version else "none: the embedded kubelet"
+
+
 @pytest.fixture(scope="session")
-def _devplug_deployment(devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec) -> _Deployment:
+def _devplug_deployment(
+    pytestconfig: pytest.Config,
+    devplug_settings: DevplugSettings,
+    devplug_cluster: ClusterHandle,
+    devplug_node: NodeHandle,
+    devplug_plugin_spec: PluginSpec,
+) -> _Deployment:
+    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node))
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 

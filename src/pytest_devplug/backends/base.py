@@ -343,7 +343,7 @@ class BackendOptions:
     timeout: float = 20.0
     #: sim: seconds the kubelet keeps a resource after its plugin went away (upstream: 300).
     grace_period: float = 300.0
-    # kind (pytest-kind-ng's own options):
+    # kind: pytest-kind-ng's --cluster-name etc. (or pytest-devplug's own, same names, without the extra):
     cluster_name: str = "pytest-kind"
     keep_cluster: bool = False
     kind_bin: str | None = None

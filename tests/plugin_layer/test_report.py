@@ -1,0 +1,96 @@
+"""``--devplug-report``: the Markdown and JSON reports say, per check, what pytest said; ``--junitxml`` still works."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CHECKS = """
+import pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("set-up broke")
+
+def test_ok():
+    pass
+
+def test_bad():
+    assert 1 == 2, "one is not two"
+
+def test_skipped():
+    pytest.skip("no NUMA topology")
+
+def test_setup_error(broken):
+    pass
+
+@pytest.mark.devplug_mock
+def test_fault():
+    pass
+
+@pytest.mark.devplug_convention
+def test_convention():
+    pass
+"""
+
+
+def test_report_rows_groups_and_junitxml(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nmarkers = devplug_convention: opt-in\n")
+    pytester.makepyfile(test_checks=CHECKS)
+    result = pytester.runpytest("--devplug-report=out/report.md", "--junitxml=junit.xml", "-k", "not deselected")
+    result.assert_outcomes(passed=3, failed=1, skipped=1, errors=1)
+    result.stdout.fnmatch_lines(["devplug report: out/report.md (JSON: out/report.json)"])
+
+    data = json.loads((pytester.path / "out" / "report.json").read_text())
+    checks = {c["name"]: c for c in data["checks"]}
+    assert {n: (c["group"], c["outcome"]) for n, c in checks.items()} == {
+        "checks: test_ok": ("core", "passed"),
+        "checks: test_bad": ("core", "failed"),
+        "checks: test_skipped": ("core", "skipped"),
+        "checks: test_setup_error": ("core", "error"),
+        "checks: test_fault": ("faults", "passed"),
+        "checks: test_convention": ("conventions", "passed"),
+    }
+    assert "one is not two" in checks["checks: test_bad"]["reason"]
+    assert checks["checks: test_skipped"]["reason"] == "no NUMA topology"
+    assert checks["checks: test_setup_error"]["reason"] == "in setup: RuntimeError: set-up broke"
+    assert data["summary"] == {"passed": 3, "failed": 1, "skipped": 1, "error": 1}
+    assert [c["group"] for c in data["checks"]] == ["core"] * 4 + ["conventions", "faults"]
+    assert data["run"]["plugin"] == ""  # no devplug fixture ran: nothing was deployed
+
+    md = (pytester.path / "out" / "report.md").read_text()
+    assert "| result | 3 passed, 1 failed, 1 error, 1 skipped in " in md
+    assert "| `checks: test_skipped` | skipped | " in md and "| `checks: test_bad` | **FAILED** | " in md
+    assert md.index("## Core") < md.index("## Conventions") < md.index("## Fault injection")
+    assert "(no plugin was deployed in this run)" in md
+
+    junit = ET.parse(pytester.path / "junit.xml").getroot()
+    assert junit.find("testsuite") is not None and int(junit.find("testsuite").get("tests", "0")) == 6  # type: ignore[union-attr]
+
+
+def test_report_header_names_the_plugin_resource_and_backend(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_one="""
+        def test_registered(devplug_plugin):
+            assert devplug_plugin.running
+        """
+    )
+    pytester.runpytest("--devplug-report=r.md", "--devplug-gpus=2").assert_outcomes(passed=1)
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert data["run"]["backend"] == "sim" and data["run"]["resource"] == "nvidia.com/gpu"
+    assert "-m devplug_gpu_plugin" in data["run"]["plugin"] and data["run"]["mock"] is True
+    md = (pytester.path / "r.md").read_text()
+    assert "| backend | sim (embedded kubelet) |" in md and "| resource | `nvidia.com/gpu` |" in md
+
+
+def test_report_refuses_a_json_target(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest("--devplug-report=report.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--devplug-report report.json: give the Markdown file*"])
+    assert not Path(pytester.path / "report.json").exists()
