@@ -19,7 +19,7 @@ E2E_CLUSTER = "devplug-e2e"  # the e2e session creates and deletes this one
 
 
 def _install(session: nox.Session, *extra: str) -> None:
-    session.install("-e", ".", "-e", "./plugin_under_test", *extra)
+    session.install("-e", ".[kind]", "-e", "./plugin_under_test", *extra)
 
 
 @nox.session(python=PYTHON[0])
