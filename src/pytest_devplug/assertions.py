@@ -23,6 +23,7 @@ __all__ = [
     "assert_registered",
     "assert_allocatable",
     "assert_gpu_limit_rules",
+    "assert_limit_rules",
     "assert_allocate_injections",
     "assert_checkpoint_survives_kubelet_restart",
     "assert_reregisters_after_kubelet_restart",
@@ -204,7 +205,7 @@ class _Row:
     ok: bool = False
 
 
-def assert_gpu_limit_rules(pods: PodFactory, *, timeout: float | None = None) -> None:
+def assert_limit_rules(pods: PodFactory, *, timeout: float | None = None) -> None:
     """The API server's and scheduler's rules for an extended resource, row by row.
 
     limits only -> accepted (requests defaulted to the limit) and runs; requests == limits -> runs;
@@ -278,6 +279,10 @@ def assert_gpu_limit_rules(pods: PodFactory, *, timeout: float | None = None) ->
     if bad:
         table = "\n".join(f"  {r.case}: expected {r.expected}; saw {r.seen}" for r in bad)
         raise _fail(f"extended-resource rules for {res} broken in {len(bad)} of {len(rows)} cases:\n{table}", node, made)
+
+
+#: The first name of :func:`assert_limit_rules` (the rules hold for every extended resource), kept as an alias.
+assert_gpu_limit_rules = assert_limit_rules
 
 
 def _match(value: str | None, want: ValueMatcher) -> bool:

@@ -431,6 +431,10 @@ class PodHandle:
 
     # -- actions -----------------------------------------------------------------------------------
     def exec(self, *argv: str, container: str | None = None) -> ExecResult:
+        """Run ``argv`` in the container: an :class:`ExecResult` (``returncode``, ``stdout``, ``stderr``).
+
+        On ``sim`` only the commands the README lists are answered; others raise ``UnsupportedOperationError``.
+        """
         return self.backend.exec_pod(self.name, list(argv), container=container or self.container, namespace=self.namespace)
 
     def restart_container(self, container: str | None = None) -> None:
@@ -497,13 +501,20 @@ class PodHandle:
         )
 
 
-class PodFactory:
-    """``devplug_pod(gpus=2)``: makes pods requesting the resource under test, deletes them afterwards.
+def _count(count: int | None, gpus: int | None) -> int | None:
+    if count is not None and gpus is not None:
+        raise TypeError(f"give count={count} or its alias gpus={gpus}, not both")
+    return count if count is not None else gpus
 
-    ``gpus`` sets the limit (the API server copies it into requests). ``limits``/``requests`` set
-    them explicitly (ints or quantity strings, e.g. ``requests=1`` alone, or ``limits="0.5"``);
-    ``manifest`` takes a full pod dict instead. Pods are pinned to ``node`` with a nodeSelector on
-    ``kubernetes.io/hostname`` unless the manifest says otherwise.
+
+class PodFactory:
+    """``devplug_pod(count=2)``: makes pods requesting the resource under test, deletes them afterwards.
+
+    ``count`` (first argument; ``gpus=`` is an alias) sets the limit of the resource under test, whatever
+    it is (the API server copies it into requests). ``limits``/``requests`` set them explicitly (ints or
+    quantity strings, e.g. ``requests=1`` alone, or ``limits="0.5"``); ``manifest`` takes a full pod dict
+    instead. Pods are pinned to ``node`` with a nodeSelector on ``kubernetes.io/hostname`` unless the
+    manifest says otherwise. Each call returns a :class:`PodHandle`.
     """
 
     _counter = itertools.count(1)
@@ -518,8 +529,9 @@ class PodFactory:
 
     def manifest(
         self,
-        gpus: int | None = None,
+        count: int | None = None,
         *,
+        gpus: int | None = None,
         limits: int | str | None = None,
         requests: int | str | None = None,
         name: str | None = None,
@@ -530,8 +542,9 @@ class PodFactory:
         restart_policy: str | None = None,
     ) -> dict[str, Any]:
         """The pod :meth:`__call__` would create, for tests that tweak it first."""
-        if gpus is not None and limits is None:
-            limits = gpus
+        count = _count(count, gpus)
+        if count is not None and limits is None:
+            limits = count
         resources: dict[str, dict[str, str]] = {}
         if limits is not None:
             resources["limits"] = {self.resource_name: str(limits)}
@@ -557,14 +570,15 @@ class PodFactory:
 
     def __call__(
         self,
-        gpus: int | None = None,
+        count: int | None = None,
         *,
+        gpus: int | None = None,
         manifest: Mapping[str, Any] | None = None,
         wait: bool = False,
         **kwargs: Any,
     ) -> PodHandle:
         """Create a pod (``wait=True``: and wait until it runs). Raises ``PodRejectedError`` on validation."""
-        body = dict(manifest) if manifest is not None else self.manifest(gpus, **kwargs)
+        body = dict(manifest) if manifest is not None else self.manifest(_count(count, gpus), **kwargs)
         meta = body.setdefault("metadata", {})
         meta.setdefault("name", f"{self.prefix}-{next(self._counter)}")
         namespace = meta.setdefault("namespace", "default")
@@ -629,6 +643,6 @@ class ClusterHandle:
         return PluginHandle(self.backend, handle, spec)
 
     def pods(self, node: NodeHandle | str, resource_name: str, *, prefix: str = "devplug") -> PodFactory:
-        """A pod factory pinned to ``node``; call ``cleanup()`` when done."""
+        """A :class:`PodFactory` pinned to ``node`` (``factory(count=1)`` makes pods); call ``cleanup()`` when done."""
         name = node.name if isinstance(node, NodeHandle) else node
         return PodFactory(self.backend, node=name, resource_name=resource_name, timeout=self.timeout, prefix=prefix)

@@ -121,6 +121,19 @@ def test_pod_factory_manifests() -> None:
         parse_quantity("500m")
 
 
+def test_resource_neutral_names_and_their_gpu_aliases() -> None:
+    import pytest_devplug
+
+    f = PodFactory(None, node="n1", resource_name="example.com/w", timeout=1)  # type: ignore[arg-type]
+    limits = {"limits": {"example.com/w": "2"}}
+    assert f.manifest(2)["spec"]["containers"][0]["resources"] == limits
+    assert f.manifest(count=2)["spec"]["containers"][0]["resources"] == limits
+    assert f.manifest(gpus=2)["spec"]["containers"][0]["resources"] == limits
+    with pytest.raises(TypeError, match="count=1 or its alias gpus=2"):
+        f.manifest(1, gpus=2)
+    assert pytest_devplug.assert_gpu_limit_rules is pytest_devplug.assert_limit_rules
+
+
 def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["device-plugin end-to-end tests (pytest-devplug):", "*--devplug-backend=*", "*devplug_resource_name (string)*"])

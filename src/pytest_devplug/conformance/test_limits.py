@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_devplug import PodFactory, PodRejectedError, assert_gpu_limit_rules
+from pytest_devplug import PodFactory, PodRejectedError, assert_limit_rules
 
 
 def test_limit_rules_table(devplug_pod: PodFactory) -> None:
-    """Every row of the table at once (see ``assert_gpu_limit_rules``)."""
-    assert_gpu_limit_rules(devplug_pod)
+    """Every row of the table at once (see ``assert_limit_rules``)."""
+    assert_limit_rules(devplug_pod)
 
 
 def test_requests_only_rejected_with_upstream_message(devplug_pod: PodFactory) -> None:
