@@ -25,7 +25,7 @@ def _install(session: nox.Session, *extra: str) -> None:
 @nox.session(python=PYTHON[0])
 def tests(session: nox.Session) -> None:
     """Unit and integration tests on the embedded kubelet (no Docker needed)."""
-    _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf")
+    _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf", "build", "twine")
     session.run("mypy")
     session.run("pytest", "-m", "not kind", *session.posargs)
 
