@@ -32,10 +32,10 @@ __all__ = [
     "render_markdown",
 ]
 
-#: Report groups, in order, and the markers that put a check in one (the first group that matches wins).
+#: Report groups, in order, and the markers or fixtures that put a check in one (the first that matches wins).
 GROUPS: tuple[tuple[str, str, frozenset[str]], ...] = (
-    ("faults", "Fault injection", frozenset({"devplug_fault", "devplug_mock"})),
     ("conventions", "Conventions (opt-in)", frozenset({"devplug_convention"})),
+    ("faults", "Fault injection", frozenset({"devplug_faults", "devplug_mock"})),
     ("core", "Core: what the kubelet requires", frozenset()),
 )
 _ORDER = ("core", "conventions", "faults")
@@ -44,8 +44,8 @@ SCHEMA = "pytest-devplug/report/v1"
 
 
 def check_group(item: pytest.Item) -> str:
-    """``core``, ``conventions`` or ``faults``, from the check's markers."""
-    names = {m.name for m in item.iter_markers()}
+    """``conventions`` (an opt-in convention check), ``faults`` (it injects faults) or ``core``."""
+    names = {m.name for m in item.iter_markers()} | set(getattr(item, "fixturenames", ()))
     for group, _, markers in GROUPS:
         if names & markers:
             return group
@@ -100,10 +100,11 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 def _reason(report: pytest.TestReport) -> str:
-    """The skip reason or the failure's message, on one line."""
+    """The skip reason or the failure's message, on one line (without the test's name: the row has it)."""
     longrepr = report.longrepr
-    if isinstance(longrepr, tuple):  # a skip: (path, lineno, "Skipped: why")
-        return _one_line(str(longrepr[2]).removeprefix("Skipped: "))
+    if isinstance(longrepr, tuple):  # a skip: (path, lineno, "Skipped: why"), perhaps "Skipped: test_x: why"
+        name = report.nodeid.rsplit("::", 1)[-1]
+        return _one_line(str(longrepr[2]).removeprefix("Skipped: ").removeprefix(f"{name}: "))
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None:
         return _one_line(str(crash.message))

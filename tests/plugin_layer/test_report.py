@@ -24,13 +24,20 @@ def test_bad():
     assert 1 == 2, "one is not two"
 
 def test_skipped():
-    pytest.skip("no NUMA topology")
+    pytest.skip("test_skipped: no NUMA topology")  # a reason labelled with the test's name, as fixtures' are
 
 def test_setup_error(broken):
     pass
 
+@pytest.fixture
+def devplug_faults():
+    return None
+
+def test_fault(devplug_faults):
+    pass
+
 @pytest.mark.devplug_mock
-def test_fault():
+def test_fault_by_marker():
     pass
 
 @pytest.mark.devplug_convention
@@ -43,7 +50,7 @@ def test_report_rows_groups_and_junitxml(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nmarkers = devplug_convention: opt-in\n")
     pytester.makepyfile(test_checks=CHECKS)
     result = pytester.runpytest("--devplug-report=out/report.md", "--junitxml=junit.xml", "-k", "not deselected")
-    result.assert_outcomes(passed=3, failed=1, skipped=1, errors=1)
+    result.assert_outcomes(passed=4, failed=1, skipped=1, errors=1)
     result.stdout.fnmatch_lines(["devplug report: out/report.md (JSON: out/report.json)"])
 
     data = json.loads((pytester.path / "out" / "report.json").read_text())
@@ -54,23 +61,24 @@ def test_report_rows_groups_and_junitxml(pytester: pytest.Pytester) -> None:
         "checks: test_skipped": ("core", "skipped"),
         "checks: test_setup_error": ("core", "error"),
         "checks: test_fault": ("faults", "passed"),
+        "checks: test_fault_by_marker": ("faults", "passed"),
         "checks: test_convention": ("conventions", "passed"),
     }
     assert "one is not two" in checks["checks: test_bad"]["reason"]
     assert checks["checks: test_skipped"]["reason"] == "no NUMA topology"
     assert checks["checks: test_setup_error"]["reason"] == "in setup: RuntimeError: set-up broke"
-    assert data["summary"] == {"passed": 3, "failed": 1, "skipped": 1, "error": 1}
-    assert [c["group"] for c in data["checks"]] == ["core"] * 4 + ["conventions", "faults"]
+    assert data["summary"] == {"passed": 4, "failed": 1, "skipped": 1, "error": 1}
+    assert [c["group"] for c in data["checks"]] == ["core"] * 4 + ["conventions"] + ["faults"] * 2
     assert data["run"]["plugin"] == ""  # no devplug fixture ran: nothing was deployed
 
     md = (pytester.path / "out" / "report.md").read_text()
-    assert "| result | 3 passed, 1 failed, 1 error, 1 skipped in " in md
+    assert "| result | 4 passed, 1 failed, 1 error, 1 skipped in " in md
     assert "| `checks: test_skipped` | skipped | " in md and "| `checks: test_bad` | **FAILED** | " in md
     assert md.index("## Core") < md.index("## Conventions") < md.index("## Fault injection")
     assert "(no plugin was deployed in this run)" in md
 
     junit = ET.parse(pytester.path / "junit.xml").getroot()
-    assert junit.find("testsuite") is not None and int(junit.find("testsuite").get("tests", "0")) == 6  # type: ignore[union-attr]
+    assert junit.find("testsuite") is not None and int(junit.find("testsuite").get("tests", "0")) == 7  # type: ignore[union-attr]
 
 
 def test_report_header_names_the_plugin_resource_and_backend(pytester: pytest.Pytester) -> None:
