@@ -276,7 +276,7 @@ def devplug_plugin_spec(devplug_settings: DevplugSettings) -> PluginSpec:
 
 @pytest.fixture(scope="session")
 def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
-    """The cluster for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
+    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
     try:
         backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
     except BackendUnavailableError as exc:
@@ -294,7 +294,7 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
 
 @pytest.fixture(scope="session")
 def devplug_node(devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec) -> NodeHandle:
-    """The node the plugin under test runs on."""
+    """The node (a NodeHandle) the plugin under test runs on."""
     return devplug_cluster.ensure_node(NodeSpec(NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1)))
 
 
@@ -365,7 +365,7 @@ def _devplug_deployment(
 def devplug_plugin(
     request: pytest.FixtureRequest, _devplug_deployment: _Deployment, devplug_settings: DevplugSettings
 ) -> Iterator[PluginHandle]:
-    """The plugin under test, registered and ready; ``.mock`` holds the fault controls."""
+    """The plugin under test (a PluginHandle), registered and ready; ``.mock`` holds the fault controls."""
     if request.node.get_closest_marker(MOCK_MARKER) and not _devplug_deployment.spec.mock:
         reason = (
             f"needs the mock-NVML fault controls (@{MOCK_MARKER}); the plugin under test "
@@ -397,7 +397,8 @@ def devplug_plugin_started(
 def devplug_pod(
     request: pytest.FixtureRequest, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin: PluginHandle
 ) -> Iterator[PodFactory]:
-    """``devplug_pod(gpus=2)`` or ``devplug_pod(manifest={...})``: pods on the plugin's node, deleted afterwards."""
+    """A PodFactory: ``devplug_pod(count=2)`` (alias ``gpus=2``) or ``devplug_pod(manifest={...})`` makes a pod on the
+    plugin's node requesting the resource under test and returns its PodHandle; the pods are deleted afterwards."""
     factory = devplug_cluster.pods(devplug_node, devplug_plugin.resource_name, prefix=request.node.name)
     _state(request).pods = factory
     yield factory
