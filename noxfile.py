@@ -14,7 +14,7 @@ nox.options.sessions = ["tests", "conformance"]
 nox.options.error_on_missing_interpreters = False
 
 PYTHON = ["3.11", "3.12", "3.13", "3.10"]
-GRPC_TOOLS = "grpcio-tools==1.85.1"  # pinned: the checked-in stubs carry its version
+GRPC_TOOLS = "grpcio-tools==1.85.1"  # pinned: tools/genproto.py generates the .pyi stubs with exactly it
 E2E_CLUSTER = "devplug-e2e"  # the e2e session creates and deletes this one
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as dp
 from pytest_devplug.api.podresources import v1_pb2 as pr
@@ -13,6 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_checked_in_stubs_match_the_protos() -> None:
+    spec = importlib.util.spec_from_file_location("genproto", ROOT / "tools" / "genproto.py")
+    assert spec is not None and spec.loader is not None
+    genproto = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(genproto)
+    if (installed := genproto.installed_grpc_tools()) != genproto.GRPC_TOOLS:
+        pytest.skip(f"the drift check regenerates with grpcio-tools=={genproto.GRPC_TOOLS} (dev extra); {installed} here")
     run = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "genproto.py"), "--check"], capture_output=True, text=True
     )
@@ -76,7 +85,31 @@ def test_pod_resources_wire_names_and_numbers() -> None:
     ]
 
 
-def test_both_distributions_share_one_descriptor() -> None:
-    from devplug_gpu_plugin.api.deviceplugin import v1beta1_pb2 as plugin_dp
+def test_stubs_stay_out_of_protobufs_default_pool() -> None:
+    """Each distribution has its own private pool; protobuf's default pool (where a user's stubs generated
+    from upstream's api.proto go) holds none of our symbols, so the two never clash."""
+    from google.protobuf import descriptor_pool
 
-    assert plugin_dp.AllocateResponse is dp.AllocateResponse
+    from devplug_gpu_plugin.api import _pool as plugin_pool
+    from devplug_gpu_plugin.api.deviceplugin import v1beta1_pb2 as plugin_dp
+    from pytest_devplug.api import _pool
+
+    default = descriptor_pool.Default()
+    for symbol in ("v1beta1.DevicePluginOptions", "v1beta1.AllocateResponse", "v1.ListPodResourcesResponse"):
+        with pytest.raises(KeyError):
+            default.FindMessageTypeByName(symbol)
+    with pytest.raises(KeyError):
+        default.FindFileByName("deviceplugin/v1beta1.proto")
+    assert dp.DESCRIPTOR.pool is _pool.POOL and pr.DESCRIPTOR.pool is _pool.POOL
+    assert plugin_dp.DESCRIPTOR.pool is plugin_pool.POOL is not _pool.POOL
+    # Same wire format across the two pools: the plugin's bytes are the harness's message.
+    sent = plugin_dp.AllocateResponse(container_responses=[{"envs": {"A": "1"}, "cdi_devices": [{"name": "v/g=0"}]}])
+    got = dp.AllocateResponse.FromString(sent.SerializeToString())
+    assert got.container_responses[0].envs["A"] == "1" and got.container_responses[0].cdi_devices[0].name == "v/g=0"
+    assert plugin_dp.AllocateResponse.DESCRIPTOR.full_name == dp.AllocateResponse.DESCRIPTOR.full_name
+
+
+def test_stub_classes_name_their_module() -> None:
+    assert repr(dp.ContainerAllocateResponse.EnvsEntry) == (
+        "<class 'pytest_devplug.api.deviceplugin.v1beta1_pb2.ContainerAllocateResponse.EnvsEntry'>"
+    )
