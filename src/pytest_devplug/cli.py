@@ -75,9 +75,12 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
 
 
 def _run_conformance(args: argparse.Namespace) -> int:
-    """Run the shipped suite through ``pytest.main``, hermetically: no ini file or conftest of the cwd."""
-    import os
+    """Run the shipped suite through ``pytest.main`` against exactly the plugin these options name.
 
+    Hermetic: the suite's own ini file (``-c``) instead of any of the cwd, and its directory as the one
+    path argument, so pytest loads no ``conftest.py`` of the cwd or its ``test*`` folders (with
+    ``--pyargs`` it would, and their ``devplug_plugin_spec`` would replace ``--plugin-cmd``).
+    """
     import pytest
 
     from . import conformance
@@ -90,10 +93,11 @@ def _run_conformance(args: argparse.Namespace) -> int:
         print(f"devplug conformance: {NO_PLUGIN_MESSAGE}", file=sys.stderr)
         return int(pytest.ExitCode.USAGE_ERROR)
 
+    suite = Path(conformance.__file__).parent
     pytest_args = [
-        "-c", os.devnull, "--rootdir", os.path.dirname(conformance.__file__),
+        "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "--confcutdir", str(suite),
         "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "-rfEs", "-v",
-        "--pyargs", "pytest_devplug.conformance",
+        str(suite),
     ]  # fmt: skip
     for flag, pytest_flag, _, _ in _CONFORMANCE_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))

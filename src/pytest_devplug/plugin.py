@@ -13,11 +13,14 @@ Fixtures, from widest to narrowest:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shlex
 import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -50,6 +53,8 @@ NODE_NAME = "devplug-node"
 MOCK_MARKER = "devplug_mock"
 
 _STATE_KEY = pytest.StashKey["_TestState"]()
+#: The plugin the report header showed (None: it said a conftest overrides devplug_plugin_spec).
+_HEADER_SPEC_KEY = pytest.StashKey["PluginSpec | None"]()
 
 
 @dataclass(frozen=True)
@@ -232,16 +237,52 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def _describe(backend: str, spec: PluginSpec) -> str:
+    what = shlex.join(spec.argv) if backend == "sim" else f"image {spec.image} manifest {spec.manifest}"
+    return f"resource={spec.resource_name} mock={spec.mock} plugin: {what}"
+
+
+def _spec_overrides(config: pytest.Config) -> list[str]:
+    """Loaded conftests (or plugins) that define their own ``devplug_plugin_spec``, as paths from the rootdir."""
+    found = []
+    for plugin in config.pluginmanager.get_plugins():
+        fixture = getattr(plugin, "devplug_plugin_spec", None)
+        if isinstance(plugin, ModuleType) and fixture is not None and fixture is not devplug_plugin_spec:
+            path = Path(plugin.__file__ or plugin.__name__)
+            found.append(str(path.relative_to(config.rootpath)) if path.is_relative_to(config.rootpath) else str(path))
+    return sorted(found)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
+    """The plugin under test: from the options, or, when a conftest overrides ``devplug_plugin_spec``, a
+    pointer to the line printed when that fixture's plugin is deployed (its value needs a fixture run)."""
     try:
         s = settings_from_config(config)
     except pytest.UsageError as exc:
         return f"devplug: {exc}"
-    what = shlex.join(s.plugin.argv) if s.backend == "sim" else f"image {s.plugin.image} manifest {s.plugin.manifest}"
-    return (
-        f"devplug: backend={s.backend}; from options (a conftest may override devplug_plugin_spec): "
-        f"resource={s.plugin.resource_name} mock={s.plugin.mock} plugin: {what}"
-    )
+    overrides = _spec_overrides(config)
+    if overrides:
+        config.stash[_HEADER_SPEC_KEY] = None
+        return (
+            f"devplug: backend={s.backend}; devplug_plugin_spec is overridden in {', '.join(overrides)}: "
+            "the plugin under test is printed when it is deployed"
+        )
+    config.stash[_HEADER_SPEC_KEY] = s.plugin
+    return f"devplug: backend={s.backend}; {_describe(s.backend, s.plugin)}"
+
+
+def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> None:
+    """Print the plugin under test once it is known, unless the header already showed exactly it
+    (a conftest loaded after the header, or one the header named, decides it)."""
+    if config.stash.get(_HEADER_SPEC_KEY, None) == spec:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -357,6 +398,7 @@ def _devplug_deployment(
     devplug_node: NodeHandle,
     devplug_plugin_spec: PluginSpec,
 ) -> _Deployment:
+    _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
     note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node))
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
