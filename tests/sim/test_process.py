@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_devplug.sim import workdir
+from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import PluginProcessError
 from pytest_devplug.sim.process import PluginProcess, live_processes
 
@@ -125,7 +130,7 @@ if sys.argv[2] == "wait":
 """
 
 
-@pytest.mark.parametrize("how", ["exit", "sigterm", "sigint"])
+@pytest.mark.parametrize("how", ["exit", "sigterm", "sigint", "sigkill"])
 def test_no_leak_when_the_harness_exits_or_is_signalled(tmp_path: Path, how: str) -> None:
     proc = subprocess.Popen([PY, "-c", SCRIPT, str(tmp_path), "exit" if how == "exit" else "wait"],
                             stdout=subprocess.PIPE, text=True)
@@ -136,6 +141,8 @@ def test_no_leak_when_the_harness_exits_or_is_signalled(tmp_path: Path, how: str
             proc.send_signal(signal.SIGTERM)
         elif how == "sigint":
             proc.send_signal(signal.SIGINT)
+        elif how == "sigkill":  # no handler runs: the parent-death signal takes the plugin along
+            proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
@@ -150,3 +157,136 @@ def test_unstartable_command_is_a_plugin_process_error(tmp_path: Path) -> None:
     with pytest.raises(PluginProcessError, match="cannot start plugin"):
         p.start()
     assert not p.running and p.stop() is None
+
+
+HARNESS = """
+import signal, sys, time
+from pathlib import Path
+from pytest_devplug.sim import workdir
+from pytest_devplug.sim.process import PluginProcess
+if sys.argv[1] == "ignore-sigint":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+d = workdir.create()
+p = PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], plugin_dir=d, log_path=d / "plugin.log")
+p.start()
+print(p.pid, d, flush=True)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("teardown", flush=True)
+    time.sleep(60)  # a teardown that hangs (as a gRPC channel close could)
+"""
+
+
+def start_harness(mode: str, tmp: Path) -> tuple[subprocess.Popen[str], int, Path]:
+    proc = subprocess.Popen([PY, "-c", HARNESS, mode], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.stdout is not None
+    pid, work = proc.stdout.readline().split()
+    return proc, int(pid), Path(work)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="dpp-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_sigterm_removes_the_work_dir_and_the_plugins(short_tmp: Path) -> None:
+    proc, pid, work = start_harness("plain", short_tmp)
+    try:
+        assert work.parent == short_tmp and (work / "plugin.log").exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
+    assert not work.exists()
+
+
+def test_second_sigint_during_teardown_exits_at_once_and_cleans_up(short_tmp: Path) -> None:
+    proc, pid, work = start_harness("plain", short_tmp)
+    try:
+        assert proc.stdout is not None
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "teardown"
+        wait_for(f"plugin {pid} killed by the first SIGINT", lambda: alive(pid), lambda a: a is False)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 128 + signal.SIGINT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not work.exists()
+
+
+def test_ignored_sigint_stays_ignored(short_tmp: Path) -> None:
+    """pytest in the background of a script (SIGINT ignored): a SIGINT must not kill the plugins."""
+    proc, pid, work = start_harness("ignore-sigint", short_tmp)
+    try:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None and alive(pid)  # no handler replaced SIG_IGN
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    wait_for(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
+
+
+def test_sweep_removes_only_dirs_whose_owner_is_provably_gone(short_tmp: Path) -> None:
+    dead = subprocess.Popen([PY, "-c", "pass"])
+    dead.wait()
+    me = os.getpid()
+    start = open(f"/proc/{me}/stat").read().rsplit(")", 1)[1].split()[19]
+    dirs = {}
+    for name, record in {
+        "dead": f"{dead.pid} 12345",  # that pid has exited
+        "reused": f"{me} {int(start) + 1}",  # a live pid, but started at another time: not the owner
+        "live": f"{me} {start}",
+        "garbled": "not a record",
+    }.items():
+        d = short_tmp / f"devplug-{name}"
+        (d / "c").mkdir(parents=True)
+        (d / workdir.OWNER_FILE).write_text(record)
+        dirs[name] = d
+    unowned = short_tmp / "devplug-unowned"
+    unowned.mkdir()
+    removed = workdir.sweep(short_tmp)
+    assert sorted(p.name for p in removed) == ["devplug-dead", "devplug-reused"]
+    assert [p.name for p in sorted(short_tmp.iterdir())] == ["devplug-garbled", "devplug-live", "devplug-unowned"]
+
+
+def test_work_dir_after_a_crash_is_swept_by_the_next_run(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
+    proc, pid, work = start_harness("plain", short_tmp)
+    proc.kill()
+    proc.wait()
+    wait_for(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
+    assert work.exists()  # a SIGKILLed run cannot clean up after itself...
+    mine = workdir.create()
+    try:
+        assert not work.exists()  # ...the next one does
+        assert mine.parent == short_tmp and mine.exists()
+    finally:
+        workdir.remove(mine)
+
+
+def test_long_temp_dir_still_gives_working_sockets(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
+    long_tmp = short_tmp / ("x" * 90)
+    long_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
+    assert workdir.base_dir() == Path("/tmp")
+    with SimCluster() as cluster:
+        assert len(str(cluster.workdir)) < 40
+        node = cluster.add_node("n1")
+        assert (node.plugin_dir / "kubelet.sock").is_socket()
+
+
+def test_too_long_socket_path_is_a_clear_error(short_tmp: Path) -> None:
+    deep = short_tmp / ("d" * 100)
+    deep.mkdir()
+    with pytest.raises(workdir.SocketPathTooLongError) as info:
+        DeviceManager(deep).start()
+    msg = str(info.value)
+    assert str(deep / "kubelet.sock") in msg and "107-byte limit" in msg

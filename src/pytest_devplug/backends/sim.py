@@ -1,7 +1,8 @@
 """The ``sim`` backend: the protocol on the embedded kubelet (``pytest_devplug.sim.SimCluster``).
 
-Everything lives under one short temp directory (Unix socket paths are limited to 107 bytes),
-removed by :meth:`SimBackend.close`, which also stops every plugin process.
+Everything lives under one short work dir (:mod:`pytest_devplug.sim.workdir`: Unix socket paths are
+limited to 107 bytes), removed by :meth:`SimBackend.close`, which also stops every plugin process, or
+by the next run when this one was killed.
 
 ``exec`` is emulated from the runtime's record of the container, and only for questions that
 record answers honestly: ``env``, ``printenv [NAME...]``, ``ls [-1] /dev`` (a fixed base set plus
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from ..api.podresources import v1_pb2, v1_pb2_grpc
+from ..sim import workdir
 from . import mockstate
 from .base import (
     BackendError,
@@ -73,11 +74,11 @@ class SimBackend:
     def start(self) -> None:
         from ..sim.cluster import SimCluster  # type: ignore[import-not-found,unused-ignore]
 
-        self.workdir = Path(tempfile.mkdtemp(prefix="devplug-", dir=_short_tmp()))
+        self.workdir = workdir.create()
         try:
             self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
         except BaseException:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            workdir.remove(self.workdir)
             self.workdir = None
             raise
 
@@ -95,7 +96,7 @@ class SimBackend:
                 errors.append(exc)
             self.cluster = None
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            workdir.remove(self.workdir)
             self.workdir = None
         if errors:
             raise BackendError(f"sim teardown: {'; '.join(map(repr, errors))}")
@@ -315,17 +316,6 @@ class SimBackend:
             n.grace_period = float(seconds)
             if n.device_manager is not None:
                 n.device_manager.grace_period = float(seconds)
-
-
-#: Room left for ``c/<node>/device-plugins/<socket name>`` under the work dir (sun_path is 108 bytes).
-_SOCKET_PATH_RESERVE = 64
-
-
-def _short_tmp() -> str | None:
-    """The temp dir, unless its path is too long for the sockets under it; then ``/tmp``."""
-    base = tempfile.gettempdir()
-    return None if len(base) + _SOCKET_PATH_RESERVE < 108 else "/tmp"
-
 
 
 def _write_json_atomic(path: Path, doc: JSONDict) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import shutil
-import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
@@ -25,6 +23,8 @@ from typing import Any, Mapping, Sequence
 from . import apiserver, errors
 from .kubelet import SimNode
 from .scheduler import NodeView, pod_requests, schedule
+from .workdir import create as create_workdir
+from .workdir import remove as remove_workdir
 
 __all__ = ["SimCluster"]
 
@@ -69,7 +69,7 @@ class SimCluster:
 
     def __init__(self, workdir: Path | None = None, *, grace_period: float = 300.0) -> None:
         self._own_dir = workdir is None
-        self.workdir = Path(tempfile.mkdtemp(prefix="devplug-sim-")) if workdir is None else Path(workdir)
+        self.workdir = create_workdir("devplug-sim-") if workdir is None else Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.grace_period = grace_period
         self._lock = threading.RLock()
@@ -102,7 +102,7 @@ class SimCluster:
         for node in nodes:
             node.close()
         if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_workdir(self.workdir)
 
     # ---------------------------------------------------------------------- nodes
     def add_node(

@@ -21,6 +21,7 @@ from pytest_devplug.api.podresources import v1_pb2 as pr
 from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import SimError
+from pytest_devplug.sim.workdir import check_socket_path
 
 __all__ = ["PodResourcesServer", "PodInfo"]
 
@@ -110,6 +111,7 @@ class PodResourcesServer:
         self.socket_path.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="podresources"))
         pr_grpc.add_PodResourcesListerServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
+        check_socket_path(self.socket_path, "the kubelet's pod-resources")
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
             raise SimError(f"failed to listen on pod-resources socket {self.socket_path}")
         server.start()

@@ -9,7 +9,9 @@ when the *thread* that forked the process ends.
 
 Every live process sits in a module registry that is emptied by ``atexit`` and, once a process has
 been started from the main thread, by SIGTERM/SIGINT handlers that kill the plugins and then defer to
-the handler that was there before.
+the handler that was there before (a signal the process ignores stays ignored). Work dirs registered
+with :func:`remove_when_killed` are removed when the signal ends the process (SIGTERM) and on a second
+SIGINT, which exits at once rather than interrupt pytest's teardown half-way.
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ from typing import Any, TypeVar
 from pytest_devplug.sim import launcher
 from pytest_devplug.sim.errors import NamespaceUnavailableError, PluginProcessError
 
-__all__ = ["PluginProcess", "live_processes", "kill_all", "namespace_problem"]
+__all__ = ["PluginProcess", "live_processes", "kill_all", "namespace_problem", "remove_when_killed", "forget"]
 
 T = TypeVar("T")
 _LAUNCHER = [sys.executable, "-I", "-S", launcher.__file__]
 
 _registry: dict[int, PluginProcess] = {}
-_registry_lock = threading.Lock()
+#: Reentrant: the signal handlers below run on the main thread, maybe while it holds the lock.
+_registry_lock = threading.RLock()
 _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
+_work_dirs: set[Path] = set()
+_interrupted = False
 
 
 def live_processes() -> list[PluginProcess]:
@@ -54,27 +59,66 @@ def kill_all() -> None:
         proc.wait(timeout=5.0)
 
 
+def remove_when_killed(path: Path) -> None:
+    """Remove ``path`` (a run's work dir) if a signal ends the run before its own teardown does."""
+    with _registry_lock:
+        _work_dirs.add(Path(path))
+
+
+def forget(path: Path) -> None:
+    """``path`` was removed by its owner: nothing to do for it on a signal any more."""
+    with _registry_lock:
+        _work_dirs.discard(Path(path))
+
+
+def _kill_everything() -> None:
+    kill_all()
+    with _registry_lock:
+        dirs = list(_work_dirs)
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    """Kill the plugins, then let the previous handler act (KeyboardInterrupt: pytest tears down).
+
+    A second SIGINT while the first is being handled does not interrupt the teardown half-way (that
+    could hang in a gRPC channel close): it kills the plugins, removes the work dirs and exits at once.
+    A signal whose default action ends the process removes the work dirs before it does.
+    """
+    global _interrupted
+    if signum == signal.SIGINT and _interrupted:
+        _kill_everything()
+        os.write(2, b"\ndevplug: interrupted again: plugins killed, work dirs removed, exiting now\n")
+        os._exit(128 + signum)
+    if signum == signal.SIGINT:
+        _interrupted = True
     kill_all()
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:
+        _kill_everything()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
 
 def _install_handlers() -> None:
+    """Install once, from the main thread; a signal the process ignores (SIG_IGN, e.g. SIGINT of a
+    background job in a script) stays ignored."""
     global _handlers_installed
     if _handlers_installed or threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGTERM, signal.SIGINT):
-        _previous_handlers[sig] = signal.getsignal(sig)
+        previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN:
+            continue
+        _previous_handlers[sig] = previous
         signal.signal(sig, _on_signal)
     _handlers_installed = True
 
 
-atexit.register(kill_all)
+atexit.register(_kill_everything)
 
 
 class _Forker:

@@ -21,6 +21,7 @@ import grpc
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from pytest_devplug.sim.errors import SimError
+from pytest_devplug.sim.workdir import check_socket_path
 
 __all__ = [
     "SUPPORTED_VERSIONS",
@@ -127,6 +128,7 @@ class RegistrationServer:
         pb_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self._on_register, self._log), server
         )
+        check_socket_path(self.socket_path, "the kubelet's registration")
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
             raise RegistrationError(f"failed to listen to socket {self.socket_path} while starting device plugin registry")
         server.start()

@@ -1,0 +1,116 @@
+"""Where a run's files live: short work dirs that record their owner, and a sweep of dirs whose run died.
+
+Unix socket paths are limited to 107 bytes (``sun_path``), so a work dir goes under the temp dir only
+when that leaves room for the sockets below it, else under ``/tmp``. Each dir records the pid and
+start time of the process that made it; a run killed with SIGKILL cannot remove its dir, so the next
+:func:`create` removes the dirs whose owner is *provably* gone (no such pid, or that pid now belongs to
+a process started at another time). A dir of a live run, of another user, or without a readable
+owner record is never touched: other test runs may share this temp dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import process
+from .errors import SimError
+
+__all__ = ["SUN_PATH_MAX", "SocketPathTooLongError", "check_socket_path", "base_dir", "create", "remove", "sweep"]
+
+#: Longest Unix socket path Linux accepts (``sizeof(sun_path)`` minus the terminating NUL).
+SUN_PATH_MAX = 107
+PREFIX = "devplug-"
+OWNER_FILE = ".devplug-owner"
+#: Room kept for ``c/<node>/device-plugins/<socket name>`` below a work dir.
+_SOCKET_RESERVE = 64
+
+
+class SocketPathTooLongError(SimError):
+    """A Unix socket path longer than the kernel accepts (107 bytes)."""
+
+
+def check_socket_path(path: Path, what: str) -> None:
+    """Raise a clear error, before gRPC fails with an unexplained one, when ``path`` is too long."""
+    size = len(os.fsencode(str(path)))
+    if size > SUN_PATH_MAX:
+        raise SocketPathTooLongError(
+            f"{what} socket path is {size} bytes, over the {SUN_PATH_MAX}-byte limit of Unix socket paths: {path} "
+            "(use a shorter work dir; SimCluster() and the sim backend pick one themselves)"
+        )
+
+
+def base_dir() -> Path:
+    """The temp dir, unless its path leaves too little room for the sockets below it; then ``/tmp``."""
+    base = tempfile.gettempdir()
+    if len(os.fsencode(base)) + _SOCKET_RESERVE <= SUN_PATH_MAX:
+        return Path(base)
+    return Path("/tmp")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), if visible."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_gone(record: str) -> bool:
+    try:
+        pid_text, start = record.split()
+        pid = int(pid_text)
+    except ValueError:
+        return False  # unreadable: not provably dead
+    if os.path.isdir("/proc/self"):
+        now = _start_time(pid)
+        return now is None or now != start
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False  # that pid lives; without /proc we cannot tell whether it is the same process
+
+
+def sweep(base: Path | None = None, prefix: str = PREFIX) -> list[Path]:
+    """Remove this user's work dirs under ``base`` whose owner process is gone; returns them."""
+    base = base_dir() if base is None else base
+    removed = []
+    try:
+        candidates = list(base.glob(f"{prefix}*"))
+    except OSError:
+        return []
+    for d in candidates:
+        try:
+            if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.geteuid():
+                continue
+            record = (d / OWNER_FILE).read_text()
+        except OSError:
+            continue
+        if _owner_gone(record):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def create(prefix: str = PREFIX) -> Path:
+    """A fresh work dir with a short path and an owner record, removed on SIGTERM/second SIGINT too;
+    first sweeps the dirs that crashed runs left."""
+    base = base_dir()
+    sweep(base)
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    me = os.getpid()
+    (d / OWNER_FILE).write_text(f"{me} {_start_time(me) or 'unknown'}\n")
+    process.remove_when_killed(d)
+    return d
+
+
+def remove(d: Path) -> None:
+    """Remove a work dir made by :func:`create`."""
+    shutil.rmtree(d, ignore_errors=True)
+    process.forget(d)
