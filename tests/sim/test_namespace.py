@@ -191,3 +191,18 @@ def test_sim_backend_picks_the_standard_paths_when_the_command_has_no_plugin_dir
         assert "/var/lib/kubelet/device-plugins is " in backend.plugin_log(node)
     finally:
         backend.close()
+
+
+def test_conformance_suite_passes_a_plugin_with_the_hard_coded_path(tmp_path: Path) -> None:
+    """The whole shipped suite, through ``devplug conformance``, on a command without ``{plugin_dir}``."""
+    if problem := _problem():
+        pytest.skip(f"this machine allows no private mount namespace: {problem}")
+    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
+    done = subprocess.run(
+        [devplug, "conformance", "--plugin-cmd", f"{{python}} {WIDGET}", "--resource-name", "example.com/widget",
+         "--timeout", "10", "--", "-q", "-p", "no:randomly"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = [ln for ln in done.stdout.splitlines() if " passed" in ln][-1]
+    assert "failed" not in summary and "error" not in summary, summary

@@ -83,6 +83,8 @@ def _write(path: str, text: str) -> None:
 
 def _unshare() -> None:
     """A new mount namespace; through a user namespace mapping us to ourselves when root cannot do it."""
+    if not hasattr(_libc, "unshare"):
+        raise NamespaceError(f"mount namespaces are Linux-only (this is {sys.platform})")
     if os.geteuid() == 0 and _libc.unshare(_CLONE_NEWNS) == 0:
         return
     root_errno = ctypes.get_errno() if os.geteuid() == 0 else None
@@ -173,6 +175,8 @@ def enter_namespace(binds: Sequence[tuple[str, str]], scratch: str) -> None:
 
 
 def _set_parent_death_signal(parent: int) -> None:
+    if not hasattr(_libc, "prctl"):
+        return  # not Linux: no parent-death signal; the run's signal handlers and atexit still stop plugins
     if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
