@@ -261,16 +261,14 @@ class PluginHandle:
         self.start()
 
     def exited(self, log_lines: int = 12) -> str | None:
-        """``None`` while the plugin process runs; else that it exited (with its status where the log
-        records it) and the last lines of its log: the reason a wait for it can stop at once."""
-        if self.running:
+        """``None`` while the plugin runs or may still start; else how it ended (the backend's
+        ``plugin_exit``) and the last lines of its log: the reason a wait for it can stop at once."""
+        how = self.backend.plugin_exit(self.node.name)
+        if how is None:
             return None
-        lines = [ln for ln in self.log().splitlines() if ln.strip()]
-        status = next((ln[len("--- exited: ") :] for ln in reversed(lines) if ln.startswith("--- exited: ")), None)
-        tail = [ln for ln in lines if not ln.startswith("--- ")][-log_lines:]
-        return (
-            f"the plugin process is not running ({'exited with ' + status if status else 'exited'}); "
-            + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
+        tail = [ln for ln in self.log().splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
+        return f"the plugin process {how}; " + (
+            "last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty"
         )
 
     def wait_ready(self, count: int | None = None, timeout: float | None = None) -> None:

@@ -98,3 +98,24 @@ def test_image_names_follow_the_offline_scripts_prefix(monkeypatch: pytest.Monke
     monkeypatch.setattr(cluster, "image_labels", labels)
     assert (cluster.python_base_image() or "").startswith("acme/python-base:")
     assert seen and seen[0].startswith("acme/python-base:")
+
+
+def test_plugin_exit_reports_a_container_that_cannot_come_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits stop on CrashLoopBackOff (or an image that cannot be pulled), not on a pod still starting."""
+    backend = KindBackend(BackendOptions())
+    backend._plugins["n1"] = object()  # type: ignore[assignment]
+    pods: list[dict[str, object]] = []
+    monkeypatch.setattr(backend, "_plugin_pods", lambda node: pods)
+
+    def pod(state: dict[str, object], last: dict[str, object] | None = None) -> dict[str, object]:
+        status = {"name": "plugin", "state": state, "lastState": {"terminated": last} if last else {}}
+        return {"metadata": {"name": "dp-x"}, "status": {"containerStatuses": [status]}}
+
+    assert backend.plugin_exit("n1") is None  # no pod yet
+    pods[:] = [pod({"waiting": {"reason": "ContainerCreating"}})]
+    assert backend.plugin_exit("n1") is None
+    pods[:] = [pod({"waiting": {"reason": "CrashLoopBackOff"}}, {"exitCode": 3})]
+    assert backend.plugin_exit("n1") == "container plugin of pod dp-x is CrashLoopBackOff, last exit code 3"
+    pods[:] = [pod({"waiting": {"reason": "ImagePullBackOff"}})]
+    assert backend.plugin_exit("n1") == "container plugin of pod dp-x is ImagePullBackOff"
+    assert backend.plugin_exit("other-node") is None

@@ -185,6 +185,13 @@ class SimBackend:
         dep = self._plugins.get(node)
         return bool(dep is not None and dep.proc is not None and dep.proc.running)
 
+    def plugin_exit(self, node: str) -> str | None:
+        dep = self._plugins.get(node)
+        rc = dep.proc.returncode if dep is not None and dep.proc is not None else None
+        if rc is None:
+            return None
+        return f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
+
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
         return "".join(dep.logs) + (dep.proc.log() if dep.proc is not None else "")

@@ -46,6 +46,12 @@ GPU_LABEL = ("devplug.io/gpu", "true")
 KUBELET_GRACE_PERIOD = 300.0
 
 
+#: Container waiting reasons the kubelet does not get out of by itself soon (the plugin will not come up).
+_HOPELESS_WAITING = frozenset(
+    {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+)
+
+
 @dataclass
 class _Deployed:
     spec: PluginSpec
@@ -373,6 +379,19 @@ class KindBackend:
             if statuses and all("running" in (s.get("state") or {}) for s in statuses):
                 return True
         return False
+
+    def plugin_exit(self, node: str) -> str | None:
+        """A plugin container the kubelet keeps failing to run: it will not come up by itself."""
+        if node not in self._plugins:
+            return None
+        for p in self._plugin_pods(node):
+            for st in p.get("status", {}).get("containerStatuses") or []:
+                waiting = (st.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") in _HOPELESS_WAITING:
+                    last = ((st.get("lastState") or {}).get("terminated")) or {}
+                    code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
+                    return f"container {st.get('name')} of pod {p['metadata']['name']} is {waiting['reason']}{code}"
+        return None
 
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
