@@ -169,8 +169,8 @@ if sys.argv[1] == "ignore-sigint":
 d = workdir.create()
 p = PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], plugin_dir=d, log_path=d / "plugin.log")
 p.start()
-print(p.pid, d, flush=True)
 try:
+    print(p.pid, d, flush=True)
     time.sleep(60)
 except KeyboardInterrupt:
     print("teardown", flush=True)
