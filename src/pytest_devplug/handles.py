@@ -155,7 +155,7 @@ class MockNvml:
         self._plugin = plugin
 
     def _edit(self, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        self._plugin.dirty = True
+        self._plugin.dirty = self._plugin.state_changed = True
         backend, node = self._plugin.backend, self._plugin.node.name
         backend.write_mock_state(node, fn(backend.read_mock_state(node)))
 
@@ -206,8 +206,10 @@ class MockNvml:
 class PluginHandle:
     """The plugin under test as deployed on one node.
 
-    ``dirty`` is set by every call that changes the plugin's state (faults, stop, restart); the
-    ``devplug_plugin`` fixture redeploys a dirty plugin after the test so the next one starts clean.
+    ``dirty`` is set by every call that changes the plugin's state (faults, stop, restart);
+    ``state_changed`` only by faults (the plugin's devices differ from the deployed ones). After the
+    test the ``devplug_plugin`` fixture starts a plugin that was only stopped or restarted again
+    (no redeploy), and redeploys one whose devices were changed, so the next test starts clean.
     """
 
     def __init__(self, backend: Backend, node: NodeHandle, spec: PluginSpec) -> None:
@@ -215,6 +217,7 @@ class PluginHandle:
         self.node = node
         self.spec = spec
         self.dirty = False
+        self.state_changed = False
 
     def __repr__(self) -> str:
         return f"PluginHandle({self.spec.resource_name!r} on {self.node.name!r})"

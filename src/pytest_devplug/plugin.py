@@ -379,9 +379,26 @@ class _Deployment:
         clean = not h.dirty and h.running and self.node.counts(self.spec.resource_name) == self.baseline
         if clean:
             return
+        if not h.state_changed and self._restored(h):
+            return
         self.cluster.backend.remove_plugin(self.node.name)
         self.handle = None
         self.get()
+
+    def _restored(self, h: PluginHandle) -> bool:
+        """A plugin only stopped, killed or restarted (its devices untouched): start it again if needed and
+        wait until it is back as deployed. Much cheaper than a redeploy on a real cluster, where removing
+        a DaemonSet and creating it again waits for pod deletion and kubelet status updates."""
+        if not h.running:
+            self.cluster.backend.start_plugin(self.node.name)
+        try:
+            h.wait_ready(self.spec.gpus if self.spec.mock else None)
+        except AssertionError:
+            return False
+        if self.node.counts(self.spec.resource_name) != self.baseline:
+            return False
+        h.dirty = False
+        return True
 
 
 def _kubernetes_version(cluster: ClusterHandle, node: NodeHandle) -> str:

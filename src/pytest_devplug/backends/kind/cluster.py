@@ -64,6 +64,7 @@ DEFAULT_NAME = "devplug"
 _FALLBACK_CONFIG = {
     "kind": "Cluster",
     "apiVersion": "kind.x-k8s.io/v1alpha4",
+    "kubeadmConfigPatches": ["kind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n"],
     "nodes": [{"role": "control-plane", "labels": {"devplug.io/gpu": "true"}}],
 }
 KUBELET_VERBOSITY_PATCH = "kind: KubeletConfiguration\nlogging:\n  verbosity: 4\n"
