@@ -520,9 +520,13 @@ class PodFactory:
 
     _counter = itertools.count(1)
 
-    def __init__(self, backend: Backend, *, node: str, resource_name: str, timeout: float, prefix: str = "devplug") -> None:
+    def __init__(
+        self, backend: Backend, *, node: str, resource_name: str, timeout: float, prefix: str = "devplug", namespace: str | None = None
+    ) -> None:
         self.backend = backend
         self.node = node
+        #: Where pods go unless a manifest says otherwise: the backend's (the cluster backend has its own).
+        self.namespace = namespace or getattr(backend, "pod_namespace", "default")
         self.resource_name = resource_name
         self.timeout = timeout
         self.prefix = _dns_label(prefix)[:40].rstrip("-") or "devplug"
@@ -536,7 +540,7 @@ class PodFactory:
         limits: int | str | None = None,
         requests: int | str | None = None,
         name: str | None = None,
-        namespace: str = "default",
+        namespace: str | None = None,
         node: str | None = None,
         image: str = DEFAULT_IMAGE,
         containers: int = 1,
@@ -567,7 +571,8 @@ class PodFactory:
         }
         if restart_policy:
             spec["restartPolicy"] = restart_policy
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        meta = {"name": name, "namespace": namespace or self.namespace}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
     def __call__(
         self,
@@ -582,7 +587,7 @@ class PodFactory:
         body = dict(manifest) if manifest is not None else self.manifest(_count(count, gpus), **kwargs)
         meta = body.setdefault("metadata", {})
         meta.setdefault("name", f"{self.prefix}-{next(self._counter)}")
-        namespace = meta.setdefault("namespace", "default")
+        namespace = meta.setdefault("namespace", self.namespace)
         created = self.backend.create_pod(body)
         name = created["metadata"]["name"]
         self.created.append((name, namespace))

@@ -46,11 +46,13 @@ __all__ = [
     "NODE_NAME",
     "MOCK_MARKER",
     "NO_PLUGIN_MESSAGE",
+    "DISRUPTIVE_MARKER",
 ]
 
 #: The node the default fixtures deploy on.
 NODE_NAME = "devplug-node"
 MOCK_MARKER = "devplug_mock"
+DISRUPTIVE_MARKER = "devplug_disruptive"
 
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The plugin the report header showed (None: it said a conftest overrides devplug_plugin_spec).
@@ -66,6 +68,8 @@ class DevplugSettings:
     plugin: PluginSpec
     missing_mock: str  # "skip" or "fail"
     included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
+    #: Whether @devplug_disruptive tests run (cluster backend: only with --devplug-allow-disruptive).
+    allow_disruptive: bool = True
 
 
 #: Why there is nothing to test: no plugin option, and the included plugin (its own distribution) is absent.
@@ -97,20 +101,39 @@ def default_plugin_argv(resource_name: str, *, pre_start_required: bool = True) 
 # -- options -------------------------------------------------------------------------------------
 
 _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
-    ("backend", "where to run: sim (embedded kubelet, default) or kind", {"default": "sim", "choices": BACKENDS}),
+    (
+        "backend",
+        "where to run: sim (embedded kubelet, default), kind (a kind cluster it creates or reuses) or cluster "
+        "(the kubeconfig's cluster, through the API only)",
+        {"default": "sim", "choices": BACKENDS},
+    ),
     (
         "plugin-cmd",
         "command line of the plugin under test (sim); placeholders {plugin_dir}, {mock_state}, {python}. "
         "Default: the included GPU plugin on a mock NVML (pip install 'pytest-devplug[gpu-plugin]')",
         {},
     ),
-    ("plugin-image", "container image of the plugin under test (kind)", {}),
+    ("plugin-image", "container image of the plugin under test (kind, cluster)", {}),
     ("plugin-manifest", "manifest (DaemonSet) that deploys the plugin under test (kind)", {}),
     (
         "kind-config",
         "kind: cluster config, a path or a file name in kind-config/ (default $DEVPLUG_KIND_CONFIG, else single-node.yaml)",
         {},
     ),
+    ("kube-context", "cluster: kubeconfig context (default: the current one; the file: --kubeconfig)", {}),
+    ("node", "cluster: the node to test on (default: the first node advertising the resource)", {}),
+    (
+        "plugin-daemonset",
+        "cluster: NAMESPACE/NAME of a running plugin DaemonSet to test as it is, instead of deploying one",
+        {},
+    ),
+    (
+        "node-image",
+        "cluster: image of the privileged node-operations pod (needs sh, nsenter, python3 + grpcio; "
+        "default: the plugin image)",
+        {},
+    ),
+    ("workload-image", "kind, cluster: image of the test pods (default busybox; any image with sh and sleep)", {}),
     ("resource-name", f"extended resource the plugin advertises (default {DEFAULT_RESOURCE_NAME})", {}),
     ("gpus", "GPUs in the mock NVML state (default 4)", {"type": int}),
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology (default 2)", {"type": int}),
@@ -169,6 +192,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the plugin sets pre_start_required (default: yes for the included plugin, which is started so)",
     )
     parser.addini("devplug_pre_start_required", "see --devplug-pre-start-required", type="bool", default=None)
+    group.addoption(
+        "--devplug-allow-disruptive",
+        dest="devplug_allow_disruptive",
+        action="store_true",
+        default=None,
+        help=f"cluster: also run the @{DISRUPTIVE_MARKER} tests (kubelet restarts, plugin stop/kill, kubelet config "
+        "changes on the node under test); always on for sim and kind, whose clusters are the harness's own",
+    )
+    parser.addini("devplug_allow_disruptive", "see --devplug-allow-disruptive", type="bool", default=None)
 
 
 def _opt(config: pytest.Config, dest: str) -> Any:
@@ -219,9 +251,21 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         kind_image=_kind_opt(config, "kind_image"),
         kubeconfig=_kind_opt(config, "kubeconfig"),
         kind_config=_opt(config, "devplug_kind_config"),
+        kube_context=_opt(config, "devplug_kube_context"),
+        node=_opt(config, "devplug_node"),
+        plugin_daemonset=_opt(config, "devplug_plugin_daemonset"),
+        node_image=_opt(config, "devplug_node_image") or image,
+        workload_image=_opt(config, "devplug_workload_image"),
     )
+    allow = _opt(config, "devplug_allow_disruptive")
+    allow_disruptive = backend != "cluster" if allow is None else bool(allow)
     return DevplugSettings(
-        backend, opts, spec, str(_opt(config, "devplug_missing_mock") or "skip"), included_plugin=not custom
+        backend,
+        opts,
+        spec,
+        str(_opt(config, "devplug_missing_mock") or "skip"),
+        included_plugin=not custom,
+        allow_disruptive=allow_disruptive,
     )
 
 
@@ -235,6 +279,26 @@ def pytest_configure(config: pytest.Config) -> None:
         "checks a documented policy of the included GPU plugin); with a plugin declared without mock controls "
         "it is skipped with that reason (or fails: --devplug-missing-mock=fail)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{DISRUPTIVE_MARKER}: the test disrupts the node under test (restarts its kubelet, stops or kills the plugin, "
+        "changes the kubelet's config); on the cluster backend it runs only with --devplug-allow-disruptive",
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip @devplug_disruptive tests on a cluster the harness does not own, unless allowed (saying so)."""
+    if item.get_closest_marker(DISRUPTIVE_MARKER) is None:
+        return
+    try:
+        settings = settings_from_config(item.config)
+    except pytest.UsageError:
+        return
+    if not settings.allow_disruptive:
+        pytest.skip(
+            f"disrupts the node under test (@{DISRUPTIVE_MARKER}: kubelet restart, plugin stop/kill or kubelet config "
+            f"change) on a cluster the harness does not own; run with --devplug-allow-disruptive where that is safe"
+        )
 
 
 def _describe(backend: str, spec: PluginSpec) -> str:
@@ -336,7 +400,8 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
 @pytest.fixture(scope="session")
 def devplug_node(devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec) -> NodeHandle:
     """The node (a NodeHandle) the plugin under test runs on."""
-    return devplug_cluster.ensure_node(NodeSpec(NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1)))
+    spec = NodeSpec(NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1), resource_name=devplug_plugin_spec.resource_name)
+    return devplug_cluster.ensure_node(spec)
 
 
 class _Deployment:

@@ -1,4 +1,4 @@
-"""Backends: the same fixtures on the embedded kubelet (``sim``) or a kind cluster (``kind``)."""
+"""Backends: the same fixtures on the embedded kubelet (``sim``), a kind cluster (``kind``) or any cluster (``cluster``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from .base import Backend, BackendOptions, BackendUnavailableError
 
 __all__ = ["BACKENDS", "create_backend"]
 
-BACKENDS = ("sim", "kind")
+BACKENDS = ("sim", "kind", "cluster")
 
 #: Modules the kind backend needs (the ``kind`` extra), by the distribution that provides them.
 KIND_MODULES = {"pytest_kind": "pytest-kind-ng", "kubernetes": "kubernetes", "yaml": "pyyaml"}
@@ -35,4 +35,8 @@ def create_backend(name: str, options: BackendOptions) -> Backend:
         from .kind import KindBackend
 
         return KindBackend(options)
+    if name == "cluster":
+        from .cluster import ClusterBackend
+
+        return ClusterBackend(options)
     raise BackendUnavailableError(f"unknown devplug backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -60,6 +60,8 @@ class NodeSpec:
     numa_nodes: int = 2
     topology_policy: str = "none"
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: The resource the node should carry (the cluster backend picks the first node advertising it).
+    resource_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -229,8 +231,10 @@ def parse_checkpoint(raw: bytes) -> Checkpoint:
 class Backend(Protocol):
     """A cluster the fixtures drive. Kubernetes objects are JSON-shaped dicts (camelCase keys)."""
 
-    #: ``"sim"`` or ``"kind"``.
+    #: ``"sim"``, ``"kind"`` or ``"cluster"``.
     name: str
+    #: Namespace of the test pods (``"default"``; the cluster backend makes its own for the session).
+    pod_namespace: str
 
     # -- cluster lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -356,6 +360,17 @@ class BackendOptions:
     kubeconfig: str | None = None
     #: kind cluster config: a path or a file name in kind-config/ (``None``: ``$DEVPLUG_KIND_CONFIG``, else single-node).
     kind_config: str | None = None
+    # cluster (any cluster, through its kubeconfig; kind and cluster also take workload_image):
+    #: kubeconfig context (``None``: the current one).
+    kube_context: str | None = None
+    #: The node to test on (``None``: the first node advertising the resource).
+    node: str | None = None
+    #: ``NAMESPACE/NAME`` of a running plugin DaemonSet to adopt instead of deploying one.
+    plugin_daemonset: str | None = None
+    #: Image of the privileged node-operations pod (sh, nsenter, python3 + grpcio); ``None``: the plugin image.
+    node_image: str | None = None
+    #: Image the test pods run instead of ``busybox`` (clusters that cannot pull it).
+    workload_image: str | None = None
 
 
 __all__ += ["BackendOptions"]

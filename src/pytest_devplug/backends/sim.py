@@ -61,6 +61,7 @@ class SimBackend:
     """Backend on the embedded kubelet; see the module docstring for what ``exec`` answers."""
 
     name = "sim"
+    pod_namespace = "default"
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pytest_devplug import PluginHandle, PodFactory, assert_checkpoint_survives_kubelet_restart
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 
@@ -27,6 +29,7 @@ def test_checkpoint_records_the_allocation(devplug_pod: PodFactory, devplug_plug
     assert registered == set(devplug_plugin.node.device_ids(devplug_plugin.resource_name)) | set(pod.allocated_devices)
 
 
+@pytest.mark.devplug_disruptive
 def test_checkpoint_survives_kubelet_restart(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
     pod = devplug_pod(gpus=1, wait=True)
     assert_checkpoint_survives_kubelet_restart(devplug_plugin, pod)

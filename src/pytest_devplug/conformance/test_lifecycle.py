@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pytest_devplug import PluginHandle, PodFactory, assert_allocatable, assert_reregisters_after_kubelet_restart
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
 from ._support import short_grace_period
 
 
+@pytest.mark.devplug_disruptive
 def test_reregisters_after_kubelet_restart(devplug_plugin: PluginHandle) -> None:
     assert_reregisters_after_kubelet_restart(devplug_plugin)
 
 
+@pytest.mark.devplug_disruptive
 def test_plugin_restart_keeps_assignments(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
     """After the plugin restarts and registers again, running pods keep their devices; new pods get others."""
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
@@ -35,6 +39,7 @@ def test_container_restart_keeps_devices(devplug_pod: PodFactory) -> None:
     assert pod.allocated_devices == held and pod.env == env
 
 
+@pytest.mark.devplug_disruptive
 def test_plugin_gone_then_resource_removed(devplug_plugin: PluginHandle) -> None:
     """Plugin stops: capacity kept, allocatable 0; after the grace period the resource goes (capacity 0).
 

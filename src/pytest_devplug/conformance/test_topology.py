@@ -56,6 +56,7 @@ def numa_strict_node(
         devplug_cluster.backend.remove_plugin(node.name)
 
 
+@pytest.mark.devplug_disruptive
 def test_single_numa_node_policy_rejects_cross_numa_request(numa_strict_node: tuple[PluginHandle, PodFactory]) -> None:
     """More devices than any one NUMA node has: rejected with TopologyAffinityError; fitting requests run.
 

@@ -30,10 +30,11 @@ from ..base import (
     UnsupportedOperationError,
     parse_checkpoint,
 )
-from .api import KubeApi
+from ..k8s.api import KubeApi
+from ..k8s.node import MOCK_STATE_PATH, NodeOps
 from .cluster import ClusterManager, python_base_image
 from .deploy import STOP_LABEL, PluginImage, render_daemonsets, selector_of
-from .node import MOCK_STATE_PATH, NodeOps
+from .node import DockerExecTransport
 
 __all__ = ["KindBackend", "GPU_LABEL", "KUBELET_GRACE_PERIOD"]
 
@@ -66,18 +67,20 @@ class KindBackend:
     """Backend on a kind cluster: pods through the API, node internals through the node container."""
 
     name = "kind"
+    pod_namespace = "default"
 
     def __init__(self, options: BackendOptions, *, config: str | None = None) -> None:
         """``config``: a kind config (path or file name in kind-config/); default ``$DEVPLUG_KIND_CONFIG`` or single-node."""
         self.options = options
         self.cluster = ClusterManager(options, config=config)
         self.workdir = Path(tempfile.mkdtemp(prefix="devplug-kindb-", dir="/tmp"))
-        self.nodeops = NodeOps(self.workdir, options.timeout)
+        self.transport = DockerExecTransport(self.workdir)
+        self.nodeops = NodeOps(self.transport, options.timeout)
         self.images = PluginImage(self.workdir)
         self._api: KubeApi | None = None
         self._plugins: dict[str, _Deployed] = {}
         self._loaded: set[str] = set()
-        self._workload_image: str | None = None
+        self._workload_image: str | None = options.workload_image
         self._policy_saved: dict[str, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -87,7 +90,7 @@ class KindBackend:
             self._api = KubeApi(self.cluster.api_client(), self.options.timeout)
             for n in self._api.list_nodes():
                 self.nodeops.mark_log_start(n["metadata"]["name"])
-            if self.cluster.offline:
+            if self.cluster.offline and not self._workload_image:
                 # No registry: pods asking for handles.DEFAULT_IMAGE (busybox) run the local Python base,
                 # which has the same shell tools (sh, sleep, env, ls, cat).
                 self._workload_image = python_base_image()
@@ -148,6 +151,11 @@ class KindBackend:
         A spec with ``topology_policy`` other than ``none`` switches the GPU node's kubelet to it (config
         file + restart); the original config comes back when the plugin deployed for that spec is removed.
         """
+        node = self._pick_node(spec)
+        self._apply_policy(node, spec)
+        return node
+
+    def _pick_node(self, spec: NodeSpec) -> str:
         gpu = self._gpu_nodes()
         want = [n for n in gpu if all(self.get_node(n)["metadata"].get("labels", {}).get(k) == v for k, v in spec.labels.items())]
         if not want:
@@ -155,7 +163,10 @@ class KindBackend:
                 f"no node labelled {GPU_LABEL[0]}={GPU_LABEL[1]} (and {dict(spec.labels)}) in kind cluster "
                 f"{self.cluster.name}; the kind-config/*.yaml configs label one"
             )
-        node = want[0]
+        return want[0]
+
+    def _apply_policy(self, node: str, spec: NodeSpec) -> None:
+        """Switch the node's kubelet to ``spec.topology_policy`` (kept until the plugin deployed for it goes)."""
         config = yaml.safe_load(self.nodeops.kubelet_config(node))
         current = config.get("topologyManagerPolicy", "none")
         if spec.topology_policy != current:
@@ -163,7 +174,6 @@ class KindBackend:
                 self._policy_saved[node] = self.nodeops.kubelet_config(node)
             config["topologyManagerPolicy"] = spec.topology_policy
             self._reconfigure_kubelet(node, yaml.safe_dump(config))
-        return node
 
     def _reconfigure_kubelet(self, node: str, text: str) -> None:
         before = self._status_heartbeat(node)
@@ -249,11 +259,11 @@ class KindBackend:
         return self.nodeops.read_checkpoint(node)
 
     def pod_resources(self, node: str) -> list[PodResourcesPod]:
-        self.nodeops.helper_image = self.nodeops.helper_image or self.images.built
+        self.transport.helper_image = self.transport.helper_image or self.images.built
         return self.nodeops.pod_resources(node)
 
     def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
-        self.nodeops.helper_image = self.nodeops.helper_image or self.images.built
+        self.transport.helper_image = self.transport.helper_image or self.images.built
         return self.nodeops.allocatable_devices(node)
 
     # -- the plugin --------------------------------------------------------------------------------

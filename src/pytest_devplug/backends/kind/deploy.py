@@ -128,6 +128,9 @@ def render_daemonsets(spec: PluginSpec, image: str) -> list[dict[str, Any]]:
             if included:
                 _set_env(c, "DP_RESOURCE_NAME", spec.resource_name)
                 _set_env(c, "DP_PRE_START_REQUIRED", "true" if spec.pre_start_required else "false")
+                if not spec.mock:  # real GPUs: the plugin's own default, real NVML, no stand-in device nodes
+                    _set_env(c, "DP_NVML", "real")
+                    _set_env(c, "DP_CREATE_DEV_NODES", "false")
             for k, v in spec.env.items():
                 _set_env(c, k, v)
         out.append(d)

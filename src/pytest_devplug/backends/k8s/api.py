@@ -34,7 +34,7 @@ def _message(exc: ApiException) -> tuple[str, str]:
 
 
 class KubeApi:
-    """Thin typed wrapper of the API calls the kind backend makes."""
+    """Thin typed wrapper of the API calls the real-cluster backends (kind, cluster) make."""
 
     def __init__(self, client: Any, timeout: float) -> None:
         self.client = client
@@ -140,6 +140,39 @@ class KubeApi:
         finally:
             ws.close()
         return ExecResult(int(rc if rc is not None else -1), "".join(out), "".join(err))
+
+    # -- namespaces (the cluster backend's own) ----------------------------------------------------
+    def create_namespace(self, name: str, labels: dict[str, str]) -> None:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        try:
+            self.core.create_namespace(body, _request_timeout=self._t())
+        except ApiException as exc:
+            raise BackendError(f"creating namespace {name}: {exc.status} {_message(exc)[1]}") from None
+
+    def namespace_exists(self, name: str) -> bool:
+        try:
+            self.core.read_namespace(name, _request_timeout=self._t())
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise BackendError(f"reading namespace {name}: {exc.status} {exc.reason}") from None
+        return True
+
+    def delete_namespace(self, name: str) -> None:
+        try:
+            self.core.delete_namespace(name, _request_timeout=self._t())
+        except ApiException as exc:
+            if exc.status != 404:
+                raise BackendError(f"deleting namespace {name}: {exc.status} {exc.reason}") from None
+
+    def service_account_exists(self, name: str, namespace: str) -> bool:
+        try:
+            self.core.read_namespaced_service_account(name, namespace, _request_timeout=self._t())
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise BackendError(f"reading ServiceAccount {namespace}/{name}: {exc.status} {exc.reason}") from None
+        return True
 
     # -- DaemonSets --------------------------------------------------------------------------------
     def apply_daemonset(self, ds: JSONDict) -> None:

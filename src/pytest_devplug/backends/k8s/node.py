@@ -1,0 +1,189 @@
+"""Node operations of a real cluster (kubelet, journal, checkpoint, files, pod-resources) over one transport.
+
+Every operation is a shell script run as root in the node's host namespaces, or one raw pod-resources
+call; the :class:`NodeTransport` decides how the node is reached (kind: ``docker exec`` into the node
+container; any cluster: a privileged host-PID pod, :mod:`.hostpod`). Files travel base64-encoded, so
+binary content and an exec stream that carries text are both fine.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+from typing import Any, Protocol
+
+import grpc
+
+from ...api.podresources import v1_pb2
+from ...waiting import WaitTimeout, wait_for
+from ..base import BackendError, ExecResult, PodResourcesDevices, PodResourcesPod
+
+__all__ = [
+    "NodeTransport",
+    "NodeOps",
+    "NodeCommandError",
+    "CHECKPOINT_PATH",
+    "POD_RESOURCES_SOCKET",
+    "MOCK_STATE_PATH",
+    "KUBELET_CONFIG_PATH",
+    "POD_RESOURCES_CALL",
+]
+
+CHECKPOINT_PATH = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: kubeadm's (and kind's) kubelet config file; the Topology Manager tests switch its policy.
+KUBELET_CONFIG_PATH = "/var/lib/kubelet/config.yaml"
+#: Where the included plugin's DaemonSet reads the mock-NVML state (a hostPath on the node).
+MOCK_STATE_PATH = "/var/lib/devplug/mock-state.json"
+
+#: A pod-resources call where only a container next to the socket reaches it: argv[1] the full method,
+#: argv[2] the timeout; prints the raw response, base64. Needs python3 with grpcio (the plugin image has both).
+POD_RESOURCES_CALL = (
+    "import base64,sys,grpc\n"
+    "ch=grpc.insecure_channel('unix://" + POD_RESOURCES_SOCKET + "')\n"
+    "f=ch.unary_unary(sys.argv[1],request_serializer=None,response_deserializer=None)\n"
+    "sys.stdout.write(base64.b64encode(f(b'',timeout=float(sys.argv[2]))).decode())\n"
+)
+
+
+class NodeCommandError(BackendError):
+    """A command on the node ran and failed (as opposed to the node not being reachable)."""
+
+
+class NodeTransport(Protocol):
+    """How a backend reaches a node's host: the seam between node operations and kind or a real cluster."""
+
+    def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
+        """Run ``sh -c script`` as root in the node's host mount and PID namespaces. Raises ``BackendError``
+        when the node cannot be reached (a non-zero exit is returned, not raised)."""
+        ...
+
+    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
+        """The raw response of pod-resources v1 ``method`` (``/v1.PodResourcesLister/List``, empty request)."""
+        ...
+
+    def close(self) -> None:
+        """Remove whatever the transport made (pods, links)."""
+        ...
+
+
+class NodeOps:
+    """Operations on the nodes of one cluster, over ``transport``."""
+
+    def __init__(self, transport: NodeTransport, timeout: float) -> None:
+        self.transport = transport
+        self.timeout = timeout
+        self._since: dict[str, str] = {}
+
+    def exec(self, node: str, script: str, *, timeout: float | None = None) -> str:
+        """Run ``script`` on the node; its stdout. A non-zero exit raises :class:`NodeCommandError`."""
+        res = self.transport.run(node, script, timeout=timeout or max(self.timeout, 60.0))
+        if res.returncode != 0:
+            raise NodeCommandError(f"`{script[:200]}` on node {node} exited {res.returncode}: {res.stderr.strip()[-1500:]}")
+        return res.stdout
+
+    # -- kubelet -----------------------------------------------------------------------------------
+    def mark_log_start(self, node: str) -> None:
+        """Read the kubelet journal from now on (a reused cluster's old runs are not this session's)."""
+        self._since[node] = self.exec(node, "date -u '+%Y-%m-%d %H:%M:%S'").strip()
+
+    def _kubelet_instance(self, node: str) -> str:
+        """What changes with every start of the kubelet unit (systemd's invocation ID and main PID)."""
+        return self.exec(node, "systemctl show -p InvocationID -p MainPID kubelet").strip()
+
+    def restart_kubelet(self, node: str) -> None:
+        """Restart the kubelet unit and wait until the new one serves pod-resources.
+
+        ``--no-block``: on a real cluster the command travels through the kubelet being restarted (exec
+        streams end at it), so the restart is queued and the new instance is recognised by its unit's
+        invocation ID instead."""
+        before = self._kubelet_instance(node)
+        self.exec(node, "systemctl restart --no-block kubelet")
+        self.wait_kubelet_serving(node, max(self.timeout, 60.0), not_instance=before)
+
+    def kubelet_active(self, node: str) -> bool:
+        return self.transport.run(node, "systemctl is-active --quiet kubelet", timeout=60.0).returncode == 0
+
+    def kubelet_log(self, node: str) -> str:
+        since = self._since.get(node)
+        cmd = "journalctl -u kubelet --no-pager -o short-iso"
+        if since:
+            cmd += f" --since {shlex.quote(since)}"
+        return self.exec(node, cmd, timeout=120)
+
+    def numa_nodes(self, node: str) -> list[int]:
+        """NUMA node IDs the node's kubelet sees: ``/sys/devices/system/node/node<N>`` (the host's; cadvisor's
+        source). None listed (a kernel without NUMA): taken as the single node 0."""
+        out = self.exec(node, "ls /sys/devices/system/node 2>/dev/null || true")
+        ids = sorted(int(n[4:]) for n in out.split() if n.startswith("node") and n[4:].isdigit())
+        return ids or [0]
+
+    def kubelet_config(self, node: str) -> str:
+        raw = self.read_file(node, KUBELET_CONFIG_PATH)
+        if raw is None:
+            raise BackendError(f"no kubelet config file {KUBELET_CONFIG_PATH} on node {node} (not a kubeadm-style node)")
+        return raw.decode()
+
+    def set_kubelet_config(self, node: str, text: str) -> None:
+        """Replace the kubelet's config file and restart it (used for per-test Topology Manager policies)."""
+        self.write_file(node, KUBELET_CONFIG_PATH, text.encode())
+        self.restart_kubelet(node)
+
+    # -- files -------------------------------------------------------------------------------------
+    def read_file(self, node: str, path: str) -> bytes | None:
+        q = shlex.quote(path)
+        res = self.transport.run(node, f"if [ -e {q} ]; then base64 < {q}; else exit 3; fi", timeout=max(self.timeout, 60.0))
+        if res.returncode == 3:
+            return None
+        if res.returncode != 0:
+            raise NodeCommandError(f"reading {path} on node {node} failed ({res.returncode}): {res.stderr.strip()}")
+        return base64.b64decode(res.stdout)
+
+    def write_file(self, node: str, path: str, data: bytes) -> None:
+        """Atomic replace on the node: a temp file in the same directory, then ``mv``."""
+        d, tmp, dst = shlex.quote(os.path.dirname(path)), shlex.quote(f"{path}.devplug-tmp"), shlex.quote(path)
+        b64 = base64.b64encode(data).decode()
+        self.exec(node, f"mkdir -p {d} && printf %s {b64} | base64 -d > {tmp} && mv -f {tmp} {dst}")
+
+    def read_checkpoint(self, node: str) -> bytes | None:
+        return self.read_file(node, CHECKPOINT_PATH)
+
+    def read_json(self, node: str, path: str) -> dict[str, Any]:
+        raw = self.read_file(node, path)
+        if raw is None:
+            raise BackendError(f"no {path} on node {node}")
+        return dict(json.loads(raw))
+
+    # -- pod-resources ---------------------------------------------------------------------------
+    def _call(self, node: str, method: str, response_type: Any) -> Any:
+        raw = self.transport.pod_resources_call(node, f"/v1.PodResourcesLister/{method}", timeout=self.timeout)
+        return response_type.FromString(raw)
+
+    def pod_resources(self, node: str) -> list[PodResourcesPod]:
+        resp = self._call(node, "List", v1_pb2.ListPodResourcesResponse)
+        return [PodResourcesPod.from_proto(p) for p in resp.pod_resources]
+
+    def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
+        resp = self._call(node, "GetAllocatableResources", v1_pb2.AllocatableResourcesResponse)
+        return [PodResourcesDevices.from_proto(d) for d in resp.devices]
+
+    def wait_kubelet_serving(self, node: str, timeout: float, *, not_instance: str | None = None) -> None:
+        """The unit is active (a new instance, when ``not_instance`` is given) and pod-resources answers."""
+
+        def probe() -> str:
+            if not_instance is not None and self._kubelet_instance(node) == not_instance:
+                return "the old kubelet is still running"
+            if not self.kubelet_active(node):
+                return "kubelet unit not active"
+            self.allocatable_devices(node)
+            return ""
+
+        try:
+            wait_for(
+                probe, lambda why: not why, timeout=timeout, interval=0.5,
+                what=f"the kubelet on {node} serving pod-resources after a restart", retry_on=(BackendError, grpc.RpcError),
+            )  # fmt: skip
+        except WaitTimeout as exc:
+            raise BackendError(str(exc)) from None

@@ -1,0 +1,111 @@
+"""Units of the cluster backend and the node-operations layer that need no cluster.
+
+The backend against a real cluster runs in the kind tier (``nox -s e2e``: a kind cluster made by kind's
+CLI, reached only through its kubeconfig).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_devplug.backends import create_backend
+from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError, ExecResult, PluginSpec
+from pytest_devplug.backends.cluster import ClusterBackend
+from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, node_pod_manifest
+from pytest_devplug.backends.k8s.node import NodeCommandError, NodeOps
+from pytest_devplug.backends.kind.deploy import render_daemonsets
+
+pytest_plugins = ["pytester"]
+
+
+class LocalTransport:
+    """Runs node scripts on this machine: NodeOps' file and command handling, end to end."""
+
+    def __init__(self) -> None:
+        self.scripts: list[str] = []
+
+    def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
+        self.scripts.append(script)
+        p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout)
+        return ExecResult(p.returncode, p.stdout, p.stderr)
+
+    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
+        raise AssertionError("not called")
+
+    def close(self) -> None:
+        pass
+
+
+def test_node_files_round_trip_binary_content_atomically(tmp_path: Path) -> None:
+    ops = NodeOps(LocalTransport(), timeout=10)
+    target = tmp_path / "sub dir" / "state.json"
+    data = bytes(range(256)) * 3
+    ops.write_file("n1", str(target), data)
+    assert target.read_bytes() == data
+    assert ops.read_file("n1", str(target)) == data
+    assert ops.read_file("n1", str(tmp_path / "missing")) is None
+    assert not list(target.parent.glob("*.devplug-tmp"))
+
+
+def test_a_failing_node_command_names_the_node_and_the_error() -> None:
+    ops = NodeOps(LocalTransport(), timeout=10)
+    with pytest.raises(NodeCommandError, match=r"on node n1 exited 3: boom"):
+        ops.exec("n1", "echo boom >&2; exit 3")
+
+
+def test_the_node_pod_is_privileged_in_the_host_pid_namespace_on_its_node() -> None:
+    pod = node_pod_manifest("gpu-7", "devplug-node-x", "devplug-ab", "img:1")
+    spec = pod["spec"]
+    assert spec["nodeName"] == "gpu-7" and spec["hostPID"] is True
+    assert spec["containers"][0]["securityContext"] == {"privileged": True}
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert pod["metadata"]["labels"][MANAGED_BY[0]] == MANAGED_BY[1]
+
+
+def test_the_plugin_daemonset_is_ours_and_pinned_to_the_node_under_test() -> None:
+    backend = create_backend("cluster", BackendOptions())
+    assert isinstance(backend, ClusterBackend)
+    (ds,) = render_daemonsets(PluginSpec(mock=True), "plugin:1")
+    owned = backend._own(ds, "gpu-7")
+    assert owned["metadata"]["namespace"] == backend.namespace == backend.pod_namespace
+    assert backend.namespace.startswith("devplug-")
+    assert owned["metadata"]["labels"][MANAGED_BY[0]] == MANAGED_BY[1]
+    assert owned["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-7"}
+
+
+def test_the_included_plugin_without_mock_runs_on_real_nvml() -> None:
+    (ds,) = render_daemonsets(PluginSpec(mock=False), "plugin:1")
+    env = {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DP_NVML"] == "real" and env["DP_CREATE_DEV_NODES"] == "false"
+    (mock,) = render_daemonsets(PluginSpec(mock=True), "plugin:1")
+    env = {e["name"]: e.get("value") for e in mock["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DP_NVML"] == "mock"
+
+
+def test_an_unreadable_kubeconfig_is_named(tmp_path: Path) -> None:
+    backend = create_backend("cluster", BackendOptions(kubeconfig=str(tmp_path / "nope")))
+    with pytest.raises(BackendUnavailableError, match="cannot load kubeconfig .*nope"):
+        backend.start()
+
+
+def test_disruptive_tests_skip_on_the_cluster_backend_unless_allowed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.devplug_disruptive
+        def test_restarts_the_kubelet():
+            pass
+
+        def test_harmless():
+            pass
+        """
+    )
+    res = pytester.runpytest("--devplug-backend", "cluster", "-rs")
+    res.assert_outcomes(passed=1, skipped=1)
+    res.stdout.fnmatch_lines(["*disrupts the node under test*--devplug-allow-disruptive*"])
+    pytester.runpytest("--devplug-backend", "cluster", "--devplug-allow-disruptive").assert_outcomes(passed=2)
+    pytester.runpytest("--devplug-backend", "sim").assert_outcomes(passed=2)
