@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -57,24 +58,88 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON[0])
 def e2e(session: nox.Session) -> None:
-    """The kind tier: smoke and multi-node tests, the conformance suite on kind, sim-vs-kind differentials.
+    """The kind tier: smoke and multi-node tests (kind backend), the conformance suite on a kind cluster made
+    with kind's CLI and reached only through its kubeconfig (cluster backend), sim-vs-kind differentials.
 
     Where no container registry answers, kind-config/offline/build-all.sh builds the node and Python base
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test
-    that cannot get its cluster fails instead of skipping.
+    that cannot get its cluster fails instead of skipping. ``DEVPLUG_E2E_CLUSTER`` names the cluster.
     """
     _install(session)
     ensure = ROOT.parent / "shared" / "ci" / "ensure-docker"
     if ensure.exists():
         session.run("bash", str(ensure), external=True)
-    session.run("bash", "kind-config/offline/build-all.sh", "--auto", external=True)
-    env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", "")}
+    built = session.run("bash", "kind-config/offline/build-all.sh", "--auto", external=True, silent=True)
+    offline = dict(line.split("=", 1) for line in str(built or "").splitlines() if line.startswith("DEVPLUG_"))
+    env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", ""), **offline}
     session.run("pytest", "-m", "kind", "tests/kind", *session.posargs, env=env)
-    kind_args = ["--devplug-backend", "kind", "--devplug-timeout", "60", f"--cluster-name={E2E_CLUSTER}"]
+    kind = offline.get("DEVPLUG_KIND_BIN") or _last_line(
+        session.run("bash", "kind-config/offline/ensure-kind.sh", external=True, silent=True)
+    )
+    name = os.environ.get("DEVPLUG_E2E_CLUSTER") or E2E_CLUSTER
+    with tempfile.TemporaryDirectory(prefix="devplug-e2e-") as tmp:
+        try:
+            kubeconfig = _create_kind_cluster(session, kind, name, Path(tmp), offline.get("DEVPLUG_KIND_NODE_IMAGE"))
+            _conformance_on_cluster(session, kind, name, kubeconfig, offline.get("DEVPLUG_PYTHON_BASE"), env)
+            # The same cluster through the kind backend (it reuses a healthy cluster of that name).
+            kind_args = ["--devplug-backend", "kind", "--devplug-timeout", "60", f"--cluster-name={name}"]
+            session.run("pytest", "-m", "kind", "tests/differential", *kind_args, env=env)
+        finally:
+            session.run(kind, "delete", "cluster", "--name", name, external=True)
+
+
+def _last_line(out: object) -> str:
+    return str(out).strip().splitlines()[-1]
+
+
+def _create_kind_cluster(session: nox.Session, kind: str, name: str, tmp: Path, node_image: str | None) -> str:
+    """``kind create cluster`` from kind-config/e2e-two-nodes.yaml (offline settings added for the offline image)."""
+    config = ROOT / "kind-config" / "e2e-two-nodes.yaml"
+    image: list[str] = []
+    if node_image:
+        patched = tmp / "kind.yaml"
+        session.run("python", "kind-config/offline/patch-config.py", str(config), str(patched), silent=True)
+        config, image = patched, ["--image", node_image]
+    kubeconfig = str(tmp / "kubeconfig")
+    session.run(
+        kind, "create", "cluster", "--name", name, "--config", str(config), "--kubeconfig", kubeconfig, *image,
+        "--wait", "5m", external=True,
+    )  # fmt: skip
+    return kubeconfig
+
+
+def _conformance_on_cluster(
+    session: nox.Session, kind: str, name: str, kubeconfig: str, python_base: str | None, env: dict[str, str]
+) -> None:
+    """The suite with ``--devplug-backend cluster``, nothing through Docker but what a user does on a real
+    cluster: the plugin image is built and loaded onto the nodes here (a registry push elsewhere).
+
+    The grace-period test (5 min on a real kubelet) runs on the worker, next to the rest on the control plane.
+    """
+    image = _last_line(
+        session.run(
+            "python", "-c",
+            "import pathlib, tempfile; from pytest_devplug.backends.kind.deploy import PluginImage; "
+            "print(PluginImage(pathlib.Path(tempfile.mkdtemp(prefix='devplug-img-'))).included())",
+            silent=True,
+        )
+    )  # fmt: skip
+    session.run(kind, "load", "docker-image", "--name", name, image, *([python_base] if python_base else []), external=True)
+    args = [
+        "--pyargs", "pytest_devplug.conformance", "--devplug-backend", "cluster", "--kubeconfig", kubeconfig,
+        "--devplug-allow-disruptive", "--devplug-plugin-image", image, "--devplug-mock",
+        "--devplug-pre-start-required", "--devplug-timeout", "60", "-p", "no:cacheprovider",
+    ]  # fmt: skip
+    if python_base:
+        args += ["--devplug-workload-image", python_base]
+    pytest = str(Path(session.bin) / "pytest")
+    grace = subprocess.Popen(
+        [pytest, *args, "--devplug-node", f"{name}-worker", "-m", "devplug_grace_period", "-q"],
+        env={**os.environ, **env},
+    )  # fmt: skip
     try:
-        # One cluster for both runs: the conformance run keeps it, the differential run reuses it.
-        session.run("pytest", "--pyargs", "pytest_devplug.conformance", *kind_args, "--keep-cluster", env=env)
-        session.run("pytest", "-m", "kind", "tests/differential", *kind_args, env=env)
+        session.run("pytest", *args, "--devplug-node", f"{name}-control-plane", "-m", "not devplug_grace_period", env=env)
     finally:
-        kind = session.run("bash", "kind-config/offline/ensure-kind.sh", external=True, silent=True)
-        session.run(str(kind).strip().splitlines()[-1], "delete", "cluster", "--name", E2E_CLUSTER, external=True)
+        rc = grace.wait()
+    if rc != 0:
+        session.error(f"the grace-period test on {name}-worker failed (exit {rc})")

@@ -47,12 +47,14 @@ __all__ = [
     "MOCK_MARKER",
     "NO_PLUGIN_MESSAGE",
     "DISRUPTIVE_MARKER",
+    "GRACE_PERIOD_MARKER",
 ]
 
 #: The node the default fixtures deploy on.
 NODE_NAME = "devplug-node"
 MOCK_MARKER = "devplug_mock"
 DISRUPTIVE_MARKER = "devplug_disruptive"
+GRACE_PERIOD_MARKER = "devplug_grace_period"
 
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The plugin the report header showed (None: it said a conftest overrides devplug_plugin_spec).
@@ -283,6 +285,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{DISRUPTIVE_MARKER}: the test disrupts the node under test (restarts its kubelet, stops or kills the plugin, "
         "changes the kubelet's config); on the cluster backend it runs only with --devplug-allow-disruptive",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{GRACE_PERIOD_MARKER}: the test waits out the kubelet's grace period after its plugin went away (5 min on a "
+        "real kubelet); select it with -m to run it on a node of its own, in parallel with the rest (nox -s e2e does)",
     )
 
 

@@ -40,6 +40,7 @@ def test_container_restart_keeps_devices(devplug_pod: PodFactory) -> None:
 
 
 @pytest.mark.devplug_disruptive
+@pytest.mark.devplug_grace_period
 def test_plugin_gone_then_resource_removed(devplug_plugin: PluginHandle) -> None:
     """Plugin stops: capacity kept, allocatable 0; after the grace period the resource goes (capacity 0).
 
