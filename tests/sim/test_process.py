@@ -272,6 +272,42 @@ def test_work_dir_after_a_crash_is_swept_by_the_next_run(short_tmp: Path, monkey
         workdir.remove(mine)
 
 
+GRANDCHILD_HARNESS = """
+import sys, time
+from pytest_devplug.sim import workdir
+from pytest_devplug.sim.process import PluginProcess
+d = workdir.create()
+code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print('CHILD', c.pid, flush=True); time.sleep(120)"
+p = PluginProcess([sys.executable, "-c", code], plugin_dir=d, log_path=d / "plugin.log")
+p.start()
+while "CHILD " not in p.log():
+    time.sleep(0.05)
+print(p.pid, p.log().split("CHILD ")[1].split()[0], d, flush=True)
+time.sleep(120)
+"""
+
+
+def test_next_run_kills_what_a_killed_runs_plugin_left(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The death signal reaches the plugin, not the plugin's own children: the next run's sweep does."""
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
+    proc = subprocess.Popen([PY, "-c", GRANDCHILD_HARNESS], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(short_tmp)})
+    assert proc.stdout is not None
+    plugin, child, work = proc.stdout.readline().split()
+    proc.kill()
+    proc.wait()
+    wait_for(f"plugin {plugin} gone", lambda: alive(int(plugin)), lambda a: a is False)
+    try:
+        assert alive(int(child))  # the plugin's child outlived the run...
+        mine = workdir.create()
+        wait_for(f"plugin child {child} gone", lambda: alive(int(child)), lambda a: a is False)  # ...not the sweep
+        assert not Path(work).exists()
+        workdir.remove(mine)
+    finally:
+        if alive(int(child)):
+            os.kill(int(child), signal.SIGKILL)
+
+
 def test_long_temp_dir_still_gives_working_sockets(monkeypatch: pytest.MonkeyPatch, short_tmp: Path) -> None:
     long_tmp = short_tmp / ("x" * 90)
     long_tmp.mkdir()

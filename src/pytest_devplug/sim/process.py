@@ -32,7 +32,17 @@ from typing import Any, TypeVar
 from pytest_devplug.sim import launcher
 from pytest_devplug.sim.errors import NamespaceUnavailableError, PluginProcessError
 
-__all__ = ["PluginProcess", "live_processes", "kill_all", "namespace_problem", "remove_when_killed", "forget"]
+__all__ = [
+    "PluginProcess",
+    "RUN_OWNER_ENV",
+    "forget",
+    "kill_all",
+    "live_processes",
+    "namespace_problem",
+    "remove_when_killed",
+    "run_owner",
+    "start_time",
+]
 
 T = TypeVar("T")
 _LAUNCHER = [sys.executable, "-I", "-S", launcher.__file__]
@@ -44,6 +54,26 @@ _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
 _work_dirs: set[Path] = set()
 _interrupted = False
+
+
+#: Set in every plugin's environment to :func:`run_owner` (inherited by its children), so the run that
+#: follows a SIGKILLed one can find a plugin's own children that outlived it (``workdir.sweep``).
+RUN_OWNER_ENV = "DEVPLUG_RUN_OWNER"
+
+
+def start_time(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), if visible."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def run_owner() -> str:
+    """``"<pid> <start time>"`` of this process: who owns the run's work dirs and plugins."""
+    me = os.getpid()
+    return f"{me} {start_time(me) or 'unknown'}"
 
 
 def live_processes() -> list[PluginProcess]:
@@ -234,7 +264,7 @@ class PluginProcess:
             if self.running:
                 raise PluginProcessError(f"plugin already running (pid {self.pid}): {self.argv}")
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, **self.env} if self.env is not None else dict(os.environ)
+            env = {**os.environ, **(self.env or {}), RUN_OWNER_ENV: run_owner()}
             if not self.argv:
                 raise PluginProcessError("cannot start plugin: empty command")
             if shutil.which(self.argv[0], path=env.get("PATH", os.defpath)) is None:

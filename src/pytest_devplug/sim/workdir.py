@@ -4,7 +4,8 @@ Unix socket paths are limited to 107 bytes (``sun_path``), so a work dir goes un
 when that leaves room for the sockets below it, else under ``/tmp``. Each dir records the pid and
 start time of the process that made it; a run killed with SIGKILL cannot remove its dir, so the next
 :func:`create` removes the dirs whose owner is *provably* gone (no such pid, or that pid now belongs to
-a process started at another time). A dir of a live run, of another user, or without a readable
+a process started at another time), and kills what that run's plugins left running (their own children,
+which the parent-death signal does not reach; they carry the owner in ``DEVPLUG_RUN_OWNER``). A dir of a live run, of another user, or without a readable
 owner record is never touched: other test runs may share this temp dir.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -50,15 +52,6 @@ def base_dir() -> Path:
     return Path("/tmp")
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), if visible."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _owner_gone(record: str) -> bool:
     try:
         pid_text, start = record.split()
@@ -66,7 +59,7 @@ def _owner_gone(record: str) -> bool:
     except ValueError:
         return False  # unreadable: not provably dead
     if os.path.isdir("/proc/self"):
-        now = _start_time(pid)
+        now = process.start_time(pid)
         return now is None or now != start
     try:
         os.kill(pid, 0)
@@ -93,9 +86,23 @@ def sweep(base: Path | None = None, prefix: str = PREFIX) -> list[Path]:
         except OSError:
             continue
         if _owner_gone(record):
+            _kill_strays(record.strip())
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed
+
+
+def _kill_strays(owner: str) -> None:
+    """SIGKILL this user's processes started by the dead run ``owner``: a plugin's children that its
+    parent-death signal did not reach. They carry ``DEVPLUG_RUN_OWNER=<owner>`` in their environment."""
+    marker = f"\0{process.RUN_OWNER_ENV}={owner}\0".encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if entry.stat().st_uid != os.geteuid() or marker not in b"\0" + (entry / "environ").read_bytes():
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
 
 
 def create(prefix: str = PREFIX) -> Path:
@@ -104,8 +111,7 @@ def create(prefix: str = PREFIX) -> Path:
     base = base_dir()
     sweep(base)
     d = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    me = os.getpid()
-    (d / OWNER_FILE).write_text(f"{me} {_start_time(me) or 'unknown'}\n")
+    (d / OWNER_FILE).write_text(process.run_owner() + "\n")
     process.remove_when_killed(d)
     return d
 
