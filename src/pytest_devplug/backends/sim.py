@@ -25,6 +25,7 @@ import grpc
 
 from ..api.podresources import v1_pb2, v1_pb2_grpc
 from ..sim import workdir
+from ..waiting import wait_for
 from . import mockstate
 from .base import (
     BackendError,
@@ -161,11 +162,13 @@ class SimBackend:
             return
         if dep.proc is not None and dep.proc.running:
             dep.proc.stop(timeout=5.0)
+            self._wait_plugin_seen_gone(node, dep.spec.resource_name)
 
     def stop_plugin(self, node: str) -> None:
         proc = self._dep(node).proc
         if proc.running:
             proc.stop(timeout=5.0)
+            self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
 
     def kill_plugin(self, node: str) -> None:
         import signal
@@ -174,6 +177,20 @@ class SimBackend:
         if proc.running:
             proc.kill(signal.SIGKILL)
             proc.wait(timeout=5.0)
+            self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
+
+    def _wait_plugin_seen_gone(self, node: str, res: str) -> None:
+        """Return once the kubelet has seen the plugin's stream end (none of its devices healthy), as the
+        kind backend waits for the node status. Otherwise a restart looks complete while the old endpoint
+        still counts: the next pod is sent to a socket that is gone (seen with upstream's device-plugin
+        stub, whose new process has not yet re-created its socket), or a redeployed plugin looks ready
+        before it registered."""
+
+        def healthy() -> int:
+            dm = self._node(node).device_manager
+            return 0 if dm is None else sum(1 for h in dm.device_health(res).values() if h == "Healthy")
+
+        wait_for(healthy, lambda n: n == 0, timeout=self.options.timeout, what=f"the kubelet on {node} seeing the {res} plugin stop")
 
     def start_plugin(self, node: str) -> None:
         dep = self._dep(node)
