@@ -1,0 +1,74 @@
+"""Peer device plugins built from their Go modules by ``peers/build.sh`` (cached once per machine).
+
+``peer_binary(name)`` answers the path of a built peer (``sample-device-plugin``, ``stub-plugin``,
+``nvidia-device-plugin``), building it on first use; the build is the script's, so ``nox -s tests``,
+CI and a developer running ``peers/build.sh`` share one cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
+#: A cold build downloads k8s.io/kubernetes' dependencies and compiles them: minutes on 2 cores.
+BUILD_TIMEOUT_S = 1800.0
+
+
+class PeerBuildError(Exception):
+    """``peers/build.sh`` failed or printed no binary for the peer."""
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _go_available() -> bool:
+    go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
+    return os.access(go, os.X_OK)
+
+
+def build_peer(name: str) -> Path:
+    """The binary of peer ``name``, built (or found cached) by peers/build.sh."""
+    try:
+        done = subprocess.run(
+            ["bash", str(BUILD_SCRIPT), name], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        log = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        raise PeerBuildError(f"peers/build.sh {name} ran past {BUILD_TIMEOUT_S:.0f}s; its log:\n{log[-4000:]}") from None
+    for line in done.stdout.splitlines():
+        peer, _, path = line.partition(" ")
+        if peer == name and done.returncode == 0 and os.access(path, os.X_OK):
+            return Path(path)
+    raise PeerBuildError(
+        f"peers/build.sh {name} exited {done.returncode} without a binary for {name}; "
+        f"stdout: {done.stdout.strip()!r}; its log (last 4000 chars):\n{done.stderr[-4000:]}"
+    )
+
+
+@pytest.fixture(scope="session")
+def peer_binary() -> Callable[[str], Path]:
+    """Session-wide: ``peer_binary(name)`` builds or finds the peer once per run (once per machine, cached).
+
+    Without a Go toolchain the test skips saying so, except under ``CI=true``, where it fails: CI must
+    run the peers, not report them skipped.
+    """
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            if not _go_available():
+                reason = f"no Go toolchain (`go` not on PATH): cannot build the peer {name} from its Go module"
+                if _ci():
+                    pytest.fail(reason + " (CI=true: peers must run there)", pytrace=False)
+                pytest.skip(reason)
+            built[name] = build_peer(name)
+        return built[name]
+
+    return get

@@ -1,0 +1,117 @@
+"""The shipped conformance suite against real device plugins nobody here wrote, run as they ship.
+
+Kubernetes' sample device plugin (``test/images/sample-device-plugin``: two devices, no topology,
+hard-coded ``/var/lib/kubelet/device-plugins``, re-registers 10 s after a kubelet restart) and
+upstream's device-plugin stub (``peers/stub-plugin``: four devices on two NUMA nodes,
+PreStartContainer and GetPreferredAllocation) run ``devplug conformance`` on the embedded kubelet
+with their plain command lines. A correct plugin must get 0 failed and 0 errors, and every skip must
+name a reason that fits what the peer lacks; a test that fails here on a correct peer is a harness bug.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+#: Skip reasons a plugin without mock-NVML controls / without pre_start_required / without topology
+#: may give; anything else skipped is a defect of the suite (or of the peer).
+NO_MOCK = re.compile(r"mock-NVML", re.I)
+NO_PRE_START = re.compile(r"pre_start_required", re.I)
+NO_TOPOLOGY = re.compile(r"topology|NUMA", re.I)
+#: One suite run on the embedded kubelet takes ~30 s; two kubelet restarts wait ~10 s each for the peers.
+SUITE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    resource: str
+    #: Options of `devplug conformance` that describe the plugin (not its command line).
+    options: tuple[str, ...]
+    #: Skip reasons this peer may get.
+    allowed_skips: tuple[re.Pattern[str], ...]
+    #: Tests that must pass (not skip) for this peer: what it is here to exercise.
+    must_pass: tuple[str, ...]
+
+
+PEERS = [
+    Peer(
+        "sample-device-plugin", "example.com/resource", (), (NO_MOCK, NO_PRE_START, NO_TOPOLOGY),
+        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart"),
+    ),
+    Peer(
+        "stub-plugin", "example.com/stub", ("--pre-start-required",), (NO_MOCK,),
+        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
+         "test_prestart_container_called_before_start", "test_allocation_is_numa_aligned",
+         "test_single_numa_node_policy_rejects_cross_numa_request"),
+    ),
+]  # fmt: skip
+
+
+@dataclass
+class SuiteResult:
+    passed: list[str]
+    failed: list[str]  # failures and errors, with their message
+    skipped: dict[str, str]  # test -> reason
+
+
+def _parse_junit(path: Path) -> SuiteResult:
+    result = SuiteResult([], [], {})
+    for case in ET.parse(path).iter("testcase"):
+        name = case.get("name", "?")
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skip = case.find("skipped")
+        if bad is not None:
+            result.failed.append(f"{name}: {bad.get('message', '')}")
+        elif skip is not None:
+            result.skipped[name] = skip.get("message", "")
+        else:
+            result.passed.append(name)
+    return result
+
+
+@pytest.mark.parametrize("peer", PEERS, ids=[p.name for p in PEERS])
+def test_conformance_suite_passes_on_peer(peer: Peer, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    binary = peer_binary(peer.name)
+    junit = tmp_path / "junit.xml"
+    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
+    argv = [
+        devplug, "conformance", "--backend", "sim", "--plugin-cmd", str(binary), "--resource-name", peer.resource,
+        *peer.options, "--", "-p", "no:randomly", f"--junitxml={junit}",
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
+    output = (done.stdout + done.stderr)[-8000:]
+    assert junit.exists(), f"devplug conformance exited {done.returncode} without a junit report:\n{output}"
+    result = _parse_junit(junit)
+    assert not result.failed, f"{peer.name}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + output
+    assert done.returncode == 0, f"devplug conformance exited {done.returncode}:\n{output}"
+    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in peer.allowed_skips)}
+    assert not unexplained, f"{peer.name}: skips without a reason that fits the peer: {unexplained}"
+    missing = [t for t in peer.must_pass if t not in result.passed]
+    assert not missing, f"{peer.name}: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+
+
+def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -> None:
+    """The verdict above rests on this reading: a failure, an error and a skip's reason are all seen."""
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="a" name="test_ok"/>'
+        '<testcase classname="a" name="test_bad"><failure message="boom">tb</failure></testcase>'
+        '<testcase classname="a" name="test_err"><error message="fixture broke">tb</error></testcase>'
+        '<testcase classname="a" name="test_skip"><skipped type="pytest.skip" message="needs the mock-NVML fault controls"/></testcase>'
+        "</testsuite></testsuites>"
+    )  # fmt: skip
+    result = _parse_junit(junit)
+    assert result.passed == ["test_ok"]
+    assert result.failed == ["test_bad: boom", "test_err: fixture broke"]
+    assert result.skipped == {"test_skip": "needs the mock-NVML fault controls"}
+    assert NO_MOCK.search(result.skipped["test_skip"]) and not NO_TOPOLOGY.search(result.skipped["test_skip"])
