@@ -31,11 +31,13 @@ peer_dir() {
   esac
 }
 
-# The k8s peers build in a local module requiring k8s.io/kubernetes (see write_k8s_gomod), with the
-# same flags as build-k8s.sh so they share its Go build cache.
+# The k8s peers build in a local module requiring k8s.io/kubernetes (see write_k8s_gomod). The stub's
+# main imports k8s.io/kubelet directly, which makes Go select the staging modules' own v0.x.y
+# requirements; both peers require it, so they select the same versions and share compiled packages.
 build_k8s_peer() {
   local name=$1 out=$2 pkg
   write_k8s_gomod "$out/mod" "devplug.local/peers/$name"
+  printf '\nrequire k8s.io/kubelet v0.0.0\n' >> "$out/mod/go.mod"
   if [ "$name" = stub-plugin ]; then
     cp "$PEERS_DIR/stub-plugin/main.go" "$out/mod/main.go"
     pkg=.
