@@ -31,6 +31,7 @@ from .backends.base import (
     UnsupportedOperationError,
 )
 from .evidence import DevplugAssertionError
+from .faults import FaultInjector, FaultNotSupportedError, MockNvmlFaults
 from .handles import (
     ClusterHandle,
     MockControlsUnavailableError,
@@ -59,8 +60,11 @@ __all__ = [
     "DeviceNodeView",
     "DevplugAssertionError",
     "ExecResult",
+    "FaultInjector",
+    "FaultNotSupportedError",
     "MockControlsUnavailableError",
     "MockNvml",
+    "MockNvmlFaults",
     "MountView",
     "NodeHandle",
     "NodeSpec",

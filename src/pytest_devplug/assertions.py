@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
-from .backends.base import PodRejectedError
-from .evidence import DevplugAssertionError, collect_evidence
+from .backends.base import ContainerView, PodRejectedError
+from .evidence import DevplugAssertionError, collect_evidence, current_test_lines
 from .handles import NodeHandle, PluginHandle, PodFactory, PodHandle
 from .waiting import WaitTimeout, wait_for
 
@@ -27,6 +27,7 @@ __all__ = [
     "assert_allocate_injections",
     "assert_checkpoint_survives_kubelet_restart",
     "assert_reregisters_after_kubelet_restart",
+    "describe_view",
     "ValueMatcher",
 ]
 
@@ -44,7 +45,7 @@ def _fail(message: str, node: NodeHandle | None, pods: Iterable[PodHandle] = ())
 def _kubelet_lines(node: NodeHandle, *needles: str, limit: int = 6) -> str:
     """The kubelet log lines that mention any of ``needles``: usually the reason a registration failed."""
     try:
-        lines = [ln for ln in node.kubelet_log().splitlines() if any(n and n in ln for n in needles)]
+        lines = [ln for ln in current_test_lines(node.kubelet_log()) if any(n and n in ln for n in needles)]
     except Exception as exc:  # noqa: BLE001 - only decorates a failure message
         return f" (kubelet log unreadable: {exc})"
     if not lines:
@@ -66,10 +67,9 @@ _REGISTRATION_FAULTS = (
 
 def _registration_hint(node: NodeHandle, resource: str) -> str:
     try:
-        log = node.kubelet_log()
+        lines = current_test_lines(node.kubelet_log())
     except Exception:  # noqa: BLE001 - only decorates a failure message
         return ""
-    lines = log.splitlines()
     hints = [hint for needle, hint in _REGISTRATION_FAULTS if any(needle in ln and resource in ln for ln in lines)]
     asked = any("Got registration request" in ln and resource in ln for ln in lines)
     connected = any("Device plugin connected" in ln and resource in ln for ln in lines)
@@ -295,6 +295,16 @@ def _match(value: str | None, want: ValueMatcher) -> bool:
     return bool(want(value))
 
 
+def describe_view(view: ContainerView, indent: str = "  ") -> str:
+    """What the runtime applied to a container, one injection a line (for failure messages)."""
+    lines = [f"env {k}={v}" for k, v in sorted(view.envs.items())]
+    lines += [f"device {d.host_path} -> {d.container_path} ({d.permissions})" for d in view.devices]
+    lines += [f"mount {m.host_path} -> {m.container_path} ({'ro' if m.read_only else 'rw'})" for m in view.mounts]
+    lines += [f"annotation {k}={v}" for k, v in sorted(view.annotations.items())]
+    lines += [f"cdi {c}" for c in view.cdi_devices]
+    return "\n".join(indent + ln for ln in lines) or f"{indent}(nothing)"
+
+
 def assert_allocate_injections(
     pod: PodHandle,
     *,
@@ -303,16 +313,18 @@ def assert_allocate_injections(
     mounts: Iterable[str] | None = None,
     annotations: Mapping[str, ValueMatcher] | None = None,
     cdi_devices: Iterable[str] | None = None,
-    ids_visible: bool = True,
+    ids_visible: bool = False,
     timeout: float | None = None,
 ) -> None:
     """What the plugin's Allocate put into the container, as the container sees it.
 
     Always: the pod runs, it was assigned devices, something was injected, device-node permissions
     use only ``r``/``w``/``m`` and CDI names are fully qualified (``vendor/class=name``). With
-    ``ids_visible`` every assigned device ID must appear in some injection (env value, annotation,
-    mount or device path, CDI name): that is how a workload learns which devices it got. ``env`` is
+    ``ids_visible`` every assigned device ID must also appear in some injection (env value, annotation,
+    mount or device path, CDI name): a convention of plugins whose IDs name the device (GPU UUIDs),
+    not a kubelet rule, hence off by default (IDs may be opaque: a hash, ``card0-0``). ``env`` is
     read with ``exec env`` in the container; the rest from the runtime's view of the container.
+    A failure lists what was injected.
     """
     pod.wait_running(timeout=timeout)
     node = NodeHandle(pod.backend, pod.node_name or "", timeout=pod.timeout)
@@ -365,7 +377,14 @@ def assert_allocate_injections(
             problems.append(f"assigned devices {hidden} appear in no injection (env, annotation, mount, device, CDI name)")
     if problems:
         raise _fail(
-            f"Allocate injections of {pod.namespace}/{pod.name} wrong:\n  " + "\n  ".join(problems), node, [pod]
+            f"Allocate injections of {pod.namespace}/{pod.name} (devices {ids}) wrong:\n  "
+            + "\n  ".join(problems)
+            + "\ninjected into container "
+            + pod.container
+            + ":\n"
+            + describe_view(view),
+            node,
+            [pod],
         )
 
 

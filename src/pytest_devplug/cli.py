@@ -70,7 +70,8 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
     ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
     ("--report", "--devplug-report", "write a Markdown report to FILE (and JSON beside it, FILE with .json)", {"metavar": "FILE"}),
-    ("--missing-mock", "--devplug-missing-mock", "skip (default) or fail the mock-only tests for a plugin without mock controls", {"choices": ("skip", "fail")}),
+    ("--missing-faults", "--devplug-missing-faults", "skip (default) or fail the fault-injection tests when no fault injector is available", {"choices": ("skip", "fail")}),
+    ("--conventions", "--devplug-conventions", "opt-in convention checks, comma-separated (see pytest --help)", {}),
 )
 
 

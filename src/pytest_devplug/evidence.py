@@ -1,18 +1,23 @@
 """Evidence for failure reports: plugin log, kubelet log, node status, pod events, checkpoint.
 
 Collected at the moment of failure (before teardown changes the cluster) and attached by
-``plugin.py`` as report sections, so a red test explains itself without re-running it.
+``plugin.py`` as report sections, so a red test explains itself without re-running it. The cluster
+lives for the session, so its kubelet log holds every earlier test too: evidence quotes only the lines
+of the current test's window (see :func:`set_test_window`), told apart by their timestamps.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from .backends.base import Backend, parse_checkpoint
 
-__all__ = ["Evidence", "DevplugAssertionError", "collect_evidence", "tail"]
+__all__ = ["Evidence", "DevplugAssertionError", "collect_evidence", "tail", "set_test_window", "current_test_lines"]
 
 #: Lines of a log kept in a report section: enough to see the story, short enough to read.
 LOG_TAIL_LINES = 80
@@ -39,6 +44,62 @@ def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     if len(parts) <= lines:
         return text
     return f"[... {len(parts) - lines} earlier lines omitted ...]\n" + "\n".join(parts[-lines:])
+
+
+#: Wall-clock start of the current test's window; ``None`` outside a test (then logs are quoted whole).
+_window_start: float | None = None
+
+#: journalctl ``-o short-iso`` (kind) and klog (the embedded kubelet, local time) line headers.
+_ISO = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[+-]\d{2}:?\d{2}|Z))")
+_KLOG = re.compile(r"^[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6}) ")
+
+
+def set_test_window(start: float | None) -> None:
+    """Quote kubelet lines logged from ``start`` (epoch seconds) on; ``plugin.py`` sets it per test to the
+    start of the previous test's teardown, which redeploys the plugin this test uses."""
+    global _window_start
+    _window_start = start
+
+
+def _stamp(line: str) -> float | None:
+    if m := _ISO.match(line):
+        text = m.group(1).replace("Z", "+00:00")
+        try:
+            return datetime.fromisoformat(text if ":" in text[-6:] else f"{text[:-2]}:{text[-2:]}").timestamp()
+        except ValueError:
+            return None
+    if m := _KLOG.match(line):
+        month, day, hh, mm, ss, us = (int(g) for g in m.groups())
+        year = time.localtime().tm_year
+        try:
+            return datetime(year, month, day, hh, mm, ss, us).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def current_test_lines(log: str) -> list[str]:
+    """The lines of ``log`` from the current test's window (a line without a timestamp goes with the one
+    before it). The whole log when no window is set or no line carries a timestamp we read."""
+    lines = log.splitlines()
+    if _window_start is None:
+        return lines
+    since = int(_window_start)  # journal stamps have whole seconds
+    keep, out, stamped = False, [], False
+    for ln in lines:
+        ts = _stamp(ln)
+        if ts is not None:
+            stamped = True
+            keep = ts >= since
+        if keep:
+            out.append(ln)
+    return out if stamped else lines
+
+
+def _kubelet_log(backend: Backend, node: str) -> str:
+    lines = current_test_lines(backend.kubelet_log(node))
+    note = "" if _window_start is None else "[kubelet lines of this test only]\n"
+    return note + tail("\n".join(lines))
 
 
 def _safe(title: str, fn: Callable[[], str]) -> Evidence:
@@ -100,7 +161,7 @@ def collect_evidence(backend: Backend, node: str | None, pods: Iterable[tuple[st
     if node is not None:
         ev.append(_safe("node status", lambda: _node_status(backend, node)))
         ev.append(_safe("plugin log", lambda: tail(backend.plugin_log(node))))
-        ev.append(_safe("kubelet log", lambda: tail(backend.kubelet_log(node))))
+        ev.append(_safe("kubelet log", lambda: _kubelet_log(backend, node)))
         ev.append(_safe("checkpoint", lambda: _checkpoint(backend, node)))
     if pods:
         ev.append(_safe("pods", lambda: _pods(backend, pods)))

@@ -8,6 +8,8 @@ Fixtures, from widest to narrowest:
 - ``devplug_plugin`` (function): the deployed plugin, deployed once per session and redeployed with a
   fresh mock state after any test that changed it (faults, stop/kill/restart), so tests stay isolated
   without paying a deployment each.
+- ``devplug_faults`` (function): the :class:`~pytest_devplug.faults.FaultInjector` for the plugin; override it
+  in a ``conftest.py`` for a plugin that is not on the mock NVML.
 - ``devplug_pod`` (function): a pod factory pinned to that node; deletes its pods after the test.
 """
 
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import shlex
 import sys
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +39,8 @@ from .backends.base import (
     PluginSpec,
 )
 from .assertions import assert_registered
-from .evidence import DevplugAssertionError, Evidence, collect_evidence
+from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
+from .faults import CONTRACT, FaultInjector, MockNvmlFaults
 from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
 from .report import ReportWriter, note_run
 
@@ -44,17 +49,26 @@ __all__ = [
     "settings_from_config",
     "default_plugin_argv",
     "NODE_NAME",
-    "MOCK_MARKER",
     "NO_PLUGIN_MESSAGE",
     "DISRUPTIVE_MARKER",
     "GRACE_PERIOD_MARKER",
+    "CONVENTION_MARKER",
+    "CONVENTIONS",
 ]
 
 #: The node the default fixtures deploy on.
 NODE_NAME = "devplug-node"
-MOCK_MARKER = "devplug_mock"
 DISRUPTIVE_MARKER = "devplug_disruptive"
 GRACE_PERIOD_MARKER = "devplug_grace_period"
+CONVENTION_MARKER = "devplug_convention"
+
+#: Opt-in checks of conventions some plugin families follow and the kubelet does not require.
+#: The included plugin follows all of them, so its run switches them all on.
+CONVENTIONS: dict[str, str] = {
+    "ids-visible": "every assigned device ID appears in what Allocate injected, and no other device's ID does",
+    "nvidia-env": "NVIDIA_VISIBLE_DEVICES lists the assigned IDs and /dev/nvidia<minor> is injected (NVIDIA's envvar strategy)",
+    "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
+}
 
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The plugin the report header showed (None: it said a conftest overrides devplug_plugin_spec).
@@ -68,7 +82,7 @@ class DevplugSettings:
     backend: str
     backend_options: BackendOptions
     plugin: PluginSpec
-    missing_mock: str  # "skip" or "fail"
+    missing_faults: str  # "skip" or "fail"
     included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
     #: Whether @devplug_disruptive tests run (cluster backend: only with --devplug-allow-disruptive).
     allow_disruptive: bool = True
@@ -148,9 +162,17 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     (
-        "missing-mock",
-        f"what @{MOCK_MARKER} tests do when the plugin has no mock controls: skip (default, with a reason) or fail",
+        "missing-faults",
+        "what the fault-injection tests do when there is no fault injector (mock NVML or a conftest's "
+        "devplug_faults fixture): skip (default, naming the contract to implement) or fail",
         {"choices": ("skip", "fail")},
+    ),
+    (
+        "conventions",
+        "opt-in checks of plugin-family conventions the kubelet does not require, comma-separated, or none: "
+        + "; ".join(f"{k}: {v}" for k, v in CONVENTIONS.items())
+        + ". Default: all for the included plugin, none for --devplug-plugin-cmd/-image/-manifest",
+        {},
     ),
 ]
 
@@ -217,6 +239,18 @@ def _kind_opt(config: pytest.Config, dest: str) -> Any:
     return config.getoption(dest, default=None)
 
 
+def _conventions(value: Any, default: frozenset[str]) -> frozenset[str]:
+    if value is None:
+        return default
+    names = {n.strip() for n in str(value).split(",")} - {"", "none"}
+    unknown = sorted(names - set(CONVENTIONS))
+    if unknown:
+        raise pytest.UsageError(
+            f"devplug_conventions = {value!r}: unknown {', '.join(unknown)}; choose from {', '.join(CONVENTIONS)} or none"
+        )
+    return frozenset(names)
+
+
 def settings_from_config(config: pytest.Config) -> DevplugSettings:
     backend = str(_opt(config, "devplug_backend") or "sim")
     if backend not in BACKENDS:
@@ -243,6 +277,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         gpus=int(_opt(config, "devplug_gpus") or 4),
         numa_nodes=int(n if (n := _opt(config, "devplug_numa_nodes")) is not None else 2),
         pre_start_required=pre_start,
+        conventions=_conventions(_opt(config, "devplug_conventions"), frozenset() if custom else frozenset(CONVENTIONS)),
     )
     opts = BackendOptions(
         timeout=float(_opt(config, "devplug_timeout") or 20.0),
@@ -265,7 +300,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         backend,
         opts,
         spec,
-        str(_opt(config, "devplug_missing_mock") or "skip"),
+        str(_opt(config, "devplug_missing_faults") or "skip"),
         included_plugin=not custom,
         allow_disruptive=allow_disruptive,
     )
@@ -277,9 +312,8 @@ def pytest_configure(config: pytest.Config) -> None:
         ReportWriter.install(config, str(report))
     config.addinivalue_line(
         "markers",
-        f"{MOCK_MARKER}: the test needs the mock-NVML plugin (it injects faults through the mock-state file, or "
-        "checks a documented policy of the included GPU plugin); with a plugin declared without mock controls "
-        "it is skipped with that reason (or fails: --devplug-missing-mock=fail)",
+        f"{CONVENTION_MARKER}(name): an opt-in check of a plugin-family convention the kubelet does not require "
+        "(see --devplug-conventions); skipped, saying so, for a plugin that does not declare it",
     )
     config.addinivalue_line(
         "markers",
@@ -294,7 +328,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Skip @devplug_disruptive tests on a cluster the harness does not own, unless allowed (saying so)."""
+    """Open the test's evidence window; skip @devplug_disruptive tests on a cluster the harness does not own,
+    unless allowed (saying so)."""
+    _open_test_window(item)
     if item.get_closest_marker(DISRUPTIVE_MARKER) is None:
         return
     try:
@@ -310,7 +346,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def _describe(backend: str, spec: PluginSpec) -> str:
     what = shlex.join(spec.argv) if backend == "sim" else f"image {spec.image} manifest {spec.manifest}"
-    return f"resource={spec.resource_name} mock={spec.mock} plugin: {what}"
+    conventions = ",".join(sorted(spec.conventions)) or "none"
+    return f"resource={spec.resource_name} mock={spec.mock} conventions={conventions} plugin: {what}"
 
 
 def _spec_overrides(config: pytest.Config) -> list[str]:
@@ -496,20 +533,41 @@ def _devplug_deployment(
 def devplug_plugin(
     request: pytest.FixtureRequest, _devplug_deployment: _Deployment, devplug_settings: DevplugSettings
 ) -> Iterator[PluginHandle]:
-    """The plugin under test (a PluginHandle), registered and ready; ``.mock`` holds the fault controls."""
-    if request.node.get_closest_marker(MOCK_MARKER) and not _devplug_deployment.spec.mock:
-        reason = (
-            f"needs the mock-NVML fault controls (@{MOCK_MARKER}); the plugin under test "
-            f"({_devplug_deployment.spec.resource_name}) was declared without them"
-        )
-        if devplug_settings.missing_mock == "fail":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    """The plugin under test (a PluginHandle), registered and ready. Deployed once per session; a test that changed it
+    (faults, stop/kill/restart, ``devplug_faults`` used) gets it redeployed clean after it."""
+    for mark in request.node.iter_markers(CONVENTION_MARKER):
+        name = mark.args[0] if mark.args else "?"
+        if name not in _devplug_deployment.spec.conventions:
+            pytest.skip(
+                f"convention check {name!r} ({CONVENTIONS.get(name, 'unknown convention')}): the kubelet does not "
+                f"require it and the plugin under test ({_devplug_deployment.spec.resource_name}) does not declare it "
+                f"(--devplug-conventions {name} switches it on)"
+            )
     state = _state(request)
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
     handle = _devplug_deployment.get()
     yield handle
+    if "devplug_faults" in request.fixturenames:
+        handle.dirty = True  # an injector of a conftest does not know about redeployment
     _devplug_deployment.reset_if_needed()
+
+
+@pytest.fixture
+def devplug_faults(devplug_plugin: PluginHandle, devplug_settings: DevplugSettings) -> FaultInjector:
+    """How the fault tests make the plugin's devices fail (a :class:`~pytest_devplug.faults.FaultInjector`).
+
+    Default: the mock NVML for a plugin that reads the mock-state file (``--devplug-mock``). For another
+    plugin, override this fixture in your conftest.py; lives for one test, after which the plugin is
+    redeployed. Without an injector a test asking for it skips (``--devplug-missing-faults=fail``: fails)."""
+    if devplug_plugin.has_mock:
+        return MockNvmlFaults(devplug_plugin)
+    reason = (
+        f"needs a fault injector: the plugin under test ({devplug_plugin.resource_name}) does not read the "
+        f"mock-NVML state and no conftest overrides the devplug_faults fixture to return a {CONTRACT}"
+    )
+    if devplug_settings.missing_faults == "fail":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture
@@ -540,6 +598,36 @@ def devplug_pod(
 
 # -- report sections -----------------------------------------------------------------------------
 
+_NEXT_WINDOW = pytest.StashKey[float]()
+
+
+def _open_test_window(item: pytest.Item) -> None:
+    """Evidence quotes the kubelet lines of this test: from the previous test's teardown on (it redeploys
+    the plugin for this one), or from this setup for the first test."""
+    set_test_window(item.config.stash.get(_NEXT_WINDOW, None) or time.time())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    item.config.stash[_NEXT_WINDOW] = time.time()
+
+
+def _uses_devplug(item: pytest.Item) -> bool:
+    return any(f.startswith("devplug_") for f in getattr(item, "fixturenames", ()))
+
+
+def _labelled_skip(item: pytest.Item, longrepr: tuple[str, int, str]) -> tuple[str, int, str]:
+    """A skip raised in a fixture or helper points at the test and names it: ``-rs`` would otherwise list
+    every such skip under the fixture's line, merging tests that skipped for different reasons."""
+    path, lineno, reason = longrepr
+    name = item.name
+    prefix = "Skipped: "
+    text = reason[len(prefix):] if reason.startswith(prefix) else reason
+    if not text.startswith(f"{name}: "):
+        text = f"{name}: {text}"
+    fspath, line, _ = item.reportinfo()  # what pytest itself uses for a skip marker
+    return (os.fspath(fspath), lineno if line is None else line + 1, text)
+
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(
@@ -547,6 +635,8 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Attach the cluster's evidence to a failed test's report (before teardown changes it)."""
     report = yield
+    if report.skipped and isinstance(report.longrepr, tuple) and _uses_devplug(item):
+        report.longrepr = _labelled_skip(item, report.longrepr)
     if not report.failed or call.excinfo is None or call.when == "teardown":
         return report
     evidence: list[Evidence] = []

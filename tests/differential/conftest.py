@@ -7,6 +7,7 @@ are skipped, or fail where the kind tier is required (``DEVPLUG_KIND_REQUIRED``/
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ def _sim_plugin(devplug_settings: DevplugSettings, devplug_plugin_spec: PluginSp
         if _required():
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
+    if not devplug_plugin_spec.mock:
+        pytest.skip("differential tests drive both sides through the mock NVML: the plugin under test must read it")
     opts = devplug_settings.backend_options
     backend = SimBackend(BackendOptions(timeout=opts.timeout, grace_period=300.0))
     backend.start()
@@ -73,3 +76,24 @@ def sides(
         yield Side("sim", sim_plugin, sim_pods), Side("kind", devplug_plugin, devplug_pod)
     finally:
         sim_pods.cleanup()
+
+
+#: The included plugin's time-slicing form: each GPU advertised twice (``<uuid>::0``, ``<uuid>::1``),
+#: both IDs handing out the GPU's one ``/dev/nvidia<minor>``.
+REPLICAS = 2
+
+
+@pytest.fixture
+def shared_sides(sides: tuple[Side, Side]) -> Iterator[tuple[Side, Side]]:
+    """(sim, kind) with the included plugin on one mock GPU advertised as ``REPLICAS`` devices (``DP_REPLICAS``,
+    set as an env var so the kind DaemonSet gets it too). The plugins are redeployed as the session's after the test."""
+    out = []
+    for s in sides:
+        spec = dataclasses.replace(s.plugin.spec, env={**s.plugin.spec.env, "DP_REPLICAS": str(REPLICAS)}, gpus=1)
+        s.plugin.dirty = True  # kind: the devplug_plugin fixture redeploys the session's plugin afterwards
+        s.plugin.backend.remove_plugin(s.plugin.node.name)
+        plugin = ClusterHandle(s.plugin.backend, timeout=s.plugin.node.timeout).deploy(s.plugin.node, spec)
+        plugin.wait_ready(REPLICAS)
+        plugin.dirty = True
+        out.append(Side(s.name, plugin, s.pods))
+    yield out[0], out[1]

@@ -13,12 +13,14 @@ from typing import Any
 import pytest
 
 from pytest_devplug import PodRejectedError
+from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
+from pytest_devplug.backends.base import parse_checkpoint
 from pytest_devplug.handles import PodHandle
 from pytest_devplug.waiting import wait_for
 
-from conftest import Side
+from conftest import REPLICAS, Side
 
-pytestmark = [pytest.mark.kind, pytest.mark.devplug_mock]
+pytestmark = [pytest.mark.kind]
 
 
 def _both(sides: tuple[Side, Side], fn: Any) -> dict[str, Any]:
@@ -34,8 +36,6 @@ def _pod_outcome(pod: PodHandle) -> dict[str, Any]:
     ids = pod.allocated_devices
     view = pod.view()
     cp = pod.backend.read_checkpoint(pod.node_name or "")
-    from pytest_devplug.backends.base import parse_checkpoint
-
     entries = parse_checkpoint(cp).entries_for(pod.uid) if cp else []
     # The real kubelet hands the plugin a container's device IDs in Go set (map) iteration order, which is
     # random (devicemanager: allocDevices.UnsortedList()); the included plugin answers in request order, so
@@ -80,8 +80,6 @@ def test_pod_gets_the_same_devices_and_injections(sides: tuple[Side, Side]) -> N
     cps = {}
     for s in sides:
         raw = s.plugin.backend.read_checkpoint(s.plugin.node.name)
-        from pytest_devplug.backends.base import parse_checkpoint
-
         assert raw is not None
         cps[s.name] = {k: sorted(v) for k, v in parse_checkpoint(raw).registered_devices.items()}
     _same(cps, "checkpoint RegisteredDevices")
@@ -145,3 +143,21 @@ def test_checkpoint_and_assignment_survive_kubelet_restart(sides: tuple[Side, Si
         out[s.name] = (before, _pod_outcome(pod), pod.restart_count)
     _same(out, "pod across a kubelet restart")
     assert out["kind"][0] == out["kind"][1], f"assignment changed across the restart: {out['kind']}"
+
+
+def test_sharing_two_ids_one_device_node(shared_sides: tuple[Side, Side]) -> None:
+    """Two device IDs sharing one /dev node (time-slicing replicas): the pod gets both IDs, the checkpoint
+    keeps the plugin's response as sent (the node once per ID), the container gets the node once
+    (the kubelet de-duplicates device specs by container path) — the same view on both backends."""
+    out = {}
+    for s in shared_sides:
+        pod = s.pods(gpus=REPLICAS, name="diff-shared", wait=True)
+        raw = s.plugin.backend.read_checkpoint(s.plugin.node.name)
+        assert raw is not None, f"{s.name}: no checkpoint"
+        (entry,) = parse_checkpoint(raw).entries_for(pod.uid)
+        stored = pb.ContainerAllocateResponse.FromString(entry.alloc_resp)
+        out[s.name] = {**_pod_outcome(pod), "stored_device_nodes": sorted(d.container_path for d in stored.devices)}
+    seen = _same(out, "pod holding both replicas of one GPU")
+    assert len(seen["devices"]) == REPLICAS and len({d.split("::")[0] for d in seen["devices"]}) == 1, seen["devices"]
+    assert seen["stored_device_nodes"].count("/dev/nvidia0") == REPLICAS, seen["stored_device_nodes"]
+    assert [p for p, _ in seen["device_nodes"]].count("/dev/nvidia0") == 1, seen["device_nodes"]

@@ -22,6 +22,7 @@ from devplug_gpu_plugin.allocation import (
     container_response,
     ensure_dev_nodes,
     preferred_allocation,
+    replica_ids,
 )
 from devplug_gpu_plugin.devices import DeviceState, GpuInfo, Probe
 from devplug_gpu_plugin.health import HealthMonitor
@@ -102,6 +103,23 @@ def test_container_response_envvar_and_errors() -> None:
     assert exc.value.code == "internal"
 
 
+def test_replicas_share_their_gpus_device_node() -> None:
+    """--replicas 2: IDs <uuid>::0/1; two replicas of one GPU get its node once per ID, its UUID once."""
+    snap = _snapshot().snapshot()
+    cfg = AllocationConfig("v.io/gpu", replicas=2)
+    assert replica_ids("g0", 2) == ["g0::0", "g0::1"] and replica_ids("g0", 1) == ["g0"]
+    r = container_response(["g1::1", "g1::0"], snap, cfg)
+    assert dict(r.envs) == {"NVIDIA_VISIBLE_DEVICES": "g1"}
+    assert [d.container_path for d in r.devices].count("/dev/nvidia1") == 2
+    for bad in ("g1", "g1::2"):  # not advertised with 2 replicas
+        with pytest.raises(AllocationError, match=f"unknown device {bad} "):
+            container_response([bad], snap, cfg)
+    with pytest.raises(AllocationError, match="unknown device g1::0 "):
+        container_response(["g1::0"], snap, AllocationConfig("v.io/gpu"))
+    with pytest.raises(AllocationError, match="allocating GPU g1 failed: boom"):
+        container_response(["g1::1"], snap, cfg, fault=lambda u: "boom" if u == "g1" else None)
+
+
 def test_cdi_spec_shape() -> None:
     gpus = _snapshot().snapshot().gpus
     spec = cdi_spec(AllocationConfig("v.io/gpu", strategies=("cdi-cri",), dev_root="/d"), gpus)
@@ -153,6 +171,8 @@ def test_cli_env_equivalents_and_defaults(monkeypatch: pytest.MonkeyPatch) -> No
         (["--ignored-xids", "1,x"], "--ignored-xids"),
         (["--resource-name", "gpu"], "not an extended resource name"),
         (["--nvml", "mock"], "--mock-state"),
+        (["--replicas", "0"], "--replicas: must be at least 1"),
+        (["--replicas", "two"], "--replicas: expected a whole number"),
     ],
 )
 def test_cli_rejects_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -155,3 +155,30 @@ def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
     )
     pytester.runpytest("--devplug-resource-name=example.com/cli", "--devplug-timeout=7.5", "--cluster-name=mine").assert_outcomes(passed=1)
     pytester.runpytest("--devplug-backend=docker").stderr.fnmatch_lines(["*invalid choice*"])
+
+
+def test_evidence_quotes_only_the_current_tests_kubelet_lines() -> None:
+    """Sim (klog, local time) and kind (journal short-iso) lines before the window are left out."""
+    import time as _time
+
+    from pytest_devplug.evidence import current_test_lines, set_test_window
+
+    start = _time.time()
+
+    def klog(t: float, msg: str) -> str:
+        return _time.strftime("I%m%d %H:%M:%S", _time.localtime(t)) + f".{int(t % 1 * 1e6):06d}  1 x.py:1] {msg}"
+
+    def iso(t: float, msg: str) -> str:
+        return _time.strftime("%Y-%m-%dT%H:%M:%S+0000", _time.gmtime(t)) + f" node kubelet[1]: {klog(t, msg)}"
+
+    sim_log = "\n".join([klog(start - 60, "old"), "  continuation of old", klog(start + 1, "new"), "  continuation of new"])
+    kind_log = "\n".join([iso(start - 60, "old"), iso(start + 1, "new")])
+    try:
+        set_test_window(start)
+        assert current_test_lines(sim_log) == sim_log.splitlines()[2:]
+        assert [ln.endswith("new") for ln in current_test_lines(kind_log)] == [True]
+        assert current_test_lines("no stamps here\nat all") == ["no stamps here", "at all"]
+        set_test_window(None)
+        assert current_test_lines(sim_log) == sim_log.splitlines()
+    finally:
+        set_test_window(None)

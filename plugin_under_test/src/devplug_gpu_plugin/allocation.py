@@ -30,6 +30,8 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 CDI_VERSION = "0.6.0"
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
+#: Separates a GPU's UUID from its replica number in a shared device's ID (NVIDIA's time-slicing form).
+REPLICA_SEP = "::"
 
 
 class AllocationError(Exception):
@@ -39,6 +41,18 @@ class AllocationError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+# ---- shared GPUs (replicas) ------------------------------------------------------------------
+def replica_ids(uuid: str, replicas: int) -> list[str]:
+    """The device IDs advertised for one GPU: its UUID, or ``<uuid>::<n>`` for each of ``replicas`` > 1
+    (time-slicing: several containers share the GPU, each ID handing out the same ``/dev`` node)."""
+    return [uuid] if replicas <= 1 else [f"{uuid}{REPLICA_SEP}{n}" for n in range(replicas)]
+
+
+def gpu_of(device_id: str) -> str:
+    """The GPU UUID a device ID stands for."""
+    return device_id.split(REPLICA_SEP, 1)[0]
 
 
 # ---- preferred allocation --------------------------------------------------------------------
@@ -106,6 +120,8 @@ class AllocationConfig:
     dev_root: str = "/dev"
     driver_lib_dir: str | None = None
     cdi_spec_dir: str = "/var/run/cdi"
+    #: Device IDs advertised per GPU (see :func:`replica_ids`).
+    replicas: int = 1
 
     @property
     def uses_cdi(self) -> bool:
@@ -134,15 +150,16 @@ def device_nodes(minors: Sequence[int]) -> list[str]:
     return list(CONTROL_NODES) + [f"nvidia{m}" for m in minors]
 
 
-def validate_request(ids: Sequence[str], snapshot: Snapshot, resource_name: str) -> list[Gpu]:
-    """Unknown or unhealthy IDs are the caller's error: INVALID_ARGUMENT naming the ID."""
+def validate_request(ids: Sequence[str], snapshot: Snapshot, resource_name: str, replicas: int = 1) -> list[Gpu]:
+    """Unknown or unhealthy IDs are the caller's error: INVALID_ARGUMENT naming the ID. One GPU per
+    ID, in request order (two replicas of a GPU: that GPU twice)."""
     if not ids:
         raise AllocationError("invalid_argument", f"empty device list for {resource_name}")
     by_uuid = snapshot.by_uuid()
     gpus: list[Gpu] = []
     for uuid in ids:
-        gpu = by_uuid.get(uuid)
-        if gpu is None:
+        gpu = by_uuid.get(gpu_of(uuid))
+        if gpu is None or uuid not in replica_ids(gpu.uuid, replicas):
             raise AllocationError("invalid_argument", f"unknown device {uuid} for resource {resource_name}")
         if not gpu.healthy:
             raise AllocationError(
@@ -159,13 +176,13 @@ def container_response(
     fault: Callable[[str], str | None] | None = None,
 ) -> pb.ContainerAllocateResponse:
     """Build one container's response for every configured strategy."""
-    gpus = validate_request(ids, snapshot, config.resource_name)
+    gpus = validate_request(ids, snapshot, config.resource_name, config.replicas)
     if fault is not None:
-        for uuid in ids:
-            why = fault(uuid)
+        for gpu in gpus:
+            why = fault(gpu.uuid)
             if why:
-                raise AllocationError("internal", f"allocating GPU {uuid} failed: {why}")
-    uuids = [g.uuid for g in gpus]
+                raise AllocationError("internal", f"allocating GPU {gpu.uuid} failed: {why}")
+    uuids = list(dict.fromkeys(g.uuid for g in gpus))
     resp = pb.ContainerAllocateResponse()
     if ENVVAR in config.strategies:
         resp.envs[VISIBLE_DEVICES] = ",".join(uuids)
@@ -175,6 +192,7 @@ def container_response(
         for uuid in uuids:
             resp.mounts.add(container_path=f"{VOLUME_MOUNTS_ROOT}/{uuid}", host_path="/dev/null")
     if config.uses_runtime_edits:
+        # One DeviceSpec per requested ID: replicas of one GPU repeat its node; the kubelet de-duplicates.
         for name in device_nodes([g.info.minor for g in gpus]):
             resp.devices.add(
                 container_path=f"/dev/{name}", host_path=os.path.join(config.dev_root, name), permissions="rw"

@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_bool("--create-dev-nodes"),
         help="mock mode: create stand-in nvidia* device nodes under --dev-root [DP_CREATE_DEV_NODES]",
     )
+    opt(
+        "--replicas",
+        "1",
+        "device IDs advertised per GPU, <uuid>::<n> when > 1: containers share the GPU (time-slicing) (default %(default)s)",
+    )
     opt("--socket-name", None, "plugin socket file name in --plugin-dir (default devplug-<resource>.sock)")
     opt("--log-level", "info", "debug, info, warning or error (default %(default)s)")
     return p
@@ -126,6 +131,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.socket_name = default_socket_name(name)
     if "/" in args.socket_name or args.socket_name == "kubelet.sock":
         parser.error(f"--socket-name: {args.socket_name!r} must be a plain file name other than kubelet.sock")
+    try:
+        args.replicas = int(args.replicas)
+    except ValueError:
+        parser.error(f"--replicas: expected a whole number, got {args.replicas!r}")
+    if args.replicas < 1:
+        parser.error(f"--replicas: must be at least 1, got {args.replicas}")
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):
         parser.error(f"--log-level: unknown level {args.log_level!r}")
@@ -189,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dev_root=args.dev_root,
         driver_lib_dir=args.driver_lib_dir,
         cdi_spec_dir=args.cdi_spec_dir,
+        replicas=args.replicas,
     )
     state = DeviceState()
 

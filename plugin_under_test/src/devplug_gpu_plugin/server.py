@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import tenacity
 
-from .allocation import AllocationConfig, AllocationError, container_response, preferred_allocation
+from .allocation import AllocationConfig, AllocationError, container_response, preferred_allocation, replica_ids
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from .devices import DeviceState, Snapshot
@@ -42,15 +42,19 @@ def default_socket_name(resource_name: str) -> str:
     return "devplug-" + resource_name.replace("/", "-") + ".sock"
 
 
-def to_device(gpu: Any) -> pb.Device:
-    dev = pb.Device(ID=gpu.uuid, health=gpu.health)
-    if gpu.info.numa_node is not None:
-        dev.topology.nodes.add(ID=gpu.info.numa_node)
-    return dev
+def to_devices(gpu: Any, replicas: int = 1) -> list[pb.Device]:
+    """The GPU's device IDs (one, or one per replica), with its health and NUMA node."""
+    out = []
+    for device_id in replica_ids(gpu.uuid, replicas):
+        dev = pb.Device(ID=device_id, health=gpu.health)
+        if gpu.info.numa_node is not None:
+            dev.topology.nodes.add(ID=gpu.info.numa_node)
+        out.append(dev)
+    return out
 
 
-def list_response(snapshot: Snapshot) -> pb.ListAndWatchResponse:
-    return pb.ListAndWatchResponse(devices=[to_device(g) for g in snapshot.gpus])
+def list_response(snapshot: Snapshot, replicas: int = 1) -> pb.ListAndWatchResponse:
+    return pb.ListAndWatchResponse(devices=[d for g in snapshot.gpus for d in to_devices(g, replicas)])
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
@@ -78,18 +82,18 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
         snap = self.state.snapshot()
         log.info("ListAndWatch: sending %d devices (version %d)", len(snap.gpus), snap.version)
-        yield list_response(snap)
+        yield list_response(snap, self.config.replicas)
         while context.is_active() and not self.stopping.is_set():
             new = self.state.wait_for_change(snap.version, STREAM_POLL_S)
             if new.version != snap.version:
                 snap = new
                 log.info("ListAndWatch: sending %d devices (version %d)", len(snap.gpus), snap.version)
-                yield list_response(snap)
+                yield list_response(snap, self.config.replicas)
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
-        infos = {g.uuid: g.info for g in self.state.snapshot().gpus}
+        infos = {i: g.info for g in self.state.snapshot().gpus for i in replica_ids(g.uuid, self.config.replicas)}
         resp = pb.PreferredAllocationResponse()
         for req in request.container_requests:
             ids = preferred_allocation(

@@ -31,6 +31,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointEntry",
     "parse_checkpoint",
+    "applied_view",
     "DEFAULT_RESOURCE_NAME",
 ]
 
@@ -89,6 +90,9 @@ class PluginSpec:
     #: ``/var/run/cdi``). ``None`` (default): exactly when neither ``argv`` nor ``env`` holds
     #: ``{plugin_dir}``, i.e. for a plugin that does not take the directory as a flag.
     standard_paths: bool | None = None
+    #: Opt-in checks of one plugin family's conventions the suite runs for this plugin (names in
+    #: ``pytest_devplug.plugin.CONVENTIONS``); the kubelet requires none of them.
+    conventions: frozenset[str] = frozenset()
 
     def uses_standard_paths(self) -> bool:
         """Whether the sim runs this plugin at the kubelet's standard paths (see ``standard_paths``)."""
@@ -203,6 +207,23 @@ class Checkpoint:
         ]
 
 
+def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
+    """What the kubelet hands the runtime for a container from its checkpointed Allocate responses
+    (one entry per resource): merged and de-duplicated by container path as upstream does."""
+    from ..api.deviceplugin import v1beta1_pb2 as dp
+    from ..sim.runoptions import run_container_options
+
+    ordered = sorted(entries, key=lambda e: e.resource_name)
+    opts = run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered)
+    return ContainerView(
+        envs=dict(opts.envs),
+        mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in opts.mounts),
+        devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in opts.devices),
+        annotations=dict(opts.annotations),
+        cdi_devices=tuple(opts.cdi_devices),
+    )
+
+
 def parse_checkpoint(raw: bytes) -> Checkpoint:
     """Decode ``kubelet_internal_checkpoint`` bytes; raises ``ValueError`` when it is not that format."""
     import base64
@@ -287,6 +308,11 @@ class Backend(Protocol):
         Device hints are built over these only: a device reporting a NUMA node the machine does not have
         fits no single-NUMA-node mask (sim: the node's ``NodeSpec.numa_nodes``; kind: the host's, read from
         ``/sys/devices/system/node`` in the node container)."""
+
+    def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
+        """``pre_start_required`` of the options the kubelet got from the resource's plugin
+        (``GetDevicePluginOptions``); ``None`` while none is connected. Raises
+        ``UnsupportedOperationError`` where the kubelet does not show them (kind)."""
 
     def read_checkpoint(self, node: str) -> bytes | None:
         """The checkpoint file's bytes as on the node, or ``None`` when there is none."""

@@ -230,6 +230,11 @@ class SimBackend:
     def machine_numa_nodes(self, node: str) -> list[int]:
         return list(range(int(self._node(node).numa_nodes)))
 
+    def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
+        dm = self._node(node).device_manager
+        opts = None if dm is None else dm.plugin_options(resource)
+        return None if opts is None else bool(opts.pre_start_required)
+
     def read_checkpoint(self, node: str) -> bytes | None:
         path = Path(self._node(node).checkpoint_path)
         try:

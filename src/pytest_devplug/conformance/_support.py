@@ -8,9 +8,10 @@ from contextlib import contextmanager
 import pytest
 
 from pytest_devplug.backends.base import UnsupportedOperationError
+from pytest_devplug.faults import FaultNotSupportedError
 from pytest_devplug.handles import NodeHandle, PluginHandle
 
-__all__ = ["numa_map", "require_topology", "short_grace_period"]
+__all__ = ["fault", "numa_map", "require_topology", "short_grace_period"]
 
 
 def numa_map(node: NodeHandle, resource: str) -> dict[str, int]:
@@ -40,3 +41,12 @@ def short_grace_period(plugin: PluginHandle, seconds: float) -> Iterator[float]:
         yield seconds
     finally:
         backend.set_grace_period(old)
+
+
+@contextmanager
+def fault(what: str) -> Iterator[None]:
+    """Run one injector call; a fault the injector says it cannot make skips the test, saying which."""
+    try:
+        yield
+    except FaultNotSupportedError as exc:
+        pytest.skip(f"the fault injector cannot {what}: {exc}")

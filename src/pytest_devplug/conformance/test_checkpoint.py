@@ -5,28 +5,45 @@ from __future__ import annotations
 import pytest
 
 from pytest_devplug import PluginHandle, PodFactory, assert_checkpoint_survives_kubelet_restart
-from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
+from pytest_devplug.assertions import describe_view
+from pytest_devplug.backends.base import applied_view
 
 
 def test_checkpoint_records_the_allocation(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
-    """One entry per container and resource: the devices by NUMA node, and the Allocate response as sent."""
+    """One entry per container and resource: the devices by NUMA node, and the Allocate response that
+    the container got: the kubelet's merge of it (device nodes and mounts de-duplicated by container
+    path, as for two IDs sharing one ``/dev`` node) is what the runtime applied."""
+    res = devplug_plugin.resource_name
     pod = devplug_pod(gpus=2, wait=True)
     cp = devplug_plugin.node.checkpoint()
     assert cp is not None, "no checkpoint file after an allocation"
-    (entry,) = cp.entries_for(pod.uid)
-    assert (entry.container_name, entry.resource_name) == (pod.container, devplug_plugin.resource_name)
-    assert entry.all_device_ids == pod.allocated_devices
-    numa = devplug_plugin.node.device_numa(devplug_plugin.resource_name)
+    entries = cp.entries_for(pod.uid)
+    assert len(entries) == 1, f"one entry expected for {pod.container}/{res}; checkpoint has {entries}"
+    (entry,) = entries
+    assert (entry.container_name, entry.resource_name) == (pod.container, res)
+    assert entry.all_device_ids == pod.allocated_devices, f"checkpoint {entry.all_device_ids}, pod-resources {pod.allocated_devices}"
+    numa = devplug_plugin.node.device_numa(res)
     for key, ids in entry.device_ids.items():
         for d in ids:
             expected = str(numa[d][0]) if numa.get(d) else "-1"
             assert key == expected, f"device {d} filed under NUMA {key}, reports {numa.get(d)}"
-    resp = pb.ContainerAllocateResponse.FromString(entry.alloc_resp)
-    view = pod.view()
-    assert dict(resp.envs) == {k: v for k, v in view.envs.items() if k in resp.envs}
-    assert [d.container_path for d in resp.devices] == [d.container_path for d in view.devices]
-    registered = set(cp.registered_devices.get(devplug_plugin.resource_name, ()))
-    assert registered == set(devplug_plugin.node.device_ids(devplug_plugin.resource_name)) | set(pod.allocated_devices)
+    stored, view = applied_view([entry]), pod.view()
+    seen = (
+        {k: v for k, v in view.envs.items() if k in stored.envs},
+        sorted(view.devices, key=str),
+        sorted(view.mounts, key=str),
+        {k: v for k, v in view.annotations.items() if k in stored.annotations},
+        sorted(view.cdi_devices),
+    )
+    want = (stored.envs, sorted(stored.devices, key=str), sorted(stored.mounts, key=str), stored.annotations, sorted(stored.cdi_devices))
+    assert seen == want, (
+        f"the container got other injections than the checkpointed Allocate response:\nstored (merged as the kubelet "
+        f"does):\n{describe_view(stored)}\ncontainer:\n{describe_view(view)}"
+    )
+    registered = set(cp.registered_devices.get(res, ()))
+    assert registered == set(devplug_plugin.node.device_ids(res)) | set(pod.allocated_devices), (
+        f"RegisteredDevices {sorted(registered)}; healthy devices {devplug_plugin.node.device_ids(res)}"
+    )
 
 
 @pytest.mark.devplug_disruptive

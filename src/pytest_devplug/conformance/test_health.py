@@ -1,48 +1,58 @@
-"""Health: capacity counts every device, allocatable only healthy ones; running pods are not evicted."""
+"""Health: capacity counts every device, allocatable only healthy ones; running pods are not evicted.
+
+The faults come from ``devplug_faults`` (the mock NVML, or the injector a plugin project's conftest
+provides); without one these tests skip naming the contract to implement.
+"""
 
 from __future__ import annotations
 
-import pytest
+from pytest_devplug import FaultInjector, PluginHandle, PodFactory, assert_allocatable
 
-from pytest_devplug import PluginHandle, PodFactory, assert_allocatable
+from ._support import fault
 
 
-@pytest.mark.devplug_mock
-def test_unhealthy_device_leaves_allocatable_not_capacity(devplug_plugin: PluginHandle) -> None:
-    """An Xid makes one GPU unhealthy, a lost GPU another: allocatable drops, capacity stays; back when usable."""
-    n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
-    first, second = devplug_plugin.mock.uuids[:2]
-    devplug_plugin.mock.inject_xid(first, 79)
+def test_unhealthy_device_leaves_allocatable_not_capacity(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:
+    """Two devices turn unhealthy: allocatable drops by two, capacity stays; one comes back: allocatable up again."""
+    res = devplug_plugin.resource_name
+    n = devplug_plugin.node.capacity(res)
+    first, second = devplug_faults.device_ids[:2]
+    with fault("mark a device unhealthy"):
+        devplug_faults.set_unhealthy(first)
     assert_allocatable(devplug_plugin, n - 1, capacity=n)
-    devplug_plugin.mock.set_lost(second)
+    devplug_faults.set_unhealthy(second)
     assert_allocatable(devplug_plugin, n - 2, capacity=n)
-    devplug_plugin.mock.set_usable(second)
+    with fault("mark a device healthy again"):
+        devplug_faults.set_healthy(second)
     assert_allocatable(devplug_plugin, n - 1, capacity=n)
-    assert first not in devplug_plugin.node.device_ids(devplug_plugin.resource_name), "unhealthy device still allocatable"
+    assert first not in devplug_plugin.node.device_ids(res), "unhealthy device still allocatable"
 
 
-@pytest.mark.devplug_mock
-def test_device_turning_unhealthy_under_running_pod(devplug_plugin: PluginHandle, devplug_pod: PodFactory) -> None:
+def test_device_turning_unhealthy_under_running_pod(
+    devplug_plugin: PluginHandle, devplug_pod: PodFactory, devplug_faults: FaultInjector
+) -> None:
     """The pod keeps running, allocatable drops, and allocatedResourcesStatus reports the device Unhealthy."""
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
     pod = devplug_pod(gpus=1, wait=True)
     (dev,) = pod.allocated_devices
-    assert pod.device_health == {dev: "Healthy"}
-    devplug_plugin.mock.inject_xid(dev, 79)
+    assert pod.device_health == {dev: "Healthy"}, f"allocatedResourcesStatus: {pod.device_health}"
+    with fault("mark a device unhealthy"):
+        devplug_faults.set_unhealthy(dev)
     assert_allocatable(devplug_plugin, n - 1, capacity=n)
     assert pod.phase == "Running", f"a device going unhealthy must not evict its pod: {pod.phase} {pod.reason}"
-    assert pod.restart_count == 0
+    assert pod.restart_count == 0, f"the container restarted {pod.restart_count} times"
     assert pod.device_health == {dev: "Unhealthy"}, f"allocatedResourcesStatus: {pod.device_health}"
     assert pod.allocated_devices == [dev]
 
 
-@pytest.mark.devplug_mock
-def test_removed_and_added_devices_change_capacity(devplug_plugin: PluginHandle) -> None:
-    """Removing a GPU from the inventory lowers capacity; adding one raises it."""
-    n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
-    victim = devplug_plugin.mock.uuids[-1]
-    devplug_plugin.mock.remove_gpu(victim)
+def test_removed_and_added_devices_change_capacity(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:
+    """Removing a device from the plugin's list lowers capacity; adding one raises it."""
+    res = devplug_plugin.resource_name
+    n = devplug_plugin.node.capacity(res)
+    victim = devplug_faults.device_ids[-1]
+    with fault("remove a device"):
+        devplug_faults.remove_device(victim)
     assert_allocatable(devplug_plugin, n - 1, capacity=n - 1)
-    added = devplug_plugin.mock.add_gpu(numa_node=0)
+    with fault("add a device"):
+        added = devplug_faults.add_device()
     assert_allocatable(devplug_plugin, n, capacity=n)
-    assert added in devplug_plugin.node.device_ids(devplug_plugin.resource_name)
+    assert added in devplug_plugin.node.device_ids(res), f"added {added}; allocatable {devplug_plugin.node.device_ids(res)}"

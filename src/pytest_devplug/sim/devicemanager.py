@@ -41,6 +41,7 @@ from pytest_devplug.sim.model import (
     PodSpecView,
 )
 from pytest_devplug.sim.registration import RegistrationError, RegistrationServer
+from pytest_devplug.sim.runoptions import run_container_options
 from pytest_devplug.sim.topology import (
     POLICIES,
     TOPOLOGY_AFFINITY_MESSAGE,
@@ -388,41 +389,11 @@ class DeviceManager:
             }
 
     def container_options(self, pod_uid: str, container_name: str) -> ContainerRuntimeOptions:
-        """Merge of the container's Allocate responses (``deviceRunContainerOptions``): the first
-        setting of an env var, annotation, device or mount path wins; CDI names are deduplicated."""
+        """Merge of the container's Allocate responses (``deviceRunContainerOptions``, see ``runoptions``)."""
         with self._lock:
             infos = dict(self._pod_devs.get(pod_uid, {}).get(container_name, {}))
-        opts = ContainerRuntimeOptions()
-        devs: set[str] = set()
-        mounts: set[str] = set()
-        cdi: set[str] = set()
-        for resource in sorted(infos):
-            resp = infos[resource].resp
-            if resp is None:
-                continue
-            for k, v in sorted(resp.envs.items()):
-                if k in opts.envs:
-                    if opts.envs[k] != v:
-                        self._log.error("Environment variable %s has conflicting setting: %s and %s", k, opts.envs[k], v)
-                    continue
-                opts.envs[k] = v
-            for dev in resp.devices:
-                if dev.container_path in devs:
-                    continue
-                devs.add(dev.container_path)
-                opts.devices.append(DeviceNodeSpec(dev.container_path, dev.host_path, dev.permissions))
-            for m in resp.mounts:
-                if m.container_path in mounts:
-                    continue
-                mounts.add(m.container_path)
-                opts.mounts.append(MountSpec(m.container_path, m.host_path, m.read_only))
-            for k, v in sorted(resp.annotations.items()):
-                opts.annotations.setdefault(k, v)
-            for c in resp.cdi_devices:
-                if c.name not in cdi:
-                    cdi.add(c.name)
-                    opts.cdi_devices.append(c.name)
-        return opts
+        responses = [infos[r].resp for r in sorted(infos)]
+        return run_container_options((r for r in responses if r is not None), self._log)
 
     def remove_stale_pods(self, active_pod_uids: set[str]) -> None:
         """``UpdateAllocatedDevices``: free the devices of pods no longer active. Like upstream it

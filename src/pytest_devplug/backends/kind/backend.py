@@ -13,21 +13,19 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ...api.deviceplugin import v1beta1_pb2 as dp
 from .. import mockstate
 from ..base import (
     BackendError,
     BackendOptions,
     ContainerView,
-    DeviceNodeView,
     ExecResult,
-    MountView,
     NodeSpec,
     ObjectNotFoundError,
     PluginSpec,
     PodResourcesDevices,
     PodResourcesPod,
     UnsupportedOperationError,
+    applied_view,
     parse_checkpoint,
 )
 from ..k8s.api import KubeApi
@@ -255,6 +253,9 @@ class KindBackend:
     def machine_numa_nodes(self, node: str) -> list[int]:
         return self.nodeops.numa_nodes(node)
 
+    def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
+        raise UnsupportedOperationError("a real kubelet shows the options it got from a plugin nowhere (not in its API, log or checkpoint)")
+
     def read_checkpoint(self, node: str) -> bytes | None:
         return self.nodeops.read_checkpoint(node)
 
@@ -455,19 +456,7 @@ class KindBackend:
             raise BackendError(f"pod {namespace}/{name} is not on a node yet")
         raw = self.read_checkpoint(node)
         entries = parse_checkpoint(raw).entries_for(pod["metadata"]["uid"], container) if raw else []
-        envs: dict[str, str] = {}
-        annotations: dict[str, str] = {}
-        mounts: list[MountView] = []
-        devices: list[DeviceNodeView] = []
-        cdi: list[str] = []
-        for e in entries:
-            r = dp.ContainerAllocateResponse.FromString(e.alloc_resp)
-            envs.update(r.envs)
-            annotations.update(r.annotations)
-            mounts += [MountView(m.container_path, m.host_path, m.read_only) for m in r.mounts]
-            devices += [DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in r.devices]
-            cdi += [c.name for c in r.cdi_devices]
-        return ContainerView(envs, tuple(mounts), tuple(devices), annotations, tuple(cdi))
+        return applied_view(entries)
 
     def restart_container(self, name: str, container: str, namespace: str = "default") -> None:
         """Kill the container's task in containerd (SIGKILL): the kubelet restarts it, as after a crash."""

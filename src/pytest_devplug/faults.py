@@ -1,0 +1,99 @@
+"""The fault-injection contract: how the suite makes a plugin's devices fail, for any plugin.
+
+The kubelet's side of a fault (allocatable drops, capacity stays, a running pod keeps its device and
+reads ``Unhealthy`` in ``allocatedResourcesStatus``, a failing ``Allocate`` fails admission) is the
+same for every plugin; only the way to cause it differs. A plugin project says how by overriding the
+``devplug_faults`` fixture in its conftest.py with an object that has these methods; the included
+GPU plugin's is :class:`MockNvmlFaults`, which edits the mock-NVML state file (the same JSON the C mock
+library reads, so it reaches any NVML plugin started on the mock). Without an injector the fault tests
+skip (or fail, ``--devplug-missing-faults=fail``) naming this contract.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .handles import PluginHandle
+
+__all__ = ["FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "CONTRACT"]
+
+#: What a ``devplug_faults`` fixture must return, in one line (quoted by skips and errors).
+CONTRACT = (
+    "pytest_devplug.FaultInjector: device_ids, set_unhealthy(id), set_healthy(id), fail_allocate(id=None), "
+    "add_device() -> id, remove_device(id)"
+)
+
+
+class FaultNotSupportedError(NotImplementedError):
+    """An injector cannot make this fault for its plugin (e.g. a fixed device list: no add/remove).
+
+    The tests that need that fault skip, quoting the message; the others still run.
+    """
+
+
+@runtime_checkable
+class FaultInjector(Protocol):
+    """Makes the plugin under test see faults; every change shows up in the plugin's ``ListAndWatch``
+    or ``Allocate``. The fixture that returns it undoes its changes in its teardown (the suite then
+    redeploys the plugin anyway)."""
+
+    @property
+    def device_ids(self) -> list[str]:
+        """The device IDs the plugin lists now, as the kubelet sees them."""
+        ...
+
+    def set_unhealthy(self, device_id: str) -> None:
+        """Make the plugin report ``device_id`` Unhealthy."""
+        ...
+
+    def set_healthy(self, device_id: str) -> None:
+        """Make the plugin report ``device_id`` Healthy again."""
+        ...
+
+    def fail_allocate(self, device_id: str | None = None) -> None:
+        """Make ``Allocate`` return an error for requests including ``device_id`` (``None``: every device)."""
+        ...
+
+    def add_device(self) -> str:
+        """Make the plugin list one more (healthy) device; returns its ID."""
+        ...
+
+    def remove_device(self, device_id: str) -> None:
+        """Make the plugin stop listing ``device_id``."""
+        ...
+
+
+class MockNvmlFaults:
+    """The contract on the mock NVML: edits the mock-state JSON (``lost``, ``fail_allocate``, ``gpus``).
+
+    Unhealthy is a lost GPU (not an Xid) so that :meth:`set_healthy` can undo it: the included
+    plugin's health policy keeps a GPU with a critical Xid Unhealthy until it is reset.
+    """
+
+    def __init__(self, plugin: PluginHandle) -> None:
+        self._mock = plugin.mock
+
+    @property
+    def device_ids(self) -> list[str]:
+        return self._mock.uuids
+
+    def set_unhealthy(self, device_id: str) -> None:
+        self._mock.set_lost(device_id)
+
+    def set_healthy(self, device_id: str) -> None:
+        self._mock.set_usable(device_id)
+
+    def fail_allocate(self, device_id: str | None = None) -> None:
+        for uuid in self._mock.uuids if device_id is None else [device_id]:
+            self._mock.fail_allocate(uuid)
+
+    def add_device(self) -> str:
+        return self._mock.add_gpu(numa_node=0)
+
+    def remove_device(self, device_id: str) -> None:
+        self._mock.remove_gpu(device_id)
+
+
+# Conformance stated where a type checker sees it (the fixture is annotated with the Protocol too).
+_: type[FaultInjector] = MockNvmlFaults
