@@ -182,3 +182,32 @@ def test_evidence_quotes_only_the_current_tests_kubelet_lines() -> None:
         assert current_test_lines(sim_log) == sim_log.splitlines()
     finally:
         set_test_window(None)
+
+
+def test_run_container_options_merge_like_the_kubelet(caplog: pytest.LogCaptureFixture) -> None:
+    """deviceRunContainerOptions: first setting wins, device nodes and mounts de-duplicated by container
+    path (within one response too: two IDs sharing a node), CDI names once; conflicts are logged."""
+    import logging
+
+    from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
+    from pytest_devplug.sim.runoptions import run_container_options
+
+    a = pb.ContainerAllocateResponse(envs={"X": "1"}, annotations={"k": "a"})
+    a.devices.add(container_path="/dev/g0", host_path="/dev/g0", permissions="rw")
+    a.devices.add(container_path="/dev/g0", host_path="/dev/g0", permissions="rw")
+    a.mounts.add(container_path="/m", host_path="/h1")
+    a.cdi_devices.add(name="v.io/c=0")
+    b = pb.ContainerAllocateResponse(envs={"X": "2", "Y": "3"}, annotations={"k": "b"})
+    b.devices.add(container_path="/dev/g0", host_path="/dev/other", permissions="r")
+    b.mounts.add(container_path="/m", host_path="/h2")
+    b.cdi_devices.add(name="v.io/c=0")
+    log = logging.getLogger("devplug-test-runoptions")
+    with caplog.at_level(logging.ERROR, logger=log.name):
+        opts = run_container_options([a, b], log)
+    assert opts.envs == {"X": "1", "Y": "3"} and opts.annotations == {"k": "a"}
+    assert [(d.container_path, d.host_path, d.permissions) for d in opts.devices] == [("/dev/g0", "/dev/g0", "rw")]
+    assert [(m.container_path, m.host_path) for m in opts.mounts] == [("/m", "/h1")]
+    assert opts.cdi_devices == ["v.io/c=0"]
+    text = caplog.text
+    for needle in ("Environment variable has conflicting", "conflicting mapping host devices", "conflicting mapping host mounts", "Annotation has conflicting"):
+        assert needle in text, text

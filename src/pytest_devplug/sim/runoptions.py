@@ -48,14 +48,18 @@ def run_container_options(
             if m.container_path in mounts:
                 if mounts[m.container_path] != m.host_path and log is not None:
                     log.error(
-                        "Container mount has conflicting mapping host mounts containerPath=%s got=%s expected=%s",
+                        "Container mount has conflicting mapping host mounts containerPath=%s conflictingPath=%s hostPath=%s",
                         m.container_path, mounts[m.container_path], m.host_path,
                     )  # fmt: skip
                 continue
             mounts[m.container_path] = m.host_path
             opts.mounts.append(MountSpec(m.container_path, m.host_path, m.read_only))
         for k, v in sorted(resp.annotations.items()):
-            opts.annotations.setdefault(k, v)
+            if k in opts.annotations:
+                if opts.annotations[k] != v and log is not None:
+                    log.error("Annotation has conflicting setting annotationKey=%s expected=%s got=%s", k, opts.annotations[k], v)
+                continue
+            opts.annotations[k] = v
         for c in resp.cdi_devices:
             if c.name not in cdi:
                 cdi.add(c.name)
