@@ -547,8 +547,8 @@ def devplug_plugin(
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
     handle = _devplug_deployment.get()
     yield handle
-    if "devplug_faults" in request.fixturenames:
-        handle.dirty = True  # an injector of a conftest does not know about redeployment
+    if "devplug_faults" in getattr(request.node, "funcargs", {}):
+        handle.dirty = True  # an injector was handed out; one of a conftest does not know about redeployment
     _devplug_deployment.reset_if_needed()
 
 
