@@ -120,8 +120,23 @@ else:
     server = serve()
     register()
 print("registered", RESOURCE, flush=True)
+
+
+def kubelet_identity():
+    try:
+        st = os.stat(KUBELET)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+seen = kubelet_identity()
 while not stop.wait(0.1):
-    if args.fault != "register-before-serve" and not os.path.exists(SOCK):  # kubelet restarted
+    now = kubelet_identity()
+    # A restarted kubelet removes our socket, then serves a new kubelet.sock: re-serve and register then
+    # (reacting to our socket's removal alone races the kubelet's clean-up).
+    if args.fault != "register-before-serve" and now is not None and now != seen:
+        seen = now
         server.stop(0)
         server = serve()
         try:
@@ -129,6 +144,7 @@ while not stop.wait(0.1):
             print("re-registered", flush=True)
         except grpc.RpcError as exc:
             print("re-register failed:", exc.details(), flush=True)
+            seen = None  # try again on the next tick
 server.stop(0)
 """
 
