@@ -346,8 +346,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def _describe(backend: str, spec: PluginSpec) -> str:
     what = shlex.join(spec.argv) if backend == "sim" else f"image {spec.image} manifest {spec.manifest}"
-    conventions = ",".join(sorted(spec.conventions)) or "none"
-    return f"resource={spec.resource_name} mock={spec.mock} conventions={conventions} plugin: {what}"
+    return f"resource={spec.resource_name} mock={spec.mock} plugin: {what}"
 
 
 def _spec_overrides(config: pytest.Config) -> list[str]:
