@@ -6,9 +6,9 @@
 #   nvidia-device-plugin  github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin @ $NVIDIA_PLUGIN_VERSION
 #
 # usage: peers/build.sh [NAME...]   (default: all three). Prints "NAME BINARY" per peer on stdout.
-# Each lands in $DEVPLUG_CACHE_DIR/peers/<name>-<version>-<hash of this script and the peer's
-# sources>/bin/<name>; a cached build answers at once, a concurrent build of the same peer waits
-# on its lock and then finds it cached.
+# Each lands in $DEVPLUG_CACHE_DIR/peers/<name>-<version>-<hash>/bin/<name>, the hash over this
+# script, lib.sh, versions.env and the peer's own sources; a cached build answers at once, a
+# concurrent build of the same peer waits on its lock and then finds it cached.
 . "$(dirname "$0")/../kind-config/offline/lib.sh"
 
 NVIDIA_PLUGIN_VERSION=v0.17.4
