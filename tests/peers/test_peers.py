@@ -26,6 +26,8 @@ import pytest
 NO_MOCK = re.compile(r"mock-NVML", re.I)
 NO_PRE_START = re.compile(r"pre_start_required", re.I)
 NO_TOPOLOGY = re.compile(r"topology|NUMA", re.I)
+#: Opt-in checks of one plugin family's conventions, off for a plugin that does not declare them.
+CONVENTION_OFF = re.compile(r"convention check '[a-z-]+' .* does not declare it")
 #: One suite run on the embedded kubelet takes ~30 s; two kubelet restarts wait ~10 s each for the peers.
 SUITE_TIMEOUT_S = 600
 
@@ -44,14 +46,13 @@ class Peer:
 
 PEERS = [
     Peer(
-        "sample-device-plugin", "example.com/resource", (), (NO_MOCK, NO_PRE_START, NO_TOPOLOGY),
+        "sample-device-plugin", "example.com/resource", (), (NO_MOCK, NO_PRE_START, NO_TOPOLOGY, CONVENTION_OFF),
         ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart"),
     ),
     Peer(
-        "stub-plugin", "example.com/stub", ("--pre-start-required",), (NO_MOCK,),
+        "stub-plugin", "example.com/stub", ("--pre-start-required",), (NO_MOCK, CONVENTION_OFF),
         ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
-         "test_prestart_container_called_before_start", "test_allocation_is_numa_aligned",
-         "test_single_numa_node_policy_rejects_cross_numa_request"),
+         "test_prestart_container_called_before_start", "test_single_numa_node_policy_rejects_cross_numa_request"),
     ),
 ]  # fmt: skip
 
