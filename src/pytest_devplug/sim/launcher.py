@@ -1,7 +1,7 @@
 """Starts one plugin process: parent-death signal, and optionally the node's private mount namespace.
 
-Run as ``python launcher.py [--parent PID] [--bind SRC DST]... -- ARGV...`` (by file path, so that
-starting a plugin imports nothing but the standard library); it replaces itself with ``ARGV``.
+Run as ``python launcher.py [--parent PID] [--scratch DIR --bind SRC DST...] -- ARGV...`` (by file path,
+so that starting a plugin imports nothing but the standard library); it replaces itself with ``ARGV``.
 
 * ``--parent PID``: the plugin gets SIGKILL when the thread that started it dies, so a killed test
   run leaves no plugin behind; if ``PID`` is already gone the launcher exits instead of starting it.
@@ -9,10 +9,11 @@ starting a plugin imports nothing but the standard library); it replaces itself 
   ``SRC`` directory is bind-mounted at ``DST``; nobody outside sees these mounts, so each node's
   plugin finds *its* node's directories at the kubelet's standard paths
   (:data:`KUBELET_PATHS`). Root unshares the mount namespace directly; anyone else goes through an
-  unprivileged user namespace (uid and gid mapped to themselves). Missing mount points are made
-  without touching the host: the first missing directory's parent is shadowed by a tmpfs holding
-  bind mounts of all of its entries plus the new directory. ``DST`` itself is first covered by a
-  tmpfs when it is ``/var/lib/kubelet`` or below, so the host's kubelet files stay out of sight.
+  unprivileged user namespace (uid and gid mapped to themselves). ``/var/lib/kubelet`` is covered by
+  a tmpfs first when a ``DST`` lies below it, so the host's kubelet files stay out of sight. Missing
+  mount points are made without touching the host: the first missing directory's parent is shadowed
+  by a tmpfs (made under ``--scratch DIR``) holding bind mounts of all of its entries plus the new
+  directory.
 
 Exit status 126 with a message on stderr (the plugin log) when the namespace cannot be made, 127
 when ``ARGV[0]`` cannot be executed. ``--probe`` makes the namespace and exits 0 without a command.
