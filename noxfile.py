@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,8 +16,19 @@ nox.options.sessions = ["tests", "conformance"]
 nox.options.error_on_missing_interpreters = False
 
 PYTHON = ["3.11", "3.12", "3.13", "3.10"]
+LOWEST_PYTHON = "3.10"  # requires-python's floor
 GRPC_TOOLS = "grpcio-tools==1.85.1"  # pinned: tools/genproto.py generates the .pyi stubs with exactly it
 E2E_CLUSTER = "devplug-e2e"  # the e2e session creates and deletes this one
+
+
+def _interpreter(version: str) -> str:
+    """``version`` when ``python<version>`` runs; else a pyenv build of it (never a download)."""
+    exe = shutil.which(f"python{version}")
+    if exe and subprocess.run([exe, "-c", ""], capture_output=True, check=False).returncode == 0:
+        return version
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    builds = sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
+    return str(builds[-1]) if builds else version
 
 
 def _install(session: nox.Session, *extra: str) -> None:
@@ -29,6 +41,23 @@ def tests(session: nox.Session) -> None:
     _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf", "build", "twine")
     session.run("mypy")
     session.run("pytest", "-m", "not kind", *session.posargs)
+
+
+@nox.session(python=_interpreter(LOWEST_PYTHON), venv_backend="uv")
+def tests_lowest(session: nox.Session) -> None:
+    """The tests on the oldest supported Python and the oldest release of every dependency (pyproject's floors).
+
+    ``--resolution lowest-direct`` installs exactly the floors (pytest 8.0, grpcio, protobuf, ...), so a floor
+    that stops working fails here.
+    """
+    session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
+    session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
+                "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
+    # Left out: the stub drift test (needs the pinned generator, i.e. the newest grpcio) and the distribution
+    # tests (they build wheels and install them beside older pins themselves, in `nox -s tests`).
+    session.run(
+        "pytest", "-m", "not kind", "--ignore=tests/test_proto_stubs.py", "--ignore=tests/distribution", *session.posargs
+    )
 
 
 @nox.session(python=PYTHON[0])
