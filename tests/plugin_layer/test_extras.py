@@ -47,6 +47,12 @@ def test_kind_backend_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch
         create_backend("kind", BackendOptions())
 
 
+def test_cluster_backend_without_its_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if the Kubernetes client were not installed
+    with pytest.raises(BackendUnavailableError, match=r"cluster backend needs kubernetes.*pip install 'pytest-devplug\[cluster\]'"):
+        create_backend("cluster", BackendOptions())
+
+
 def test_sim_runs_never_import_the_kind_backend(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_one="""

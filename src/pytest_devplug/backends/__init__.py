@@ -10,13 +10,28 @@ __all__ = ["BACKENDS", "create_backend"]
 
 BACKENDS = ("sim", "kind", "cluster")
 
-#: Modules the kind backend needs (the ``kind`` extra), by the distribution that provides them.
-KIND_MODULES = {"pytest_kind": "pytest-kind-ng", "kubernetes": "kubernetes", "yaml": "pyyaml"}
+#: Modules the cluster backend needs (the ``cluster`` extra), by the distribution that provides them.
+CLUSTER_MODULES = {"kubernetes": "kubernetes", "yaml": "pyyaml"}
+#: Modules the kind backend needs (the ``kind`` extra).
+KIND_MODULES = {"pytest_kind": "pytest-kind-ng", **CLUSTER_MODULES}
+
+
+def _missing(modules: dict[str, str]) -> list[str]:
+    return [dist for module, dist in modules.items() if importlib.util.find_spec(module) is None]
 
 
 def missing_kind_dependencies() -> list[str]:
     """Distributions of the ``kind`` extra that are not installed (none are imported to find out)."""
-    return [dist for module, dist in KIND_MODULES.items() if importlib.util.find_spec(module) is None]
+    return _missing(KIND_MODULES)
+
+
+def _require(backend: str, extra: str, modules: dict[str, str]) -> None:
+    missing = _missing(modules)
+    if missing:
+        raise BackendUnavailableError(
+            f"the {backend} backend needs {', '.join(missing)}, which are not installed: "
+            f"pip install 'pytest-devplug[{extra}]'"
+        )
 
 
 def create_backend(name: str, options: BackendOptions) -> Backend:
@@ -26,16 +41,12 @@ def create_backend(name: str, options: BackendOptions) -> Backend:
 
         return SimBackend(options)
     if name == "kind":
-        missing = missing_kind_dependencies()
-        if missing:
-            raise BackendUnavailableError(
-                f"the kind backend needs {', '.join(missing)}, which are not installed: "
-                "pip install 'pytest-devplug[kind]'"
-            )
+        _require("kind", "kind", KIND_MODULES)
         from .kind import KindBackend
 
         return KindBackend(options)
     if name == "cluster":
+        _require("cluster", "cluster", CLUSTER_MODULES)
         from .cluster import ClusterBackend
 
         return ClusterBackend(options)
