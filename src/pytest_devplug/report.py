@@ -190,7 +190,11 @@ _VERDICT = {"passed": "passed", "failed": "**FAILED**", "error": "**ERROR**", "s
             "xfailed": "xfailed", "xpassed": "**XPASSED**"}  # fmt: skip
 
 
-_BACKENDS = {"sim": "sim (embedded kubelet)", "kind": "kind (a real cluster)"}
+_BACKENDS = {
+    "sim": "sim (embedded kubelet)",
+    "kind": "kind (a real cluster)",
+    "cluster": "cluster (the kubeconfig's cluster)",
+}
 
 
 def _cell(text: str) -> str:
