@@ -8,6 +8,7 @@ checks that nothing else is left out.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -22,8 +23,12 @@ DOWNSTREAM = ROOT / "tests" / "plugin_layer" / "test_downstream.py"
 
 def _widget_plugin_source() -> str:
     """The downstream test's small device plugin (example.com/widget), as the plugin under test here."""
-    text = DOWNSTREAM.read_text()
-    return text.split("WIDGET_PLUGIN = '''", 1)[1].split("'''", 1)[0]
+    spec = importlib.util.spec_from_file_location("_devplug_downstream_example", DOWNSTREAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source: str = module.WIDGET_PLUGIN
+    return source
 
 
 def _plugin_project(where: Path, module: str) -> Path:
