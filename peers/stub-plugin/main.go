@@ -110,20 +110,21 @@ func allocate(r *pluginapi.AllocateRequest, devs map[string]*pluginapi.Device) (
 }
 
 // preferred answers exactly allocation_size IDs: the must-include ones, then the rest packed onto
-// as few NUMA nodes as possible (nodes already holding must-include devices first, then the fullest),
-// in a stable order.
+// as few NUMA nodes as possible, filling one node before the next: nodes already holding must-include
+// devices first, then the node with the fewest free devices that still fits the rest (best fit), then
+// the largest; IDs in a stable order.
 func preferred(r *pluginapi.PreferredAllocationRequest, devs map[string]*pluginapi.Device) (*pluginapi.PreferredAllocationResponse, error) {
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, req := range r.ContainerRequests {
 		size := int(req.AllocationSize)
 		chosen := map[string]bool{}
 		var picked []string
-		nodeScore := map[int64]int{}
+		hasMust := map[int64]bool{}
 		for _, id := range req.MustIncludeDeviceIDs {
 			if !chosen[id] && len(picked) < size {
 				chosen[id] = true
 				picked = append(picked, id)
-				nodeScore[numaOf(devs[id])] += 1000
+				hasMust[numaOf(devs[id])] = true
 			}
 		}
 		byNode := map[int64][]string{}
@@ -131,7 +132,6 @@ func preferred(r *pluginapi.PreferredAllocationRequest, devs map[string]*plugina
 			if !chosen[id] {
 				n := numaOf(devs[id])
 				byNode[n] = append(byNode[n], id)
-				nodeScore[n]++
 			}
 		}
 		nodes := make([]int64, 0, len(byNode))
@@ -139,11 +139,20 @@ func preferred(r *pluginapi.PreferredAllocationRequest, devs map[string]*plugina
 			nodes = append(nodes, n)
 			sort.Strings(byNode[n])
 		}
+		need := size - len(picked)
 		sort.Slice(nodes, func(i, j int) bool {
-			if nodeScore[nodes[i]] != nodeScore[nodes[j]] {
-				return nodeScore[nodes[i]] > nodeScore[nodes[j]]
+			a, b := nodes[i], nodes[j]
+			if hasMust[a] != hasMust[b] {
+				return hasMust[a]
 			}
-			return nodes[i] < nodes[j]
+			fa, fb := len(byNode[a]) >= need, len(byNode[b]) >= need
+			if fa != fb {
+				return fa
+			}
+			if len(byNode[a]) != len(byNode[b]) {
+				return (len(byNode[a]) < len(byNode[b])) == fa
+			}
+			return a < b
 		})
 		for _, n := range nodes {
 			for _, id := range byNode[n] {

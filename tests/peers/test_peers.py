@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-#: Skip reasons a plugin without mock-NVML controls / without pre_start_required / without topology
-#: may give; anything else skipped is a defect of the suite (or of the peer).
-NO_MOCK = re.compile(r"mock-NVML", re.I)
+#: Skip reasons a plugin may give: no fault injector (mock NVML), an opt-in convention it was not run
+#: with, no pre_start_required, no topology; anything else skipped is a defect of the suite (or of the peer).
+NO_MOCK = re.compile(r"mock-NVML|fault injector", re.I)
 NO_PRE_START = re.compile(r"pre_start_required", re.I)
 NO_TOPOLOGY = re.compile(r"topology|NUMA", re.I)
 #: Opt-in checks of one plugin family's conventions, off for a plugin that does not declare them.
@@ -46,13 +46,17 @@ class Peer:
 
 PEERS = [
     Peer(
-        "sample-device-plugin", "example.com/resource", (), (NO_MOCK, NO_PRE_START, NO_TOPOLOGY, CONVENTION_OFF),
+        "sample-device-plugin", "example.com/resource", (), (NO_MOCK, CONVENTION_OFF, NO_PRE_START, NO_TOPOLOGY),
         ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart"),
     ),
+    # The stub's Allocate lists the IDs it hands in and its GetPreferredAllocation packs NUMA nodes, so
+    # it is run with those two conventions on.
     Peer(
-        "stub-plugin", "example.com/stub", ("--pre-start-required",), (NO_MOCK, CONVENTION_OFF),
+        "stub-plugin", "example.com/stub", ("--pre-start-required", "--conventions", "ids-visible,numa-packing"),
+        (NO_MOCK, CONVENTION_OFF),
         ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
-         "test_prestart_container_called_before_start", "test_single_numa_node_policy_rejects_cross_numa_request"),
+         "test_prestart_container_called_before_start", "test_single_numa_node_policy_rejects_cross_numa_request",
+         "test_convention_ids_visible_in_injections", "test_convention_numa_packing_fills_one_node_first"),
     ),
 ]  # fmt: skip
 
