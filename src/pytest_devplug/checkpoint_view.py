@@ -10,7 +10,21 @@ from google.protobuf.message import DecodeError
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .sim.checkpoint import CheckpointData
 
-__all__ = ["decode_alloc_resp", "checkpoint_as_dict", "format_checkpoint"]
+__all__ = ["decode_alloc_resp", "checkpoint_as_dict", "format_checkpoint", "printable"]
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal and for line-based reading: a backslash, a control character
+    (escape sequences, newlines) or an invisible one (bidi overrides, line separators) is written
+    as a Python escape, so a device ID or path can neither drive the terminal nor forge a line."""
+    return "".join(c if c.isprintable() and c != "\\" else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    if c == "\\":
+        return "\\\\"
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def decode_alloc_resp(blob: bytes | None) -> pb.ContainerAllocateResponse:
@@ -23,6 +37,8 @@ def _resp_dict(blob: bytes | None) -> dict[str, Any]:
         return json_format.MessageToDict(decode_alloc_resp(blob), preserving_proto_field_name=True)
     except DecodeError as exc:
         return {"undecodable": f"{exc} ({len(blob or b'')} bytes)"}
+    except RecursionError:
+        return {"undecodable": f"nested too deeply ({len(blob or b'')} bytes)"}
 
 
 def checkpoint_as_dict(data: CheckpointData, stored: int, computed: int) -> dict[str, Any]:
@@ -48,6 +64,9 @@ def _format_resp(blob: bytes | None) -> list[str]:
         resp = decode_alloc_resp(blob)
     except DecodeError as exc:
         return [f"      (AllocResp is not a ContainerAllocateResponse: {exc})"]
+    except RecursionError:
+        # protobuf's pure-Python parser recurses into nested unknown groups
+        return ["      (AllocResp is not a ContainerAllocateResponse: nested too deeply)"]
     lines = [f"      env {k}={v}" for k, v in sorted(resp.envs.items())]
     lines += [f"      device {d.host_path} -> {d.container_path} ({d.permissions})" for d in resp.devices]
     lines += [
@@ -59,6 +78,11 @@ def _format_resp(blob: bytes | None) -> list[str]:
 
 
 def format_checkpoint(path: str, data: CheckpointData, stored: int, computed: int) -> str:
+    """The text of ``devplug checkpoint show``; every string from the file passes :func:`printable`."""
+    return "\n".join(printable(line) for line in _lines(path, data, stored, computed))
+
+
+def _lines(path: str, data: CheckpointData, stored: int, computed: int) -> list[str]:
     state = "ok" if stored == computed else f"MISMATCH: computed {computed} (the kubelet would discard this file)"
     out = [f"{path}", f"  checksum {stored} {state}", "  registered devices (healthy when written):"]
     if not data.registered_devices:
@@ -74,4 +98,4 @@ def format_checkpoint(path: str, data: CheckpointData, stored: int, computed: in
             where = "no NUMA node" if numa == -1 else f"NUMA node {numa}"
             out.append(f"      devices on {where}: {', '.join(ids or [])}")
         out.extend(_format_resp(e.alloc_resp))
-    return "\n".join(out)
+    return out

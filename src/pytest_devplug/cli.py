@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .checkpoint_view import checkpoint_as_dict, format_checkpoint
-from .sim.checkpoint import CheckpointData, CheckpointError, checksum, decode
+from .checkpoint_view import checkpoint_as_dict, format_checkpoint, printable
+from .sim.checkpoint import CheckpointData, CheckpointError, checksum, decode, read_bytes
 
 __all__ = ["main"]
+
+#: The status of a command whose reader went away (``| head``): what a process killed by
+#: SIGPIPE reports in the shell, as ``cat`` or ``git log`` do.
+EXIT_BROKEN_PIPE = 141
 
 
 def _load(path: str) -> tuple[CheckpointData, int, int] | str:
     """The data, stored and computed checksums, or a message saying why the file is unusable."""
     try:
-        data, stored = decode(Path(path).read_bytes(), source=path)
+        data, stored = decode(read_bytes(Path(path)), source=path)
     except OSError as exc:
         return f"{path}: cannot read: {exc.strerror or exc}"
     except CheckpointError as exc:
@@ -29,14 +34,15 @@ def _checkpoint(args: argparse.Namespace) -> int:
     """``show`` prints the file (a bad checksum is reported, not fatal); ``verify`` judges the checksum."""
     loaded = _load(args.file)
     if isinstance(loaded, str):
-        print(f"devplug checkpoint {args.action}: {loaded}", file=sys.stderr)
+        print(f"devplug checkpoint {args.action}: {printable(loaded)}", file=sys.stderr)
         return 2
     data, stored, computed = loaded
+    name = printable(args.file)
     if args.action == "verify":
         if stored != computed:
-            print(f"{args.file}: checksum mismatch: stored {stored}, computed {computed}", file=sys.stderr)
+            print(f"{name}: checksum mismatch: stored {stored}, computed {computed}", file=sys.stderr)
             return 1
-        print(f"{args.file}: checksum {stored} ok")
+        print(f"{name}: checksum {stored} ok")
     elif args.json:
         print(json.dumps(checkpoint_as_dict(data, stored, computed), indent=2))
     else:
@@ -141,7 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader closed the pipe: stop quietly, and keep the interpreter's final flush of
+        # stdout from raising again on the way out.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     return code
 
 

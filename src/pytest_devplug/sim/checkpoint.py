@@ -9,13 +9,17 @@ so nil and empty values are kept apart (Go renders them differently) all the way
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import os
+import re
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pytest_devplug.sim import gojson
+from pytest_devplug.sim.gojson import Number, Object, Value
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -28,6 +32,8 @@ __all__ = [
     "checksum",
     "encode",
     "decode",
+    "MAX_CHECKPOINT_BYTES",
+    "read_bytes",
     "read_checkpoint",
     "write_checkpoint",
 ]
@@ -121,9 +127,11 @@ def checksum(data: CheckpointData) -> int:
 
 
 def _go_json(value: Any) -> str:
-    # encoding/json: compact, UTF-8 kept, and <, >, & escaped for HTML safety.
+    # encoding/json: compact, UTF-8 kept; <, >, & escaped for HTML safety, U+2028/9 for JavaScript.
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escape)
+    return text
 
 
 def encode(data: CheckpointData) -> bytes:
@@ -154,74 +162,237 @@ def encode(data: CheckpointData) -> bytes:
     return _go_json(doc).encode()
 
 
-def _str_list(value: Any, where: str) -> list[str] | None:
+# -- reading: json.Unmarshal into the kubelet's types, rule for rule -----------------------------
+#
+# What Go does and this code repeats: unknown keys are ignored; keys match field names exactly or,
+# failing that, case-insensitively; ``null`` leaves a string or number as it was and makes a map or
+# slice nil; a repeated key decodes again into the same value, so maps and structs merge while a
+# slice starts over (reusing, without clearing, the elements its backing array already holds).
+
+_UINT = re.compile(r"0|[1-9][0-9]*")
+#: base64.StdEncoding: padded, any trailing bits accepted.
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+_INT_KEY = re.compile(r"[+-]?[0-9]+")  # strconv.ParseInt(s, 10, 64)
+_ENTRY_FIELDS = ("PodUID", "ContainerName", "ResourceName", "DeviceIDs", "AllocResp")
+#: Read no more than this: a real checkpoint holds a few hundred bytes per container.
+MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
+
+
+def _fold(name: str) -> str:
+    # bytes.EqualFold on the ASCII field names: the only non-ASCII letters that fold onto them are
+    # U+017F (long s) and U+212A (Kelvin sign).
+    return name.lower().replace("\u017f", "s").replace("\u212a", "k")
+
+
+def _field_name(key: str, fields: tuple[str, ...]) -> str | None:
+    if key in fields:
+        return key
+    folded = _fold(key)
+    return next((f for f in fields if f.lower() == folded), None)
+
+
+def _kind(value: Value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, Number):
+        return f"number {value.text}"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _type_error(value: Value, where: str, go_type: str) -> CheckpointFormatError:
+    return CheckpointFormatError(f"{where}: cannot unmarshal {_kind(value)} into {go_type}")
+
+
+def _members(value: Object, fields: tuple[str, ...]) -> list[tuple[str, Value]]:
+    return [(f, v) for k, v in value.members if (f := _field_name(k, fields)) is not None]
+
+
+def _string(old: str, value: Value, where: str) -> str:
     if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise CheckpointFormatError(f"{where}: expected a list of strings, got {value!r}")
-    return list(value)
-
-
-def _field(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
-    value = obj.get(key)
-    if value is not None and not isinstance(value, kind):
-        raise CheckpointFormatError(f"{where}.{key}: expected {kind.__name__}, got {value!r}")
+        return old
+    if not isinstance(value, str):
+        raise _type_error(value, where, "string")
     return value
 
 
-def _entry(raw: Any, where: str) -> PodDevicesEntry:
-    if not isinstance(raw, dict):
-        raise CheckpointFormatError(f"{where}: expected an object, got {raw!r}")
-    ids_raw = _field(raw, "DeviceIDs", dict, where)
-    ids: dict[int, list[str] | None] | None = None
-    if ids_raw is not None:
-        ids = {}
-        for k, v in ids_raw.items():
-            try:
-                numa = int(k, 10)
-            except ValueError:
-                raise CheckpointFormatError(f"{where}.DeviceIDs: NUMA node {k!r} is not an integer") from None
-            ids[numa] = _str_list(v, f"{where}.DeviceIDs[{k}]")
-    resp_raw = _field(raw, "AllocResp", str, where)
-    try:
-        resp = None if resp_raw is None else base64.b64decode(resp_raw, validate=True)
-    except binascii.Error as exc:
-        raise CheckpointFormatError(f"{where}.AllocResp: not base64: {exc}") from None
-    return PodDevicesEntry(
-        pod_uid=_field(raw, "PodUID", str, where) or "",
-        container_name=_field(raw, "ContainerName", str, where) or "",
-        resource_name=_field(raw, "ResourceName", str, where) or "",
-        device_ids=ids,
-        alloc_resp=resp,
-    )
+def _strings(value: Value, where: str) -> list[str] | None:
+    """A fresh ``[]string`` (map values are decoded into a zero value)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _type_error(value, where, "[]string")
+    return [_string("", v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
+def _bytes(old: bytes | None, backing: bytearray, value: Value, where: str) -> tuple[bytes | None, bytearray]:
+    """``[]byte``: base64 text (Go skips CR and LF) or an array of numbers 0..255."""
+    if value is None:
+        return None, bytearray()
+    if isinstance(value, str):
+        text = value.replace("\r", "").replace("\n", "")
+        if not _BASE64.fullmatch(text):
+            raise CheckpointFormatError(f"{where}: illegal base64 data {value[:40]!r}")
+        return base64.b64decode(text), bytearray()
+    if not isinstance(value, list):
+        raise _type_error(value, where, "[]uint8")
+    if not value:
+        return b"", bytearray()
+    for i, v in enumerate(value):
+        if i >= len(backing):
+            backing.append(0)
+        if v is None:
+            continue
+        if not (isinstance(v, Number) and _UINT.fullmatch(v.text) and int(v.text) <= 0xFF):
+            raise _type_error(v, f"{where}[{i}]", "uint8")
+        backing[i] = int(v.text)
+    return bytes(backing[: len(value)]), backing
+
+
+def _numa_map(old: dict[int, list[str] | None] | None, value: Value, where: str) -> dict[int, list[str] | None] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Object):
+        raise _type_error(value, where, "checkpoint.DevicesPerNUMA")
+    out = {} if old is None else old
+    for k, v in value.members:
+        if not _INT_KEY.fullmatch(k) or not -(2**63) <= int(k) < 2**63:
+            raise CheckpointFormatError(f"{where}: NUMA node {k!r} is not an int64")
+        out[int(k)] = _strings(v, f"{where}[{k}]")
+    return out
+
+
+class _Decoder:
+    """One ``json.Unmarshal`` into ``checkpoint.Data``; keeps what Go keeps between repeated keys."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.data = CheckpointData()
+        self.stored = 0
+        self._entries: list[PodDevicesEntry] = []  # the backing array of PodDeviceEntries
+        self._resp_backing: dict[int, bytearray] = {}
+
+    def top(self, value: Value) -> None:
+        if value is None:
+            return
+        if not isinstance(value, Object):
+            raise _type_error(value, self.source, "checkpoint.Data")
+        for name, v in _members(value, ("Data", "Checksum")):
+            if name == "Data":
+                self._data(v, f"{self.source}: Data")
+            elif v is not None:
+                if not (isinstance(v, Number) and _UINT.fullmatch(v.text) and int(v.text) < 2**64):
+                    raise _type_error(v, f"{self.source}: Checksum", "checksum.Checksum (uint64)")
+                self.stored = int(v.text)
+
+    def _data(self, value: Value, where: str) -> None:
+        if value is None:
+            return
+        if not isinstance(value, Object):
+            raise _type_error(value, where, "checkpoint.checkpointData")
+        for name, v in _members(value, ("PodDeviceEntries", "RegisteredDevices")):
+            if name == "PodDeviceEntries":
+                self._pod_entries(v, f"{where}.PodDeviceEntries")
+            else:
+                self._registered(v, f"{where}.RegisteredDevices")
+
+    def _registered(self, value: Value, where: str) -> None:
+        if value is None:
+            self.data.registered_devices = None
+            return
+        if not isinstance(value, Object):
+            raise _type_error(value, where, "map[string][]string")
+        if self.data.registered_devices is None:
+            self.data.registered_devices = {}
+        for k, v in value.members:
+            self.data.registered_devices[k] = _strings(v, f"{where}[{k!r}]")
+
+    def _pod_entries(self, value: Value, where: str) -> None:
+        if value is None or value == []:
+            # null is a nil slice, [] a new empty one: either way the old backing array is gone.
+            self._entries = []
+            self.data.pod_device_entries = None if value is None else []
+            return
+        if not isinstance(value, list):
+            raise _type_error(value, where, "[]checkpoint.PodDevicesEntry")
+        for i, v in enumerate(value):
+            if i >= len(self._entries):
+                self._entries.append(PodDevicesEntry("", "", "", None, None))
+            self._entry(self._entries[i], v, f"{where}[{i}]")
+        self.data.pod_device_entries = self._entries[: len(value)]
+
+    def _entry(self, e: PodDevicesEntry, value: Value, where: str) -> None:
+        if value is None:
+            return
+        if not isinstance(value, Object):
+            raise _type_error(value, where, "checkpoint.PodDevicesEntry")
+        for name, v in _members(value, _ENTRY_FIELDS):
+            w = f"{where}.{name}"
+            if name == "PodUID":
+                e.pod_uid = _string(e.pod_uid, v, w)
+            elif name == "ContainerName":
+                e.container_name = _string(e.container_name, v, w)
+            elif name == "ResourceName":
+                e.resource_name = _string(e.resource_name, v, w)
+            elif name == "DeviceIDs":
+                e.device_ids = _numa_map(e.device_ids, v, w)
+            else:
+                backing = self._resp_backing.get(id(e), bytearray())
+                e.alloc_resp, self._resp_backing[id(e)] = _bytes(e.alloc_resp, backing, v, w)
 
 
 def decode(blob: bytes, *, source: str = "checkpoint") -> tuple[CheckpointData, int]:
-    """Parse a checkpoint file's content into its data and the checksum stored with it."""
+    """Parse a checkpoint file's content as the kubelet's ``json.Unmarshal`` does: the data and
+    the checksum stored with it; raises :class:`CheckpointFormatError` where the kubelet errs."""
     try:
-        doc = json.loads(blob)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = gojson.parse(blob)
+    except gojson.GoJSONSyntaxError as exc:
         raise CheckpointFormatError(f"{source}: not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("Data"), dict):
-        raise CheckpointFormatError(f'{source}: expected {{"Data": {{...}}, "Checksum": N}}')
-    stored = doc.get("Checksum")
-    if not isinstance(stored, int) or isinstance(stored, bool) or not 0 <= stored <= 0xFFFFFFFF:
-        raise CheckpointFormatError(f"{source}: Checksum must be a uint32, got {stored!r}")
-    raw = doc["Data"]
-    entries_raw = _field(raw, "PodDeviceEntries", list, f"{source}: Data")
-    entries = None
-    if entries_raw is not None:
-        entries = [_entry(e, f"{source}: Data.PodDeviceEntries[{i}]") for i, e in enumerate(entries_raw)]
-    reg_raw = _field(raw, "RegisteredDevices", dict, f"{source}: Data")
-    reg = None
-    if reg_raw is not None:
-        reg = {k: _str_list(v, f"{source}: Data.RegisteredDevices[{k}]") for k, v in reg_raw.items()}
-    return CheckpointData(pod_device_entries=entries, registered_devices=reg), stored
+    decoder = _Decoder(source)
+    decoder.top(doc)
+    return decoder.data, decoder.stored
+
+
+def read_bytes(path: Path, limit: int = MAX_CHECKPOINT_BYTES) -> bytes:
+    """The content of a regular file of at most ``limit`` bytes. A FIFO, a device such as
+    ``/dev/zero`` or a directory is refused before anything is read, so nothing blocks or grows."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointFormatError(f"{path}: not a regular file ({_file_kind(st.st_mode)})")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise CheckpointFormatError(f"{path}: larger than {limit} bytes; not a device-manager checkpoint")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return f"mode {stat.filemode(mode)}"
 
 
 def read_checkpoint(path: Path) -> CheckpointData:
     """Read and verify a checkpoint; raises :class:`CheckpointCorruptError` on a checksum mismatch."""
-    data, stored = decode(path.read_bytes(), source=str(path))
+    data, stored = decode(read_bytes(path), source=str(path))
     computed = checksum(data)
     if computed != stored:
         raise CheckpointCorruptError(str(path), stored, computed)
