@@ -21,7 +21,7 @@ from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import AdmissionError, PreStartError
 from pytest_devplug.sim.model import ContainerSpec, PodSpecView
 from pytest_devplug.sim.process import PluginProcess
-from pytest_devplug.sim.registration import is_extended_resource_name
+from pytest_devplug.sim.registration import is_extended_resource_name, plugin_socket_path
 
 Make = Callable[..., tuple[DeviceManager, DmWaiter]]
 
@@ -130,6 +130,84 @@ def test_register_fails_when_plugin_socket_cannot_be_dialed(dm_make: Make, dm_di
     err = register_raw(dm_dir, "v1beta1", GPU, endpoint="nobody-serves-this.sock")
     assert err.details() == "failed to dial device plugin: context deadline exceeded"
     assert dm.resources() == []
+
+
+def _silent_socket(path: Path) -> socket.socket:
+    """A socket that listens but never answers: the kubelet's dial of it hangs until its timeout."""
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.listen(16)
+    return s
+
+
+def test_plugins_stuck_in_their_dial_do_not_hold_up_a_healthy_registration(
+    dm_make: Make, dm_dir: Path, dm_fake: Callable[..., FakePlugin], caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpc-go serves each Register on its own goroutine: a healthy plugin registers while eight
+    others still wait out their dial (the embedded kubelet served four at a time)."""
+    caplog.set_level(logging.INFO)
+    dm, w = dm_make()
+    dm.dial_timeout = 5.0
+    silent = [_silent_socket(dm_dir / f"stuck{i}.sock") for i in range(8)]
+    done: list[str] = []
+
+    def register_stuck(i: int) -> None:
+        register_raw(dm_dir, "v1beta1", f"example.com/stuck{i}", endpoint=f"stuck{i}.sock")
+        done.append(f"stuck{i}")
+
+    threads = [threading.Thread(target=register_stuck, args=(i,), daemon=True) for i in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        w.until(
+            "the kubelet serving 8 Register calls",
+            lambda: sum("Got registration request" in r.getMessage() for r in caplog.records),
+            lambda n: n == 8,
+        )
+        f = dm_fake()
+        f.register()
+        done.append("healthy")
+        registered(dm, w, 2)
+        assert done == ["healthy"], "the healthy plugin waited for a stuck one"
+    finally:
+        for t in threads:
+            t.join(timeout=15)
+        for s in silent:
+            s.close()
+    assert sorted(done) == ["healthy"] + [f"stuck{i}" for i in range(8)]
+    assert dm.resources() == [GPU]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [("/abs/p.sock", "abs/p.sock"), ("a/../p.sock", "p.sock"), ("./p.sock", "p.sock"), ("p.sock", "p.sock")],
+)
+def test_endpoint_is_joined_to_the_plugin_dir_like_filepath_join(dm_dir: Path, endpoint: str, expected: str) -> None:
+    assert plugin_socket_path(dm_dir, endpoint) == dm_dir / expected
+
+
+def test_absolute_endpoint_is_dialled_inside_the_plugin_dir(
+    dm_make: Make, dm_dir: Path, dm_fake: Callable[..., FakePlugin]
+) -> None:
+    """Upstream dials ``filepath.Join(socketDir, endpoint)``: ``/x.sock`` is ``<dir>/x.sock``."""
+    dm, w = dm_make()
+    outside = dm_dir.parent / "outside.sock"
+    decoy = _silent_socket(outside)  # what ``Path(dir) / "/abs"`` used to dial
+    try:
+        f = dm_fake("inside.sock")
+        with grpc.insecure_channel(f"unix://{dm_dir / 'kubelet.sock'}") as ch:
+            from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
+
+            pb_grpc.RegistrationStub(ch).Register(
+                pb.RegisterRequest(version="v1beta1", endpoint="/inside.sock", resource_name=GPU), timeout=10
+            )
+        registered(dm, w, 2)
+        assert f.law_calls == 1
+        dm.dial_timeout = 0.3
+        err = register_raw(dm_dir, "v1beta1", "example.com/out", endpoint=str(outside))
+        assert err.details() == "failed to dial device plugin: context deadline exceeded"
+    finally:
+        decoy.close()
 
 
 def test_start_removes_only_sockets(dm_dir: Path, dm_make: Make) -> None:

@@ -40,7 +40,7 @@ from pytest_devplug.sim.model import (
     MountSpec,
     PodSpecView,
 )
-from pytest_devplug.sim.registration import RegistrationError, RegistrationServer
+from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, plugin_socket_path
 from pytest_devplug.sim.runoptions import run_container_options
 from pytest_devplug.sim.topology import (
     POLICIES,
@@ -216,7 +216,7 @@ class DeviceManager:
 
     def _on_register(self, req: pb.RegisterRequest) -> None:
         resource = req.resource_name
-        ep = Endpoint(resource, self.plugin_dir / req.endpoint, logger=self._log)
+        ep = Endpoint(resource, plugin_socket_path(self.plugin_dir, req.endpoint), logger=self._log)
         try:
             ep.connect(self.dial_timeout)
             ep.get_options()

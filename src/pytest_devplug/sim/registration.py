@@ -5,11 +5,16 @@ first, then the plugin is connected synchronously (dial, GetDevicePluginOptions)
 failure reaches the plugin as the error of its ``Register`` call. grpc-go turns a plain Go error
 returned by a handler into status ``Unknown`` with the error text as description; this server
 answers the same way.
+
+grpc-go serves every call on its own goroutine, so a plugin whose socket never answers holds
+only its own ``Register`` (for up to the 10 s dial timeout); the thread pool here is sized so
+that stuck plugins cannot queue a healthy one behind them either.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 from collections.abc import Callable
 from concurrent import futures
@@ -30,9 +35,13 @@ __all__ = [
     "is_extended_resource_name",
     "unsupported_version_message",
     "invalid_resource_name_message",
+    "plugin_socket_path",
 ]
 
 SUPPORTED_VERSIONS = ("v1beta1",)
+#: Register calls served at once. Each may wait out a dial (10 s); grpc-go has no limit at all,
+#: and threads are only made when calls arrive.
+MAX_CONCURRENT_REGISTRATIONS = 64
 
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -58,6 +67,12 @@ def unsupported_version_message(version: str) -> str:
 
 def invalid_resource_name_message(name: str) -> str:
     return f'the ResourceName "{name}" is invalid'
+
+
+def plugin_socket_path(plugin_dir: Path, endpoint: str) -> Path:
+    """``filepath.Join(socketDir, endpoint)``: an absolute endpoint is taken as relative to the
+    plugin directory, and the result is cleaned lexically (``a/../b`` is ``b``) as Go does."""
+    return Path(posixpath.normpath(f"{plugin_dir}/{endpoint}"))
 
 
 def _is_qualified_name(value: str) -> bool:
@@ -124,7 +139,8 @@ class RegistrationServer:
         self._server: Any = None
 
     def start(self) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="registration"))
+        pool = futures.ThreadPoolExecutor(max_workers=MAX_CONCURRENT_REGISTRATIONS, thread_name_prefix="registration")
+        server = grpc.server(pool)
         pb_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self._on_register, self._log), server
         )
