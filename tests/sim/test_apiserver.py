@@ -106,3 +106,72 @@ def test_generate_name_and_v1pod_models() -> None:
     p = admit_pod(model)
     assert p["metadata"]["name"].startswith("gpu-") and len(p["metadata"]["name"]) == 9
     assert p["spec"]["containers"][0]["resources"]["requests"] == {GPU: "1"}
+
+
+# --- names and quantities a real API server refuses (issue 11) -----------------------------------
+
+_QUALIFIED = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "
+    "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+_SUBDOMAIN = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+    "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+_NOT_EXTENDED = "doesn't follow extended resource name standard"
+
+
+def _with_limit(name: str) -> dict[str, object]:
+    manifest = pod("p", None)
+    manifest["spec"]["containers"][0]["resources"] = {"limits": {name: "1"}}
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("name", "messages"),
+    [
+        ("example.com/has space", [_QUALIFIED, _NOT_EXTENDED]),
+        ("example.com/gpu\n", [_QUALIFIED, _NOT_EXTENDED]),
+        ("EXAMPLE.com/gpu", ["prefix part " + _SUBDOMAIN, _NOT_EXTENDED]),
+        ("example.com/" + "g" * 64, ["name part must be no more than 63 characters", _NOT_EXTENDED]),
+        ("e" * 254 + "/gpu", ["prefix part must be no more than 253 characters", _NOT_EXTENDED]),
+        ("gpu", ["must be a standard resource type or fully qualified", "must be a standard resource for containers"]),
+    ],
+)
+def test_limit_names_are_validated_like_upstream(name: str, messages: list[str]) -> None:
+    with pytest.raises(ApiError) as ei:
+        admit_pod(_with_limit(name))
+    for msg in messages:
+        assert msg in ei.value.message
+    assert ei.value.status == 422
+
+
+def test_limit_name_with_three_parts_is_not_a_qualified_name() -> None:
+    with pytest.raises(ApiError) as ei:
+        admit_pod(_with_limit("example.com/a/b"))
+    assert 'limits[example.com/a/b]: Invalid value: "example.com/a/b": a qualified name must consist of' in ei.value.message
+
+
+@pytest.mark.parametrize("name", ["pod\n", "Pod", "p_d", "-p", "p" * 254])
+def test_pod_names_are_dns1123_subdomains(name: str) -> None:
+    with pytest.raises(ApiError) as ei:
+        admit_pod(pod(name))
+    assert ei.value.status == 422 and "metadata.name: Invalid value: " in ei.value.message
+    if name == "pod\n":
+        assert 'Invalid value: "pod\\n"' in ei.value.message  # Go's %q
+
+
+@pytest.mark.parametrize("raw", ["1\n", "\t1", "1 Gi", "", "0x1", "١"])
+def test_quantities_with_escaped_white_space_are_refused(raw: str) -> None:
+    """The Python client sends ``json.dumps`` text: a newline or tab arrives escaped, and the API
+    server's ``strings.TrimSpace`` does not remove an escape."""
+    with pytest.raises(ApiError) as ei:
+        parse_quantity(raw)
+    assert ei.value.status == 400
+
+
+def test_quantity_spaces_around_are_trimmed_as_upstream() -> None:
+    """``Quantity.UnmarshalJSON`` calls ``strings.TrimSpace`` (upstream keeps it with a TODO)."""
+    assert str(parse_quantity(" 1 ")) == "1"

@@ -96,7 +96,8 @@ def test_register_rejects_unsupported_version_with_upstream_text(dm_make: Make, 
 @pytest.mark.parametrize(
     "name",
     ["gpu", "kubernetes.io/gpu", "foo.kubernetes.io/gpu", "requests.example.com/gpu", "example.com/gpu/x",
-     "Example.com/gpu", "example.com/-gpu", "/gpu", "example.com/" + "g" * 64],
+     "Example.com/gpu", "example.com/-gpu", "/gpu", "example.com/" + "g" * 64, "example.com/gpu\n",
+     "example.com/has space", "e" * 250 + ".com/gpu"],
 )
 def test_register_rejects_invalid_resource_names(dm_make: Make, dm_dir: Path, name: str) -> None:
     dm, _ = dm_make()

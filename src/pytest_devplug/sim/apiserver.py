@@ -21,6 +21,12 @@ from fractions import Fraction
 from typing import Any, Mapping
 
 from .errors import ApiError
+from .names import (
+    dns1123_subdomain_errors,
+    go_quote,
+    is_extended_resource_name,
+    resource_name_errors,
+)
 
 __all__ = [
     "Quantity",
@@ -35,13 +41,11 @@ __all__ = [
 ]
 
 QUANTITY_REGEX_TEXT = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-_QUANTITY_RE = re.compile(r"^([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)(.*)$")
+_QUANTITY_RE = re.compile(r"([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)([eEinumkKMGTP]*[-+]?[0-9]*)")
 _DECIMAL_SUFFIX = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL_BY_EXP = {v: k for k, v in _DECIMAL_SUFFIX.items()}
 _BINARY_BY_EXP = {v: k for k, v in _BINARY_SUFFIX.items()}
-_STANDARD_CONTAINER_RESOURCES = {"cpu", "memory", "ephemeral-storage"}
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,12 @@ def _bad_quantity() -> ApiError:
 
 
 def parse_quantity(raw: object) -> Quantity:
-    """Parse a quantity as the API server decodes it from JSON (string, int or float)."""
+    """Parse a quantity as the API server decodes it from JSON (string, int or float).
+
+    ``Quantity.UnmarshalJSON`` trims white space from the raw JSON text between the quotes, and
+    the Python client sends that text through ``json.dumps``: a space survives as a space (and is
+    trimmed), while a newline or tab arrives as the escape ``\\n``, which is not a quantity.
+    """
     if isinstance(raw, bool):
         raise _bad_quantity()
     if isinstance(raw, int):
@@ -85,7 +94,7 @@ def parse_quantity(raw: object) -> Quantity:
         return parse_quantity(repr(raw))
     if not isinstance(raw, str):
         raise _bad_quantity()
-    m = _QUANTITY_RE.match(raw.strip())
+    m = _QUANTITY_RE.fullmatch(raw.strip(" "))
     if not m:
         raise _bad_quantity()
     sign, digits, suffix = m.groups()
@@ -124,11 +133,8 @@ def _canonical(value: Fraction, fmt: str) -> str:
 
 
 def is_extended_resource(name: str) -> bool:
-    """``IsExtendedResourceName``: a domain-prefixed name outside ``kubernetes.io`` (no ``requests.``)."""
-    if "/" not in name or name.startswith("requests."):
-        return False
-    domain = name.split("/", 1)[0]
-    return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+    """``IsExtendedResourceName``: a qualified, domain-prefixed name outside ``kubernetes.io``."""
+    return is_extended_resource_name(name)
 
 
 def now_rfc3339() -> str:
@@ -164,6 +170,8 @@ class FieldError:
             body = "Forbidden"
         elif isinstance(self.value, (bool, int, float)):  # ErrorBody: simple types with %v
             body = f"Invalid value: {str(self.value).lower() if isinstance(self.value, bool) else self.value}"
+        elif isinstance(self.value, str):  # %q
+            body = f"Invalid value: {go_quote(self.value)}"
         else:
             # strings with %q; anything else as its JSON: a resource.Quantity marshals to a JSON string,
             # so `Invalid value: "500m"` (seen on a real 1.34 API server), quoted like a string.
@@ -238,11 +246,7 @@ def _validate_resources(path: str, res: Mapping[str, Any], errs: list[FieldError
 
 
 def _validate_name_and_value(name: str, q: Quantity, path: str, errs: list[FieldError]) -> None:
-    if "/" not in name:
-        if name not in _STANDARD_CONTAINER_RESOURCES and not name.startswith("hugepages-"):
-            errs.append(FieldError(path, "Invalid", name, "must be a standard resource for containers"))
-    elif not is_extended_resource(name) and not name.startswith("kubernetes.io/"):
-        errs.append(FieldError(path, "Invalid", name, "doesn't follow extended resource name standard"))
+    errs.extend(FieldError(path, "Invalid", name, msg) for msg in resource_name_errors(name))
     if q.value < 0:
         errs.append(FieldError(path, "Invalid", str(q), "must be greater than or equal to 0"))
     if is_extended_resource(name) and not q.is_integer():
@@ -256,17 +260,8 @@ def validate_pod(pod: Mapping[str, Any]) -> list[FieldError]:
     name = meta.get("name") or ""
     if not name:
         errs.append(FieldError("metadata.name", "Required", "", "name or generateName is required"))
-    elif len(name) > 253 or not _NAME_RE.match(name):
-        errs.append(
-            FieldError(
-                "metadata.name",
-                "Invalid",
-                name,
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-                "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
-                "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-            )
-        )
+    else:
+        errs.extend(FieldError("metadata.name", "Invalid", name, msg) for msg in dns1123_subdomain_errors(name))
     spec = pod.get("spec") or {}
     if not spec.get("containers"):
         errs.append(FieldError("spec.containers", "Required", "", ""))

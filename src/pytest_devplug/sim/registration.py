@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
@@ -26,6 +25,7 @@ import grpc
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from pytest_devplug.sim.errors import SimError
+from pytest_devplug.sim.names import is_extended_resource_name
 from pytest_devplug.sim.workdir import check_socket_path
 
 __all__ = [
@@ -43,8 +43,6 @@ SUPPORTED_VERSIONS = ("v1beta1",)
 #: and threads are only made when calls arrive.
 MAX_CONCURRENT_REGISTRATIONS = 64
 
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class RegistrationError(SimError):
@@ -73,30 +71,6 @@ def plugin_socket_path(plugin_dir: Path, endpoint: str) -> Path:
     """``filepath.Join(socketDir, endpoint)``: an absolute endpoint is taken as relative to the
     plugin directory, and the result is cleaned lexically (``a/../b`` is ``b``) as Go does."""
     return Path(posixpath.normpath(f"{plugin_dir}/{endpoint}"))
-
-
-def _is_qualified_name(value: str) -> bool:
-    """``validation.IsQualifiedName``: optional DNS-1123 subdomain prefix, ``/``, a name of <= 63."""
-    parts = value.split("/")
-    if len(parts) == 1:
-        name = parts[0]
-    elif len(parts) == 2:
-        prefix, name = parts
-        if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
-            return False
-    else:
-        return False
-    return bool(name) and len(name) <= 63 and bool(_QUALIFIED_NAME.match(name))
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """``v1helper.IsExtendedResourceName``: not native (has ``/``, no ``kubernetes.io/`` anywhere),
-    no ``requests.`` prefix, and ``requests.<name>`` is a qualified name."""
-    if "/" not in name or "kubernetes.io/" in name:
-        return False
-    if name.startswith("requests."):
-        return False
-    return _is_qualified_name("requests." + name)
 
 
 class _Servicer(pb_grpc.RegistrationServicer):
