@@ -117,3 +117,30 @@ def test_close_stops_plugins_and_removes_the_workdir(tmp_path: Path) -> None:
     with SimCluster(given) as c2:
         c2.add_node("n")
     assert given.exists()  # a caller's dir is left in place
+
+
+@pytest.mark.parametrize("bound_by", ["scheduler", "nodeName"])
+def test_pod_deleted_between_binding_and_admission_is_not_admitted(
+    cluster: SimCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound_by: str
+) -> None:
+    """Issue 11: the pod was admitted anyway and held its device, so the next pod failed with
+    UnexpectedAdmissionError. The deletion now lands exactly between bind and admit."""
+    node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
+    admit = node.admit
+
+    def delete_then_admit(p: dict[str, object]) -> None:
+        meta = p["metadata"]
+        assert isinstance(meta, dict)
+        if meta["name"] == "gone":
+            cluster.delete_pod("gone")
+        admit(p)
+
+    monkeypatch.setattr(node, "admit", delete_then_admit)
+    gone = pod("gone", 1, node_name="node-1" if bound_by == "nodeName" else None)
+    with pytest.raises(NotFoundError):
+        cluster.create_pod(gone)  # create_pod returns the pod, which is gone by then
+    assert node.active_pod_uids() == set()
+    assert "Pod was deleted before admission" in node.kubelet_log()
+    cluster.create_pod(pod("next", 1))
+    wait_for(lambda: phase(cluster, "next"), lambda s: s == "Running", "the next pod running on the free GPU")
+    assert list(pod_resources(node)) == [("next", "main")]

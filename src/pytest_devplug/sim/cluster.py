@@ -127,6 +127,7 @@ class SimCluster:
                 topology_policy=topology_policy,
                 grace_period=self.grace_period,
                 pods_source=lambda: self._pods_on(name),
+                pod_bound=lambda uid: self._is_bound(uid, name),
                 status_sink=self._on_status,
                 event_sink=self._kubelet_event_sink(name),
                 on_node_change=self._kick.set,
@@ -318,6 +319,12 @@ class SimCluster:
                 rec.kubelet_status = copy.deepcopy(status)
         if status.get("phase") in ("Succeeded", "Failed"):
             self._kick.set()  # its requests no longer count: pending pods may fit now
+
+    def _is_bound(self, uid: str, node_name: str) -> bool:
+        with self._lock:
+            key = self._uids.get(uid)
+            rec = self._pods.get(key) if key else None
+            return rec is not None and rec.node_name == node_name
 
     def _pods_on(self, node_name: str) -> list[dict[str, Any]]:
         with self._lock:

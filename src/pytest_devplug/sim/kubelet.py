@@ -142,7 +142,8 @@ class SimNode:
     """One node's kubelet around a real device manager, pod-resources server and plugin processes.
 
     Created by ``SimCluster.add_node``; the callbacks connect it to the control plane: ``pods_source``
-    lists the pods bound here (for re-admission after a restart), ``status_sink`` and ``event_sink``
+    lists the pods bound here (for re-admission after a restart), ``pod_bound`` says whether a pod
+    (by UID) is still bound here in the API (never admit a deleted one), ``status_sink`` and ``event_sink``
     publish pod statuses and events, ``on_node_change`` tells the scheduler capacity changed.
     """
 
@@ -160,6 +161,7 @@ class SimNode:
         memory: str = DEFAULT_MEMORY,
         pods: str = DEFAULT_PODS,
         pods_source: PodsSource | None = None,
+        pod_bound: Callable[[str], bool] | None = None,
         status_sink: StatusSink | None = None,
         event_sink: EventSink | None = None,
         on_node_change: Callable[[], None] | None = None,
@@ -182,6 +184,7 @@ class SimNode:
         self.creation_timestamp = now_rfc3339()
         self._base = {"cpu": cpu, "memory": memory, "pods": pods}
         self._pods_source = pods_source or (lambda: [])
+        self._pod_bound = pod_bound or (lambda uid: True)
         self._status_sink = status_sink
         self._event_sink = event_sink
         self._on_node_change = on_node_change
@@ -416,10 +419,19 @@ class SimNode:
 
     def admit(self, pod: Mapping[str, Any]) -> None:
         """Admit a pod bound to this node and start its containers (no-op while stopped: it is
-        admitted when the kubelet starts)."""
+        admitted when the kubelet starts).
+
+        A pod deleted between its binding and this call is not admitted: the kubelet works from
+        its watch of the API, where the deletion already shows (its kill found nothing to kill,
+        so admitting now would hold the pod's devices for good). The check runs under the
+        admission lock, which ``kill_pod`` also takes, so a deletion is seen either here or there.
+        """
         with self._admit_lock:
             if not self._running:
                 self.logger.info('"Kubelet not running, pod admission deferred" pod="%s"', _key(pod))
+                return
+            if not self._pod_bound(pod["metadata"]["uid"]):
+                self.logger.info('"Pod was deleted before admission, not admitting" pod="%s"', _key(pod))
                 return
             self._admit(dict(pod), restarting=False)
         self._publish(pod["metadata"]["uid"])
