@@ -119,3 +119,25 @@ def test_plugin_exit_reports_a_container_that_cannot_come_up(monkeypatch: pytest
     pods[:] = [pod({"waiting": {"reason": "ImagePullBackOff"}})]
     assert backend.plugin_exit("n1") == "container plugin of pod dp-x is ImagePullBackOff"
     assert backend.plugin_exit("other-node") is None
+
+
+@pytest.mark.parametrize("cid", ["abc; touch /pwned", "$(reboot)", "a" * 63, "A" * 64, "-s", "0" * 64 + "\n"])
+def test_container_ids_from_pod_status_never_reach_a_shell(cid: str) -> None:
+    """Issue 11: the containerID went unquoted into ``sh -c`` as root on the node."""
+    from pytest_devplug.backends.base import BackendError, ExecResult
+    from pytest_devplug.backends.k8s.node import NodeOps
+
+    scripts: list[str] = []
+
+    class Transport:
+        def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
+            scripts.append(script)
+            return ExecResult(0, "", "")
+
+    ops = NodeOps(Transport(), 5.0)  # type: ignore[arg-type]
+    with pytest.raises(BackendError, match="not a containerd container ID"):
+        ops.kill_container("kind-worker", cid)
+    assert scripts == []
+    good = "0123456789abcdef" * 4
+    ops.kill_container("kind-worker", good)
+    assert scripts == [f"ctr -n k8s.io task kill -s SIGKILL {good}"]

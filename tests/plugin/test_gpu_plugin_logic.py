@@ -24,7 +24,7 @@ from devplug_gpu_plugin.allocation import (
     preferred_allocation,
     replica_ids,
 )
-from devplug_gpu_plugin.devices import DeviceState, GpuInfo, Probe
+from devplug_gpu_plugin.devices import DeviceState, GpuInfo, Probe, UnsafeDeviceIdError
 from devplug_gpu_plugin.health import HealthMonitor
 
 from gpu_plugin_helpers import UUIDS, MockStateFile
@@ -134,6 +134,56 @@ def test_ensure_dev_nodes_creates_missing_only(tmp_path: Path) -> None:
     assert sorted(os.path.basename(p) for p in created) == ["nvidia-uvm", "nvidia1", "nvidiactl"]
     assert (tmp_path / "nvidia0").read_text() == "keep"
     assert ensure_dev_nodes(str(tmp_path), [0, 1]) == []
+
+
+def test_ensure_dev_nodes_never_follows_a_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 11: the node was checked, then opened and chmod-ed 0666 by name, so a symlink put
+    there in between made the plugin create or open its target and make it world-writable."""
+    target = tmp_path / "target"
+    target.write_text("secret")
+    target.chmod(0o600)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+
+    def no_mknod(*_: object) -> None:
+        raise PermissionError("not privileged")  # take the regular-file fallback
+
+    real_lexists = os.path.lexists
+
+    def lexists_then_race(path: str) -> bool:
+        seen = real_lexists(path)
+        if path.endswith("nvidia1") and not seen:
+            os.symlink(target, path)  # planted between the check and the create
+        return seen
+
+    monkeypatch.setattr(os, "mknod", no_mknod)
+    monkeypatch.setattr(os.path, "lexists", lexists_then_race)
+    created = ensure_dev_nodes(str(dev), [0, 1])
+    assert str(dev / "nvidia1") not in created and (dev / "nvidia1").is_symlink()
+    assert (target.stat().st_mode & 0o777, target.read_text()) == (0o600, "secret")
+    assert (dev / "nvidia0").stat().st_mode & 0o777 == 0o666
+    assert str(dev / "nvidia0") in created
+
+
+@pytest.mark.parametrize("uuid", ["../../../../etc/passwd", "GPU-a,GPU-b", "GPU a", "", ".hidden", "-rf", "GPU-\n", "x" * 256])
+def test_unsafe_uuids_are_refused_and_the_last_good_list_kept(uuid: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 11: a UUID became a volume-mount path and an item of NVIDIA_VISIBLE_DEVICES."""
+    state = DeviceState()
+    good = [Probe(GpuInfo(uuid=f"GPU-{i}", name="x", minor=i, numa_node=0), lost=False) for i in range(2)]
+    state.update_inventory(good)
+    before = state.snapshot()
+    bad = [good[0], Probe(GpuInfo(uuid=uuid, name="x", minor=7, numa_node=0), lost=False)]
+    with pytest.raises(UnsafeDeviceIdError, match="GPU 7 reports UUID"):
+        state.update_inventory(bad)
+    assert state.snapshot() == before
+
+    class BadProbe(HealthMonitor):
+        def probe(self) -> list[Probe]:
+            return bad
+
+    BadProbe(state).refresh()
+    assert state.snapshot() == before
+    assert "not safe as a device ID" in caplog.text and "keeping the last device list" in caplog.text
 
 
 # ---- CLI -------------------------------------------------------------------------------------

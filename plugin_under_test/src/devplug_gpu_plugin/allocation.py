@@ -263,6 +263,23 @@ def write_cdi_spec(config: AllocationConfig, gpus: Sequence[Gpu]) -> str:
 
 
 # ---- fake device nodes (mock mode) -----------------------------------------------------------
+def _create_node(path: str, rdev: int) -> None:
+    """Create ``path`` without ever following a symlink there: ``mknod`` refuses an existing
+    name, and the fallback opens with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and sets the mode on
+    the descriptor it made (a chmod by name could land on a symlink's target)."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, rdev)
+        return
+    except PermissionError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o666)
+    try:
+        os.fchmod(fd, 0o666)
+    finally:
+        os.close(fd)
+
+
 def ensure_dev_nodes(dev_root: str, minors: Sequence[int]) -> list[str]:
     """Create missing /dev/nvidia* stand-ins so DeviceSpecs resolve on a node with no GPU.
 
@@ -281,11 +298,9 @@ def ensure_dev_nodes(dev_root: str, minors: Sequence[int]) -> list[str]:
         if os.path.lexists(path):
             continue
         try:
-            os.mknod(path, 0o666 | stat.S_IFCHR, rdev)
-        except PermissionError:
-            with open(path, "a"):
-                pass
-            os.chmod(path, 0o666)
+            _create_node(path, rdev)
+        except FileExistsError:
+            continue  # made meanwhile (by anyone, perhaps as a symlink): not ours to touch
         created.append(path)
     if created:
         log.info("created device nodes: %s", ", ".join(created))

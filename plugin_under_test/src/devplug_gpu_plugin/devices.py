@@ -11,11 +11,31 @@ earlier Xid too (a lost-and-back GPU was reset).
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+
+#: A device ID becomes a path component (``/var/run/nvidia-container-devices/<id>``, CDI names)
+#: and an item of the comma-separated ``NVIDIA_VISIBLE_DEVICES``: letters, digits, ``.``, ``_``,
+#: ``-``, starting with a letter or digit (so never ``..``), as NVIDIA's ``GPU-<uuid>`` and
+#: ``MIG-<uuid>`` are.
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+
+
+class UnsafeDeviceIdError(ValueError):
+    """NVML reported a GPU whose UUID cannot be used as a device ID."""
+
+
+def check_device_id(uuid: str, minor: int) -> None:
+    """Refuse a UUID that could escape a path or widen a device list (``../../etc``, ``a,b``)."""
+    if not _SAFE_ID.fullmatch(uuid):
+        raise UnsafeDeviceIdError(
+            f"GPU {minor} reports UUID {uuid!r}, which is not safe as a device ID "
+            "(allowed: letters, digits, '.', '_', '-', starting with a letter or digit, at most 255)"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,7 +142,13 @@ class DeviceState:
         return changes
 
     def update_inventory(self, probes: list[Probe]) -> list[str]:
-        """Apply a full probe: add/remove GPUs, track lost, clear Xids of a lost-and-back GPU."""
+        """Apply a full probe: add/remove GPUs, track lost, clear Xids of a lost-and-back GPU.
+
+        A probe with an unsafe UUID is refused whole (:class:`UnsafeDeviceIdError`, naming the
+        GPU) and the current list stays as it was.
+        """
+        for p in probes:
+            check_device_id(p.info.uuid, p.info.minor)
         with self._cond:
             new: dict[str, Gpu] = {}
             for p in probes:

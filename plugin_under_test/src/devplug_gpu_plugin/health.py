@@ -16,7 +16,7 @@ from typing import Any
 
 import pynvml
 
-from .devices import DeviceState, GpuInfo, Probe
+from .devices import DeviceState, GpuInfo, Probe, UnsafeDeviceIdError
 
 log = logging.getLogger("devplug_gpu_plugin.health")
 
@@ -105,7 +105,12 @@ class HealthMonitor:
         except pynvml.NVMLError as exc:
             log.error("NVML probe failed: %s; keeping the last device list", exc)
             return
-        self._publish(self.state.update_inventory(probes))
+        try:
+            changes = self.state.update_inventory(probes)
+        except UnsafeDeviceIdError as exc:
+            log.error("%s; keeping the last device list", exc)
+            return
+        self._publish(changes)
 
     def _publish(self, changes: list[str]) -> None:
         for line in changes:

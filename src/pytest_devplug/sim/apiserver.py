@@ -291,7 +291,7 @@ def admit_pod(manifest: object) -> dict[str, Any]:
                 seen.append(str(e))
         agg = seen[0] if len(seen) == 1 else "[" + ", ".join(seen) + "]"
         name = (pod.get("metadata") or {}).get("name") or ""
-        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {agg}')
+        raise ApiError(422, "Invalid", f"Pod {go_quote(name)} is invalid: {agg}")
     # Quantities are stored in canonical form, as the API server re-serializes them.
     for _, c in _containers(pod["spec"]):
         res = c.get("resources")

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from . import apiserver, errors
 from .kubelet import SimNode
+from .names import dns1123_subdomain_errors, go_quote
 from .scheduler import NodeView, pod_requests, schedule
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
@@ -114,7 +115,16 @@ class SimCluster:
         numa_nodes: int = 2,
         topology_policy: str = "none",
     ) -> SimNode:
-        """Add a node and start its kubelet (no plugin yet: start one with ``node.start_plugin``)."""
+        """Add a node and start its kubelet (no plugin yet: start one with ``node.start_plugin``).
+
+        The name is validated as the API server validates a Node's (a DNS-1123 subdomain) before
+        any path is made from it, so ``../x`` cannot place a node directory outside the work dir.
+        """
+        problems = dns1123_subdomain_errors(name)
+        if problems:
+            details = [f"metadata.name: Invalid value: {go_quote(name)}: {p}" for p in problems]
+            agg = details[0] if len(details) == 1 else "[" + ", ".join(details) + "]"
+            raise errors.ApiError(422, "Invalid", f"Node {go_quote(name)} is invalid: {agg}")
         with self._lock:
             if name in self._nodes:
                 raise errors.ApiError(409, "AlreadyExists", f'nodes "{name}" already exists')

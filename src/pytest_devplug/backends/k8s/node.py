@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shlex
 from typing import Any, Protocol
 
@@ -69,6 +70,10 @@ class NodeTransport(Protocol):
         ...
 
 
+#: containerd IDs: 64 lower-case hex digits (``containerd://<id>`` in a container status).
+_CONTAINERD_ID = re.compile(r"[0-9a-f]{64}")
+
+
 class NodeOps:
     """Operations on the nodes of one cluster, over ``transport``."""
 
@@ -83,6 +88,13 @@ class NodeOps:
         if res.returncode != 0:
             raise NodeCommandError(f"`{script[:200]}` on node {node} exited {res.returncode}: {res.stderr.strip()[-1500:]}")
         return res.stdout
+
+    def kill_container(self, node: str, container_id: str) -> None:
+        """SIGKILL a container's task in containerd. The ID comes from the pod's status and the
+        command runs as root on the node, so it must be a containerd ID and is quoted besides."""
+        if not _CONTAINERD_ID.fullmatch(container_id):
+            raise BackendError(f"not a containerd container ID: {container_id!r}")
+        self.exec(node, f"ctr -n k8s.io task kill -s SIGKILL {shlex.quote(container_id)}")
 
     # -- kubelet -----------------------------------------------------------------------------------
     def mark_log_start(self, node: str) -> None:

@@ -468,7 +468,7 @@ class KindBackend:
         )
         if not node or "://" not in cid:
             raise BackendError(f"container {container} of {namespace}/{name} is not running (no containerID)")
-        self.nodeops.exec(node, f"ctr -n k8s.io task kill -s SIGKILL {cid.split('://', 1)[1]}")
+        self.nodeops.kill_container(node, cid.split("://", 1)[1])
 
     # -- mock NVML ---------------------------------------------------------------------------------
     def _check_mock(self, node: str) -> None:
