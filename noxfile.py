@@ -18,6 +18,7 @@ nox.options.error_on_missing_interpreters = False
 PYTHON = ["3.11", "3.12", "3.13", "3.10"]
 LOWEST_PYTHON = "3.10"  # requires-python's floor
 GRPC_TOOLS = "grpcio-tools==1.85.1"  # pinned: tools/genproto.py generates the .pyi stubs with exactly it
+HYPOTHESIS = "hypothesis>=6.100"  # tests/reliability: bounded fuzzing of the adversarial paths
 E2E_CLUSTER = "devplug-e2e"  # the e2e session creates and deletes this one
 
 
@@ -38,7 +39,7 @@ def _install(session: nox.Session, *extra: str) -> None:
 @nox.session(python=PYTHON[0])
 def tests(session: nox.Session) -> None:
     """Unit and integration tests on the embedded kubelet (no Docker needed)."""
-    _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf", "build", "twine")
+    _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf", "build", "twine", HYPOTHESIS)
     session.run("mypy")
     session.run("pytest", "-m", "not kind", *session.posargs)
 

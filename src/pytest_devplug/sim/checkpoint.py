@@ -134,8 +134,9 @@ def _go_json(value: Any) -> str:
     return text
 
 
-def encode(data: CheckpointData) -> bytes:
-    """The file content the kubelet would write for ``data``."""
+def encode(data: CheckpointData, *, stored: int | None = None) -> bytes:
+    """The file content the kubelet would write for ``data`` (``json.Marshal``); ``stored``
+    replaces the computed checksum, to render a value as read back from a file."""
     entries: list[dict[str, Any]] | None = None
     if data.pod_device_entries is not None:
         entries = []
@@ -157,7 +158,7 @@ def encode(data: CheckpointData) -> bytes:
     registered = None if reg is None else {k: reg[k] for k in sorted(reg, key=str.encode)}
     doc = {
         "Data": {"PodDeviceEntries": entries, "RegisteredDevices": registered},
-        "Checksum": checksum(data),
+        "Checksum": checksum(data) if stored is None else stored,
     }
     return _go_json(doc).encode()
 

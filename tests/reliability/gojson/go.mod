@@ -1,0 +1,3 @@
+module devplug.test/gojson
+
+go 1.21
