@@ -98,7 +98,7 @@ def _deadline(seconds: float) -> Any:
 
 # -- 1. checkpoints ------------------------------------------------------------------------------
 def bench_checkpoints(n: int, work: Path) -> tuple[Row, Row]:
-    from conftest import GoDecoder, build_gojson  # tests/reliability
+    from reliability_support import GoDecoder, build_gojson  # tests/reliability
     from fuzz_inputs import checkpoint_files
 
     built = build_gojson()

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
+from reliability_support import RELIABILITY, examples
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.errors import NotFoundError
@@ -65,7 +65,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=examples(12))
+@settings(RELIABILITY, max_examples=examples(12))
 @given(ops=_ops)
 def test_no_double_allocation_no_lost_or_leaked_devices(
     gpu_cluster: tuple[SimCluster, SimNode], monkeypatch: pytest.MonkeyPatch, ops: list[tuple[str, int, int, bool]]

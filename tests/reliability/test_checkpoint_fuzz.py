@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import GoDecoder, examples
+from reliability_support import RELIABILITY, GoDecoder, examples, go_decoder  # noqa: F401 (fixture)
 from fuzz_inputs import checkpoint_files
 from pytest_devplug.cli import main as devplug
 from pytest_devplug.sim.checkpoint import (
@@ -30,7 +30,7 @@ def _python_verdict(blob: bytes) -> tuple[CheckpointData, int] | None:
         return None
 
 
-@settings(max_examples=examples(400))
+@settings(RELIABILITY, max_examples=examples(400))
 @given(checkpoint_files())
 def test_reader_raises_only_its_own_error(blob: bytes) -> None:
     verdict = _python_verdict(blob)
@@ -39,7 +39,7 @@ def test_reader_raises_only_its_own_error(blob: bytes) -> None:
         checksum(data)  # renders and hashes every string: no UnicodeEncodeError
 
 
-@settings(max_examples=examples(400))
+@settings(RELIABILITY, max_examples=examples(400))
 @given(checkpoint_files())
 def test_reader_accepts_exactly_what_go_accepts(go_decoder: GoDecoder, blob: bytes) -> None:
     verdict = _python_verdict(blob)
@@ -66,20 +66,20 @@ checkpoints = st.builds(
 )
 
 
-@settings(max_examples=examples(200))
+@settings(RELIABILITY, max_examples=examples(200))
 @given(checkpoints)
 def test_written_checkpoints_read_back_and_verify(data: CheckpointData) -> None:
     assert decode(encode(data)) == (data, checksum(data))
 
 
-@settings(max_examples=examples(200))
+@settings(RELIABILITY, max_examples=examples(200))
 @given(checkpoints)
 def test_written_checkpoints_are_byte_for_byte_what_go_writes(go_decoder: GoDecoder, data: CheckpointData) -> None:
     blob = encode(data)
     assert go_decoder.decode_raw(blob) == blob
 
 
-@settings(max_examples=examples(150))
+@settings(RELIABILITY, max_examples=examples(150))
 @given(blob=checkpoint_files(), action=st.sampled_from([["show"], ["show", "--json"], ["verify"]]))
 def test_cli_exits_with_a_verdict_never_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], blob: bytes, action: list[str]

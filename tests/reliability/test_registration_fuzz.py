@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
+from reliability_support import RELIABILITY, examples
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from pytest_devplug.sim.devicemanager import DeviceManager
@@ -43,7 +43,7 @@ _endpoints = st.one_of(st.text(max_size=20), st.sampled_from(["/abs.sock", "../.
 _versions = st.one_of(st.just("v1beta1"), st.text(max_size=10))
 
 
-@settings(max_examples=examples(60))
+@settings(RELIABILITY, max_examples=examples(60))
 @given(version=_versions, name=_names, endpoint=_endpoints)
 def test_every_request_gets_an_upstream_answer(
     kubelet: tuple[DeviceManager, Path], version: str, name: str, endpoint: str

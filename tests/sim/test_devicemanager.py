@@ -414,7 +414,17 @@ def test_allocate_rpc_failure_rolls_back(
     assert dm.pod_devices() == {}
     dm_state.set("GPU-0000", fail_allocate=False)
     q = pod("u2", gpus(1))
-    dm.admit_container(q, q.containers[0])  # the device was not leaked by the failure
+
+    def admit_q() -> str:
+        """'' once admitted; while the plugin has not yet reloaded its mock state, the Allocate error."""
+        try:
+            dm.admit_container(q, q.containers[0])
+        except AdmissionError as e:
+            assert "fail_allocate" in e.message, e.message  # anything else: the device leaked
+            return e.message
+        return ""
+
+    w.until("the plugin reloading its mock state", admit_q, lambda m: m == "")  # the device was not leaked
     assert dm.container_devices("u2", "c") == {GPU: ["GPU-0000"]}
 
 

@@ -1,11 +1,17 @@
 """Bounded fuzzing of the paths an adversary reaches: checkpoint reader and CLI, Registration,
 pod admission. Each test runs a fixed number of generated cases (``DEVPLUG_FUZZ_SCALE`` multiplies
 them; ``bench/bench_reliability.py`` runs many more), derandomized so a run is repeatable, with no
-example database left in the working tree."""
+example database left in the working tree.
+
+Shared by the test modules here (imported by name: a conftest.py would shadow those of other test
+directories that are imported as ``conftest``): the hypothesis profile, the scale, and the Go
+reference decoder (tests/reliability/gojson) with its fixture.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -18,15 +24,14 @@ from hypothesis import HealthCheck, settings
 HERE = Path(__file__).parent
 SCALE = float(os.environ.get("DEVPLUG_FUZZ_SCALE", "1"))
 
-settings.register_profile(
-    "devplug-reliability",
+#: Repeatable runs, no example database in the working tree, no per-example deadline on a loaded CI.
+RELIABILITY = settings(
     derandomize=True,
     database=None,
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
-settings.load_profile("devplug-reliability")
 
 
 def examples(n: int) -> int:
@@ -67,8 +72,6 @@ class GoDecoder:
         self._proc = subprocess.Popen([str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def decode(self, blob: bytes) -> dict[str, object]:
-        import json
-
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(b"%d\n" % len(blob) + blob)
         self._proc.stdin.flush()
