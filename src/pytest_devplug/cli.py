@@ -1,4 +1,4 @@
-"""The ``devplug`` command: inspect kubelet checkpoints and run the conformance suite."""
+"""The ``devplug`` command: inspect kubelet checkpoints, run the conformance suite, probe an NVML library."""
 
 from __future__ import annotations
 
@@ -137,11 +137,62 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
     conf.set_defaults(func=_run_conformance)
 
 
+# -- nvml ----------------------------------------------------------------------------------------
+
+
+def _nvml_probe(args: argparse.Namespace) -> int:
+    """Print what an NVML library reports; ``--mock STATE`` probes the mock library on that state file."""
+    import os
+    from dataclasses import asdict
+
+    from .nvml import STATE_ENV, MockBuildError, mock_library
+    from .nvml.probe import NvmlError, format_report, probe
+
+    lib = args.lib
+    if args.mock is not None:
+        if not os.path.isfile(args.mock):
+            print(f"devplug nvml probe: mock state {args.mock}: no such file", file=sys.stderr)
+            return 2
+        os.environ[STATE_ENV] = os.path.abspath(args.mock)
+        try:
+            lib = str(mock_library())
+        except MockBuildError as exc:
+            print(f"devplug nvml probe: {exc}", file=sys.stderr)
+            return 2
+    try:
+        report = probe(lib)
+    except OSError as exc:
+        print(f"devplug nvml probe: cannot load {lib}: {exc}", file=sys.stderr)
+        return 1
+    except NvmlError as exc:
+        print(f"devplug nvml probe: {lib}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(asdict(report), indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _add_nvml_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    nvml = sub.add_parser("nvml", help="the NVML library a GPU plugin sees (real or the mock)")
+    nvmls = nvml.add_subparsers(dest="action", required=True)
+    p = nvmls.add_parser(
+        "probe",
+        help="print devices, UUIDs, memory, NUMA, PCI and supported events as NVML reports them",
+        description="Load an NVML library and print what it reports. Default: the loader's libnvidia-ml.so.1 "
+        "(a GPU node's driver).",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--lib", default="libnvidia-ml.so.1", help="path of the library (default: the loader's search)")
+    which.add_argument("--mock", metavar="STATE", help="probe the mock library on this mock-state file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_nvml_probe)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="devplug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_checkpoint_commands(sub)
     _add_conformance_command(sub)
+    _add_nvml_commands(sub)
     return parser
 
 

@@ -1,0 +1,1144 @@
+/*
+ * A mock libnvidia-ml.so.1 for GPU-less machines, driven by pytest-devplug's mock-state file.
+ *
+ * Any process that loads "libnvidia-ml.so.1" (go-nvml's dlopen, pynvml's CDLL, a C program) gets
+ * these functions, with NVML's names, struct layouts and return codes (NVIDIA's go-nvml module's
+ * nvml.h is the reference). What the GPUs look like comes from the JSON file named by
+ * DEVPLUG_NVML_STATE (docs/design.md):
+ *
+ *   {"gpus": [{"uuid": "GPU-...", "name": "...", "memory_mib": 40960, "numa_node": 0, "minor": 0,
+ *              "lost": false, "fail_allocate": false}],
+ *    "events": [{"uuid": "GPU-...", "xid": 79}]}
+ *
+ * The file is read at the first nvmlInit and re-read whenever it changes (inotify on its
+ * directory, followed by a thread that sleeps in poll()). Each entry appended to "events" after
+ * the first read is delivered once, to every event set that registered its GPU for Xid events,
+ * as an nvmlEventTypeXidCriticalError; a waiter in nvmlEventSetWait wakes at once. A GPU with
+ * "lost": true answers NVML_ERROR_GPU_IS_LOST on its handle, and the next wait of each set that
+ * registered it returns NVML_ERROR_GPU_IS_LOST once (NVML's documented answer when a GPU fell off
+ * the bus). A malformed file never harms the host process: the last good state stays, and the
+ * problem is printed once to stderr.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+
+/* ---- NVML's types and codes (go-nvml v0.12.9-0, pkg/nvml/nvml.h) ---------------------------- */
+typedef enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999
+} nvmlReturn_t;
+
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
+#define nvmlEventTypeXidCriticalError 0x0000000000000008LL
+#define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((ver) << 24U))
+
+typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+#define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
+
+typedef struct {
+    char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+} nvmlPciInfo_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+/* What the mock reports for every GPU (an A100's values), besides what the state file says. */
+#define MOCK_DRIVER_VERSION "550.54.15"
+#define MOCK_NVML_VERSION "12.550.54.15"
+#define MOCK_CUDA_DRIVER_VERSION 12040
+#define MOCK_CC_MAJOR 8
+#define MOCK_CC_MINOR 0
+#define MOCK_PCI_DEVICE_ID 0x20B010DEU /* device 0x20B0 (A100-SXM4-40GB), vendor 0x10DE */
+
+/* ---- limits of the state file --------------------------------------------------------------- */
+#define STATE_MAX_BYTES (64L << 20)
+#define JSON_MAX_DEPTH 32
+#define NUMA_NODE_MAX 1023 /* Linux: at most 1024 NUMA nodes (NODES_SHIFT <= 10) */
+#define MEMORY_MIB_MAX (ULLONG_MAX >> 20)
+#define ERR_LEN 320
+
+/* ---- JSON: a small strict parser (RFC 8259, UTF-8 only) ------------------------------------- */
+enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
+
+struct json {
+    enum jtype type;
+    int boolean;
+    /* J_NUM: an integer when is_int; magnitude saturates (overflow set) beyond 2^64-1 */
+    int negative, is_int, overflow;
+    unsigned long long magnitude;
+    char *str; /* J_STR: decoded bytes (may hold NUL), len bytes */
+    size_t len;
+    struct json *items; /* J_ARR / J_OBJ: n values; J_OBJ: keys[i] (klen[i] bytes) */
+    char **keys;
+    size_t *klen;
+    size_t n;
+};
+
+struct parser {
+    const unsigned char *p, *start, *end;
+    int depth;
+    char err[ERR_LEN];
+};
+
+static void json_free(struct json *v) {
+    for (size_t i = 0; i < v->n; i++) {
+        json_free(&v->items[i]);
+        if (v->keys) free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+    free(v->klen);
+    free(v->str);
+    memset(v, 0, sizeof *v);
+}
+
+static int fail(struct parser *ps, const char *what) {
+    if (!ps->err[0])
+        snprintf(ps->err, sizeof ps->err, "invalid JSON at byte %ld: %s", (long)(ps->p - ps->start), what);
+    return -1;
+}
+
+static void skip_ws(struct parser *ps) {
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) ps->p++;
+}
+
+/* Length of the valid UTF-8 sequence at p, or 0 (overlong forms, surrogates, > U+10FFFF refused). */
+static size_t utf8_seq(const unsigned char *p, const unsigned char *end) {
+    unsigned c = p[0];
+    size_t n;
+    unsigned min, cp;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) n = 2, min = 0x80, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) n = 3, min = 0x800, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4) n = 4, min = 0x10000, cp = c & 0x07;
+    else return 0;
+    if ((size_t)(end - p) < n) return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return n;
+}
+
+static int put_utf8(char *out, size_t *len, unsigned cp) {
+    if (cp < 0x80) out[(*len)++] = (char)cp;
+    else if (cp < 0x800) {
+        out[(*len)++] = (char)(0xC0 | (cp >> 6));
+        out[(*len)++] = (char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        out[(*len)++] = (char)(0xE0 | (cp >> 12));
+        out[(*len)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[(*len)++] = (char)(0x80 | (cp & 0x3F));
+    } else {
+        out[(*len)++] = (char)(0xF0 | (cp >> 18));
+        out[(*len)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        out[(*len)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[(*len)++] = (char)(0x80 | (cp & 0x3F));
+    }
+    return 0;
+}
+
+static int hex4(struct parser *ps, unsigned *out) {
+    *out = 0;
+    if (ps->end - ps->p < 4) return fail(ps, "truncated \\u escape");
+    for (int i = 0; i < 4; i++) {
+        unsigned c = *ps->p++, d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else return fail(ps, "bad \\u escape");
+        *out = (*out << 4) | d;
+    }
+    return 0;
+}
+
+/* A string after its opening quote; decoded output is never longer than the input. */
+static int parse_string(struct parser *ps, char **out, size_t *outlen) {
+    const unsigned char *q = ps->p;
+    while (q < ps->end && *q != '"') q += (*q == '\\' && q + 1 < ps->end) ? 2 : 1;
+    if (q >= ps->end) return fail(ps, "unterminated string");
+    char *buf = malloc((size_t)(q - ps->p) + 1);
+    size_t len = 0;
+    if (!buf) return fail(ps, "out of memory");
+    while (*ps->p != '"') {
+        unsigned c = *ps->p;
+        if (c < 0x20) goto bad_control;
+        if (c != '\\') {
+            size_t n = utf8_seq(ps->p, ps->end);
+            if (!n) goto bad_utf8;
+            memcpy(buf + len, ps->p, n);
+            len += n, ps->p += n;
+            continue;
+        }
+        ps->p++;
+        switch (*ps->p++) {
+        case '"': buf[len++] = '"'; break;
+        case '\\': buf[len++] = '\\'; break;
+        case '/': buf[len++] = '/'; break;
+        case 'b': buf[len++] = '\b'; break;
+        case 'f': buf[len++] = '\f'; break;
+        case 'n': buf[len++] = '\n'; break;
+        case 'r': buf[len++] = '\r'; break;
+        case 't': buf[len++] = '\t'; break;
+        case 'u': {
+            unsigned cp, lo;
+            if (hex4(ps, &cp)) goto out_err;
+            if (cp >= 0xDC00 && cp <= 0xDFFF) goto bad_surrogate;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (ps->end - ps->p < 2 || ps->p[0] != '\\' || ps->p[1] != 'u') goto bad_surrogate;
+                ps->p += 2;
+                if (hex4(ps, &lo)) goto out_err;
+                if (lo < 0xDC00 || lo > 0xDFFF) goto bad_surrogate;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            put_utf8(buf, &len, cp);
+            break;
+        }
+        default: ps->p--; fail(ps, "unknown escape"); goto out_err;
+        }
+    }
+    ps->p++;
+    buf[len] = '\0';
+    *out = buf, *outlen = len;
+    return 0;
+bad_control: fail(ps, "control character in string"); goto out_err;
+bad_utf8: fail(ps, "not UTF-8"); goto out_err;
+bad_surrogate: fail(ps, "unpaired surrogate in \\u escape");
+out_err:
+    free(buf);
+    return -1;
+}
+
+static int parse_number(struct parser *ps, struct json *v) {
+    v->type = J_NUM, v->is_int = 1;
+    if (*ps->p == '-') v->negative = 1, ps->p++;
+    if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail(ps, "bad number");
+    if (*ps->p == '0' && ps->p + 1 < ps->end && ps->p[1] >= '0' && ps->p[1] <= '9') return fail(ps, "leading zero");
+    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
+        unsigned d = *ps->p++ - '0';
+        if (v->magnitude > (ULLONG_MAX - d) / 10) v->overflow = 1, v->magnitude = ULLONG_MAX;
+        else v->magnitude = v->magnitude * 10 + d;
+    }
+    if (ps->p < ps->end && *ps->p == '.') {
+        v->is_int = 0, ps->p++;
+        if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail(ps, "bad fraction");
+        while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') ps->p++;
+    }
+    if (ps->p < ps->end && (*ps->p == 'e' || *ps->p == 'E')) {
+        v->is_int = 0, ps->p++;
+        if (ps->p < ps->end && (*ps->p == '+' || *ps->p == '-')) ps->p++;
+        if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail(ps, "bad exponent");
+        while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') ps->p++;
+    }
+    return 0;
+}
+
+static int literal(struct parser *ps, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n)) return fail(ps, "unexpected character");
+    ps->p += n;
+    return 0;
+}
+
+static int parse_value(struct parser *ps, struct json *v);
+
+/* Array or object after its opening bracket; appends into v->items (and v->keys for objects). */
+static int parse_container(struct parser *ps, struct json *v, int object) {
+    size_t cap = 0;
+    unsigned char close = object ? '}' : ']';
+    if (++ps->depth > JSON_MAX_DEPTH) return fail(ps, "nested deeper than 32 levels");
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++, ps->depth--;
+        return 0;
+    }
+    for (;;) {
+        if (v->n == cap) {
+            size_t ncap = cap ? cap * 2 : 8;
+            struct json *items = realloc(v->items, ncap * sizeof *items);
+            if (!items) return fail(ps, "out of memory");
+            v->items = items;
+            if (object) {
+                char **keys = realloc(v->keys, ncap * sizeof *keys);
+                if (keys) v->keys = keys;
+                size_t *klen = keys ? realloc(v->klen, ncap * sizeof *klen) : NULL;
+                if (!klen) return fail(ps, "out of memory");
+                v->klen = klen;
+            }
+            cap = ncap;
+        }
+        memset(&v->items[v->n], 0, sizeof v->items[0]);
+        if (object) {
+            v->keys[v->n] = NULL;
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != '"') return fail(ps, "expected a string key");
+            ps->p++;
+            if (parse_string(ps, &v->keys[v->n], &v->klen[v->n])) return -1;
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') {
+                free(v->keys[v->n]);
+                return fail(ps, "expected ':'");
+            }
+            ps->p++;
+        }
+        v->n++; /* counted before parsing so that json_free releases a partial value */
+        if (parse_value(ps, &v->items[v->n - 1])) return -1;
+        skip_ws(ps);
+        if (ps->p < ps->end && *ps->p == ',') {
+            ps->p++;
+            continue;
+        }
+        if (ps->p < ps->end && *ps->p == close) {
+            ps->p++, ps->depth--;
+            return 0;
+        }
+        return fail(ps, object ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+}
+
+static int parse_value(struct parser *ps, struct json *v) {
+    skip_ws(ps);
+    if (ps->p >= ps->end) return fail(ps, "unexpected end");
+    switch (*ps->p) {
+    case '{': ps->p++, v->type = J_OBJ; return parse_container(ps, v, 1);
+    case '[': ps->p++, v->type = J_ARR; return parse_container(ps, v, 0);
+    case '"': ps->p++, v->type = J_STR; return parse_string(ps, &v->str, &v->len);
+    case 't': v->type = J_BOOL, v->boolean = 1; return literal(ps, "true");
+    case 'f': v->type = J_BOOL; return literal(ps, "false");
+    case 'n': v->type = J_NULL; return literal(ps, "null");
+    default: return parse_number(ps, v);
+    }
+}
+
+/* ---- the state document --------------------------------------------------------------------- */
+struct gpu {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    unsigned long long memory_mib;
+    int has_numa, lost;
+    unsigned numa_node, minor;
+};
+
+struct xid_event {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    unsigned long long xid;
+};
+
+struct state {
+    struct gpu *gpus;
+    size_t ngpus;
+    struct xid_event *events;
+    size_t nevents;
+};
+
+static void state_free(struct state *s) {
+    free(s->gpus);
+    free(s->events);
+    memset(s, 0, sizeof *s);
+}
+
+static int field_error(char *err, const char *where, const char *key, const char *fmt, ...) {
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    snprintf(err, ERR_LEN, "%s.%s: %s", where, key, what);
+    return -1;
+}
+
+/* The value of `key` in object o, NULL when absent; *dup is set when the key appears twice. */
+static const struct json *get(const struct json *o, const char *key, int *dup) {
+    const struct json *found = NULL;
+    size_t n = strlen(key);
+    for (size_t i = 0; i < o->n; i++) {
+        if (o->klen[i] == n && !memcmp(o->keys[i], key, n)) {
+            if (found) *dup = 1;
+            found = &o->items[i];
+        }
+    }
+    return found;
+}
+
+/* Integer field in [0, max]; absent -> *out = dflt (or an error when dflt < 0 means required). */
+static int get_uint(const struct json *o, const char *where, const char *key, unsigned long long max,
+                    long long dflt, unsigned long long *out, char *err) {
+    int dup = 0;
+    const struct json *v = get(o, key, &dup);
+    if (dup) return field_error(err, where, key, "given twice");
+    if (!v) {
+        if (dflt < 0) return field_error(err, where, key, "missing");
+        *out = (unsigned long long)dflt;
+        return 0;
+    }
+    if (v->type != J_NUM || !v->is_int) return field_error(err, where, key, "must be an integer");
+    if (v->negative && v->magnitude) return field_error(err, where, key, "must not be negative");
+    if (v->overflow || v->magnitude > max)
+        return field_error(err, where, key, "out of range (0..%llu)", max);
+    *out = v->magnitude;
+    return 0;
+}
+
+static int get_bool(const struct json *o, const char *where, const char *key, int *out, char *err) {
+    int dup = 0;
+    const struct json *v = get(o, key, &dup);
+    if (dup) return field_error(err, where, key, "given twice");
+    *out = 0;
+    if (!v) return 0;
+    if (v->type != J_BOOL) return field_error(err, where, key, "must be true or false");
+    *out = v->boolean;
+    return 0;
+}
+
+/* String field copied into out[size]; a UUID is printable ASCII without spaces. */
+static int get_text(const struct json *o, const char *where, const char *key, const char *dflt, int is_uuid,
+                    char *out, size_t size, char *err) {
+    int dup = 0;
+    const struct json *v = get(o, key, &dup);
+    if (dup) return field_error(err, where, key, "given twice");
+    if (!v) {
+        if (!dflt) return field_error(err, where, key, "missing");
+        snprintf(out, size, "%s", dflt);
+        return 0;
+    }
+    if (v->type != J_STR) return field_error(err, where, key, "must be a string");
+    if (v->len == 0) return field_error(err, where, key, "must not be empty");
+    if (v->len >= size) return field_error(err, where, key, "longer than NVML's %zu-byte limit", size - 1);
+    for (size_t i = 0; i < v->len; i++) {
+        unsigned char c = (unsigned char)v->str[i];
+        if (is_uuid ? (c <= 0x20 || c >= 0x7F) : (c < 0x20 || c == 0x7F))
+            return field_error(err, where, key, is_uuid ? "must be printable ASCII without spaces (byte %zu)"
+                                                        : "holds a control character (byte %zu)", i);
+    }
+    memcpy(out, v->str, v->len + 1);
+    return 0;
+}
+
+static int cmp_uuid(const void *a, const void *b) {
+    return strcmp(((const struct gpu *)a)->uuid, ((const struct gpu *)b)->uuid);
+}
+
+static int cmp_minor(const void *a, const void *b) {
+    unsigned x = ((const struct gpu *)a)->minor, y = ((const struct gpu *)b)->minor;
+    return (x > y) - (x < y);
+}
+
+/* Refuse two GPUs with the same uuid or minor (sorted copies: 10,000 GPUs stay cheap). */
+static int check_unique(const struct state *s, char *err) {
+    struct gpu *copy;
+    if (s->ngpus < 2) return 0;
+    copy = malloc(s->ngpus * sizeof *copy);
+    if (!copy) return snprintf(err, ERR_LEN, "out of memory"), -1;
+    memcpy(copy, s->gpus, s->ngpus * sizeof *copy);
+    qsort(copy, s->ngpus, sizeof *copy, cmp_uuid);
+    for (size_t i = 1; i < s->ngpus; i++)
+        if (!strcmp(copy[i - 1].uuid, copy[i].uuid)) {
+            snprintf(err, ERR_LEN, "gpus: uuid %s appears twice", copy[i].uuid);
+            free(copy);
+            return -1;
+        }
+    qsort(copy, s->ngpus, sizeof *copy, cmp_minor);
+    for (size_t i = 1; i < s->ngpus; i++)
+        if (copy[i - 1].minor == copy[i].minor) {
+            snprintf(err, ERR_LEN, "gpus: minor %u appears twice", copy[i].minor);
+            free(copy);
+            return -1;
+        }
+    free(copy);
+    return 0;
+}
+
+static int read_gpu(const struct json *o, size_t i, struct gpu *g, char *err) {
+    char where[40];
+    unsigned long long minor, memory, numa;
+    int dup = 0;
+    const struct json *nv;
+    snprintf(where, sizeof where, "gpus[%zu]", i);
+    if (o->type != J_OBJ) return snprintf(err, ERR_LEN, "%s: must be an object", where), -1;
+    memset(g, 0, sizeof *g);
+    if (get_text(o, where, "uuid", NULL, 1, g->uuid, sizeof g->uuid, err) ||
+        get_text(o, where, "name", "NVIDIA A100-SXM4-40GB", 0, g->name, sizeof g->name, err) ||
+        get_uint(o, where, "minor", UINT_MAX, -1, &minor, err) ||
+        get_uint(o, where, "memory_mib", MEMORY_MIB_MAX, 40960, &memory, err) ||
+        get_bool(o, where, "lost", &g->lost, err) || get_bool(o, where, "fail_allocate", &(int){0}, err))
+        return -1;
+    g->minor = (unsigned)minor, g->memory_mib = memory;
+    nv = get(o, "numa_node", &dup);
+    if (nv && nv->type != J_NULL) {
+        if (get_uint(o, where, "numa_node", NUMA_NODE_MAX, -1, &numa, err)) return -1;
+        g->has_numa = 1, g->numa_node = (unsigned)numa;
+    } else if (dup) {
+        return field_error(err, where, "numa_node", "given twice");
+    }
+    return 0;
+}
+
+static int read_event(const struct json *o, size_t i, struct xid_event *e, char *err) {
+    char where[40];
+    snprintf(where, sizeof where, "events[%zu]", i);
+    if (o->type != J_OBJ) return snprintf(err, ERR_LEN, "%s: must be an object", where), -1;
+    return get_text(o, where, "uuid", NULL, 1, e->uuid, sizeof e->uuid, err) ||
+                   get_uint(o, where, "xid", ULLONG_MAX, -1, &e->xid, err)
+               ? -1
+               : 0;
+}
+
+/* Parse a whole state document; on error *s is empty and err says what and where. */
+static int parse_state(const char *text, size_t len, struct state *s, char *err) {
+    struct parser ps = {(const unsigned char *)text, (const unsigned char *)text, (const unsigned char *)text + len, 0, ""};
+    struct json doc = {0};
+    const struct json *gpus, *events;
+    int dup = 0, rc = -1;
+    memset(s, 0, sizeof *s);
+    err[0] = '\0';
+    if (parse_value(&ps, &doc)) goto out;
+    skip_ws(&ps);
+    if (ps.p != ps.end) {
+        fail(&ps, "trailing data after the document");
+        goto out;
+    }
+    if (doc.type != J_OBJ) {
+        snprintf(err, ERR_LEN, "the document must be a JSON object");
+        goto done;
+    }
+    gpus = get(&doc, "gpus", &dup);
+    if (!dup) events = get(&doc, "events", &dup);
+    if (dup) {
+        snprintf(err, ERR_LEN, "a top-level key is given twice");
+        goto done;
+    }
+    if (!gpus || gpus->type != J_ARR) {
+        snprintf(err, ERR_LEN, "'gpus' must be a list");
+        goto done;
+    }
+    if (events && events->type != J_ARR && events->type != J_NULL) {
+        snprintf(err, ERR_LEN, "'events' must be a list");
+        goto done;
+    }
+    s->gpus = calloc(gpus->n ? gpus->n : 1, sizeof *s->gpus);
+    s->events = calloc(events && events->n ? events->n : 1, sizeof *s->events);
+    if (!s->gpus || !s->events) {
+        snprintf(err, ERR_LEN, "out of memory");
+        goto done;
+    }
+    for (; s->ngpus < gpus->n; s->ngpus++)
+        if (read_gpu(&gpus->items[s->ngpus], s->ngpus, &s->gpus[s->ngpus], err)) goto done;
+    for (; events && s->nevents < events->n; s->nevents++)
+        if (read_event(&events->items[s->nevents], s->nevents, &s->events[s->nevents], err)) goto done;
+    rc = check_unique(s, err);
+    goto done;
+out:
+    snprintf(err, ERR_LEN, "%s", ps.err);
+done:
+    json_free(&doc);
+    if (rc) state_free(s);
+    return rc;
+}
+
+/* ---- devices (handles), event sets, and the library's state ---------------------------------- */
+#define DEVICE_MAGIC 0x6e766d6cU /* "nvml" */
+
+struct nvmlDevice_st {
+    unsigned magic;
+    struct gpu gpu;      /* as the current state lists it */
+    unsigned index;      /* position in the current state */
+    int present;         /* listed in the current state */
+    unsigned lost_epoch; /* bumped each time the GPU becomes lost */
+};
+
+struct registration {
+    nvmlDevice_t device;
+    unsigned long long types;
+    unsigned lost_epoch_seen;
+};
+
+struct nvmlEventSet_st {
+    struct nvmlEventSet_st *next;
+    struct registration *regs;
+    size_t nregs, cap;
+    size_t cursor; /* next entry of the event log this set looks at */
+};
+
+struct logged_event {
+    nvmlDevice_t device;
+    unsigned long long xid;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* guards everything below */
+static pthread_cond_t changed;                         /* broadcast on every new state / shutdown */
+static int initialized;
+static nvmlDevice_t *devices; /* every device ever seen, by first appearance; never freed (stable handles) */
+static size_t ndevices, devices_cap;
+static nvmlDevice_t *order; /* the current state's devices, in its order */
+static size_t norder;
+static size_t events_seen; /* entries of "events" already taken (delivered or history) */
+static struct logged_event *event_log;
+static size_t nlog, log_cap;
+static struct nvmlEventSet_st *sets;
+static char last_error[ERR_LEN];
+
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER; /* guards refcount and the watcher */
+static unsigned refcount;
+static pthread_t watcher;
+static int watch_fd = -1, wake_pipe[2] = {-1, -1};
+
+static void report(const char *path, const char *problem) {
+    char line[ERR_LEN];
+    snprintf(line, sizeof line, "%s", problem);
+    if (!strcmp(line, last_error)) return; /* the same problem again: said once already */
+    memcpy(last_error, line, sizeof line);
+    fprintf(stderr, "mock libnvidia-ml: %s: %s; keeping the last good state\n", path ? path : "(no state file)", line);
+}
+
+static int cmp_device_uuid(const void *a, const void *b) {
+    return strcmp((*(const nvmlDevice_t *)a)->gpu.uuid, (*(const nvmlDevice_t *)b)->gpu.uuid);
+}
+
+/* The device already known for uuid, through `sorted` (ndevices handles ordered by UUID). */
+static nvmlDevice_t known_device(nvmlDevice_t *sorted, const char *uuid) {
+    struct nvmlDevice_st key;
+    nvmlDevice_t keyp = &key, *hit;
+    memcpy(key.gpu.uuid, uuid, sizeof key.gpu.uuid);
+    hit = ndevices ? bsearch(&keyp, sorted, ndevices, sizeof *sorted, cmp_device_uuid) : NULL;
+    return hit ? *hit : NULL;
+}
+
+/* Adopt a parsed state (mu held): devices keep their handles; appended events join the log. */
+static int apply_state(struct state *s, int first) {
+    nvmlDevice_t *new_order = calloc(s->ngpus ? s->ngpus : 1, sizeof *new_order);
+    nvmlDevice_t *sorted = malloc((ndevices ? ndevices : 1) * sizeof *sorted);
+    size_t nfresh = 0;
+    if (!new_order || !sorted) return free(new_order), free(sorted), -1;
+    if (ndevices + s->ngpus > devices_cap) {
+        size_t ncap = devices_cap ? devices_cap : 16;
+        while (ncap < ndevices + s->ngpus) ncap *= 2;
+        nvmlDevice_t *grown = realloc(devices, ncap * sizeof *grown);
+        if (!grown) return free(new_order), free(sorted), -1;
+        devices = grown, devices_cap = ncap;
+    }
+    if (ndevices) memcpy(sorted, devices, ndevices * sizeof *sorted);
+    qsort(sorted, ndevices, sizeof *sorted, cmp_device_uuid);
+    for (size_t i = 0; i < ndevices; i++) devices[i]->present = 0;
+    for (size_t i = 0; i < s->ngpus; i++) {
+        nvmlDevice_t d = known_device(sorted, s->gpus[i].uuid);
+        if (!d) {
+            d = calloc(1, sizeof *d);
+            if (!d) break;
+            d->magic = DEVICE_MAGIC;
+            devices[ndevices + nfresh++] = d;
+        } else if (s->gpus[i].lost && !d->gpu.lost) {
+            d->lost_epoch++;
+        }
+        d->gpu = s->gpus[i], d->index = (unsigned)i, d->present = 1;
+        new_order[i] = d;
+    }
+    ndevices += nfresh;
+    free(sorted);
+    free(order);
+    order = new_order, norder = s->ngpus;
+    for (size_t i = 0; i < norder; i++)
+        if (!order[i]) return norder = i, -1; /* out of memory part-way: keep what is consistent */
+
+    if (first || s->nevents < events_seen) {
+        if (!first)
+            fprintf(stderr, "mock libnvidia-ml: events shrank from %zu to %zu entries (the list is append-only); "
+                            "only entries appended from now on are delivered\n", events_seen, s->nevents);
+        events_seen = s->nevents; /* what is there already is history */
+    }
+    for (; events_seen < s->nevents; events_seen++) {
+        const struct xid_event *e = &s->events[events_seen];
+        nvmlDevice_t d = NULL;
+        for (size_t i = 0; i < norder && !d; i++)
+            if (!strcmp(order[i]->gpu.uuid, e->uuid)) d = order[i];
+        if (!d) {
+            fprintf(stderr, "mock libnvidia-ml: events[%zu]: Xid %llu names %s, which is not in gpus; dropped\n",
+                    events_seen, e->xid, e->uuid);
+            continue;
+        }
+        if (nlog == log_cap) {
+            size_t ncap = log_cap ? log_cap * 2 : 16;
+            struct logged_event *grown = realloc(event_log, ncap * sizeof *grown);
+            if (!grown) return -1;
+            event_log = grown, log_cap = ncap;
+        }
+        event_log[nlog].device = d, event_log[nlog].xid = e->xid;
+        nlog++;
+    }
+    pthread_cond_broadcast(&changed);
+    return 0;
+}
+
+static const char *state_path(void) {
+    const char *p = getenv("DEVPLUG_NVML_STATE");
+    return p && *p ? p : NULL;
+}
+
+/* Read, parse and adopt the state file; problems are reported once and leave the state as it was. */
+static int load(int first) {
+    const char *path = state_path();
+    char err[ERR_LEN];
+    struct state s;
+    char *text = NULL;
+    long size = 0;
+    FILE *f;
+    int rc = -1;
+    if (!path) {
+        report(NULL, "DEVPLUG_NVML_STATE is not set (it names the mock-state JSON file)");
+        return -1;
+    }
+    f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, sizeof err, "cannot read: %s", strerror(errno));
+        report(path, err);
+        return -1;
+    }
+    text = malloc(STATE_MAX_BYTES + 1);
+    if (text) size = (long)fread(text, 1, STATE_MAX_BYTES + 1, f);
+    fclose(f);
+    if (!text) {
+        report(path, "out of memory");
+        return -1;
+    }
+    if (size > STATE_MAX_BYTES) {
+        report(path, "larger than 64 MiB");
+    } else if (parse_state(text, (size_t)size, &s, err)) {
+        report(path, err);
+    } else {
+        pthread_mutex_lock(&mu);
+        rc = apply_state(&s, first);
+        if (rc) report(path, "out of memory");
+        else last_error[0] = '\0';
+        pthread_mutex_unlock(&mu);
+        state_free(&s);
+    }
+    free(text);
+    return rc;
+}
+
+/* The watcher: sleeps in poll() until the state file's directory changes or shutdown wakes it. */
+static void *watch_loop(void *arg) {
+    const char *name = arg;
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    for (;;) {
+        struct pollfd fds[2] = {{watch_fd, POLLIN, 0}, {wake_pipe[0], POLLIN, 0}};
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (fds[1].revents) break;
+        ssize_t n = read(watch_fd, buf, sizeof buf);
+        int ours = 0;
+        for (char *p = buf; n > 0 && p < buf + n;) {
+            struct inotify_event *ev = (struct inotify_event *)p;
+            if (ev->len && !strcmp(ev->name, name)) ours = 1;
+            p += sizeof *ev + ev->len;
+        }
+        if (ours) load(0);
+    }
+    return NULL;
+}
+
+static void start_watching(void) {
+    const char *path = state_path();
+    static char dir[4096], name[256];
+    const char *slash = strrchr(path, '/');
+    if (slash) {
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path) ? (int)(slash - path) : 1, path);
+        snprintf(name, sizeof name, "%s", slash + 1);
+    } else {
+        snprintf(dir, sizeof dir, ".");
+        snprintf(name, sizeof name, "%s", path);
+    }
+    watch_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (watch_fd < 0 || inotify_add_watch(watch_fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO) < 0 ||
+        pipe2(wake_pipe, O_CLOEXEC) < 0 || pthread_create(&watcher, NULL, watch_loop, name)) {
+        fprintf(stderr, "mock libnvidia-ml: cannot watch %s (%s); later changes of the state are not seen\n", dir,
+                strerror(errno));
+        if (watch_fd >= 0) close(watch_fd);
+        if (wake_pipe[0] >= 0) close(wake_pipe[0]), close(wake_pipe[1]);
+        watch_fd = wake_pipe[0] = wake_pipe[1] = -1;
+    }
+}
+
+static void stop_watching(void) {
+    if (watch_fd < 0) return;
+    if (write(wake_pipe[1], "x", 1) == 1) pthread_join(watcher, NULL);
+    close(watch_fd), close(wake_pipe[0]), close(wake_pipe[1]);
+    watch_fd = wake_pipe[0] = wake_pipe[1] = -1;
+}
+
+__attribute__((constructor)) static void setup(void) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&changed, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
+/* ---- the NVML API ---------------------------------------------------------------------------- */
+API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&init_mu);
+    if (refcount == 0) {
+        last_error[0] = '\0'; /* each start says what is wrong with the file */
+        if (load(1)) {
+            pthread_mutex_unlock(&init_mu);
+            return NVML_ERROR_DRIVER_NOT_LOADED;
+        }
+        start_watching();
+        pthread_mutex_lock(&mu);
+        initialized = 1;
+        pthread_mutex_unlock(&mu);
+    }
+    refcount++;
+    pthread_mutex_unlock(&init_mu);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+
+API nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&init_mu);
+    if (refcount == 0) {
+        pthread_mutex_unlock(&init_mu);
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    if (--refcount == 0) {
+        stop_watching();
+        pthread_mutex_lock(&mu);
+        initialized = 0;
+        pthread_cond_broadcast(&changed); /* waiters return NVML_ERROR_UNINITIALIZED */
+        pthread_mutex_unlock(&mu);
+    }
+    pthread_mutex_unlock(&init_mu);
+    return NVML_SUCCESS;
+}
+
+API const char *nvmlErrorString(nvmlReturn_t result) {
+    switch ((int)result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+static nvmlReturn_t copy_text(char *out, unsigned int length, const char *value) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, value, strlen(value) + 1);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t system_text(char *out, unsigned int length, const char *value) {
+    pthread_mutex_lock(&mu);
+    nvmlReturn_t rc = initialized ? copy_text(out, length, value) : NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    return system_text(version, length, MOCK_DRIVER_VERSION);
+}
+
+API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    return system_text(version, length, MOCK_NVML_VERSION);
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    *version = MOCK_CUDA_DRIVER_VERSION;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) { return nvmlSystemGetCudaDriverVersion(version); }
+
+API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    nvmlReturn_t rc = initialized ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (!rc) *count = (unsigned)norder;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!device) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    nvmlReturn_t rc = !initialized ? NVML_ERROR_UNINITIALIZED : index >= norder ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+    if (!rc) *device = order[index];
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    nvmlReturn_t rc = initialized ? NVML_ERROR_NOT_FOUND : NVML_ERROR_UNINITIALIZED;
+    for (size_t i = 0; rc == NVML_ERROR_NOT_FOUND && i < norder; i++)
+        if (!strncmp(order[i]->gpu.uuid, uuid, NVML_DEVICE_UUID_V2_BUFFER_SIZE)) *device = order[i], rc = NVML_SUCCESS;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* Lock and check a device handle: a removed GPU is an invalid handle, a lost one answers LOST. */
+static nvmlReturn_t enter(nvmlDevice_t device) {
+    pthread_mutex_lock(&mu);
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!device || device->magic != DEVICE_MAGIC || !device->present) return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->gpu.lost) return NVML_ERROR_GPU_IS_LOST;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t leave(nvmlReturn_t rc) {
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    nvmlReturn_t rc = enter(device);
+    return leave(rc ? rc : copy_text(uuid, length, device->gpu.uuid));
+}
+
+API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    nvmlReturn_t rc = enter(device);
+    return leave(rc ? rc : copy_text(name, length, device->gpu.name));
+}
+
+API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !index) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *index = device->index;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !minor) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *minor = device->gpu.minor;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !memory) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) memory->total = memory->free = device->gpu.memory_mib << 20, memory->used = 0;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !memory) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && memory->version != nvmlMemory_v2) rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!rc) memory->total = memory->free = device->gpu.memory_mib << 20, memory->reserved = memory->used = 0;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !node) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && !device->gpu.has_numa) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) *node = device->gpu.numa_node;
+    return leave(rc);
+}
+
+/* A made-up but valid PCI address per minor: domain, bus and device taken from its bits. */
+static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !pci) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) {
+        unsigned m = device->gpu.minor;
+        memset(pci, 0, sizeof *pci);
+        pci->domain = m >> 13, pci->bus = (m >> 5) & 0xFF, pci->device = m & 0x1F;
+        pci->pciDeviceId = MOCK_PCI_DEVICE_ID, pci->pciSubSystemId = 0x145F10DEU;
+        snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
+        snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", pci->domain & 0xFFFF, pci->bus,
+                 pci->device);
+    }
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) { return pci_info(device, pci); }
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) { return pci_info(device, pci); }
+
+API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && (!major || !minor)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *major = MOCK_CC_MAJOR, *minor = MOCK_CC_MINOR;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && (!current || !pending)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    return leave(rc ? rc : NVML_ERROR_NOT_SUPPORTED);
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !types) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *types = nvmlEventTypeXidCriticalError;
+    return leave(rc);
+}
+
+static int set_known(nvmlEventSet_t set) {
+    for (nvmlEventSet_t s = sets; s; s = s->next)
+        if (s == set) return 1;
+    return 0;
+}
+
+API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&mu);
+    nvmlReturn_t rc = initialized ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    nvmlEventSet_t s = rc ? NULL : calloc(1, sizeof *s);
+    if (!rc && !s) rc = NVML_ERROR_UNKNOWN;
+    if (!rc) {
+        s->cursor = nlog, s->next = sets, sets = s;
+        *set = s;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    pthread_mutex_lock(&mu);
+    nvmlReturn_t rc = NVML_ERROR_INVALID_ARGUMENT;
+    for (nvmlEventSet_t *link = &sets; *link; link = &(*link)->next) {
+        if (*link == set) {
+            *link = set->next;
+            free(set->regs);
+            free(set);
+            rc = NVML_SUCCESS;
+            pthread_cond_broadcast(&changed); /* a waiter on it returns INVALID_ARGUMENT */
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !set_known(set)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && (types & ~(unsigned long long)nvmlEventTypeXidCriticalError)) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) {
+        struct registration *r = NULL;
+        for (size_t i = 0; i < set->nregs && !r; i++)
+            if (set->regs[i].device == device) r = &set->regs[i];
+        if (!r && set->nregs == set->cap) {
+            size_t ncap = set->cap ? set->cap * 2 : 8;
+            struct registration *grown = realloc(set->regs, ncap * sizeof *grown);
+            if (!grown) return leave(NVML_ERROR_UNKNOWN);
+            set->regs = grown, set->cap = ncap;
+        }
+        if (!r) {
+            r = &set->regs[set->nregs++];
+            r->device = device, r->types = 0, r->lost_epoch_seen = device->lost_epoch;
+        }
+        r->types |= types;
+    }
+    return leave(rc);
+}
+
+static struct registration *registration(nvmlEventSet_t set, nvmlDevice_t device) {
+    for (size_t i = 0; i < set->nregs; i++)
+        if (set->regs[i].device == device) return &set->regs[i];
+    return NULL;
+}
+
+/* Next logged Xid for a device this set registered for Xids (mu held); skips the others. */
+static int take_event(nvmlEventSet_t set, nvmlEventData_t *data) {
+    while (set->cursor < nlog) {
+        const struct logged_event *e = &event_log[set->cursor++];
+        const struct registration *r = registration(set, e->device);
+        if (r && (r->types & nvmlEventTypeXidCriticalError)) {
+            data->device = e->device, data->eventType = nvmlEventTypeXidCriticalError, data->eventData = e->xid;
+            data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFU;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A registered GPU that became lost since this set last looked (mu held), reported once. */
+static int take_lost(nvmlEventSet_t set) {
+    for (size_t i = 0; i < set->nregs; i++) {
+        struct registration *r = &set->regs[i];
+        if (r->lost_epoch_seen != r->device->lost_epoch) {
+            r->lost_epoch_seen = r->device->lost_epoch;
+            if (r->device->present && r->device->gpu.lost) return 1;
+        }
+    }
+    return 0;
+}
+
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    struct timespec deadline;
+    nvmlReturn_t rc;
+    if (!data) return NVML_ERROR_INVALID_ARGUMENT;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += timeoutms / 1000;
+    deadline.tv_nsec += (long)(timeoutms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        if (!initialized) rc = NVML_ERROR_UNINITIALIZED;
+        else if (!set_known(set)) rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (take_event(set, data)) rc = NVML_SUCCESS;
+        else if (take_lost(set)) rc = NVML_ERROR_GPU_IS_LOST;
+        else if (pthread_cond_timedwait(&changed, &mu, &deadline) == ETIMEDOUT) rc = NVML_ERROR_TIMEOUT;
+        else continue;
+        break;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
