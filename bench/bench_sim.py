@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.kubelet import SimNode
 
@@ -78,7 +79,7 @@ def bench_latencies(runs: int, tmp: Path) -> dict[str, list[float]]:
             node = c.add_node("node-1")
             clock = _RegistrationClock()
             node.logger.addHandler(clock)
-            node.start_plugin(argv(state))
+            node.start_plugin(argv(state), env=mock_env(str(state)))
             seen = wait(lambda: alloc(c, "node-1") == "4", "4 allocatable after registration")
             assert clock.at is not None
             out["registration"].append(seen - clock.at)
@@ -98,7 +99,7 @@ def bench_cycles(cycles: int, n_nodes: int, gpus: int, n_threads: int, tmp: Path
             state = tmp / f"n{i}.json"
             write_state(state, gpus)
             nodes.append(c.add_node(f"node-{i}"))
-            nodes[-1].start_plugin(argv(state))
+            nodes[-1].start_plugin(argv(state), env=mock_env(str(state)))
         for n in nodes:
             wait(lambda n=n: alloc(c, n.name) == str(gpus), f"{gpus} GPUs on {n.name}")  # type: ignore[misc]
         held: dict[tuple[str, str], str] = {}  # (node, device) -> pod

@@ -52,6 +52,24 @@ def test_included_manifest_gets_image_resource_and_prestart() -> None:
     assert env["DP_MOCK_STATE"] == "/var/lib/devplug/mock-state.json"
 
 
+def test_mock_spec_hands_any_plugin_the_mock_nvml(tmp_path: Path) -> None:
+    """A user's DaemonSet gets the node's /var/lib/devplug (library + state) and the loader's path."""
+    m = tmp_path / "m.yaml"
+    m.write_text(yaml.safe_dump({
+        "kind": "DaemonSet", "metadata": {"name": "nvidia"},
+        "spec": {"template": {"spec": {"containers": [{"name": "p", "image": "x"}]}}},
+    }))  # fmt: skip
+    (ds,) = render_daemonsets(PluginSpec(manifest=str(m), mock=True), "img")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env == {"LD_LIBRARY_PATH": "/var/lib/devplug/lib", "DEVPLUG_NVML_STATE": "/var/lib/devplug/mock-state.json"}
+    assert c["volumeMounts"] == [{"name": "devplug-mock-nvml", "mountPath": "/var/lib/devplug"}]
+    assert pod["volumes"] == [{"name": "devplug-mock-nvml", "hostPath": {"path": "/var/lib/devplug", "type": "DirectoryOrCreate"}}]
+    (plain,) = render_daemonsets(PluginSpec(manifest=str(m)), "img")
+    assert "env" not in plain["spec"]["template"]["spec"]["containers"][0], "no mock: nothing added"
+
+
 def test_user_manifest_must_be_daemonsets(tmp_path: Path) -> None:
     m = tmp_path / "m.yaml"
     m.write_text(yaml.safe_dump_all([{"kind": "Deployment", "metadata": {"name": "x"}}]))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_devplug.nvml import mock_env
+
 from gpu_plugin_helpers import RESOURCE, FakeKubelet, MockStateFile, PluginProcess
 
 
@@ -61,6 +63,7 @@ def start_plugin(
             else []
         )
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("DP_")}
+        full_env.update(mock_env(str(mock_state.path)))  # the mock libnvidia-ml on the loader's path
         full_env.update(env or {})
         p = PluginProcess(args + list(extra), tmp_path / f"plugin-{len(procs)}.log", full_env)
         procs.append(p)

@@ -125,6 +125,8 @@ def test_kubelet_restart_reregisters_within_1s_with_same_health(
     reg.next_update()
     mock_state.xid(UUIDS[1], 79)
     reg.wait_for(lambda h: h[UUIDS[1]] == UNHEALTHY, "GPU1 Unhealthy")
+    # A restart after the registration completed (the Xid arrives fast enough to beat its answer).
+    plugin.wait_log("registered with kubelet")
     # What the kubelet does on restart: stop, delete every socket in the dir, serve kubelet.sock.
     first.stop()
     for p in plugin_dir.iterdir():
@@ -331,29 +333,41 @@ def test_signal_stops_cleanly(start_plugin, kubelet: FakeKubelet, plugin_dir: Pa
 @pytest.mark.parametrize(
     "content, problem",
     [
-        ('{"gpus": [', "invalid JSON"),
-        ('{"gpus": [{"uuid": "GPU-x"}]}', "missing field 'minor'"),
-        ('{"gpus": [{"uuid": "a", "minor": 0}, {"uuid": "a", "minor": 1}]}', "duplicate uuid"),
+        (b'{"gpus": [', "invalid JSON"),
+        (b'{"gpus": [{"uuid": "GPU-x"}]}', "gpus[0].minor: missing"),
+        (b'{"gpus": [{"uuid": "a", "minor": 0}, {"uuid": "a", "minor": 1}]}', "uuid a appears twice"),
+        (b'{"gpus": [{"uuid": "GPU-\xff", "minor": 0}]}', "not UTF-8"),  # issue 11.2: was a traceback, exit 1
+        (b'{"gpus": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested deeper than 32 levels"),
     ],
 )
 def test_malformed_state_at_start_refuses_to_start(
-    start_plugin, mock_state: MockStateFile, content: str, problem: str
+    start_plugin, mock_state: MockStateFile, content: bytes, problem: str
 ) -> None:
-    mock_state.write_raw(content)
+    mock_state.path.write_bytes(content)
     plugin = start_plugin()
     assert plugin.wait_exit() == 2
     out = plugin.log()
     assert str(mock_state.path) in out and problem in out, out
+    assert "Traceback" not in out
 
 
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b'{"gpus": "not a list"}', "'gpus' must be a list"),
+        (b'{"gpus": ["\xff"]}', "not UTF-8"),  # issue 11.2: these killed the watcher for good
+        (b"[" * 100_000, "nested deeper than 32 levels"),
+    ],
+)
 def test_malformed_state_later_keeps_last_good_state(
-    start_plugin, kubelet: FakeKubelet, mock_state: MockStateFile
+    start_plugin, kubelet: FakeKubelet, mock_state: MockStateFile, content: bytes, problem: str
 ) -> None:
     plugin = start_plugin()
     reg = kubelet.next_registration()
     reg.next_update()
-    mock_state.write_raw('{"gpus": "not a list"}')
-    plugin.wait_log(f"mock state {mock_state.path}: 'gpus' must be a list; keeping the last good mock state")
+    mock_state.path.write_bytes(content)
+    (line,) = [ln for ln in plugin.wait_log(problem).splitlines() if problem in ln]
+    assert f"{mock_state.path}: " in line and "keeping the last good state" in line, line
     reg.assert_no_update(within=0.3)
     assert plugin.proc.poll() is None
     mock_state.xid(UUIDS[0], 79)  # the next good write is applied normally

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-
+import ctypes
 import json
 import os
 import threading
@@ -14,7 +14,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from devplug_gpu_plugin import cli, nvml_mock, watch
+from devplug_gpu_plugin import cli, watch
 from devplug_gpu_plugin.allocation import (
     AllocationConfig,
     AllocationError,
@@ -26,6 +26,8 @@ from devplug_gpu_plugin.allocation import (
 )
 from devplug_gpu_plugin.devices import DeviceState, GpuInfo, Probe, UnsafeDeviceIdError
 from devplug_gpu_plugin.health import HealthMonitor
+from devplug_gpu_plugin.mock_faults import AllocateFaults
+from pytest_devplug.nvml import STATE_ENV, mock_library
 
 from gpu_plugin_helpers import UUIDS, MockStateFile
 
@@ -232,27 +234,30 @@ def test_cli_rejects_bad_flags(argv: list[str], message: str, capsys: pytest.Cap
     assert message in capsys.readouterr().err
 
 
-# ---- mock NVML through pynvml ----------------------------------------------------------------
+# ---- the mock libnvidia-ml through pynvml ----------------------------------------------------
 @contextlib.contextmanager
-def _installed_mock(path: Path) -> Iterator[nvml_mock.MockNvml]:
-    """The mock under pynvml for the duration, then pynvml as it was (no library loaded)."""
-    mock = nvml_mock.install(str(path))
+def _mock_nvml(path: Path) -> Iterator[None]:
+    """pynvml on pytest-devplug's mock library for the duration, then pynvml as it was (no library)."""
+    os.environ[STATE_ENV] = str(path)
+    lib = ctypes.CDLL(str(mock_library()))
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
     pynvml.nvmlInit()
-    mock.start_watching()
     try:
-        yield mock
+        yield
     finally:
-        mock.close()
         pynvml.nvmlShutdown()
         with pynvml.libLoadLock:
             pynvml.nvmlLib = None
             pynvml._nvmlGetFunctionPointer_cache.clear()
+        del os.environ[STATE_ENV]
 
 
 @pytest.fixture
-def nvml(mock_state: MockStateFile) -> Iterator[nvml_mock.MockNvml]:
-    with _installed_mock(mock_state.path) as mock:
-        yield mock
+def nvml(mock_state: MockStateFile) -> Iterator[None]:
+    with _mock_nvml(mock_state.path):
+        yield
 
 
 def _wait(cond, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -262,22 +267,27 @@ def _wait(cond, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-unt
         time.sleep(0.01)
 
 
-def test_mock_answers_pynvml_like_the_library(nvml: nvml_mock.MockNvml) -> None:
-    assert pynvml.nvmlSystemGetDriverVersion().endswith("mock")
+def test_mock_answers_pynvml_like_the_library(nvml: None) -> None:
+    assert pynvml.nvmlSystemGetDriverVersion() == "550.54.15"
     assert pynvml.nvmlDeviceGetCount() == 4
     h = pynvml.nvmlDeviceGetHandleByIndex(2)
     assert pynvml.nvmlDeviceGetUUID(h) == UUIDS[2]
+    addr = ctypes.cast(h, ctypes.c_void_p).value
+    assert ctypes.cast(pynvml.nvmlDeviceGetHandleByUUID(UUIDS[2]), ctypes.c_void_p).value == addr
     assert pynvml.nvmlDeviceGetName(h) == "NVIDIA A100-SXM4-40GB"
     assert pynvml.nvmlDeviceGetMemoryInfo(h).total == 40960 * 1024 * 1024
     assert pynvml.nvmlDeviceGetMinorNumber(h) == 2
     assert pynvml.nvmlDeviceGetNumaNodeId(h) == 1
-    assert list(pynvml.nvmlDeviceGetCpuAffinity(h, 1)) == [0xFF00]
+    assert pynvml.nvmlDeviceGetPciInfo(h).busId == "00000000:00:02.0"
+    assert pynvml.nvmlDeviceGetCudaComputeCapability(h) == (8, 0)
     assert pynvml.nvmlDeviceGetSupportedEventTypes(h) & pynvml.nvmlEventTypeXidCriticalError
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetMigMode(h)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetHandleByIndex(4)
 
 
-def test_mock_lost_numa_null_and_add_remove(nvml: nvml_mock.MockNvml, mock_state: MockStateFile) -> None:
+def test_mock_lost_numa_null_and_add_remove(nvml: None, mock_state: MockStateFile) -> None:
     h1 = pynvml.nvmlDeviceGetHandleByIndex(1)
     mock_state.gpu(UUIDS[1])["lost"] = True
     mock_state.gpus.append({"uuid": "GPU-new", "minor": 9, "numa_node": None})
@@ -298,7 +308,7 @@ def test_mock_events_delivered_once_history_skipped(tmp_path: Path) -> None:
     state = MockStateFile(tmp_path / "s.json")
     state.events = [{"uuid": UUIDS[0], "xid": 31}]  # history at load: never delivered
     state.write()
-    with _installed_mock(state.path):
+    with _mock_nvml(state.path):
         es = pynvml.nvmlEventSetCreate()
         h0 = pynvml.nvmlDeviceGetHandleByIndex(0)
         pynvml.nvmlDeviceRegisterEvents(h0, pynvml.nvmlEventTypeXidCriticalError, es)
@@ -318,17 +328,21 @@ def test_mock_events_delivered_once_history_skipped(tmp_path: Path) -> None:
 
 
 def test_mock_malformed_reload_keeps_state(
-    nvml: nvml_mock.MockNvml, mock_state: MockStateFile, caplog: pytest.LogCaptureFixture
+    nvml: None, mock_state: MockStateFile, capfd: pytest.CaptureFixture[str]
 ) -> None:
     mock_state.write_raw(json.dumps({"gpus": [{"uuid": "only", "minor": "zero"}]}))
-    _wait(lambda: "keeping the last good mock state" in caplog.text, "the error log")
-    assert str(mock_state.path) in caplog.text and "'minor' must be int" in caplog.text
+    _wait(lambda: "keeping the last good state" in capfd.readouterr().err, "the library's error line")
     assert pynvml.nvmlDeviceGetCount() == 4
 
 
-def test_health_loop_woken_by_state_change_not_by_timeout(
-    nvml: nvml_mock.MockNvml, mock_state: MockStateFile
-) -> None:
+def _stop_monitor(monitor: HealthMonitor, mock_state: MockStateFile) -> None:
+    """Stop a monitor whose event wait is long: an Xid wakes the wait, which then sees the stop."""
+    monitor._stop.set()
+    mock_state.xid(UUIDS[0], 13)
+    monitor.stop()
+
+
+def test_health_loop_woken_by_a_lost_gpu_not_by_timeout(nvml: None, mock_state: MockStateFile) -> None:
     state = DeviceState()
     monitor = HealthMonitor(state, wait_ms=30_000)  # a timeout-driven loop would take 30 s
     monitor.start()
@@ -338,27 +352,43 @@ def test_health_loop_woken_by_state_change_not_by_timeout(
         started = time.monotonic()
         mock_state.set(UUIDS[3], lost=True)
         snap = state.wait_for_change(v, 5)
-        assert time.monotonic() - started < 2, "the health loop was not woken by the state change"
+        assert time.monotonic() - started < 2, "the health loop was not woken by the lost GPU"
         assert not snap.by_uuid()[UUIDS[3]].healthy
     finally:
-        nvml.close()  # wakes the waiter so stop() returns at once
+        _stop_monitor(monitor, mock_state)
+
+
+def test_health_loop_idle_timeout_probes_only_on_change(nvml: None, mock_state: MockStateFile) -> None:
+    """A quiet timeout re-probes only when the count changed or a lost GPU answers again."""
+    state = DeviceState()
+    monitor = HealthMonitor(state, wait_ms=100)
+    monitor.start()
+    try:
+        assert not monitor.needs_probe()
+        mock_state.set(UUIDS[1], lost=True)
+        _wait(lambda: not state.snapshot().by_uuid()[UUIDS[1]].healthy, "the lost GPU")
+        assert not monitor.needs_probe()
+        mock_state.set(UUIDS[1], lost=False)
+        _wait(lambda: state.snapshot().by_uuid()[UUIDS[1]].healthy, "the GPU back (found by the idle check)")
+        mock_state.gpus.append({"uuid": "GPU-new", "minor": 9, "numa_node": 0})
+        mock_state.write()
+        _wait(lambda: "GPU-new" in state.snapshot().by_uuid(), "the added GPU (found by the idle check)")
+    finally:
         monitor.stop()
 
 
-def test_mock_state_errors_name_file_and_problem(tmp_path: Path) -> None:
-    p = tmp_path / "s.json"
-    with pytest.raises(nvml_mock.MockStateError, match=f"mock state {p}: cannot read"):
-        nvml_mock.load_state(str(p))
-    for text, problem in [
-        ("[]", "top level must be an object"),
-        ('{"gpus": [{"uuid": "a", "minor": 0, "numa_node": -1}]}', "numa_node"),
-        ('{"gpus": [{"uuid": "a", "minor": 0}, {"uuid": "b", "minor": 0}]}', "duplicate minor 0"),
-        ('{"gpus": [], "events": [{"uuid": "a"}]}', "events[0]: missing field 'xid'"),
-        ('{"gpus": [{"uuid": "a", "minor": 0, "lost": 1}]}', "'lost' must be bool"),
-    ]:
-        with pytest.raises(nvml_mock.MockStateError) as exc:
-            nvml_mock.parse_state(text, str(p))
-        assert str(p) in str(exc.value) and problem in str(exc.value)
+def test_fail_allocate_flags_survive_bad_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    state = MockStateFile(tmp_path / "s.json")
+    faults = AllocateFaults(str(state.path))
+    assert faults(UUIDS[0]) is None
+    state.set(UUIDS[0], fail_allocate=True)
+    assert faults(UUIDS[0]) == f"fail_allocate is set for {UUIDS[0]} in mock state {state.path}"
+    for bad in (b'{"gpus": [\xff]}', b"[" * 100_000, b'{"gpus": 1}'):
+        state.path.write_bytes(bad)
+        assert faults(UUIDS[0]) is not None, "a bad file must keep the last good flags"
+    assert caplog.text.count("keeping the last fail_allocate flags") == 3
+    state.path.unlink()
+    assert faults(UUIDS[0]) is not None
 
 
 # ---- inotify ---------------------------------------------------------------------------------

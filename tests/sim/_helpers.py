@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from pytest_devplug.nvml import mock_env
+
 GPU = "nvidia.com/gpu"
 T = TypeVar("T")
 
@@ -70,7 +72,7 @@ def start_gpu_node(cluster: Any, name: str, state: Path, n: int = 2, *extra: str
     if not state.exists():
         write_state(state, [gpu(i, numa=i % 2) for i in range(n)])
     node = cluster.add_node(name, **node_kw)
-    node.start_plugin(plugin_argv(state, *extra))
+    node.start_plugin(plugin_argv(state, *extra), env=mock_env(str(state)))
     wait_for(lambda: allocatable(cluster, name), lambda v: v == (str(n), str(n)), f"{n}/{n} {GPU} on {name}")
     return node
 

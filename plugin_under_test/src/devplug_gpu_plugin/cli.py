@@ -1,7 +1,8 @@
 """Command line: flags with ``DP_*`` environment equivalents (for the DaemonSet) and ``main()``.
 
-Exit codes: 0 after SIGTERM/SIGINT; 2 for bad configuration (including a malformed mock
-state at start-up); 1 for runtime failures (NVML missing, registration refused, cannot serve).
+Exit codes: 0 after SIGTERM/SIGINT; 2 for bad configuration (including a mock NVML that refuses
+to start, e.g. on a malformed mock state); 1 for runtime failures (NVML missing, registration
+refused, cannot serve).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from . import __name__ as _pkg
 from .allocation import STRATEGIES, AllocationConfig, ensure_dev_nodes, write_cdi_spec
 from .devices import DeviceState
 from .health import DEFAULT_IGNORED_XIDS, HealthMonitor
+from .mock_faults import AllocateFaults
 from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, default_socket_name
 
 log = logging.getLogger(_pkg)
@@ -61,9 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     opt("--plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet device-plugin directory (default %(default)s)")
     opt("--resource-name", "nvidia.com/gpu", "extended resource to advertise (default %(default)s)")
-    opt("--nvml", "real", "NVML backend: real libnvidia-ml or the mock fed by --mock-state", choices=["mock", "real"])
+    opt(
+        "--nvml",
+        "real",
+        "real: NVML as on a GPU node; mock: the same NVML code on pytest-devplug's mock libnvidia-ml.so.1 "
+        "(on LD_LIBRARY_PATH or --nvml-lib) fed by --mock-state",
+        choices=["mock", "real"],
+    )
     opt("--mock-state", None, "mock NVML state file (JSON, see README); required with --nvml mock")
-    opt("--nvml-lib", None, "path of libnvidia-ml.so.1 for --nvml real (default: the loader's search)")
+    opt("--nvml-lib", None, "path of libnvidia-ml.so.1 (default: the loader's search)")
     p.add_argument(
         "--pre-start-required",
         action="store_true",
@@ -144,7 +152,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _load_real_nvml(lib_path: str | None) -> None:
+MOCK_STATE_ENV = "DEVPLUG_NVML_STATE"
+"""Where the mock libnvidia-ml.so.1 finds its state file."""
+
+
+def _load_nvml(lib_path: str | None) -> None:
+    """``pynvml.nvmlInit()`` on ``lib_path``, or on the loader's libnvidia-ml.so.1 (``LD_LIBRARY_PATH``)."""
     import ctypes
 
     import pynvml
@@ -167,31 +180,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import pynvml
 
-    from .nvml_mock import MockNvml, MockStateError, install
-
-    mock: MockNvml | None = None
+    faults: AllocateFaults | None = None
     if args.nvml == "mock":
-        try:
-            mock = install(args.mock_state)
-        except MockStateError as exc:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 2
-        pynvml.nvmlInit()
-        mock.start_watching()
-        st = mock.state
-        log.info("mock state %s loaded: %d GPUs, %d events", args.mock_state, len(st.gpus), len(st.events))
-    else:
-        try:
-            _load_real_nvml(args.nvml_lib)
-        except pynvml.NVMLError as exc:
-            where = args.nvml_lib or "libnvidia-ml.so.1"
+        # The same NVML code as on a GPU node, on the mock library; it reads the state file named here.
+        os.environ[MOCK_STATE_ENV] = args.mock_state
+        faults = AllocateFaults(args.mock_state)
+    try:
+        _load_nvml(args.nvml_lib)
+    except pynvml.NVMLError as exc:
+        where = args.nvml_lib or "libnvidia-ml.so.1"
+        if args.nvml == "mock":
             print(
-                f"{PROG}: error: cannot use NVML ({where}): {exc}. On a node without an NVIDIA driver "
-                f"use --nvml mock --mock-state FILE (DP_NVML=mock).",
+                f"{PROG}: error: the mock NVML ({where}) did not start: {exc}; its reason about "
+                f"{os.environ[MOCK_STATE_ENV]} is printed above (is the mock library on LD_LIBRARY_PATH?)",
                 file=sys.stderr,
             )
-            return 1
-        log.info("NVML: driver %s", pynvml.nvmlSystemGetDriverVersion())
+            return 2
+        print(
+            f"{PROG}: error: cannot use NVML ({where}): {exc}. On a node without an NVIDIA driver "
+            f"use --nvml mock with pytest-devplug's mock libnvidia-ml.so.1.",
+            file=sys.stderr,
+        )
+        return 1
+    log.info("NVML: driver %s", pynvml.nvmlSystemGetDriverVersion())
 
     stopping = threading.Event()
     alloc = AllocationConfig(
@@ -216,9 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.error("cannot update device files: %s", exc)
 
     monitor = HealthMonitor(state, args.ignored_xids)
-    servicer = DevicePluginServicer(
-        state, alloc, args.pre_start_required, mock.allocate_fault if mock else None, stopping
-    )
+    servicer = DevicePluginServicer(state, alloc, args.pre_start_required, faults, stopping)
     server = PluginServer(
         ServerConfig(args.plugin_dir, args.resource_name, args.socket_name, args.pre_start_required),
         servicer,
@@ -248,8 +257,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = 1
     finally:
         server.stop()
-        if mock is not None:
-            mock.close()  # also wakes the health thread's event wait
         monitor.stop()
         try:
             pynvml.nvmlShutdown()

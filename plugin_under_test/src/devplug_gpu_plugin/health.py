@@ -1,9 +1,10 @@
 """NVML probing and the event loop that turns NVML events into health changes.
 
 One loop thread owns all NVML calls after start-up. It waits on an NVML event set for
-critical Xids; after every wake (event, timeout, or the mock's wake on a state change) it
-re-probes every GPU, so lost GPUs, GPUs that answer again and added/removed GPUs are
-published within one wake.
+critical Xids and applies each one at once. A wait that reports a GPU lost
+(``NVML_ERROR_GPU_IS_LOST``) re-probes every GPU. A quiet timeout costs two cheap questions, not a
+probe of every GPU (10,000 idle GPUs must stay near 0 % of a core): has the GPU count changed, and
+does a GPU that was lost answer again? Either answer yes -> a full probe.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class HealthMonitor:
         self.on_change = on_change
         self.wait_ms = wait_ms
         self._known: dict[int, GpuInfo] = {}  # handle -> info from when it last answered
+        self._lost: dict[int, Any] = {}  # handle key -> handle, GPUs the last probe found lost
+        self._count = -1  # GPU count at the last probe
         self._registered: set[int] = set()
         self._event_set: Any = None
         self._stop = threading.Event()
@@ -74,6 +77,7 @@ class HealthMonitor:
     def probe(self) -> list[Probe]:
         """Ask NVML for every GPU; a lost GPU keeps the info it had when it last answered."""
         probes: list[Probe] = []
+        lost: dict[int, Any] = {}
         count = pynvml.nvmlDeviceGetCount()
         for index in range(count):
             try:
@@ -92,11 +96,29 @@ class HealthMonitor:
                 if not _is_lost(exc):
                     log.warning("NVML: GPU %s: %s; treating it as lost", known.uuid, exc)
                 probes.append(Probe(known, lost=True))
+                lost[key] = handle
                 continue
             self._known[key] = info
             probes.append(Probe(info, lost=False))
             self._register_events(handle, key, info.uuid)
+        self._lost, self._count = lost, count
         return probes
+
+    def needs_probe(self) -> bool:
+        """After a quiet timeout: did the GPU count change, or does a lost GPU answer again?"""
+        try:
+            if pynvml.nvmlDeviceGetCount() != self._count:
+                return True
+        except pynvml.NVMLError as exc:
+            log.warning("NVML: device count: %s", exc)
+            return False
+        for handle in self._lost.values():
+            try:
+                pynvml.nvmlDeviceGetUUID(handle)
+                return True
+            except pynvml.NVMLError:
+                continue
+        return False
 
     def refresh(self) -> None:
         """Probe and publish; NVML failures are logged, never raised (the plugin keeps running)."""
@@ -165,9 +187,16 @@ class HealthMonitor:
             try:
                 data = pynvml.nvmlEventSetWait_v2(self._event_set, self.wait_ms)
             except pynvml.NVMLError as exc:
-                if exc.value != pynvml.NVML_ERROR_TIMEOUT and not self._stop.is_set():
+                if self._stop.is_set():
+                    break
+                if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+                    if self.needs_probe():
+                        self.refresh()
+                    continue
+                if not _is_lost(exc):
                     log.warning("NVML event wait: %s", exc)
                     self._stop.wait(0.1)  # don't spin on a persistent error
+                self.refresh()  # a lost GPU (or an unknown failure): find out which by probing
             except Exception:  # never let the health thread die silently
                 log.exception("health loop: unexpected error")
                 self._stop.wait(0.1)
@@ -176,8 +205,6 @@ class HealthMonitor:
                     self.handle_event(data)
                 except Exception:
                     log.exception("health loop: cannot handle event")
-            if not self._stop.is_set():
-                self.refresh()
 
     def stop(self) -> None:
         self._stop.set()

@@ -35,7 +35,7 @@ from .k8s.api import KubeApi
 from .k8s.hostpod import MANAGED_BY, HostPodTransport
 from .k8s.node import MOCK_STATE_PATH, NodeOps
 from .kind.backend import GPU_LABEL, KindBackend, _Deployed
-from .kind.deploy import render_daemonsets
+from .kind.deploy import mock_library_file, render_daemonsets
 from .mockstate import initial_state
 
 __all__ = ["ClusterBackend"]
@@ -218,6 +218,7 @@ class ClusterBackend(KindBackend):
             if self.nodeops.transport.run(node, f"test -e {_MOCK_DIR}", timeout=60.0).returncode != 0:
                 self._mock_dirs.add(node)
             self.write_mock_state(node, initial_state(spec.gpus, spec.numa_nodes), _deploying=True)
+            self.nodeops.write_file(node, *mock_library_file())
         adopted = self._adopted()
         if adopted is not None:
             ds = self.api.get_daemonset(adopted[1], adopted[0])

@@ -51,6 +51,17 @@ BASE_DEV_ENTRIES = ("full", "null", "ptmx", "pts", "random", "shm", "tty", "uran
 JSONDict = dict[str, Any]
 
 
+def _mock_nvml_env(mock_path: Path) -> dict[str, str]:
+    """The mock libnvidia-ml.so.1 for the plugin's process: its directory first on ``LD_LIBRARY_PATH``
+    and the state file in ``DEVPLUG_NVML_STATE``, so an NVML plugin in any language loads it."""
+    from ..nvml import MockBuildError, mock_env
+
+    try:
+        return mock_env(str(mock_path))
+    except MockBuildError as exc:
+        raise BackendError(f"cannot give the plugin the mock NVML: {exc}") from None
+
+
 class _Deployed:
     def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
@@ -146,7 +157,10 @@ class SimBackend:
             return text.replace("{plugin_dir}", str(n.plugin_dir)).replace("{mock_state}", str(mock_path or ""))
 
         argv = [fill(a) for a in spec.argv]
-        dep = _Deployed(spec, argv, {k: fill(v) for k, v in spec.env.items()}, mock_path, name)
+        env = {k: fill(v) for k, v in spec.env.items()}
+        if mock_path is not None:
+            env = {**_mock_nvml_env(mock_path), **env}
+        dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
         dep.proc = n.start_plugin(argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths())
 

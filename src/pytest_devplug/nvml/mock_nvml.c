@@ -623,12 +623,14 @@ static unsigned refcount;
 static pthread_t watcher;
 static int watch_fd = -1, wake_pipe[2] = {-1, -1};
 
-static void report(const char *path, const char *problem) {
+/* Say what is wrong with the state file, once per distinct problem. */
+static void report(const char *path, const char *problem, int first) {
     char line[ERR_LEN];
     snprintf(line, sizeof line, "%s", problem);
-    if (!strcmp(line, last_error)) return; /* the same problem again: said once already */
+    if (!strcmp(line, last_error)) return;
     memcpy(last_error, line, sizeof line);
-    fprintf(stderr, "mock libnvidia-ml: %s: %s; keeping the last good state\n", path ? path : "(no state file)", line);
+    fprintf(stderr, "mock libnvidia-ml: %s: %s; %s\n", path ? path : "(no state file)", line,
+            first ? "nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED" : "keeping the last good state");
 }
 
 static int cmp_device_uuid(const void *a, const void *b) {
@@ -724,30 +726,30 @@ static int load(int first) {
     FILE *f;
     int rc = -1;
     if (!path) {
-        report(NULL, "DEVPLUG_NVML_STATE is not set (it names the mock-state JSON file)");
+        report(NULL, "DEVPLUG_NVML_STATE is not set (it names the mock-state JSON file)", first);
         return -1;
     }
     f = fopen(path, "rb");
     if (!f) {
         snprintf(err, sizeof err, "cannot read: %s", strerror(errno));
-        report(path, err);
+        report(path, err, first);
         return -1;
     }
     text = malloc(STATE_MAX_BYTES + 1);
     if (text) size = (long)fread(text, 1, STATE_MAX_BYTES + 1, f);
     fclose(f);
     if (!text) {
-        report(path, "out of memory");
+        report(path, "out of memory", first);
         return -1;
     }
     if (size > STATE_MAX_BYTES) {
-        report(path, "larger than 64 MiB");
+        report(path, "larger than 64 MiB", first);
     } else if (parse_state(text, (size_t)size, &s, err)) {
-        report(path, err);
+        report(path, err, first);
     } else {
         pthread_mutex_lock(&mu);
         rc = apply_state(&s, first);
-        if (rc) report(path, "out of memory");
+        if (rc) report(path, "out of memory", first);
         else last_error[0] = '\0';
         pthread_mutex_unlock(&mu);
         state_free(&s);

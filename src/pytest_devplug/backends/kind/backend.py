@@ -31,7 +31,7 @@ from ..base import (
 from ..k8s.api import KubeApi
 from ..k8s.node import MOCK_STATE_PATH, NodeOps
 from .cluster import ClusterManager, python_base_image
-from .deploy import STOP_LABEL, PluginImage, render_daemonsets, selector_of
+from .deploy import STOP_LABEL, PluginImage, mock_library_file, render_daemonsets, selector_of
 from .node import DockerExecTransport
 
 __all__ = ["KindBackend", "GPU_LABEL", "KUBELET_GRACE_PERIOD"]
@@ -281,8 +281,9 @@ class KindBackend:
                 return
             raise BackendError(f"a different plugin is already deployed on {node}; remove it first")
         if spec.mock:
-            # Before the DaemonSet: the plugin reads the state at start.
+            # Before the DaemonSet: the plugin reads the state and loads the library at start.
             self.write_mock_state(node, mockstate.initial_state(spec.gpus, spec.numa_nodes), _deploying=True)
+            self.nodeops.write_file(node, *mock_library_file())
         image = self.images.resolve(spec)
         self._load(image)
         daemonsets = render_daemonsets(spec, image)
