@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from pathlib import Path
@@ -216,3 +217,18 @@ def test_no_state_variable_is_a_clear_error(
     monkeypatch.delenv("DEVPLUG_NVML_STATE", raising=False)
     assert _code(Nvml(str(mock_lib_path)).init) == DRIVER_NOT_LOADED
     assert "DEVPLUG_NVML_STATE is not set" in capfd.readouterr().err
+
+
+def test_topology_answers_of_pcie_only_gpus(nvml: Nvml) -> None:
+    """go-gpuallocator (NVIDIA's GetPreferredAllocation) asks these: same NUMA node = NODE, else SYSTEM, no NVLink."""
+    h = nvml.handles()
+    level = ctypes.c_int()
+
+    def common(a: Handle, b: Handle) -> int:
+        nvml.call("nvmlDeviceGetTopologyCommonAncestor", a, b, ctypes.byref(level))
+        return level.value
+
+    assert (common(h[0], h[0]), common(h[0], h[1]), common(h[0], h[2])) == (0, 40, 50)
+    with pytest.raises(NvmlError) as info:
+        nvml.call("nvmlDeviceGetNvLinkState", h[0], ctypes.c_uint(0), ctypes.byref(level))
+    assert info.value.code == NOT_SUPPORTED

@@ -21,6 +21,7 @@ import pytest
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
+from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.process import PluginProcess
 
@@ -131,7 +132,8 @@ def dm_plugin(dm_dir: Path, dm_state: DmMockState) -> Iterator[Callable[..., Plu
     def start(*extra: str) -> PluginProcess:
         argv = [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}", "--resource-name", GPU,
                 "--nvml", "mock", "--mock-state", str(dm_state.path), *extra]
-        p = PluginProcess(argv, plugin_dir=dm_dir, log_path=dm_dir.parent / f"plugin{len(procs)}.log")
+        p = PluginProcess(argv, plugin_dir=dm_dir, log_path=dm_dir.parent / f"plugin{len(procs)}.log",
+                          env=mock_env(str(dm_state.path)))
         p.start()
         procs.append(p)
         return p

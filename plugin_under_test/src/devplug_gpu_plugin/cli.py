@@ -257,11 +257,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc = 1
     finally:
         server.stop()
-        monitor.stop()
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+        # Exiting: do not sit out the health thread's event wait (up to a second); NVML is shut down
+        # only when no thread is inside it, otherwise the process exit ends both.
+        if monitor.stop(timeout=0.1):
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
     log.info("stopped (exit %d)", rc)
     return rc
 

@@ -206,13 +206,21 @@ class HealthMonitor:
                 except Exception:
                     log.exception("health loop: cannot handle event")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop the loop; True when it ended within ``timeout`` (default: one event wait and a second).
+
+        Only then is the event set freed: a thread still inside ``nvmlEventSetWait`` must not have its
+        set freed under it. A process that is exiting passes a short timeout and skips the rest.
+        """
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(self.wait_ms / 1000 + 1)
+            self._thread.join(self.wait_ms / 1000 + 1 if timeout is None else timeout)
+            if self._thread.is_alive():
+                return False
         if self._event_set is not None:
             try:
                 pynvml.nvmlEventSetFree(self._event_set)
             except pynvml.NVMLError:
                 pass
             self._event_set = None
+        return True

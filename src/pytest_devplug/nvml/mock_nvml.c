@@ -10,10 +10,14 @@
  *              "lost": false, "fail_allocate": false}],
  *    "events": [{"uuid": "GPU-...", "xid": 79}]}
  *
- * The file is read at the first nvmlInit and re-read whenever it changes (inotify on its
- * directory, followed by a thread that sleeps in poll()). Each entry appended to "events" after
- * the first read is delivered once, to every event set that registered its GPU for Xid events,
- * as an nvmlEventTypeXidCriticalError; a waiter in nvmlEventSetWait wakes at once. A GPU with
+ * The file is read at every nvmlInit that finds the library uninitialised, and re-read whenever it
+ * changes while initialised (inotify on its directory, followed by a thread that sleeps in poll()).
+ * The events a file holds when this process first reads it are history. Each entry appended later
+ * is delivered once to every event set that registered its GPU for Xid events, as an
+ * nvmlEventTypeXidCriticalError, and a waiter in nvmlEventSetWait wakes at once. A set sees the
+ * events appended since the nvmlInit it was created under, also those from before it registered
+ * the GPU: a plugin that arms its health checks after registering with the kubelet (NVIDIA's)
+ * must not miss a fault injected in between. A GPU with
  * "lost": true answers NVML_ERROR_GPU_IS_LOST on its handle, and the next wait of each set that
  * registered it returns NVML_ERROR_GPU_IS_LOST once (NVML's documented answer when a GPU fell off
  * the bus). A malformed file never harms the host process: the last good state stays, and the
@@ -55,6 +59,9 @@ typedef enum {
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
 #define nvmlEventTypeXidCriticalError 0x0000000000000008LL
+#define NVML_TOPOLOGY_INTERNAL 0
+#define NVML_TOPOLOGY_NODE 40
+#define NVML_TOPOLOGY_SYSTEM 50
 #define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((ver) << 24U))
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -615,6 +622,8 @@ static size_t norder;
 static size_t events_seen; /* entries of "events" already taken (delivered or history) */
 static struct logged_event *event_log;
 static size_t nlog, log_cap;
+static size_t init_log_start; /* the log's length at the last nvmlInit: where new sets start */
+static char loaded_path[4096]; /* the state file this process read last ("" before the first) */
 static struct nvmlEventSet_st *sets;
 static char last_error[ERR_LEN];
 
@@ -647,7 +656,7 @@ static nvmlDevice_t known_device(nvmlDevice_t *sorted, const char *uuid) {
 }
 
 /* Adopt a parsed state (mu held): devices keep their handles; appended events join the log. */
-static int apply_state(struct state *s, int first) {
+static int apply_state(struct state *s, int fresh) {
     nvmlDevice_t *new_order = calloc(s->ngpus ? s->ngpus : 1, sizeof *new_order);
     nvmlDevice_t *sorted = malloc((ndevices ? ndevices : 1) * sizeof *sorted);
     size_t nfresh = 0;
@@ -682,8 +691,9 @@ static int apply_state(struct state *s, int first) {
     for (size_t i = 0; i < norder; i++)
         if (!order[i]) return norder = i, -1; /* out of memory part-way: keep what is consistent */
 
-    if (first || s->nevents < events_seen) {
-        if (!first)
+    if (fresh) nlog = init_log_start = 0; /* another file: another machine, its events are history */
+    if (fresh || s->nevents < events_seen) {
+        if (!fresh)
             fprintf(stderr, "mock libnvidia-ml: events shrank from %zu to %zu entries (the list is append-only); "
                             "only entries appended from now on are delivered\n", events_seen, s->nevents);
         events_seen = s->nevents; /* what is there already is history */
@@ -717,8 +727,9 @@ static const char *state_path(void) {
 }
 
 /* Read, parse and adopt the state file; problems are reported once and leave the state as it was. */
-static int load(int first) {
+static int load(int at_init) {
     const char *path = state_path();
+    int first = at_init; /* for report(): whether nvmlInit fails on this problem */
     char err[ERR_LEN];
     struct state s;
     char *text = NULL;
@@ -748,7 +759,8 @@ static int load(int first) {
         report(path, err, first);
     } else {
         pthread_mutex_lock(&mu);
-        rc = apply_state(&s, first);
+        rc = apply_state(&s, strcmp(path, loaded_path) != 0);
+        if (!rc) snprintf(loaded_path, sizeof loaded_path, "%s", path);
         if (rc) report(path, "out of memory", first);
         else last_error[0] = '\0';
         pthread_mutex_unlock(&mu);
@@ -824,6 +836,9 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     pthread_mutex_lock(&init_mu);
     if (refcount == 0) {
         last_error[0] = '\0'; /* each start says what is wrong with the file */
+        pthread_mutex_lock(&mu);
+        init_log_start = nlog;
+        pthread_mutex_unlock(&mu);
         if (load(1)) {
             pthread_mutex_unlock(&init_mu);
             return NVML_ERROR_DRIVER_NOT_LOADED;
@@ -1024,6 +1039,26 @@ API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current
     return leave(rc ? rc : NVML_ERROR_NOT_SUPPORTED);
 }
 
+/* PCIe-only GPUs (no NVLink): the same NUMA node is NODE, anything else SYSTEM. */
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, int *pathInfo) {
+    nvmlReturn_t rc = enter(device1);
+    if (rc) return leave(rc);
+    if (!device2 || device2->magic != DEVICE_MAGIC || !device2->present || !pathInfo) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (device2->gpu.lost) return leave(NVML_ERROR_GPU_IS_LOST);
+    if (device1 == device2) *pathInfo = NVML_TOPOLOGY_INTERNAL;
+    else if (device1->gpu.has_numa && device2->gpu.has_numa && device1->gpu.numa_node == device2->gpu.numa_node)
+        *pathInfo = NVML_TOPOLOGY_NODE;
+    else *pathInfo = NVML_TOPOLOGY_SYSTEM;
+    return leave(NVML_SUCCESS);
+}
+
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) {
+    nvmlReturn_t rc = enter(device);
+    (void)link;
+    if (!rc && !isActive) rc = NVML_ERROR_INVALID_ARGUMENT;
+    return leave(rc ? rc : NVML_ERROR_NOT_SUPPORTED);
+}
+
 API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
     nvmlReturn_t rc = enter(device);
     if (!rc && !types) rc = NVML_ERROR_INVALID_ARGUMENT;
@@ -1044,7 +1079,7 @@ API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     nvmlEventSet_t s = rc ? NULL : calloc(1, sizeof *s);
     if (!rc && !s) rc = NVML_ERROR_UNKNOWN;
     if (!rc) {
-        s->cursor = nlog, s->next = sets, sets = s;
+        s->cursor = init_log_start, s->next = sets, sets = s;
         *set = s;
     }
     pthread_mutex_unlock(&mu);
