@@ -31,7 +31,7 @@ from .backends.base import (
     UnsupportedOperationError,
 )
 from .evidence import DevplugAssertionError
-from .faults import FaultInjector, FaultNotSupportedError, MockNvmlFaults
+from .faults import FaultInjector, FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults
 from .handles import (
     ClusterHandle,
     MockControlsUnavailableError,
@@ -65,6 +65,7 @@ __all__ = [
     "MockControlsUnavailableError",
     "MockNvml",
     "MockNvmlFaults",
+    "NvmlXidFaults",
     "MountView",
     "NodeHandle",
     "NodeSpec",

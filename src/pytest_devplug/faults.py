@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from .handles import PluginHandle
 
-__all__ = ["FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "CONTRACT"]
+__all__ = ["FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT"]
 
 #: What a ``devplug_faults`` fixture must return, in one line (quoted by skips and errors).
 CONTRACT = (
@@ -95,5 +95,50 @@ class MockNvmlFaults:
         self._mock.remove_gpu(device_id)
 
 
+class NvmlXidFaults:
+    """The contract for someone else's plugin on the mock NVML (e.g. NVIDIA's k8s-device-plugin): only
+    what NVML itself says, with the meaning every NVML plugin gives it.
+
+    Unhealthy is a critical Xid (79: the GPU fell off the bus). The other faults have no NVML meaning,
+    or none NVML plugins agree on, so they raise :class:`FaultNotSupportedError` saying why (the tests
+    needing them skip, quoting it): NVML reports no recovery, and NVIDIA's plugin keeps a GPU Unhealthy
+    after a critical Xid until it restarts; NVML has no hot-plug event, and NVIDIA's plugin enumerates
+    GPUs once at start; ``fail_allocate`` is read by the included plugin only.
+    """
+
+    def __init__(self, plugin: PluginHandle) -> None:
+        self._mock = plugin.mock
+
+    @property
+    def device_ids(self) -> list[str]:
+        return self._mock.uuids
+
+    def set_unhealthy(self, device_id: str) -> None:
+        self._mock.inject_xid(device_id, 79)
+
+    def set_healthy(self, device_id: str) -> None:
+        raise FaultNotSupportedError(
+            "NVML has no event for a GPU that recovered; after a critical Xid NVIDIA's k8s-device-plugin keeps "
+            "the GPU Unhealthy until it restarts (clearing it on a lost-and-back GPU is the included plugin's policy)"
+        )
+
+    def fail_allocate(self, device_id: str | None = None) -> None:
+        raise FaultNotSupportedError(
+            "a failing Allocate has no NVML meaning: fail_allocate in the mock-NVML state is read by the included "
+            "plugin only"
+        )
+
+    def add_device(self) -> str:
+        raise FaultNotSupportedError(
+            "NVML has no hot-plug event: a plugin such as NVIDIA's k8s-device-plugin enumerates GPUs once at start"
+        )
+
+    def remove_device(self, device_id: str) -> None:
+        raise FaultNotSupportedError(
+            "NVML has no hot-unplug event: a plugin such as NVIDIA's k8s-device-plugin enumerates GPUs once at start"
+        )
+
+
 # Conformance stated where a type checker sees it (the fixture is annotated with the Protocol too).
 _: type[FaultInjector] = MockNvmlFaults
+_xid: type[FaultInjector] = NvmlXidFaults

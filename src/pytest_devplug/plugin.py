@@ -40,7 +40,7 @@ from .backends.base import (
 )
 from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
-from .faults import CONTRACT, FaultInjector, MockNvmlFaults
+from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
 from .report import ReportWriter, note_run
 
@@ -555,11 +555,13 @@ def devplug_plugin(
 def devplug_faults(devplug_plugin: PluginHandle, devplug_settings: DevplugSettings) -> FaultInjector:
     """How the fault tests make the plugin's devices fail (a :class:`~pytest_devplug.faults.FaultInjector`).
 
-    Default: the mock NVML for a plugin that reads the mock-state file (``--devplug-mock``). For another
-    plugin, override this fixture in your conftest.py; lives for one test, after which the plugin is
-    redeployed. Without an injector a test asking for it skips (``--devplug-missing-faults=fail``: fails)."""
+    Default: the mock NVML for a plugin that reads the mock-state file (``--devplug-mock``): every fault
+    for the included plugin, the ones NVML itself can express for another plugin on the mock NVML
+    (:class:`~pytest_devplug.faults.NvmlXidFaults`). For another plugin, override this fixture in your
+    conftest.py; lives for one test, after which the plugin is redeployed. Without an injector a test
+    asking for it skips (``--devplug-missing-faults=fail``: fails)."""
     if devplug_plugin.has_mock:
-        return MockNvmlFaults(devplug_plugin)
+        return MockNvmlFaults(devplug_plugin) if devplug_settings.included_plugin else NvmlXidFaults(devplug_plugin)
     reason = (
         f"needs a fault injector: the plugin under test ({devplug_plugin.resource_name}) does not read the "
         f"mock-NVML state and no conftest overrides the devplug_faults fixture to return a {CONTRACT}"

@@ -6,6 +6,7 @@ from .test_checkpoint import *  # noqa: F403
 from .test_health import *  # noqa: F403
 from .test_lifecycle import *  # noqa: F403
 from .test_limits import *  # noqa: F403
+from .test_nvml import *  # noqa: F403
 from .test_podresources import *  # noqa: F403
 from .test_prestart import *  # noqa: F403
 from .test_registration import *  # noqa: F403

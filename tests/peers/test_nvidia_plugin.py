@@ -1,0 +1,66 @@
+"""NVIDIA's k8s-device-plugin v0.17.4 under the conformance suite, on the mock libnvidia-ml.so.1.
+
+Built from its Go module by ``peers/build.sh`` (cached per version) and started with its plain command
+line, ``nvidia-device-plugin --device-discovery-strategy nvml`` (it hard-codes
+``/var/lib/kubelet/device-plugins``: the embedded kubelet runs it in a private mount namespace).
+``--mock`` hands it the mock NVML, which go-nvml ``dlopen``s: four A100s on two NUMA nodes. Verdict: 0
+failed, 0 errors; registration, counts, the health tests (a critical Xid makes that GPU Unhealthy,
+application Xids leave it Healthy, a running pod's device turns Unhealthy), ``NVIDIA_VISIBLE_DEVICES``
+with the UUIDs (the ``ids-visible`` convention), re-registration after a kubelet restart and checkpoint
+survival pass; every skip names how NVIDIA's plugin legitimately differs from the included one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+SUITE_TIMEOUT_S = 900
+MUST_PASS = (
+    "test_registers_its_resource",
+    "test_critical_xid_turns_that_gpu_unhealthy",
+    "test_application_xids_leave_the_gpu_healthy",
+    "test_device_turning_unhealthy_under_running_pod",
+    "test_convention_ids_visible_in_injections",
+    "test_reregisters_after_kubelet_restart",
+    "test_checkpoint_survives_kubelet_restart",
+)
+#: What NVIDIA's plugin lacks or does differently: faults with no NVML meaning (recovery, hot-plug,
+#: fail_allocate), no PreStartContainer, NUMA read from sysfs rather than NVML (so no topology here),
+#: and convention checks it does not declare (skipped by design).
+ALLOWED_SKIPS = re.compile(r"NVML|pre_start_required|topology|NUMA|convention check", re.I)
+
+
+def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    binary = peer_binary("nvidia-device-plugin")
+    junit = tmp_path / "junit.xml"
+    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
+    argv = [
+        devplug, "conformance", "--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock",
+        "--", "-p", "no:randomly", "--devplug-conventions", "ids-visible", f"--junitxml={junit}",
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
+    output = (done.stdout + done.stderr)[-8000:]
+    assert junit.exists(), f"devplug conformance exited {done.returncode} without a junit report:\n{output}"
+    passed, failed, skipped = [], [], {}
+    for case in ET.parse(junit).iter("testcase"):
+        name = case.get("name", "?")
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skip = case.find("skipped")
+        if bad is not None:
+            failed.append(f"{name}: {bad.get('message', '')}")
+        elif skip is not None:
+            skipped[name] = skip.get("message", "")
+        else:
+            passed.append(name)
+    assert not failed, "NVIDIA's plugin: failed/errors:\n" + "\n".join(failed) + "\n" + output
+    assert done.returncode == 0, output
+    missing = [t for t in MUST_PASS if t not in passed]
+    assert not missing, f"expected to run and pass: {missing}; skipped: {skipped}"
+    unexplained = {t: r for t, r in skipped.items() if not ALLOWED_SKIPS.search(r)}
+    assert not unexplained, f"skips that name no difference of NVIDIA's plugin: {unexplained}"
