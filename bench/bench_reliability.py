@@ -52,6 +52,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb  # noqa: E402
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc  # noqa: E402
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc  # noqa: E402
 from pytest_devplug.cli import main as devplug  # noqa: E402
+from pytest_devplug.nvml import mock_env  # noqa: E402
 from pytest_devplug.sim.checkpoint import CheckpointData, CheckpointFormatError, decode, encode  # noqa: E402
 from pytest_devplug.sim.cluster import SimCluster  # noqa: E402
 from pytest_devplug.sim.devicemanager import DeviceManager  # noqa: E402
@@ -347,7 +348,8 @@ def bench_admission(ops: int, work: Path) -> Row:
     with SimCluster() as cluster:
         node = cluster.add_node("node-1")
         node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}",
-                           "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)])
+                           "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)],
+                          env=mock_env(str(state)))
         deadline = time.monotonic() + 30
         while node.allocatable().get(GPU) != "4":
             if time.monotonic() > deadline:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from reliability_support import RELIABILITY, examples
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
+from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.errors import NotFoundError
 from pytest_devplug.sim.kubelet import SimNode
@@ -49,7 +50,8 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimC
     with SimCluster() as cluster:
         node = cluster.add_node("node-1")
         node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}",
-                           "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)])
+                           "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)],
+                          env=mock_env(str(state)))
         wait_for(lambda: node.allocatable().get(GPU), lambda v: v == str(GPUS), what=f"{GPUS} GPUs allocatable", timeout=30)
         yield cluster, node
 
