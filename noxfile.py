@@ -95,7 +95,7 @@ def e2e(session: nox.Session) -> None:
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test
     that cannot get its cluster fails instead of skipping. ``DEVPLUG_E2E_CLUSTER`` names the cluster.
     """
-    _install(session)
+    _install(session, "pip")  # the plugin image bakes wheels made by `python -m pip wheel` (uv venvs have no pip)
     ensure = ROOT.parent / "shared" / "ci" / "ensure-docker"
     if ensure.exists():
         session.run("bash", str(ensure), external=True)
