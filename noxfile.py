@@ -80,10 +80,12 @@ def proto(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON[0])
 def bench(session: nox.Session) -> None:
-    """Benchmarks of the embedded kubelet and of failing a broken plugin fast (results go to bench/RESULTS.md by hand)."""
-    _install(session)
+    """Benchmarks of the embedded kubelet, of failing a broken plugin fast and of reliability under hostile
+    input (results go to bench/RESULTS.md by hand)."""
+    _install(session, HYPOTHESIS)
     session.run("python", "bench/bench_sim.py", *session.posargs)
     session.run("python", "bench/bench_fail_fast.py")
+    session.run("python", "bench/bench_reliability.py")
 
 
 @nox.session(python=PYTHON[0])
