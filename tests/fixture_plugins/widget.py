@@ -91,12 +91,29 @@ while True:
         if stop.wait(0.5):
             sys.exit(0)
 print("widget: registered", args.resource_name, flush=True)
+
+
+def kubelet_identity() -> tuple[int, int] | None:
+    """kubelet.sock's inode and change time: a new socket may reuse the old one's inode number."""
+    try:
+        st = os.stat(KUBELET)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
+# Like upstream's stub: a new kubelet.sock means a restarted kubelet, which deleted our socket too (reacting
+# to our own socket's removal instead races the kubelet's clean-up and can register over a socket it deletes).
+seen = kubelet_identity()
 while not stop.wait(0.1):
-    if not os.path.exists(SOCK):  # the kubelet restarted and removed our socket
-        server.stop(0)
-        server = serve()
-        try:
-            register()
-        except grpc.RpcError as exc:
-            print("widget: re-register failed:", exc.details(), flush=True)
+    now = kubelet_identity()
+    if now is None or now == seen:
+        continue
+    server.stop(0)
+    server = serve()
+    try:
+        register()
+        seen = now
+    except grpc.RpcError as exc:
+        print("widget: re-register failed (will retry):", exc.details(), flush=True)
 server.stop(0)
