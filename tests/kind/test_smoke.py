@@ -20,6 +20,8 @@ import yaml
 
 from kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
 
+from pytest_devplug.backends.kind.deploy import mock_library_file
+
 pytestmark = pytest.mark.kind
 
 PLUGIN_DIR = REPO / "plugin_under_test"
@@ -146,6 +148,13 @@ def test_plugin_advertises_mock_gpus(kind_cluster: KindCluster, tmp_path: Path) 
     node = kind_cluster.node_container(GPU_LABEL)
     n_gpus = int(os.environ.get("DEVPLUG_KIND_GPUS", "4"))
     kind_cluster.write_node_file(node, MOCK_STATE, _mock_state(n_gpus))
+    # The included plugin's --nvml mock loads the harness's mock libnvidia-ml.so.1 from the node (the
+    # DaemonSet's hostPath and LD_LIBRARY_PATH), as the kind backend hands it over.
+    lib_path, lib_bytes = mock_library_file()
+    local_lib = tmp_path / os.path.basename(lib_path)
+    local_lib.write_bytes(lib_bytes)
+    run(["docker", "exec", node, "mkdir", "-p", os.path.dirname(lib_path)])
+    run(["docker", "cp", str(local_lib), f"{node}:{lib_path}"])
     kind_cluster.kubectl("apply", "-f", "-", input=_plugin_manifest(PLUGIN_IMAGE))
 
     def advertised() -> tuple[str, str] | None:
