@@ -52,6 +52,7 @@ def tests_lowest(session: nox.Session) -> None:
     that stops working fails here.
     """
     session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
+    session.install(HYPOTHESIS)  # a test tool, not a dependency: any release of it will do
     session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
                 "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
     # Left out: the stub drift test (needs the pinned generator, i.e. the newest grpcio) and the distribution
