@@ -21,13 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cluster import SimCluster
+
+from bench_sim import wait  # same folder: the benchmarks share one spin-wait
 
 GPU = "nvidia.com/gpu"
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,16 +38,6 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, path)
-
-
-def wait(fn: Callable[[], bool], what: str, timeout: float = 60.0) -> float:
-    """Spin (0.5 ms sleeps) until ``fn()``; returns the monotonic time it became true."""
-    deadline = time.monotonic() + timeout
-    while not fn():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.0005)
-    return time.monotonic()
 
 
 def alloc(c: SimCluster, node: str) -> int | None:
@@ -77,13 +68,13 @@ def bench_latency(kind: str, runs: int, tmp: Path) -> list[float]:
     with SimCluster(grace_period=300.0) as c:
         node = c.add_node("node-1")
         node.start_plugin(argv, env=mock_env(str(state_path)), standard_paths=standard)
-        wait(lambda: alloc(c, "node-1") == runs + 1, f"{runs + 1} GPUs allocatable")
+        wait(lambda: alloc(c, "node-1") == runs + 1, f"{runs + 1} GPUs allocatable", timeout=60)
         time.sleep(1.0)  # let the plugin reach its event wait
         for r in range(runs):
             state = mockstate.with_xid(state, mockstate.gpu_uuid(r), 79)
             t0 = time.monotonic()
             write_state(state_path, state)
-            out.append(wait(lambda r=r: alloc(c, "node-1") == runs - r, "allocatable to drop") - t0)  # type: ignore[misc]
+            out.append(wait(lambda r=r: alloc(c, "node-1") == runs - r, "allocatable to drop", timeout=60) - t0)  # type: ignore[misc]
             time.sleep(0.2)
     return out
 

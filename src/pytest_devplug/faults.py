@@ -64,12 +64,8 @@ class FaultInjector(Protocol):
         ...
 
 
-class MockNvmlFaults:
-    """The contract on the mock NVML: edits the mock-state JSON (``lost``, ``fail_allocate``, ``gpus``).
-
-    Unhealthy is a lost GPU (not an Xid) so that :meth:`set_healthy` can undo it: the included
-    plugin's health policy keeps a GPU with a critical Xid Unhealthy until it is reset.
-    """
+class _OnMockState:
+    """An injector that acts through the plugin's mock-NVML state (``PluginHandle.mock``)."""
 
     def __init__(self, plugin: PluginHandle) -> None:
         self._mock = plugin.mock
@@ -77,6 +73,15 @@ class MockNvmlFaults:
     @property
     def device_ids(self) -> list[str]:
         return self._mock.uuids
+
+
+class MockNvmlFaults(_OnMockState):
+    """The contract on the mock NVML: edits the mock-state JSON (``lost``, ``fail_allocate``, ``gpus``).
+
+    Unhealthy is a lost GPU (not an Xid) so that :meth:`set_healthy` can undo it: the included
+    plugin's health policy keeps a GPU with a critical Xid Unhealthy until it is reset.
+    """
+
 
     def set_unhealthy(self, device_id: str) -> None:
         self._mock.set_lost(device_id)
@@ -95,7 +100,7 @@ class MockNvmlFaults:
         self._mock.remove_gpu(device_id)
 
 
-class NvmlXidFaults:
+class NvmlXidFaults(_OnMockState):
     """The contract for someone else's plugin on the mock NVML (e.g. NVIDIA's k8s-device-plugin): only
     what NVML itself says, with the meaning every NVML plugin gives it.
 
@@ -106,12 +111,6 @@ class NvmlXidFaults:
     GPUs once at start; ``fail_allocate`` is read by the included plugin only.
     """
 
-    def __init__(self, plugin: PluginHandle) -> None:
-        self._mock = plugin.mock
-
-    @property
-    def device_ids(self) -> list[str]:
-        return self._mock.uuids
 
     def set_unhealthy(self, device_id: str) -> None:
         self._mock.inject_xid(device_id, 79)
