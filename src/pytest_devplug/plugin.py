@@ -171,7 +171,8 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "conventions",
         "opt-in checks of plugin-family conventions the kubelet does not require, comma-separated, or none: "
         + "; ".join(f"{k}: {v}" for k, v in CONVENTIONS.items())
-        + ". Default: all for the included plugin, none for --devplug-plugin-cmd/-image/-manifest",
+        + ". Default: all for the included plugin (also from --devplug-plugin-image alone), none for "
+        "--devplug-plugin-cmd/-manifest",
         {},
     ),
 ]
@@ -204,7 +205,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=None,
         help="the plugin under test reads the mock-NVML state file (fault controls available); "
-        "default: yes for the included plugin, no for --devplug-plugin-cmd/-image",
+        "default: yes for the included plugin (also from --devplug-plugin-image alone), no for --devplug-plugin-cmd/-manifest",
     )
     group.addoption("--devplug-no-mock", dest="devplug_mock", action="store_false", help="the plugin has no mock controls")
     parser.addini("devplug_mock", "see --devplug-mock", type="bool", default=None)
@@ -259,7 +260,9 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     cmd = _opt(config, "devplug_plugin_cmd")
     image = _opt(config, "devplug_plugin_image")
     manifest = _opt(config, "devplug_plugin_manifest")
-    custom = bool(cmd or image or manifest)
+    # An image without a manifest is deployed with the included plugin's own DaemonSet (its DP_* settings), so
+    # it is the included plugin, built elsewhere (e.g. pushed to the cluster's registry): the same defaults.
+    custom = bool(cmd or manifest)
     mock = _opt(config, "devplug_mock")
     mock = (not custom) if mock is None else bool(mock)
     pre_start = _opt(config, "devplug_pre_start_required")

@@ -157,6 +157,25 @@ def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
     pytester.runpytest("--devplug-backend=docker").stderr.fnmatch_lines(["*invalid choice*"])
 
 
+def test_an_image_alone_is_the_included_plugin(pytester: pytest.Pytester) -> None:
+    """An image without a manifest is deployed with the included plugin's DaemonSet: its defaults (mock,
+    conventions, every fault) apply; with a manifest or a command line it is someone else's plugin."""
+    check = """
+        from pytest_devplug.plugin import CONVENTIONS
+
+        def test_settings(devplug_settings):
+            s = devplug_settings
+            assert s.included_plugin is {0}
+            assert s.plugin.mock is {0} and s.plugin.pre_start_required is {0}
+            assert s.plugin.conventions == (frozenset(CONVENTIONS) if {0} else frozenset())
+        """
+    pytester.makepyfile(test_included=check.format(True), test_other=check.format(False))
+    image = "--devplug-plugin-image=reg.example/gpu:1"
+    pytester.runpytest(image, "test_included.py").assert_outcomes(passed=1)
+    pytester.runpytest(image, "--devplug-plugin-manifest=ds.yaml", "test_other.py").assert_outcomes(passed=1)
+    pytester.runpytest("--devplug-plugin-cmd=./p", "test_other.py").assert_outcomes(passed=1)
+
+
 def test_evidence_quotes_only_the_current_tests_kubelet_lines() -> None:
     """Sim (klog, local time) and kind (journal short-iso) lines before the window are left out."""
     import time as _time
