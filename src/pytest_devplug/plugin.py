@@ -37,6 +37,7 @@ from .backends.base import (
     BackendUnavailableError,
     NodeSpec,
     PluginSpec,
+    UnsupportedOperationError,
 )
 from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
@@ -616,6 +617,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     item.config.stash[_NEXT_WINDOW] = time.time()
 
 
+def _backend_cannot(report: pytest.TestReport, call: pytest.CallInfo[None]) -> bool:
+    return report.failed and call.when != "teardown" and call.excinfo is not None and \
+        call.excinfo.errisinstance(UnsupportedOperationError)
+
+
 def _uses_devplug(item: pytest.Item) -> bool:
     return any(f.startswith("devplug_") for f in getattr(item, "fixturenames", ()))
 
@@ -639,6 +645,12 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Attach the cluster's evidence to a failed test's report (before teardown changes it)."""
     report = yield
+    if _backend_cannot(report, call) and _uses_devplug(item):
+        # No verdict is possible where the backend lacks the ability (e.g. stopping an adopted plugin on
+        # the cluster backend): a skip quoting why, not an error blamed on the plugin.
+        assert call.excinfo is not None
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), 0, f"Skipped: {call.excinfo.value}")  # labelled just below
     if report.skipped and isinstance(report.longrepr, tuple) and _uses_devplug(item):
         report.longrepr = _labelled_skip(item, report.longrepr)
     if not report.failed or call.excinfo is None or call.when == "teardown":

@@ -84,6 +84,19 @@ def _leftover_processes(sid: int, marker: str) -> list[str]:
     return found
 
 
+def test_an_ability_the_backend_lacks_is_a_skip_quoting_why(pytester: pytest.Pytester) -> None:
+    """UnsupportedOperationError (sim answers only some exec commands) gives no verdict on the plugin."""
+    pytester.makepyfile(
+        test_a="""
+        def test_uname(devplug_pod):
+            devplug_pod(count=1, wait=True).exec("uname", "-a")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs", timeout=120)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*test_uname: *uname*"])
+
+
 def test_ctrl_c_leaves_no_process_socket_or_temp_dir(tmp_path: Path) -> None:
     """Interrupt ``devplug conformance`` mid-run (SIGINT to its process group, as a terminal does)."""
     tmp = Path(tempfile.mkdtemp(prefix="dpc-", dir="/tmp"))  # short: Unix socket paths live under it
