@@ -91,8 +91,9 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON[0])
 def e2e(session: nox.Session) -> None:
-    """The kind tier: smoke and multi-node tests (kind backend), the conformance suite on a kind cluster made
-    with kind's CLI and reached only through its kubeconfig (cluster backend), sim-vs-kind differentials.
+    """The kind tier: smoke and multi-node tests and NVIDIA's plugin under the suite (kind backend), the
+    conformance suite on a kind cluster made with kind's CLI and reached only through its kubeconfig (cluster
+    backend), sim-vs-kind differentials.
 
     Where no container registry answers, kind-config/offline/build-all.sh builds the node and Python base
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test
@@ -105,7 +106,8 @@ def e2e(session: nox.Session) -> None:
     built = session.run("bash", "kind-config/offline/build-all.sh", "--auto", external=True, silent=True)
     offline = dict(line.split("=", 1) for line in str(built or "").splitlines() if line.startswith("DEVPLUG_"))
     env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", ""), **offline}
-    session.run("pytest", "-m", "kind", "tests/kind", *session.posargs, env=env)
+    # NVIDIA's plugin as a DaemonSet (peers/nvidia/), its image built here, on its own single-node cluster.
+    session.run("pytest", "-m", "kind", "tests/kind", "tests/peers/test_nvidia_plugin.py", *session.posargs, env=env)
     kind = offline.get("DEVPLUG_KIND_BIN") or _last_line(
         session.run("bash", "kind-config/offline/ensure-kind.sh", external=True, silent=True)
     )

@@ -72,3 +72,13 @@ def peer_binary() -> Callable[[str], Path]:
         return built[name]
 
     return get
+
+
+@pytest.fixture
+def docker_available() -> None:
+    """Skips without a ``docker`` CLI (the kind peers build images and run kind), failing instead under CI."""
+    if shutil.which("docker") is None:
+        reason = "no `docker` on PATH: cannot build a peer's image or run kind"
+        if _ci():
+            pytest.fail(reason + " (CI=true: the kind tier must run there)", pytrace=False)
+        pytest.skip(reason)
