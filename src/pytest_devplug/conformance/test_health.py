@@ -7,6 +7,7 @@ provides); without one these tests skip naming the contract to implement.
 from __future__ import annotations
 
 from pytest_devplug import FaultInjector, PluginHandle, PodFactory, assert_allocatable
+from pytest_devplug.waiting import wait_for
 
 from ._support import fault
 
@@ -40,7 +41,10 @@ def test_device_turning_unhealthy_under_running_pod(
     assert_allocatable(devplug_plugin, n - 1, capacity=n)
     assert pod.phase == "Running", f"a device going unhealthy must not evict its pod: {pod.phase} {pod.reason}"
     assert pod.restart_count == 0, f"the container restarted {pod.restart_count} times"
-    assert pod.device_health == {dev: "Unhealthy"}, f"allocatedResourcesStatus: {pod.device_health}"
+    # A real kubelet writes the pod's status on its own pod sync after the health update, not with the node's
+    # allocatable: wait for it (bounded) rather than read it once.
+    want = {dev: "Unhealthy"}
+    wait_for(lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}")
     assert pod.allocated_devices == [dev]
 
 
