@@ -156,7 +156,8 @@ def _conformance_on_cluster(
         session.run(
             "python", "-c",
             "import pathlib, tempfile; from pytest_devplug.backends.kind.deploy import PluginImage; "
-            "print(PluginImage(pathlib.Path(tempfile.mkdtemp(prefix='devplug-img-'))).included())",
+            "print(PluginImage(pathlib.Path(tempfile.mkdtemp(prefix='devplug-img-', dir=%r))).included())"
+            % str(Path(kubeconfig).parent),  # inside the session's temp dir: removed with it
             silent=True,
         )
     )  # fmt: skip

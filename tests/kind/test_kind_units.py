@@ -26,8 +26,11 @@ def test_without_docker_the_backend_says_so(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker, no kind
     backend = create_backend("kind", BackendOptions())
     assert isinstance(backend, KindBackend)
-    with pytest.raises(BackendUnavailableError, match="working Docker engine"):
-        backend.start()
+    try:
+        with pytest.raises(BackendUnavailableError, match="working Docker engine"):
+            backend.start()
+    finally:
+        backend.close()  # its work dir
 
 
 def test_grace_period_is_the_kubelets_constant() -> None:
@@ -121,22 +124,25 @@ def test_image_names_follow_the_offline_scripts_prefix(monkeypatch: pytest.Monke
 def test_plugin_exit_reports_a_container_that_cannot_come_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Waits stop on CrashLoopBackOff (or an image that cannot be pulled), not on a pod still starting."""
     backend = KindBackend(BackendOptions())
-    backend._plugins["n1"] = object()  # type: ignore[assignment]
-    pods: list[dict[str, object]] = []
-    monkeypatch.setattr(backend, "_plugin_pods", lambda node: pods)
+    try:
+        backend._plugins["n1"] = object()  # type: ignore[assignment]
+        pods: list[dict[str, object]] = []
+        monkeypatch.setattr(backend, "_plugin_pods", lambda node: pods)
 
-    def pod(state: dict[str, object], last: dict[str, object] | None = None) -> dict[str, object]:
-        status = {"name": "plugin", "state": state, "lastState": {"terminated": last} if last else {}}
-        return {"metadata": {"name": "dp-x"}, "status": {"containerStatuses": [status]}}
+        def pod(state: dict[str, object], last: dict[str, object] | None = None) -> dict[str, object]:
+            status = {"name": "plugin", "state": state, "lastState": {"terminated": last} if last else {}}
+            return {"metadata": {"name": "dp-x"}, "status": {"containerStatuses": [status]}}
 
-    assert backend.plugin_exit("n1") is None  # no pod yet
-    pods[:] = [pod({"waiting": {"reason": "ContainerCreating"}})]
-    assert backend.plugin_exit("n1") is None
-    pods[:] = [pod({"waiting": {"reason": "CrashLoopBackOff"}}, {"exitCode": 3})]
-    assert backend.plugin_exit("n1") == "container plugin of pod dp-x is CrashLoopBackOff, last exit code 3"
-    pods[:] = [pod({"waiting": {"reason": "ImagePullBackOff"}})]
-    assert backend.plugin_exit("n1") == "container plugin of pod dp-x is ImagePullBackOff"
-    assert backend.plugin_exit("other-node") is None
+        assert backend.plugin_exit("n1") is None  # no pod yet
+        pods[:] = [pod({"waiting": {"reason": "ContainerCreating"}})]
+        assert backend.plugin_exit("n1") is None
+        pods[:] = [pod({"waiting": {"reason": "CrashLoopBackOff"}}, {"exitCode": 3})]
+        assert backend.plugin_exit("n1") == "container plugin of pod dp-x is CrashLoopBackOff, last exit code 3"
+        pods[:] = [pod({"waiting": {"reason": "ImagePullBackOff"}})]
+        assert backend.plugin_exit("n1") == "container plugin of pod dp-x is ImagePullBackOff"
+        assert backend.plugin_exit("other-node") is None
+    finally:
+        backend.close()  # its work dir
 
 
 @pytest.mark.parametrize("cid", ["abc; touch /pwned", "$(reboot)", "a" * 63, "A" * 64, "-s", "0" * 64 + "\n"])
