@@ -14,6 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import (
+    BackendError,
+    BackendUnavailableError,
+    ObjectNotFoundError,
+    PodRejectedError,
+    UnsupportedOperationError,
+)
+
 __all__ = [
     "Backend",
     "BackendError",
@@ -39,18 +47,6 @@ __all__ = [
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
 
 JSONDict = dict[str, Any]
-
-
-class BackendError(Exception):
-    """A backend operation failed for a reason outside the plugin under test."""
-
-
-class BackendUnavailableError(BackendError):
-    """The selected backend cannot run here (not implemented yet, missing tool, no cluster)."""
-
-
-class UnsupportedOperationError(BackendError):
-    """The backend cannot answer this question honestly (e.g. an ``exec`` the sim cannot emulate)."""
 
 
 @dataclass(frozen=True)
@@ -358,16 +354,6 @@ class Backend(Protocol):
         """Change the grace period (sim only; kind raises ``UnsupportedOperationError``)."""
 
 
-class PodRejectedError(BackendError):
-    """The API server refused a pod (``status`` 422 with the validation message)."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
 __all__ += ["PodRejectedError"]
 
 
@@ -400,10 +386,6 @@ class BackendOptions:
 
 
 __all__ += ["BackendOptions"]
-
-
-class ObjectNotFoundError(BackendError):
-    """The pod (or node) asked for does not exist."""
 
 
 __all__ += ["ObjectNotFoundError"]
