@@ -50,7 +50,7 @@ def pod(name: str, gpus: int | str | None = 1, *, requests: Any = None, node_nam
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body}
 
 
-def wait_for(fn: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float = 10.0, interval: float = 0.02) -> T:
+def wait_for(fn: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float = 60.0, interval: float = 0.02) -> T:
     """Poll ``fn`` until ``ok(value)``; fail with the expectation and the last value seen."""
     deadline = time.monotonic() + timeout
     value = fn()
