@@ -18,7 +18,7 @@ from pytest_devplug.backends.base import parse_checkpoint
 from pytest_devplug.handles import PodHandle
 from pytest_devplug.waiting import wait_for
 
-from conftest import REPLICAS, Side
+from .diff_helpers import REPLICAS, Side
 
 pytestmark = [pytest.mark.kind]
 

@@ -22,10 +22,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 
 RESOURCE = "example.com/gpu"
 SOCKET = "devplug-example.com-gpu.sock"
-#: Bound of every event-driven wait (a registration, a ListAndWatch message, a log line, an exit). Generous on
-#: purpose: a passing wait ends as soon as its event comes, so the bound costs nothing then, and on 2 busy cores
-#: a plugin's Python start alone (grpc, pynvml imports) was seen to take over 10 s.
-WAIT = 60.0
+from ..support import WAIT
 
 # Lexical UUID order is the reverse of minor order, so "stable order" tests tell them apart.
 UUIDS = [f"GPU-{9 - i}{i}000000-0000-4000-8000-00000000000{i}" for i in range(4)]

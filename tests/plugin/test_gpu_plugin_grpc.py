@@ -14,7 +14,7 @@ import pytest
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 
-from gpu_plugin_helpers import RESOURCE, SOCKET, UUIDS, WAIT, FakeKubelet, MockStateFile
+from .gpu_plugin_helpers import RESOURCE, SOCKET, UUIDS, WAIT, FakeKubelet, MockStateFile
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reliability_support import RELIABILITY, examples
+from .reliability_support import RELIABILITY, examples
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
 from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cluster import SimCluster
@@ -24,7 +24,9 @@ from pytest_devplug.sim.errors import NotFoundError
 from pytest_devplug.sim.kubelet import SimNode
 from pytest_devplug.waiting import wait_for
 
-GPU = "nvidia.com/gpu"
+from ..support import RESOURCE
+
+GPU = RESOURCE
 GPUS = 4
 
 

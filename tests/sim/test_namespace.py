@@ -19,7 +19,7 @@ from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.sim import launcher
 from pytest_devplug.sim.cluster import SimCluster
 
-from _helpers import allocatable, wait_for
+from ._helpers import allocatable, wait_for
 
 WIDGET = Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py"
 LAUNCHER = [sys.executable, "-I", "-S", launcher.__file__]
