@@ -5,10 +5,8 @@ two pods, every admitted pod holds what it asked for, and nothing leaks once all
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
