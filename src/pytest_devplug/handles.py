@@ -13,6 +13,7 @@ from typing import Any
 
 from .backends import mockstate
 from .backends.base import (
+    DEFAULT_IMAGE,
     Backend,
     Checkpoint,
     ContainerView,
@@ -38,10 +39,6 @@ __all__ = [
     "DEFAULT_IMAGE",
     "parse_quantity",
 ]
-
-#: The container image of pods made by :class:`PodFactory` (kind needs a shell for ``exec``).
-DEFAULT_IMAGE = "busybox:1.36"
-
 
 class MockControlsUnavailableError(RuntimeError):
     """The plugin under test was not deployed with the mock-NVML state file, so faults cannot be injected."""

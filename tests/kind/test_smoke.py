@@ -20,7 +20,7 @@ import yaml
 
 from kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
 
-from pytest_devplug.backends.kind.deploy import mock_library_file
+from pytest_devplug.backends.k8s.manifests import mock_library_file
 
 pytestmark = pytest.mark.kind
 

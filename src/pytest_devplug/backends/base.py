@@ -33,10 +33,14 @@ __all__ = [
     "parse_checkpoint",
     "applied_view",
     "DEFAULT_RESOURCE_NAME",
+    "DEFAULT_IMAGE",
 ]
 
 #: The resource the included GPU plugin advertises unless told otherwise.
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+#: The container image of pods made by the fixtures' ``PodFactory`` (kind needs a shell for ``exec``); a
+#: backend with no registry substitutes a local image for it.
+DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
 
