@@ -33,8 +33,9 @@ def _same(observed: dict[str, Any], what: str) -> Any:
 
 
 _AVAILABLE = re.compile(r"0/(\d+) nodes are available: (.*?)\.(?=\s|$)")
-#: What the scheduler says of a node a pod pinned elsewhere cannot go to (filters before resource fit).
-_OTHER_NODE = ("node(s) had untolerated taint(s)", "node(s) didn't match Pod's node affinity/selector")
+#: What the scheduler says of a node a pod pinned elsewhere cannot go to (filters before resource fit: a taint,
+#: the node selector; or, where a PreFilter narrowed the nodes, "didn't satisfy plugin(s) [...]").
+_OTHER_NODE = re.compile(r"node\(s\) (had untolerated taint|didn't match Pod's node affinity|didn't satisfy plugin)")
 _NOT_HELPFUL = "Preemption is not helpful for scheduling"
 
 
@@ -52,7 +53,7 @@ def _per_node(message: str) -> str:
         for item in m[2].split(", "):
             count, reason = item.split(" ", 1)
             n = int(count)
-            if reason in _OTHER_NODE:
+            if _OTHER_NODE.match(reason):
                 continue
             if reason == _NOT_HELPFUL:
                 n -= others
