@@ -138,7 +138,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("kube-context", "cluster: kubeconfig context (default: the current one; the file: --kubeconfig)", {}),
-    ("node", "cluster: the node to test on (default: the first node advertising the resource)", {}),
+    (
+        "node",
+        "kind, cluster: the node to test on (default: the first node advertising the resource, else one labelled "
+        "devplug.io/gpu=true)",
+        {},
+    ),
     (
         "plugin-daemonset",
         "cluster: NAMESPACE/NAME of a running plugin DaemonSet to test as it is, instead of deploying one",

@@ -258,7 +258,7 @@ class Backend(Protocol):
 
     #: ``"sim"``, ``"kind"`` or ``"cluster"``.
     name: str
-    #: Namespace of the test pods (``"default"``; the cluster backend makes its own for the session).
+    #: Namespace of the test pods (sim: ``"default"``; kind and cluster make one of their own for the session).
     pod_namespace: str
 
     # -- cluster lifecycle -------------------------------------------------------------------------
