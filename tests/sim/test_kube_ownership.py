@@ -213,6 +213,26 @@ def test_signal_guard_turns_sigterm_into_keyboard_interrupt_and_shields_the_tear
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_signal_guard_leaves_an_ignored_signal_ignored_and_a_later_handler_in_place() -> None:
+    guard = SignalGuard()
+    term_before = signal.getsignal(signal.SIGTERM)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        guard.install()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == guard._handle
+
+        def later(signum: int, frame: object) -> None:
+            pass
+
+        signal.signal(signal.SIGTERM, later)  # e.g. the embedded kubelet's, chaining to ours
+        guard.uninstall()
+        assert signal.getsignal(signal.SIGTERM) is later
+    finally:
+        signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, term_before)
+
+
 def test_sigterm_ends_a_pytest_run_like_ctrl_c_and_the_namespace_goes(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

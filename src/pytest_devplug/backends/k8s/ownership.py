@@ -123,14 +123,18 @@ class SignalGuard:
         self._tearing_down = False
 
     def install(self) -> None:
+        """A signal the process ignores (SIGINT of a background job in a script) stays ignored."""
         if threading.current_thread() is not threading.main_thread() or self._saved:
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self._saved[sig] = signal.signal(sig, self._handle)
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                self._saved[sig] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
+        """Put the previous handlers back, unless another one was installed over ours since (it chains to ours)."""
         for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, handler)
         self._saved.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
