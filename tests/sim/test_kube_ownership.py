@@ -204,10 +204,10 @@ def test_signal_guard_turns_sigterm_into_keyboard_interrupt_and_shields_the_tear
     guard.install()
     try:
         with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next bytecode
+            signal.raise_signal(signal.SIGTERM)  # its handler runs before raise_signal returns
         with guard.shielded():
-            os.kill(os.getpid(), signal.SIGTERM)  # ignored (a message says so): the teardown goes on
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)  # ignored (a message says so): the teardown goes on
+            signal.raise_signal(signal.SIGINT)
     finally:
         guard.uninstall()
     assert signal.getsignal(signal.SIGTERM) is before
@@ -259,7 +259,7 @@ def test_sigterm_ends_a_pytest_run_like_ctrl_c_and_the_namespace_goes(
 
         def test_terminated(backend):
             assert backend.namespace in API.namespaces
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
 
         def test_never_runs():
             pass
