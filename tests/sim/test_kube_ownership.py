@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_devplug.backends.base import BackendOptions, ExecResult, NodeSpec, PluginSpec
+from pytest_devplug.backends.base import BackendError, BackendOptions, ExecResult, NodeSpec, PluginSpec
 from pytest_devplug.backends.k8s import backend as kube_backend
 from pytest_devplug.backends.k8s.api import KubeApi
 from pytest_devplug.backends.k8s.backend import KubeBackend
@@ -162,6 +162,15 @@ def test_sweep_removes_only_namespaces_whose_owner_process_is_gone() -> None:
     api.namespaces["somebody-elses"] = {"metadata": {"name": "somebody-elses", "labels": {}}}
     assert sweep_orphans(api, timeout=5) == ["devplug-dead"]  # type: ignore[arg-type]
     assert sorted(api.namespaces) == ["devplug-alive", "devplug-elsewhere", "devplug-unowned", "somebody-elses"]
+
+
+def test_a_sweep_the_cluster_refuses_does_not_stop_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    class Forbidden(FakeApi):
+        def list_namespaces(self, *, label_selector: str = "") -> list[JSONDict]:
+            raise BackendError("listing namespaces: 403 namespaces is forbidden")
+
+    assert sweep_orphans(Forbidden(), timeout=5) == []  # type: ignore[arg-type]
+    assert "cannot look for namespaces left by killed runs: listing namespaces: 403" in capsys.readouterr().err
 
 
 def test_a_run_owns_its_namespace_and_removes_it_at_the_end(fake_api: FakeApi) -> None:

@@ -151,7 +151,10 @@ class KubeApi:
             raise BackendError(f"creating namespace {name}: {exc.status} {_message(exc)[1]}") from None
 
     def list_namespaces(self, *, label_selector: str = "") -> list[JSONDict]:
-        resp = self.core.list_namespace(label_selector=label_selector, _preload_content=False, _request_timeout=self._t())
+        try:
+            resp = self.core.list_namespace(label_selector=label_selector, _preload_content=False, _request_timeout=self._t())
+        except ApiException as exc:
+            raise BackendError(f"listing namespaces ({label_selector}): {exc.status} {_message(exc)[1]}") from None
         return list(_json(resp)["items"])
 
     def namespace_exists(self, name: str) -> bool:

@@ -97,8 +97,13 @@ def delete_namespace(api: KubeApi, name: str, timeout: float) -> None:
 
 def sweep_orphans(api: KubeApi, timeout: float) -> list[str]:
     """Delete the namespaces of earlier runs on this host whose owner process is gone; their names."""
-    removed = []
-    for ns in api.list_namespaces(label_selector=f"{MANAGED_BY[0]}={MANAGED_BY[1]}"):
+    removed: list[str] = []
+    try:
+        namespaces = api.list_namespaces(label_selector=f"{MANAGED_BY[0]}={MANAGED_BY[1]}")
+    except BackendError as exc:  # e.g. no RBAC to list namespaces: the run itself does not need it
+        print(f"\ndevplug: cannot look for namespaces left by killed runs: {exc}", file=sys.stderr)
+        return removed
+    for ns in namespaces:
         meta = ns["metadata"]
         owner = Owner.from_annotations(meta.get("annotations") or {})
         if owner is None or not owner.gone() or meta.get("deletionTimestamp"):
