@@ -1,5 +1,5 @@
-"""Nothing left on a user's cluster: the run's namespace is owned, removed at the end (also after SIGTERM), and a
-later run removes what a SIGKILLed one left. Against a fake Kubernetes API (no cluster); the kind tier runs the
+"""Nothing left on a user's cluster: the run's namespace is owned, removed at the end (also after SIGTERM), a
+later run removes what a SIGKILLed one left, and a node pod past its deadline is made again. Against a fake Kubernetes API (no cluster); the kind tier runs the
 SIGTERM case on a real cluster (tests/kind/test_leftovers.py).
 """
 
@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from pytest_devplug.backends.base import BackendError, BackendOptions, ExecResult, NodeSpec, PluginSpec
+from pytest_devplug.backends.base import BackendError, BackendOptions, ExecResult, NodeSpec, ObjectNotFoundError, PluginSpec
 from pytest_devplug.backends.k8s import backend as kube_backend
 from pytest_devplug.backends.k8s.api import KubeApi
 from pytest_devplug.backends.k8s.backend import KubeBackend
+from pytest_devplug.backends.k8s.hostpod import HostPodTransport
 from pytest_devplug.backends.k8s.node import NodeTransport
 from pytest_devplug.backends.k8s.ownership import MANAGED_BY, Owner, SignalGuard, sweep_orphans
 
@@ -278,3 +279,62 @@ def test_sigterm_ends_a_pytest_run_like_ctrl_c_and_the_namespace_goes(
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.re_match_lines([r".*namespaces left: \[\] deleted: \['devplug-[0-9a-f]+'\]", r".*KeyboardInterrupt: SIGTERM received"])
     assert "test_never_runs PASSED" not in result.stdout.str()
+
+
+class NodePodApi:
+    """The pod calls of :class:`KubeApi` the host-pod transport makes; ``deadline()`` ends every pod as
+    ``activeDeadlineSeconds`` does (phase Failed, reason DeadlineExceeded)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, JSONDict] = {}
+        self.created: list[str] = []
+
+    def create_pod(self, manifest: JSONDict) -> JSONDict:
+        name = manifest["metadata"]["name"]
+        self.pods[name] = {**manifest, "status": {"phase": "Running"}}
+        self.created.append(name)
+        return self.pods[name]
+
+    def get_pod(self, name: str, namespace: str) -> JSONDict:
+        if name not in self.pods:
+            raise ObjectNotFoundError(f'pods "{name}" not found')
+        return self.pods[name]
+
+    def delete_pod(self, name: str, namespace: str, *, grace: int | None = None) -> None:
+        if self.pods.pop(name, None) is None:
+            raise ObjectNotFoundError(f'pods "{name}" not found')
+
+    def exec(self, name: str, namespace: str, container: str, argv: list[str]) -> ExecResult:
+        if self.pods[name]["status"]["phase"] != "Running":
+            raise BackendError(f"exec in {namespace}/{name}: 400 Bad Request: container not running")
+        return ExecResult(0, "ok\n", "")
+
+    def deadline(self) -> None:
+        for pod in self.pods.values():
+            pod["status"] = {"phase": "Failed", "reason": "DeadlineExceeded"}
+
+
+def test_a_node_pod_past_its_deadline_is_made_again() -> None:
+    api = NodePodApi()
+    transport = HostPodTransport(api, "devplug-ab", lambda: "img:1", timeout=5)  # type: ignore[arg-type]
+    assert transport.run("gpu-1", "true", timeout=5).stdout == "ok\n"
+    api.deadline()
+    assert transport.run("gpu-1", "true", timeout=5).stdout == "ok\n", "a session longer than the deadline goes on"
+    assert len(api.created) == 2 and len(api.pods) == 1
+    transport.close()
+    assert not api.pods
+
+
+def test_an_exec_failure_of_a_running_node_pod_is_reported_not_retried() -> None:
+    api = NodePodApi()
+    transport = HostPodTransport(api, "devplug-ab", lambda: "img:1", timeout=5)  # type: ignore[arg-type]
+    transport.run("gpu-1", "true", timeout=5)
+
+    def broken(*args: object) -> ExecResult:
+        raise BackendError("exec: 500 the kubelet is restarting")
+
+    api.exec = broken  # type: ignore[method-assign]
+    with pytest.raises(BackendError, match="kubelet is restarting"):
+        transport.run("gpu-1", "true", timeout=5)
+    assert len(api.created) == 1
+    transport.close()
