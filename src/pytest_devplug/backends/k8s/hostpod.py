@@ -77,12 +77,12 @@ class HostPodTransport:
         self.timeout = timeout
         self._pods: dict[str, str] = {}
 
-    def _ended(self, name: str) -> bool:
+    def _phase(self, name: str) -> str | None:
+        """The pod's phase; ``None`` once it is gone."""
         try:
-            phase = (self.api.get_pod(name, self.namespace).get("status") or {}).get("phase")
+            return str((self.api.get_pod(name, self.namespace).get("status") or {}).get("phase"))
         except ObjectNotFoundError:
-            return True
-        return phase in ("Failed", "Succeeded")
+            return None
 
     def _pod(self, node: str) -> str:
         if node in self._pods:
@@ -126,25 +126,18 @@ class HostPodTransport:
             return
         try:
             wait_for(
-                lambda: self._exists(name), lambda exists: not exists,
+                lambda: self._phase(name), lambda phase: phase is None,
                 timeout=max(self.timeout, 60.0), interval=0.5, what=f"ended node-operations pod {name} deleted",
             )  # fmt: skip
         except WaitTimeout as exc:
             raise BackendError(str(exc)) from None
-
-    def _exists(self, name: str) -> bool:
-        try:
-            self.api.get_pod(name, self.namespace)
-        except ObjectNotFoundError:
-            return False
-        return True
 
     def _exec(self, node: str, argv: list[str]) -> ExecResult:
         name = self._pod(node)
         try:
             return self.api.exec(name, self.namespace, _CONTAINER, argv)
         except Exception as exc:  # noqa: BLE001 - the stream client raises several types (websocket, HTTP)
-            if self._ended(name):
+            if self._phase(name) in (None, "Failed", "Succeeded"):
                 self._renew(node)
                 return self._exec(node, argv)
             if isinstance(exc, BackendError):
