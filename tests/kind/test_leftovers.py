@@ -22,15 +22,16 @@ from pytest_devplug.waiting import wait_for
 pytestmark = pytest.mark.kind
 
 RESOURCE = "nvidia.com/gpu"
+#: Holds once the plugin is registered (its fixture waits for that). No test pod: the GPU worker's taint keeps
+#: the fixtures' pods off it, and the plugin's DaemonSet is what kept a node's resource registered after a kill.
 HOLDING_TEST = """
 import pathlib, time
 
-def test_hold(devplug_plugin, devplug_pod):
-    devplug_pod(gpus=1).wait_running()
+def test_hold(devplug_plugin):
     pathlib.Path("namespace").write_text(devplug_plugin.backend.namespace)
     time.sleep(1800)
 """
-#: Image build (cached), load, DaemonSet rollout and a pod at a load of ~10 on 2 cores.
+#: Image build (cached), load and DaemonSet rollout at a load of ~10 on 2 cores.
 DEPLOY_TIMEOUT_S = 900
 #: Removing the plugin (pods gone, allocatable 0 posted) and the namespace.
 CLEANUP_TIMEOUT_S = 300
@@ -54,7 +55,7 @@ def test_sigterm_leaves_nothing_behind(kind_cluster: KindCluster, tmp_path: Path
             marker = tmp_path / "namespace"
             wait_for(
                 lambda: marker.exists() or run.poll() is not None, bool, timeout=DEPLOY_TIMEOUT_S, interval=1.0,
-                what="the held run to deploy its plugin and start a GPU pod",
+                what="the held run to deploy its plugin and see it registered",
             )  # fmt: skip
             assert run.poll() is None, f"the held run ended by itself ({run.returncode}):\n{(tmp_path / 'run.log').read_text()[-4000:]}"
             namespace = marker.read_text()
