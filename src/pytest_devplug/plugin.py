@@ -555,7 +555,8 @@ def devplug_plugin(
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
     handle = _devplug_deployment.get()
     yield handle
-    if "devplug_faults" in getattr(request.node, "funcargs", {}):
+    # After an interrupt (Ctrl-C, SIGTERM) pytest tears this down at session end, with funcargs already None.
+    if "devplug_faults" in (getattr(request.node, "funcargs", None) or {}):
         handle.dirty = True  # an injector was handed out; one of a conftest does not know about redeployment
     _devplug_deployment.reset_if_needed()
 
