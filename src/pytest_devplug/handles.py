@@ -15,6 +15,7 @@ from typing import Any
 from .backends import mockstate
 from .backends.base import (
     DEFAULT_REREGISTRATION_TIMEOUT,
+    DEFAULT_IMAGE,
     Backend,
     Checkpoint,
     ContainerView,
@@ -43,8 +44,6 @@ __all__ = [
     "parse_quantity",
 ]
 
-#: The container image of pods made by :class:`PodFactory` (kind needs a shell for ``exec``).
-DEFAULT_IMAGE = "busybox:1.36"
 
 
 def parse_quantity(value: str | int | None) -> int:

@@ -144,7 +144,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("kube-context", "cluster: kubeconfig context (default: the current one; the file: --kubeconfig)", {}),
-    ("node", "cluster: the node to test on (default: the first node advertising the resource)", {}),
+    (
+        "node",
+        "kind, cluster: the node to test on (default: the first node advertising the resource, else one labelled "
+        "devplug.io/gpu=true)",
+        {},
+    ),
     (
         "plugin-daemonset",
         "cluster: NAMESPACE/NAME of a running plugin DaemonSet to test as it is, instead of deploying one",
@@ -618,7 +623,8 @@ def devplug_plugin(
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
     handle = _devplug_deployment.get()
     yield handle
-    if "devplug_faults" in getattr(request.node, "funcargs", {}):
+    # After an interrupt (Ctrl-C, SIGTERM) pytest tears this down at session end, with funcargs already None.
+    if "devplug_faults" in (getattr(request.node, "funcargs", None) or {}):
         _devplug_deployment.faults_handed_out()
     _devplug_deployment.reset_if_needed()
 

@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
     "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_IMAGE",
 ]
 
 #: The resource the included GPU plugin advertises unless told otherwise.
@@ -57,6 +58,9 @@ DEFAULT_TIMEOUT = 20.0
 DEFAULT_REREGISTRATION_TIMEOUT = 40.0
 #: The kubelet's ``endpointStopGracePeriod``: a resource whose plugin went away is kept this long.
 DEFAULT_GRACE_PERIOD = 300.0
+#: The container image of pods made by the fixtures' ``PodFactory`` (kind needs a shell for ``exec``); a
+#: backend with no registry substitutes a local image for it.
+DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
 
@@ -262,7 +266,7 @@ class Backend(Protocol):
 
     #: ``"sim"``, ``"kind"`` or ``"cluster"``.
     name: str
-    #: Namespace of the test pods (``"default"``; the cluster backend makes its own for the session).
+    #: Namespace of the test pods (sim: ``"default"``; kind and cluster make one of their own for the session).
     pod_namespace: str
 
     # -- cluster lifecycle -------------------------------------------------------------------------
