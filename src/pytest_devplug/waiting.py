@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import tenacity
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
@@ -18,6 +17,8 @@ from pytest_devplug import ClusterHandle, NodeSpec, PluginHandle, PluginSpec, Po
 from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.plugin import NODE_NAME, DevplugSettings
+
+from .diff_helpers import REPLICAS, Side
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,15 +28,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def _required() -> bool:
     flags = (os.environ.get("DEVPLUG_KIND_REQUIRED", ""), os.environ.get("CI", ""))
     return any(f.strip().lower() not in ("", "0", "false", "no") for f in flags)
-
-
-@dataclass
-class Side:
-    """One backend's view: its plugin (node, mock controls) and a pod factory on its GPU node."""
-
-    name: str
-    plugin: PluginHandle
-    pods: PodFactory
 
 
 @pytest.fixture(scope="session")
@@ -76,11 +68,6 @@ def sides(
         yield Side("sim", sim_plugin, sim_pods), Side("kind", devplug_plugin, devplug_pod)
     finally:
         sim_pods.cleanup()
-
-
-#: The included plugin's time-slicing form: each GPU advertised twice (``<uuid>::0``, ``<uuid>::1``),
-#: both IDs handing out the GPU's one ``/dev/nvidia<minor>``.
-REPLICAS = 2
 
 
 @pytest.fixture

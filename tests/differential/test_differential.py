@@ -18,7 +18,7 @@ from pytest_devplug.backends.base import parse_checkpoint
 from pytest_devplug.handles import PodHandle
 from pytest_devplug.waiting import wait_for
 
-from conftest import REPLICAS, Side
+from .diff_helpers import REPLICAS, Side
 
 pytestmark = [pytest.mark.kind]
 
@@ -172,7 +172,7 @@ def test_checkpoint_and_assignment_survive_kubelet_restart(sides: tuple[Side, Si
         s.plugin.node.restart_kubelet()
         res = s.plugin.resource_name
         # Allocatable counts healthy devices, allocated or not (devicemanager GetCapacity): 4 of 4 again.
-        wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: re-registration")
+        wait_for(lambda s=s, res=res: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: re-registration")
         out[s.name] = (before, _pod_outcome(pod), pod.restart_count)
     _same(out, "pod across a kubelet restart")
     assert out["kind"][0] == out["kind"][1], f"assignment changed across the restart: {out['kind']}"
