@@ -235,7 +235,9 @@ class DRAManager:
                 with self._lock:
                     state = self._cache[(by_uid[uid].namespace, by_uid[uid].name)].state
                     drivers = state.driver_state = state.driver_state or {}
-                    drivers[batch.plugin.driver_name] = (drivers.get(batch.plugin.driver_name) or []) + added
+                    # a claim prepared again after a failed batch reports its devices again: keep each once
+                    kept = [d for d in drivers.get(batch.plugin.driver_name) or [] if d not in added]
+                    drivers[batch.plugin.driver_name] = kept + added
             if len(batch.claims) != len(response.claims):
                 raise DRAPrepareError(f"NodePrepareResources skipped {len(batch.claims) - len(response.claims)} ResourceClaims")
 
