@@ -115,3 +115,26 @@ def test_reading_follows_json_unmarshal(tmp_path: Path) -> None:
         cp.decode_data('{"ClaimInfoStateList":[{"ClaimUID":1}]}')
     with pytest.raises(CheckpointFormatError, match="uint32"):
         cp.decode(json.dumps({"Data": "{}", "Checksum": 2**32}).encode())
+
+
+def test_devplug_checkpoint_verify_and_show_read_dra_manager_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_devplug.cli import main as devplug
+
+    path = tmp_path / cp.CHECKPOINT_NAME
+    cp.write_checkpoint(path, VECTORS["single-claim-info-state"][0])
+    assert devplug(["checkpoint", "verify", str(path)]) == 0
+    assert capsys.readouterr().out == f"{path}: checksum 1656016162 ok\n"
+    assert devplug(["checkpoint", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "DRA checkpoint, checksum 1656016162 ok" in out
+    assert f"claim default/example uid {CLAIM1} pods {POD}" in out
+    assert f"device worker-1/dev-1 requests test request cdi {CDI}" in out
+    assert devplug(["checkpoint", "show", "--json", str(path)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["checksum"] == {"stored": 1656016162, "computed": 1656016162, "valid": True}
+    assert shown["claims"][0]["drivers"][DRIVER][0]["cdi_device_ids"] == [CDI]
+    doc = json.loads(path.read_text())
+    doc["Checksum"] = 1
+    path.write_text(json.dumps(doc))
+    assert devplug(["checkpoint", "verify", str(path)]) == 1
+    assert capsys.readouterr().err == f"{path}: checksum mismatch: stored 1, computed 1656016162\n"

@@ -38,6 +38,7 @@ __all__ = [
     "encode",
     "decode",
     "decode_data",
+    "is_dra_checkpoint",
     "read_checkpoint",
     "write_checkpoint",
 ]
@@ -248,6 +249,16 @@ def decode_data(data: str, *, source: str = CHECKPOINT_NAME) -> list[ClaimInfoSt
                 _entry(e, source) for e in _expect(v, list, "CheckpointData.ClaimInfoStateList", "state.ClaimInfoStateList", source)
             ]
     return entries
+
+
+def is_dra_checkpoint(blob: bytes) -> bool:
+    """Whether ``blob`` has this file's outer shape (a string ``Data``; the device manager's is an object),
+    so one command can read either checkpoint."""
+    try:
+        doc = gojson.parse(blob)
+    except gojson.GoJSONSyntaxError:
+        return False
+    return isinstance(doc, Object) and any(_field(k, ("Data",)) and isinstance(v, str) for k, v in doc.members)
 
 
 def decode(blob: bytes, *, source: str = CHECKPOINT_NAME) -> DRACheckpointFile:
