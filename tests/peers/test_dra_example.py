@@ -88,7 +88,8 @@ def test_example_driver_registers_with_its_plain_command_line(example_driver: tu
     plugin = plugins.get_plugin(DRIVER)
     assert plugin.chosen_service == "v1.DRAPlugin"
     wait_for(lambda: plugins.usable(DRIVER), bool, timeout=10.0, what="the DRA socket connected")
-    (event,) = [e for e in watcher.events if e.kind != "failed"]
+    # the outcome is recorded just after the handler accepted the plugin
+    (event,) = wait_for(lambda: [e for e in watcher.events if e.kind != "failed"], bool, timeout=10.0, what="the outcome recorded")
     assert event.kind == "registered" and event.socket.endswith(f"plugins_registry/{DRIVER}-reg.sock")
 
 
