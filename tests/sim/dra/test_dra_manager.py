@@ -12,6 +12,7 @@ from dra_fakes import FakeClaims, FakeDriver, device, pod
 
 from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
 from pytest_devplug.sim.dra import checkpoint as cp
+from pytest_devplug.sim.dra.client import DRAPluginCallError
 from pytest_devplug.sim.dra.manager import DRAManager, DRAManagerError, DRAPrepareError
 from pytest_devplug.waiting import wait_for
 
@@ -157,14 +158,21 @@ def test_driver_failures_fail_the_prepare_and_a_retry_finishes_it(
     assert dra_kubelet.manager.prepared("default", "c1") and dra_kubelet.manager.prepared("default", "c2")
 
 
-def test_a_gone_driver_is_a_call_error(dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims) -> None:
+def test_a_gone_driver_fails_unprepare_and_the_claim_stays_tracked(
+    dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims
+) -> None:
     p = pod("p", "pod-1", "c")
     dra_claims.claim("c", "claim-1", DRIVER, p)
     dra_kubelet.manager.prepare_resources(p)
+    plugin = dra_kubelet.plugins.get_plugin(DRIVER)
     driver.stop()
-    with pytest.raises(DRAPrepareError, match=r"unprepare dynamic resources: (NodeUnprepareResources: rpc error: code = Unavailable|DRA driver gpu.example.com is not registered)"):
+    wait_for(lambda: dra_kubelet.plugins.registered(), lambda r: DRIVER not in r, timeout=T, what="the driver deregistered")
+    with pytest.raises(DRAPrepareError, match="unprepare dynamic resources: DRA driver gpu.example.com is not registered"):
         dra_kubelet.manager.unprepare_resources(p)
     assert _checkpoint(dra_kubelet)[0].pod_uids == {"pod-1"}  # kept for the retry
+    # a call that was already on its way when the plugin went away fails as grpc-go's closed connection does
+    with pytest.raises(DRAPluginCallError, match="code = Canceled desc = grpc: the client connection is closing"):
+        plugin.node_unprepare_resources([])
 
 
 def test_corrupt_checkpoint_stops_the_manager(dra_kubelet: Any, dra_claims: FakeClaims) -> None:

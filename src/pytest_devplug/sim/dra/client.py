@@ -117,6 +117,11 @@ class DRAPluginClient:
             response = getattr(self._stub, method)(request, timeout=self.call_timeout)
         except grpc.RpcError as err:
             raise DRAPluginCallError(go_rpc_error(err)) from None
+        except ValueError:
+            # grpcio refuses calls on a closed channel; grpc-go answers a closed ClientConn this way
+            if not self._closed:
+                raise
+            raise DRAPluginCallError("rpc error: code = Canceled desc = grpc: the client connection is closing") from None
         return _as(response, response_cls) if beta else response
 
     def node_prepare_resources(self, claims: Sequence[pb.Claim]) -> pb.NodePrepareResourcesResponse:
