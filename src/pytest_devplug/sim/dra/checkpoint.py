@@ -10,8 +10,6 @@ apart from empty).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from pytest_devplug.sim.checkpoint import (
     CheckpointFormatError,
     _go_json,  # one encoder for both checkpoints: encoding/json's output rules
     read_bytes,
+    write_atomically,
 )
 from pytest_devplug.sim.gojson import Number, Object, Value
 
@@ -291,15 +290,5 @@ def read_checkpoint(path: Path) -> list[ClaimInfoState] | None:
 
 
 def write_checkpoint(path: Path, entries: list[ClaimInfoState] | None) -> None:
-    """Write atomically as the kubelet's checkpoint manager does: temp file in the same dir, fsync, rename."""
-    blob = encode(entries)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically as the kubelet's checkpoint manager does."""
+    write_atomically(path, encode(entries))
