@@ -12,7 +12,7 @@ import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,5 +270,3 @@ def short_root(prefix: str = "dra-") -> Path:
 def remove_root(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
-
-Probe = Callable[[], Any]

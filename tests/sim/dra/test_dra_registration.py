@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -162,7 +161,6 @@ def test_hidden_and_non_socket_files_are_ignored(dra_kubelet: Any, dra_root: Any
     (reg / "notes.txt").write_text("not a socket")
     d = FakeDriver(dra_root, ".hidden").start()
     try:
-        os.sync()
         other = FakeDriver(dra_root, "seen.example.com").start()
         try:
             wait_for(_registered(dra_kubelet, other.name), bool, timeout=T, what="the visible driver registered")
