@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_devplug.errors import DevplugError
 from pytest_devplug.sim import gojson
 from pytest_devplug.sim.gojson import Number, Object, Value
 
@@ -45,7 +46,7 @@ _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 
 
-class CheckpointError(Exception):
+class CheckpointError(DevplugError):
     """A checkpoint file could not be used."""
 
 
