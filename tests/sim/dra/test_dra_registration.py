@@ -129,9 +129,10 @@ def test_quick_driver_restart_keeps_its_slices(
         wait_for(lambda: k.plugins.usable(d.name), bool, timeout=T, what="connected")
         d.stop()
         wait_for(lambda: k.plugins.usable(d.name), lambda u: not u, timeout=T, what="disconnect noticed")
+        assert k.plugins.pending_wipes() == [d.name]
         d = FakeDriver(dra_root).start()
         wait_for(lambda: k.plugins.usable(d.name), bool, timeout=T, what="the restarted driver connected")
-        assert not k.plugins._pending_wipes, "the pending wipe was not cancelled"
+        assert k.plugins.pending_wipes() == [], "the pending wipe was not cancelled"
         assert (("node-1", d.name)) not in dra_wiper.calls
     finally:
         d.stop()

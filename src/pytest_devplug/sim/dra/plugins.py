@@ -174,6 +174,11 @@ class DRAPluginManager:
         with self._lock:
             return {name: [str(p.endpoint) for p in plugins] for name, plugins in self._store.items()}
 
+    def pending_wipes(self) -> list[str]:
+        """Drivers whose slices will be wiped unless a plugin of theirs connects first."""
+        with self._lock:
+            return sorted(self._pending_wipes)
+
     def usable(self, driver_name: str) -> bool:
         with self._lock:
             return any(p.connected for p in self._store.get(driver_name, []))
