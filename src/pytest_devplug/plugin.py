@@ -71,6 +71,9 @@ CONVENTIONS: dict[str, str] = {
     "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
 }
 
+#: Values of ``--devplug-control-plane``.
+CONTROL_PLANES = ("embedded", "real")
+
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The plugin the report header showed (None: it said a conftest overrides devplug_plugin_spec).
 _HEADER_SPEC_KEY = pytest.StashKey["PluginSpec | None"]()
@@ -156,6 +159,20 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology (default 2)", {"type": int}),
     ("timeout", "seconds every bounded wait may take (default 20)", {"type": float}),
     ("grace-period", "sim: seconds the kubelet keeps a resource whose plugin went away (default 300)", {"type": float}),
+    (
+        "control-plane",
+        "sim: embedded (the harness's own API server and scheduler, default) or real (etcd, kube-apiserver, "
+        "kube-scheduler and kube-controller-manager as child processes, the embedded kubelets its Nodes; "
+        "kubectl works against devplug_cluster.kubeconfig)",
+        {"default": "embedded", "choices": CONTROL_PLANES},
+    ),
+    (
+        "k8s-bin-dir",
+        "sim with --devplug-control-plane real: directory with etcd, kube-apiserver, kube-scheduler, "
+        "kube-controller-manager (default: KUBEBUILDER_ASSETS, then the cache `devplug control-plane build` fills, "
+        "then the release binaries, SHA-256 checked)",
+        {},
+    ),
     (
         "report",
         "write a Markdown report of the run to this file (one row per check, grouped core / conventions / faults) "
@@ -257,6 +274,9 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     backend = str(_opt(config, "devplug_backend") or "sim")
     if backend not in BACKENDS:
         raise pytest.UsageError(f"devplug_backend = {backend!r}: choose one of {', '.join(BACKENDS)}")
+    control_plane = str(_opt(config, "devplug_control_plane") or "embedded")
+    if control_plane not in CONTROL_PLANES:
+        raise pytest.UsageError(f"devplug_control_plane = {control_plane!r}: choose one of {', '.join(CONTROL_PLANES)}")
     resource = str(_opt(config, "devplug_resource_name") or DEFAULT_RESOURCE_NAME)
     cmd = _opt(config, "devplug_plugin_cmd")
     image = _opt(config, "devplug_plugin_image")
@@ -286,6 +306,8 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     opts = BackendOptions(
         timeout=float(_opt(config, "devplug_timeout") or 20.0),
         grace_period=float(_opt(config, "devplug_grace_period") or 300.0),
+        control_plane=control_plane,
+        k8s_bin_dir=_opt(config, "devplug_k8s_bin_dir"),
         cluster_name=str(_kind_opt(config, "cluster_name") or "pytest-kind"),
         keep_cluster=bool(_kind_opt(config, "keep_cluster")),
         kind_bin=_kind_opt(config, "kind_bin"),
@@ -379,7 +401,31 @@ def pytest_report_header(config: pytest.Config) -> str:
             "the plugin under test is printed when it is deployed"
         )
     config.stash[_HEADER_SPEC_KEY] = s.plugin
-    return f"devplug: backend={s.backend}; {_describe(s.backend, s.plugin)}"
+    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {_describe(s.backend, s.plugin)}"
+
+
+def _control_plane_header(s: DevplugSettings) -> str:
+    """``, control-plane=real (kubernetes v1.34.4, etcd v3.6.5 from ...)``: the binaries found now (no download)."""
+    if s.backend != "sim" or s.backend_options.control_plane != "real":
+        return ""
+    from .controlplane import BinariesNotFoundError, resolve
+
+    try:
+        found = resolve(s.backend_options.k8s_bin_dir, download=False).describe()
+    except BinariesNotFoundError:
+        found = "binaries to be downloaded"
+    return f", control-plane=real ({found})"
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """One line on the terminal, outside the capture (from a fixture)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(line)
 
 
 def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> None:
@@ -387,13 +433,7 @@ def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> N
     (a conftest loaded after the header, or one the header named, decides it)."""
     if config.stash.get(_HEADER_SPEC_KEY, None) == spec:
         return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:
-        return
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        reporter.ensure_newline()
-        reporter.write_line(f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
+    _say(config, f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -427,8 +467,9 @@ def devplug_plugin_spec(devplug_settings: DevplugSettings) -> PluginSpec:
 
 
 @pytest.fixture(scope="session")
-def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
-    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
+def devplug_cluster(pytestconfig: pytest.Config, devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
+    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards;
+    with a real control plane its ``kubeconfig`` works for kubectl until then, or after with --keep-cluster)."""
     try:
         backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
     except BackendUnavailableError as exc:
@@ -439,9 +480,15 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
         except BackendUnavailableError as exc:
             # Every devplug test would error the same way: stop once, saying why.
             pytest.exit(f"devplug: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-        yield ClusterHandle(backend, timeout=devplug_settings.backend_options.timeout)
+        handle = ClusterHandle(backend, timeout=devplug_settings.backend_options.timeout)
+        if handle.kubeconfig is not None and backend.name == "sim":
+            _say(pytestconfig, f"devplug: real control plane up; kubectl --kubeconfig {handle.kubeconfig} get nodes")
+        yield handle
     finally:
         backend.close()
+        kept = getattr(backend, "kept", None)
+        if kept:
+            _say(pytestconfig, f"devplug: the control plane is kept (--keep-cluster): {kept}")
 
 
 @pytest.fixture(scope="session")

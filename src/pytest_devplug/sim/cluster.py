@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, Mapping, Sequence
 
 from . import apiserver, errors
+from .clusterapi import ClusterApi
 from .kubelet import SimNode
 from .names import dns1123_subdomain_errors, go_quote
 from .scheduler import NodeView, pod_requests, schedule
@@ -397,3 +398,7 @@ class SimCluster:
                     self._try_schedule(key)
             except Exception:  # noqa: BLE001 - the retry thread must outlive any one bad pass
                 _log.exception("scheduling pass failed; retrying on the next change")
+
+
+#: Checked by mypy: ``SimCluster`` is a :class:`~.clusterapi.ClusterApi`, like the real control plane's ``ApiCluster``.
+_IS_CLUSTER_API: type[ClusterApi] = SimCluster
