@@ -126,7 +126,10 @@ class SimBackend:
             raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
         self._api_client = self.control_plane.client()
         assert self.workdir is not None
-        return ApiCluster(self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout)
+        return ApiCluster(
+            self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
+            remove_nodes=not self.options.keep_cluster,
+        )  # fmt: skip
 
     def _stop_control_plane(self, *, force: bool = False) -> None:
         """Stop the real control plane, unless it is kept (``--keep-cluster``): then say how to stop it."""

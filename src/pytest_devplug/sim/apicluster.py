@@ -97,9 +97,14 @@ class ApiCluster:
 
     ``timeout``: how long :meth:`create_pod` waits for the scheduler and the node to act on a new pod
     before returning it as it is then (the caller's own waits decide what that means).
+    ``remove_nodes``: ``close()`` deletes the Nodes (and Leases) it registered, as decommissioning a machine
+    does, so a control plane that lives on (shared by tests, or kept) schedules nothing onto dead kubelets.
     """
 
-    def __init__(self, client: Any, workdir: Path | None = None, *, grace_period: float = 300.0, timeout: float = 20.0) -> None:
+    def __init__(
+        self, client: Any, workdir: Path | None = None, *, grace_period: float = 300.0, timeout: float = 20.0, remove_nodes: bool = True
+    ) -> None:
+        self.remove_nodes = remove_nodes
         self._own_dir = workdir is None
         self.workdir = create_workdir("devplug-sim-") if workdir is None else Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +148,8 @@ class ApiCluster:
         for agent in agents:
             agent.queue.shutdown(wait=True, cancel_futures=True)
             agent.node.close()
+            if self.remove_nodes:
+                self._deregister(agent.node.name)
         if self._own_dir:
             remove_workdir(self.workdir)
 
@@ -187,6 +194,15 @@ class ApiCluster:
         self._renew_lease(agent)
         self._hand_over_bound(name)
         return node
+
+    def _deregister(self, name: str) -> None:
+        calls: list[tuple[Any, tuple[str, ...]]] = [(self._core.delete_node, (name,)), (self._coord.delete_namespaced_lease, (name, "kube-node-lease"))]
+        for call, args in calls:
+            try:
+                call(*args, _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status != 404:
+                    _log.warning("removing node %s from the API failed: %s", name, _api_error(exc))
 
     def _agent(self, name: str) -> _NodeAgent:
         with self._lock:
