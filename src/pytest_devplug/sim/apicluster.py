@@ -42,13 +42,15 @@ from .kubelet import SimNode
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
 
-__all__ = ["ApiCluster", "LEASE_SECONDS", "RENEW_SECONDS"]
+__all__ = ["ApiCluster", "LEASE_SECONDS", "NOT_READY_TAINT", "RENEW_SECONDS"]
 
 _log = logging.getLogger(__name__)
 
 #: The kubelet's defaults: a 40 s node lease renewed every 10 s (a quarter of it).
 LEASE_SECONDS = 40
 RENEW_SECONDS = 10.0
+#: The taint a new Node gets from the API server (TaintNodesByCondition) until its kubelet reports Ready.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 _STRATEGIC = "application/strategic-merge-patch+json"
 _MERGE = "application/merge-patch+json"
 #: Seconds an idle watch waits for data before it is re-opened (bounds how long ``close`` waits for it).
@@ -192,8 +194,23 @@ class ApiCluster:
         node.start_kubelet()
         self._post_node_status(agent)
         self._renew_lease(agent)
+        self._wait_schedulable(name)
         self._hand_over_bound(name)
         return node
+
+    def _wait_schedulable(self, name: str) -> None:
+        """Return once the node lifecycle controller lifted the ``not-ready`` taint the API server put on the new
+        Node (the embedded control plane's nodes are schedulable at once; so are these when this returns)."""
+        from ..waiting import wait_for
+
+        def taints() -> list[str]:
+            node = _json(self._core.read_node(name, _preload_content=False, _request_timeout=self.timeout))
+            return [str(t.get("key")) for t in (node.get("spec") or {}).get("taints") or []]
+
+        wait_for(
+            taints, lambda keys: NOT_READY_TAINT not in keys, timeout=self.timeout,
+            what=f"kube-controller-manager's node lifecycle controller to lift the {NOT_READY_TAINT} taint of node {name}",
+        )  # fmt: skip
 
     def _deregister(self, name: str) -> None:
         calls: list[tuple[Any, tuple[str, ...]]] = [(self._core.delete_node, (name,)), (self._coord.delete_namespaced_lease, (name, "kube-node-lease"))]
