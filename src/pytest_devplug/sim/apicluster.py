@@ -35,6 +35,7 @@ import kubernetes
 import urllib3
 from kubernetes.client import ApiException
 
+from ..waiting import WaitTimeout, wait_for
 from . import errors
 from .apiserver import now_rfc3339
 from .clusterapi import ClusterApi
@@ -88,6 +89,8 @@ class _NodeAgent:
         self.handed: set[str] = set()
         #: pod UID -> the status last posted for it (post only what changed).
         self.posted: dict[str, dict[str, Any]] = {}
+        #: Held across reading a pod's status and posting it: posts of one node never overtake each other.
+        self.post_lock = threading.Lock()
         #: (pod uid, type, reason, message) -> [event name, count]: repeated events are counted, as the recorder does.
         self.events: dict[tuple[str, str, str, str], list[Any]] = {}
         self.node_status: dict[str, Any] | None = None
@@ -184,7 +187,7 @@ class ApiCluster:
             grace_period=self.grace_period,
             pods_source=lambda: self._pods_on(name),
             pod_bound=lambda uid: self._is_bound(uid, name),
-            status_sink=lambda uid, status: self._publish(name, uid, status),
+            status_sink=lambda uid, status: self._publish(name, uid),
             event_sink=lambda pod, type_, reason, message: self._emit(name, pod, type_, reason, message),
             on_node_change=self._kick.set,
         )
@@ -201,8 +204,6 @@ class ApiCluster:
     def _wait_schedulable(self, name: str) -> None:
         """Return once the node lifecycle controller lifted the ``not-ready`` taint the API server put on the new
         Node (the embedded control plane's nodes are schedulable at once; so are these when this returns)."""
-        from ..waiting import wait_for
-
         def taints() -> list[str]:
             node = _json(self._core.read_node(name, _preload_content=False, _request_timeout=self.timeout))
             return [str(t.get("key")) for t in (node.get("spec") or {}).get("taints") or []]
@@ -351,9 +352,7 @@ class ApiCluster:
                     if heartbeat:
                         self._renew_lease(agent)
                     for uid in agent.node.active_pod_uids():
-                        status = agent.node.pod_status(uid)
-                        if status is not None:
-                            self._post_pod_status(agent.node.name, uid, status)
+                        self._sync_pod_status(agent, uid)
                 except Exception:  # noqa: BLE001 - the status thread must outlive one bad pass
                     _log.exception("status pass for %s failed; retrying on the next change", agent.node.name)
 
@@ -376,8 +375,6 @@ class ApiCluster:
 
     def _settled(self, name: str, namespace: str, uid: str) -> dict[str, Any]:
         """Poll (bounded by ``timeout``) until the pod's fate is decided, as ``SimCluster.create_pod`` returns it."""
-        from ..waiting import WaitTimeout, wait_for
-
         def decided(pod: dict[str, Any]) -> bool:
             node_name = pod["spec"].get("nodeName")
             if not node_name:
@@ -395,48 +392,63 @@ class ApiCluster:
             return dict(exc.last)
 
     def get_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
-        try:
-            pod = dict(_json(self._core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)))
-        except ApiException as exc:
-            raise _api_error(exc) from None
-        return self._synced_pod(pod)
+        return self._synced_pod(self._read_pod(name, namespace))
 
     def _synced_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The pod with its kubelet's current status posted first if it changed (the status manager's sync)."""
         node_name = pod["spec"].get("nodeName")
         with self._lock:
             agent = self._agents.get(node_name) if node_name else None
-        if agent is None or not agent.node.running:
+        if agent is None:
             return pod
-        live = agent.node.pod_status(pod["metadata"]["uid"])
-        if live is None:
-            return pod
-        posted = self._post_pod_status(agent.node.name, pod["metadata"]["uid"], live, pod=pod)
-        return posted if posted is not None else pod
+        uid = pod["metadata"]["uid"]
+        patched = self._sync_pod_status(agent, uid)
+        if patched is not None:
+            return patched
+        with self._lock:
+            posted = agent.posted.get(uid)
+        status = pod.get("status") or {}
+        if posted is not None and any(status.get(k) != v for k, v in posted.items() if k != "conditions"):
+            # Read before another thread's post of the same status landed: read the result of that post.
+            return self._read_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
+        return pod
 
-    def _publish(self, node_name: str, uid: str, status: dict[str, Any]) -> None:
-        self._post_pod_status(node_name, uid, status)
+    def _read_pod(self, name: str, namespace: str) -> dict[str, Any]:
+        try:
+            return dict(_json(self._core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)))
+        except ApiException as exc:
+            raise _api_error(exc) from None
 
-    def _post_pod_status(self, node_name: str, uid: str, status: dict[str, Any], *, pod: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        """PATCH the status subresource when it differs from what was posted last; the updated pod, or ``None``."""
+    def _publish(self, node_name: str, uid: str) -> None:
         with self._lock:
             agent = self._agents.get(node_name)
-            key = self._uids.get(uid)
-            if agent is None or key is None or agent.posted.get(uid) == status:
+        if agent is not None:
+            self._sync_pod_status(agent, uid)
+
+    def _sync_pod_status(self, agent: _NodeAgent, uid: str) -> dict[str, Any] | None:
+        """PATCH the status subresource with the kubelet's status *now* when it differs from what was posted last;
+        the updated pod, or ``None``. One post at a time per node, each reading the status under the node's post
+        lock, so a slower post of an older status can never land after a newer one."""
+        with agent.post_lock:
+            if not agent.node.running:
                 return None
-            agent.posted[uid] = copy.deepcopy(status)
-        try:
-            resp = self._core.patch_namespaced_pod_status(
-                key[1], key[0], {"metadata": {"uid": uid}, "status": status}, _content_type=_STRATEGIC,
-                _preload_content=False, _request_timeout=self.timeout,
-            )  # fmt: skip
-        except ApiException as exc:
+            status = agent.node.pod_status(uid)
             with self._lock:
-                agent.posted.pop(uid, None)
-            if exc.status not in (404, 409):  # deleted (or replaced by a pod of the same name) meanwhile
-                _log.warning("posting status of pod %s/%s failed: %s", key[0], key[1], _api_error(exc))
-            return None
-        return dict(_json(resp))
+                key = self._uids.get(uid)
+                if status is None or key is None or agent.posted.get(uid) == status:
+                    return None
+            try:
+                resp = self._core.patch_namespaced_pod_status(
+                    key[1], key[0], {"metadata": {"uid": uid}, "status": status}, _content_type=_STRATEGIC,
+                    _preload_content=False, _request_timeout=self.timeout,
+                )  # fmt: skip
+            except ApiException as exc:
+                if exc.status not in (404, 409):  # deleted (or replaced by a pod of the same name) meanwhile
+                    _log.warning("posting status of pod %s/%s failed: %s", key[0], key[1], _api_error(exc))
+                return None
+            with self._lock:
+                agent.posted[uid] = status
+            return dict(_json(resp))
 
     def list_pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
         if namespace is None:
