@@ -24,6 +24,7 @@ import datetime
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,7 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 _STRATEGIC = "application/strategic-merge-patch+json"
 _MERGE = "application/merge-patch+json"
 #: Seconds an idle watch waits for data before it is re-opened (bounds how long ``close`` waits for it).
-_WATCH_IDLE_SECONDS = 2.0
+_WATCH_IDLE_SECONDS = 1.0
 
 
 def _api_error(exc: ApiException) -> errors.ApiError:
@@ -337,11 +338,15 @@ class ApiCluster:
 
     def _status_loop(self) -> None:
         """Node status on every device change; lease and status heartbeat every 10 s; pod statuses re-synced."""
+        last_beat = time.monotonic()
         while not self._closed.is_set():
-            heartbeat = not self._kick.wait(RENEW_SECONDS)
+            self._kick.wait(max(0.0, last_beat + RENEW_SECONDS - time.monotonic()))
             self._kick.clear()
             if self._closed.is_set():
                 return
+            heartbeat = time.monotonic() - last_beat >= RENEW_SECONDS
+            if heartbeat:
+                last_beat = time.monotonic()
             with self._lock:
                 agents = list(self._agents.values())
             for agent in agents:
