@@ -34,7 +34,7 @@ __all__ = ["ControlPlane", "CONTROLLERS", "stop_kept"]
 
 #: The controllers kube-controller-manager runs: the default ServiceAccount (pods need it to be admitted)
 #: and its token, and node lifecycle (it lifts the not-ready taint new Nodes are created with).
-CONTROLLERS = ("serviceaccount", "serviceaccount-token", "nodelifecycle")
+CONTROLLERS = ("serviceaccount-controller", "serviceaccount-token-controller", "node-lifecycle-controller")
 SERVICE_CIDR = "10.0.0.0/24"
 PIDS_FILE = "pids.json"
 

@@ -28,7 +28,11 @@ from .scheduler import NodeView, pod_requests, schedule
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
 
-__all__ = ["SimCluster"]
+__all__ = ["SimCluster", "BETA_LABELS"]
+
+#: What kube-controller-manager's node lifecycle controller adds to every Node (its reconcileNodeLabels: the
+#: deprecated beta twins of the kubelet's os/arch labels), seen on a real 1.34 control plane.
+BETA_LABELS = {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux"}
 
 _log = logging.getLogger(__name__)
 
@@ -132,7 +136,7 @@ class SimCluster:
             node = SimNode(
                 name,
                 self.workdir / name,
-                labels=labels,
+                labels={**BETA_LABELS, **(labels or {})},
                 taints=taints,
                 numa_nodes=numa_nodes,
                 topology_policy=topology_policy,
