@@ -191,6 +191,7 @@ class ControlPlane:
                 f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=RBAC",
                 "--allow-privileged=true", "--runtime-config=resource.k8s.io/v1=true",
+                "--feature-gates=ResourceHealthStatus=true",
                 "--enable-priority-and-fairness=false", "--profiling=false", "--v=0",
             ]  # fmt: skip
             return self._component(
