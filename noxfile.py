@@ -72,6 +72,9 @@ def tests(session: nox.Session) -> None:
     """Unit and integration tests on the embedded kubelet (no Docker needed), on every supported Python this
     machine has (``nox -s tests`` runs them all; ``nox -s "tests-3.11"`` or ``-p 3.11`` one)."""
     _install(session, GRPC_TOOLS, "build", "twine", HYPOTHESIS)
+    # The real control plane's binaries for the embedded-vs-real differential: the offline kind build's cache
+    # (the same dirs CI caches for it), built from Go modules when cold; instant when cached.
+    session.run("devplug", "control-plane", "build")
     session.run("pytest", "-m", "not kind", *session.posargs)
 
 
@@ -84,6 +87,7 @@ def tests_lowest(session: nox.Session) -> None:
     """
     session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
     session.install(HYPOTHESIS)  # a test tool, not a dependency: any release of it will do
+    session.run("devplug", "control-plane", "build")  # as in `tests`: the differential's control plane
     session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
                 "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
     # Left out: the stub drift test (needs the pinned generator, i.e. the newest grpcio) and the distribution

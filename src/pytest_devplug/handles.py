@@ -670,6 +670,13 @@ class ClusterHandle:
     def __repr__(self) -> str:
         return f"ClusterHandle(backend={self.backend.name!r})"
 
+    @property
+    def kubeconfig(self) -> str | None:
+        """A kubeconfig for kubectl or the ``kubernetes`` client while the run lasts (sim with
+        ``--devplug-control-plane real``: its admin kubeconfig); ``None`` where the backend has none to give."""
+        value = getattr(self.backend, "kubeconfig", None)
+        return str(value) if value else None
+
     def node(self, name: str) -> NodeHandle:
         return NodeHandle(self.backend, name, timeout=self.timeout, reregistration_timeout=self.reregistration_timeout)
 

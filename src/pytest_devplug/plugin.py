@@ -75,6 +75,9 @@ CONVENTIONS: dict[str, str] = {
     "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
 }
 
+#: Values of ``--devplug-control-plane``.
+CONTROL_PLANES = ("embedded", "real")
+
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The options as parsed once, in ``pytest_configure``.
 _SETTINGS_KEY = pytest.StashKey["DevplugSettings"]()
@@ -176,6 +179,20 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "grace-period",
         "sim: seconds the kubelet keeps a resource whose plugin went away",
         {"type": float, "default": DEFAULT_GRACE_PERIOD},
+    ),
+    (
+        "control-plane",
+        "sim: embedded (the harness's own API server and scheduler, default) or real (etcd, kube-apiserver, "
+        "kube-scheduler and kube-controller-manager as child processes, the embedded kubelets its Nodes; "
+        "kubectl works against devplug_cluster.kubeconfig)",
+        {"default": "embedded"},
+    ),
+    (
+        "k8s-bin-dir",
+        "sim with --devplug-control-plane real: directory with etcd, kube-apiserver, kube-scheduler, "
+        "kube-controller-manager (default: KUBEBUILDER_ASSETS, then the cache `devplug control-plane build` fills, "
+        "then the release binaries, SHA-256 checked)",
+        {},
     ),
     (
         "report",
@@ -308,6 +325,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     value raises :class:`pytest.UsageError` naming the option and what it accepts. ``pytest_configure``
     calls it once: read the result with :func:`get_settings`."""
     backend = _choice(config, "devplug_backend", BACKENDS)
+    control_plane = _choice(config, "devplug_control_plane", CONTROL_PLANES)
     resource = str(_opt(config, "devplug_resource_name"))
     cmd = _opt(config, "devplug_plugin_cmd")
     image = _opt(config, "devplug_plugin_image")
@@ -345,6 +363,8 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         timeout=timeout,
         reregistration_timeout=max(_number(config, "devplug_reregistration_timeout", float), timeout),
         grace_period=_number(config, "devplug_grace_period", float),
+        control_plane=control_plane,
+        k8s_bin_dir=_opt(config, "devplug_k8s_bin_dir"),
         cluster_name=str(_kind_opt(config, "cluster_name") or "pytest-kind"),
         keep_cluster=bool(_kind_opt(config, "keep_cluster")),
         kind_bin=_kind_opt(config, "kind_bin"),
@@ -443,7 +463,31 @@ def pytest_report_header(config: pytest.Config) -> str:
             "the plugin under test is printed when it is deployed"
         )
     config.stash[_HEADER_SPEC_KEY] = s.plugin
-    return f"devplug: backend={s.backend}; {_describe(s.backend, s.plugin)}"
+    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {_describe(s.backend, s.plugin)}"
+
+
+def _control_plane_header(s: DevplugSettings) -> str:
+    """``, control-plane=real (kubernetes v1.34.4, etcd v3.6.5 from ...)``: the binaries found now (no download)."""
+    if s.backend != "sim" or s.backend_options.control_plane != "real":
+        return ""
+    from .controlplane import BinariesNotFoundError, resolve
+
+    try:
+        found = resolve(s.backend_options.k8s_bin_dir, download=False).describe()
+    except BinariesNotFoundError:
+        found = "binaries to be downloaded"
+    return f", control-plane=real ({found})"
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """One line on the terminal, outside the capture (from a fixture)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(line)
 
 
 def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> None:
@@ -451,13 +495,7 @@ def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> N
     (a conftest loaded after the header, or one the header named, decides it)."""
     if config.stash.get(_HEADER_SPEC_KEY, None) == spec:
         return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:
-        return
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        reporter.ensure_newline()
-        reporter.write_line(f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
+    _say(config, f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -491,8 +529,9 @@ def devplug_plugin_spec(devplug_settings: DevplugSettings) -> PluginSpec:
 
 
 @pytest.fixture(scope="session")
-def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
-    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
+def devplug_cluster(pytestconfig: pytest.Config, devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
+    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards;
+    with a real control plane its ``kubeconfig`` works for kubectl until then, or after with --keep-cluster)."""
     try:
         backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
     except BackendUnavailableError as exc:
@@ -504,9 +543,15 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
             # Every devplug test would error the same way: stop once, saying why.
             pytest.exit(f"devplug: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         opts = devplug_settings.backend_options
-        yield ClusterHandle(backend, timeout=opts.timeout, reregistration_timeout=opts.reregistration_timeout)
+        handle = ClusterHandle(backend, timeout=opts.timeout, reregistration_timeout=opts.reregistration_timeout)
+        if handle.kubeconfig is not None and backend.name == "sim":
+            _say(pytestconfig, f"devplug: real control plane up; kubectl --kubeconfig {handle.kubeconfig} get nodes")
+        yield handle
     finally:
         backend.close()
+        kept = getattr(backend, "kept", None)
+        if kept:
+            _say(pytestconfig, f"devplug: the control plane is kept (--keep-cluster): {kept}")
 
 
 @pytest.fixture(scope="session")

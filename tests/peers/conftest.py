@@ -85,3 +85,20 @@ def docker_available() -> None:
         if _ci():
             pytest.fail(reason + " (CI=true: the kind tier must run there)", pytrace=False)
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def same_verdicts() -> Callable[[str, str, dict[str, str]], None]:
+    """Record a suite run's verdicts (test -> passed/skipped) by peer and control plane; once a peer ran on both
+    the embedded and the real control plane, the two must agree test for test."""
+    seen: dict[str, dict[str, dict[str, str]]] = {}
+
+    def record(peer: str, control_plane: str, verdicts: dict[str, str]) -> None:
+        runs = seen.setdefault(peer, {})
+        runs[control_plane] = verdicts
+        if len(runs) == 2:
+            emb, real = runs["embedded"], runs["real"]
+            differ = {t: (emb.get(t), real.get(t)) for t in sorted(set(emb) | set(real)) if emb.get(t) != real.get(t)}
+            assert not differ, f"{peer}: verdicts differ between the embedded and the real control plane (embedded, real): {differ}"
+
+    return record

@@ -382,6 +382,10 @@ class BackendOptions:
     reregistration_timeout: float = DEFAULT_REREGISTRATION_TIMEOUT
     #: sim: seconds the kubelet keeps a resource after its plugin went away (upstream: 300).
     grace_period: float = DEFAULT_GRACE_PERIOD
+    #: sim: ``embedded`` (the harness's API server and scheduler) or ``real`` (etcd, kube-apiserver, kube-scheduler).
+    control_plane: str = "embedded"
+    #: sim, real control plane: a directory with its binaries (``None``: KUBEBUILDER_ASSETS, the cache, a download).
+    k8s_bin_dir: str | None = None
     # kind: pytest-kind-ng's --cluster-name etc. (or pytest-devplug's own, same names, without the extra):
     cluster_name: str = "pytest-kind"
     keep_cluster: bool = False
