@@ -44,6 +44,7 @@ from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_tes
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
 from .report import ReportWriter, note_run
+from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
     "DevplugSettings",
@@ -156,6 +157,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology (default 2)", {"type": int}),
     ("timeout", "seconds every bounded wait may take (default 20)", {"type": float}),
     ("grace-period", "sim: seconds the kubelet keeps a resource whose plugin went away (default 300)", {"type": float}),
+    (
+        "soak",
+        "seconds the long-lived connection check holds one registration of a second copy of the plugin on a node "
+        f"of its own, overlapped with the other checks (default {DEFAULT_SOAK_S:g}; 0 switches the check off)",
+        {"type": float},
+    ),
     (
         "report",
         "write a Markdown report of the run to this file (one row per check, grouped core / conventions / faults) "
@@ -326,9 +333,35 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        f"{SOAK_MARKER}: the long-lived connection verdict; runs last, the soaking copy of the plugin starts with the "
+        "first test (see --devplug-soak)",
+    )
+    config.addinivalue_line(
+        "markers",
         f"{GRACE_PERIOD_MARKER}: the test waits out the kubelet's grace period after its plugin went away (5 min on a "
         "real kubelet); select it with -m to run it on a node of its own, in parallel with the rest (nox -s e2e does)",
     )
+
+
+def soak_seconds(config: pytest.Config) -> float:
+    """``--devplug-soak`` (ini ``devplug_soak``), checked: a number of seconds, 0 or more."""
+    value = _opt(config, "devplug_soak")
+    try:
+        seconds = DEFAULT_SOAK_S if value is None else float(value)
+    except ValueError:
+        raise pytest.UsageError(f"devplug_soak = {value!r}: give a number of seconds (e.g. 30), 0 to switch it off") from None
+    if not seconds >= 0:
+        raise pytest.UsageError(f"devplug_soak = {value!r}: seconds must be 0 or more")
+    return seconds
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soak verdict runs last, so the soak overlaps every other check instead of adding its time."""
+    soaking = [i for i in items if i.get_closest_marker(SOAK_MARKER) is not None]
+    if soaking:
+        soak_seconds(config)  # a bad value stops the run here, once
+        items[:] = [i for i in items if i.get_closest_marker(SOAK_MARKER) is None] + soaking
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -530,6 +563,29 @@ def _devplug_deployment(
     _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
     note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node))
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
+
+
+@pytest.fixture(scope="session")
+def devplug_soak(
+    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec
+) -> Iterator[SoakWatch]:
+    """The long-lived connection watch (a SoakWatch), for the whole session: a second copy of the plugin on a node of
+    its own, registered once and left alone; ``.verdict(timeout)`` waits until it has been registered for
+    ``--devplug-soak`` seconds. Started by the first test of a session that collected a soak check."""
+    watch = SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name)
+    try:
+        watch.start()
+        yield watch
+    finally:
+        watch.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _devplug_soak_early(request: pytest.FixtureRequest) -> None:
+    """Start the soak with the session's first test when a soak check is collected and the soak is on."""
+    items = request.session.items
+    if soak_seconds(request.config) > 0 and any(i.get_closest_marker(SOAK_MARKER) is not None for i in items):
+        request.getfixturevalue("devplug_soak")
 
 
 @pytest.fixture
