@@ -64,11 +64,12 @@ def test_device_ids_stable_across_restarts(devplug_pod: PodFactory, devplug_plug
     n = node.capacity(res)
     pod = devplug_pod(count=1, wait=True)
     before = sorted(set(node.device_ids(res)))
-    steps = [
-        ("a plugin restart", devplug_plugin.restart),
-        ("a SIGKILL and start", lambda: (devplug_plugin.kill(), devplug_plugin.start())),
-        ("a kubelet restart", node.restart_kubelet),
-    ]
+
+    def kill_and_start() -> None:
+        devplug_plugin.kill()
+        devplug_plugin.start()
+
+    steps = [("a plugin restart", devplug_plugin.restart), ("a SIGKILL and start", kill_and_start), ("a kubelet restart", node.restart_kubelet)]
     for what, step in steps:
         step()
         assert_allocatable(devplug_plugin, n, capacity=n)
