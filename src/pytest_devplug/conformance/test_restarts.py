@@ -47,29 +47,26 @@ def test_abrupt_kill_then_restart_serves_again(devplug_pod: PodFactory, devplug_
     res, node = devplug_plugin.resource_name, devplug_plugin.node
     n = node.capacity(res)
     pod = devplug_pod(count=1, wait=True)
-    held = pod.allocated_devices
+    held, ids = pod.allocated_devices, sorted(set(node.device_ids(res)))
     devplug_plugin.kill()
     assert_allocatable(devplug_plugin, 0, capacity=n)
     devplug_plugin.start()
     assert_allocatable(devplug_plugin, n, capacity=n)
+    after = sorted(set(node.device_ids(res)))
+    assert after == ids, f"after a SIGKILL and start the plugin lists {after}; before it listed {ids}"
     _keeps(pod, held, "the plugin was killed and started again")
     _new_pod_gets_others(devplug_pod, held, "the plugin was killed and started again")
 
 
 @pytest.mark.devplug_disruptive
 def test_device_ids_stable_across_restarts(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
-    """The plugin lists the same device IDs after it restarts, after it is killed and after a kubelet restart;
-    the checkpoint's registered devices stay those IDs."""
+    """The plugin lists the same device IDs after it restarts and after a kubelet restart (after a SIGKILL:
+    ``test_abrupt_kill_then_restart_serves_again``); the checkpoint's registered devices stay those IDs."""
     res, node = devplug_plugin.resource_name, devplug_plugin.node
     n = node.capacity(res)
     pod = devplug_pod(count=1, wait=True)
     before = sorted(set(node.device_ids(res)))
-
-    def kill_and_start() -> None:
-        devplug_plugin.kill()
-        devplug_plugin.start()
-
-    steps = [("a plugin restart", devplug_plugin.restart), ("a SIGKILL and start", kill_and_start), ("a kubelet restart", node.restart_kubelet)]
+    steps = [("a plugin restart", devplug_plugin.restart), ("a kubelet restart", node.restart_kubelet)]
     for what, step in steps:
         step()
         assert_allocatable(devplug_plugin, n, capacity=n)
@@ -133,19 +130,15 @@ def _health_round_trip(plugin: PluginHandle, faults: FaultInjector, after: str) 
 
 
 @pytest.mark.devplug_disruptive
-def test_health_reported_after_kubelet_restart(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:
-    """The stream the plugin opens for the restarted kubelet carries health changes, and recovery is full."""
+def test_health_reported_after_kubelet_and_plugin_restarts(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:
+    """The stream the plugin opens for a restarted kubelet, and the health watch of a restarted plugin, carry
+    health changes as the first ones did; devices Healthy again bring allocatable back to n of n each time."""
+    n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
     assert_reregisters_after_kubelet_restart(devplug_plugin)
     _health_round_trip(devplug_plugin, devplug_faults, "a kubelet restart")
-
-
-@pytest.mark.devplug_disruptive
-def test_health_reported_after_plugin_restart(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:
-    """A restarted plugin's health watch works as the first one did, and recovery is full."""
-    n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
     devplug_plugin.restart()
     assert_allocatable(devplug_plugin, n, capacity=n)
-    _health_round_trip(devplug_plugin, devplug_faults, "a plugin restart")
+    _health_round_trip(devplug_plugin, devplug_faults, "a kubelet restart and then a plugin restart")
 
 
 @pytest.mark.devplug_disruptive
