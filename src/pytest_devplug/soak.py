@@ -34,6 +34,8 @@ class SoakWatch:
         self.node: NodeHandle | None = None
         self.plugin: PluginHandle | None = None
         self.registered_at: float | None = None
+        #: (capacity, allocatable) right after the registration: what the soak must still see at its end.
+        self.expected: tuple[int | None, int | None] = (None, None)
         #: Why no soak runs on this backend (a check asking for a verdict skips quoting it).
         self.unsupported: str | None = None
         #: Why the soaking copy did not come up (the check fails quoting it).
@@ -58,6 +60,7 @@ class SoakWatch:
             self.failed_start = str(exc).splitlines()[0]
             return
         self.registered_at = time.monotonic()
+        self.expected = node.counts(self.spec.resource_name)
 
     def verdict(self, timeout: float) -> None:
         """Wait (bounded) until the registration has lived ``seconds``; fail as soon as it is lost."""
@@ -66,7 +69,7 @@ class SoakWatch:
         if self.failed_start is not None or self.node is None or self.plugin is None or self.registered_at is None:
             raise AssertionError(f"the soaking copy of the plugin never registered: {self.failed_start}")
         node, plugin, res, start = self.node, self.plugin, self.spec.resource_name, self.registered_at
-        want = node.counts(res)
+        want = self.expected
 
         def sample() -> tuple[tuple[int | None, int | None], float]:
             return node.counts(res), time.monotonic() - start
