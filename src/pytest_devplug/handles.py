@@ -15,6 +15,7 @@ from typing import Any
 from .backends import mockstate
 from .backends.base import (
     DEFAULT_REREGISTRATION_TIMEOUT,
+    DEFAULT_IMAGE,
     Backend,
     Checkpoint,
     ContainerView,
@@ -43,8 +44,6 @@ __all__ = [
     "parse_quantity",
 ]
 
-#: The container image of pods made by :class:`PodFactory` (kind needs a shell for ``exec``).
-DEFAULT_IMAGE = "busybox:1.36"
 
 
 def parse_quantity(value: str | int | None) -> int:
@@ -119,6 +118,18 @@ class NodeHandle:
 
     def restart_kubelet(self) -> None:
         self.backend.restart_kubelet(self.name)
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet and keep it down (containers keep running) until :meth:`start_kubelet`."""
+        self.backend.stop_kubelet(self.name)
+
+    def start_kubelet(self) -> None:
+        self.backend.start_kubelet(self.name)
+
+    def reboot(self) -> None:
+        """Reboot the node: containers and plugin processes go, the kubelet starts again; the plugin does not
+        (``PluginHandle.start`` brings it back, as its DaemonSet would)."""
+        self.backend.reboot_node(self.name)
 
     def kubelet_log(self) -> str:
         return self.backend.kubelet_log(self.name)
@@ -670,6 +681,13 @@ class ClusterHandle:
 
     def __repr__(self) -> str:
         return f"ClusterHandle(backend={self.backend.name!r})"
+
+    @property
+    def kubeconfig(self) -> str | None:
+        """A kubeconfig for kubectl or the ``kubernetes`` client while the run lasts (sim with
+        ``--devplug-control-plane real``: its admin kubeconfig); ``None`` where the backend has none to give."""
+        value = getattr(self.backend, "kubeconfig", None)
+        return str(value) if value else None
 
     def node(self, name: str) -> NodeHandle:
         return NodeHandle(self.backend, name, timeout=self.timeout, reregistration_timeout=self.reregistration_timeout)

@@ -47,6 +47,7 @@ from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_tes
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
 from .report import ReportWriter, note_run
+from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
     "DevplugSettings",
@@ -75,6 +76,9 @@ CONVENTIONS: dict[str, str] = {
     "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
 }
 
+#: Values of ``--devplug-control-plane``.
+CONTROL_PLANES = ("embedded", "real")
+
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The options as parsed once, in ``pytest_configure``.
 _SETTINGS_KEY = pytest.StashKey["DevplugSettings"]()
@@ -93,6 +97,8 @@ class DevplugSettings:
     included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
     #: Whether @devplug_disruptive tests run (cluster backend: only with --devplug-allow-disruptive).
     allow_disruptive: bool = True
+    #: Seconds the long-lived connection check holds its registration (``--devplug-soak``; 0: off).
+    soak: float = DEFAULT_SOAK_S
 
 
 #: Why there is nothing to test: no plugin option, and the included plugin (its own distribution) is absent.
@@ -144,7 +150,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("kube-context", "cluster: kubeconfig context (default: the current one; the file: --kubeconfig)", {}),
-    ("node", "cluster: the node to test on (default: the first node advertising the resource)", {}),
+    (
+        "node",
+        "kind, cluster: the node to test on (default: the first node advertising the resource, else one labelled "
+        "devplug.io/gpu=true)",
+        {},
+    ),
     (
         "plugin-daemonset",
         "cluster: NAMESPACE/NAME of a running plugin DaemonSet to test as it is, instead of deploying one",
@@ -171,6 +182,26 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "grace-period",
         "sim: seconds the kubelet keeps a resource whose plugin went away",
         {"type": float, "default": DEFAULT_GRACE_PERIOD},
+    ),
+    (
+        "control-plane",
+        "sim: embedded (the harness's own API server and scheduler, default) or real (etcd, kube-apiserver, "
+        "kube-scheduler and kube-controller-manager as child processes, the embedded kubelets its Nodes; "
+        "kubectl works against devplug_cluster.kubeconfig)",
+        {"default": "embedded"},
+    ),
+    (
+        "k8s-bin-dir",
+        "sim with --devplug-control-plane real: directory with etcd, kube-apiserver, kube-scheduler, "
+        "kube-controller-manager (default: KUBEBUILDER_ASSETS, then the cache `devplug control-plane build` fills, "
+        "then the release binaries, SHA-256 checked)",
+        {},
+    ),
+    (
+        "soak",
+        "seconds the long-lived connection check holds one registration of a second copy of the plugin on a node "
+        "of its own, overlapped with the other checks (0 switches the check off)",
+        {"type": float, "default": DEFAULT_SOAK_S},
     ),
     (
         "report",
@@ -303,6 +334,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     value raises :class:`pytest.UsageError` naming the option and what it accepts. ``pytest_configure``
     calls it once: read the result with :func:`get_settings`."""
     backend = _choice(config, "devplug_backend", BACKENDS)
+    control_plane = _choice(config, "devplug_control_plane", CONTROL_PLANES)
     resource = str(_opt(config, "devplug_resource_name"))
     cmd = _opt(config, "devplug_plugin_cmd")
     image = _opt(config, "devplug_plugin_image")
@@ -340,6 +372,8 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         timeout=timeout,
         reregistration_timeout=max(_number(config, "devplug_reregistration_timeout", float), timeout),
         grace_period=_number(config, "devplug_grace_period", float),
+        control_plane=control_plane,
+        k8s_bin_dir=_opt(config, "devplug_k8s_bin_dir"),
         cluster_name=str(_kind_opt(config, "cluster_name") or "pytest-kind"),
         keep_cluster=bool(_kind_opt(config, "keep_cluster")),
         kind_bin=_kind_opt(config, "kind_bin"),
@@ -361,6 +395,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         _choice(config, "devplug_missing_faults", ("skip", "fail")),
         included_plugin=not custom,
         allow_disruptive=allow_disruptive,
+        soak=_number(config, "devplug_soak", float),
     )
 
 
@@ -392,9 +427,28 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        f"{SOAK_MARKER}: the long-lived connection verdict; runs last, the soaking copy of the plugin starts with the "
+        "first test (see --devplug-soak)",
+    )
+    config.addinivalue_line(
+        "markers",
         f"{GRACE_PERIOD_MARKER}: the test waits out the kubelet's grace period after its plugin went away (5 min on a "
         "real kubelet); select it with -m to run it on a node of its own, in parallel with the rest (nox -s e2e does)",
     )
+
+
+def soak_seconds(config: pytest.Config) -> float:
+    """``--devplug-soak`` (ini ``devplug_soak``) as parsed once with the other options."""
+    return get_settings(config).soak
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soak verdict runs last, so the soak overlaps every other check instead of adding its time."""
+    soaking = [i for i in items if i.get_closest_marker(SOAK_MARKER) is not None]
+    if soaking:
+        soak_seconds(config)  # a bad value stops the run here, once
+        items[:] = [i for i in items if i.get_closest_marker(SOAK_MARKER) is None] + soaking
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -438,7 +492,31 @@ def pytest_report_header(config: pytest.Config) -> str:
             "the plugin under test is printed when it is deployed"
         )
     config.stash[_HEADER_SPEC_KEY] = s.plugin
-    return f"devplug: backend={s.backend}; {_describe(s.backend, s.plugin)}"
+    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {_describe(s.backend, s.plugin)}"
+
+
+def _control_plane_header(s: DevplugSettings) -> str:
+    """``, control-plane=real (kubernetes v1.34.4, etcd v3.6.5 from ...)``: the binaries found now (no download)."""
+    if s.backend != "sim" or s.backend_options.control_plane != "real":
+        return ""
+    from .controlplane import BinariesNotFoundError, resolve
+
+    try:
+        found = resolve(s.backend_options.k8s_bin_dir, download=False).describe()
+    except BinariesNotFoundError:
+        found = "binaries to be downloaded"
+    return f", control-plane=real ({found})"
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """One line on the terminal, outside the capture (from a fixture)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(line)
 
 
 def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> None:
@@ -446,13 +524,7 @@ def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> N
     (a conftest loaded after the header, or one the header named, decides it)."""
     if config.stash.get(_HEADER_SPEC_KEY, None) == spec:
         return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:
-        return
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        reporter.ensure_newline()
-        reporter.write_line(f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
+    _say(config, f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -486,8 +558,9 @@ def devplug_plugin_spec(devplug_settings: DevplugSettings) -> PluginSpec:
 
 
 @pytest.fixture(scope="session")
-def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
-    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
+def devplug_cluster(pytestconfig: pytest.Config, devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
+    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards;
+    with a real control plane its ``kubeconfig`` works for kubectl until then, or after with --keep-cluster)."""
     try:
         backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
     except BackendUnavailableError as exc:
@@ -499,9 +572,15 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
             # Every devplug test would error the same way: stop once, saying why.
             pytest.exit(f"devplug: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         opts = devplug_settings.backend_options
-        yield ClusterHandle(backend, timeout=opts.timeout, reregistration_timeout=opts.reregistration_timeout)
+        handle = ClusterHandle(backend, timeout=opts.timeout, reregistration_timeout=opts.reregistration_timeout)
+        if handle.kubeconfig is not None and backend.name == "sim":
+            _say(pytestconfig, f"devplug: real control plane up; kubectl --kubeconfig {handle.kubeconfig} get nodes")
+        yield handle
     finally:
         backend.close()
+        kept = getattr(backend, "kept", None)
+        if kept:
+            _say(pytestconfig, f"devplug: the control plane is kept (--keep-cluster): {kept}")
 
 
 @pytest.fixture(scope="session")
@@ -600,6 +679,29 @@ def _devplug_deployment(
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 
+@pytest.fixture(scope="session")
+def devplug_soak(
+    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec
+) -> Iterator[SoakWatch]:
+    """The long-lived connection watch (a SoakWatch), for the whole session: a second copy of the plugin on a node of
+    its own, registered once and left alone; ``.verdict(timeout)`` waits until it has been registered for
+    ``--devplug-soak`` seconds. Started by the first test of a session that collected a soak check."""
+    watch = SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name)
+    try:
+        watch.start()
+        yield watch
+    finally:
+        watch.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _devplug_soak_early(request: pytest.FixtureRequest) -> None:
+    """Start the soak with the session's first test when a soak check is collected and the soak is on."""
+    items = request.session.items
+    if soak_seconds(request.config) > 0 and any(i.get_closest_marker(SOAK_MARKER) is not None for i in items):
+        request.getfixturevalue("devplug_soak")
+
+
 @pytest.fixture
 def devplug_plugin(
     request: pytest.FixtureRequest, _devplug_deployment: _Deployment, devplug_settings: DevplugSettings
@@ -618,7 +720,8 @@ def devplug_plugin(
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
     handle = _devplug_deployment.get()
     yield handle
-    if "devplug_faults" in getattr(request.node, "funcargs", {}):
+    # After an interrupt (Ctrl-C, SIGTERM) pytest tears this down at session end, with funcargs already None.
+    if "devplug_faults" in (getattr(request.node, "funcargs", None) or {}):
         _devplug_deployment.faults_handed_out()
     _devplug_deployment.reset_if_needed()
 

@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
     "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_IMAGE",
 ]
 
 #: The resource the included GPU plugin advertises unless told otherwise.
@@ -57,6 +58,9 @@ DEFAULT_TIMEOUT = 20.0
 DEFAULT_REREGISTRATION_TIMEOUT = 40.0
 #: The kubelet's ``endpointStopGracePeriod``: a resource whose plugin went away is kept this long.
 DEFAULT_GRACE_PERIOD = 300.0
+#: The container image of pods made by the fixtures' ``PodFactory`` (kind needs a shell for ``exec``); a
+#: backend with no registry substitutes a local image for it.
+DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
 
@@ -262,7 +266,7 @@ class Backend(Protocol):
 
     #: ``"sim"``, ``"kind"`` or ``"cluster"``.
     name: str
-    #: Namespace of the test pods (``"default"``; the cluster backend makes its own for the session).
+    #: Namespace of the test pods (sim: ``"default"``; kind and cluster make one of their own for the session).
     pod_namespace: str
 
     # -- cluster lifecycle -------------------------------------------------------------------------
@@ -309,6 +313,17 @@ class Backend(Protocol):
         """Restart the kubelet; containers and plugin processes keep running."""
 
     def kubelet_log(self, node: str) -> str: ...
+
+    def stop_kubelet(self, node: str) -> None:
+        """Stop the kubelet and leave it down (containers keep running) until ``start_kubelet``; raises
+        ``UnsupportedOperationError`` where the backend cannot keep a kubelet down and still serve the API."""
+
+    def start_kubelet(self, node: str) -> None:
+        """Start a kubelet ``stop_kubelet`` stopped; returns once it re-admitted the pods bound to the node."""
+
+    def reboot_node(self, node: str) -> None:
+        """Reboot the node: every container and plugin process goes, then the kubelet starts again. The plugin
+        is not started again (a DaemonSet's pod would come back later: ``start_plugin`` plays that part)."""
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         """The NUMA node IDs of the node's machine, as its kubelet's Topology Manager sees them (cadvisor).
@@ -378,6 +393,10 @@ class BackendOptions:
     reregistration_timeout: float = DEFAULT_REREGISTRATION_TIMEOUT
     #: sim: seconds the kubelet keeps a resource after its plugin went away (upstream: 300).
     grace_period: float = DEFAULT_GRACE_PERIOD
+    #: sim: ``embedded`` (the harness's API server and scheduler) or ``real`` (etcd, kube-apiserver, kube-scheduler).
+    control_plane: str = "embedded"
+    #: sim, real control plane: a directory with its binaries (``None``: KUBEBUILDER_ASSETS, the cache, a download).
+    k8s_bin_dir: str | None = None
     # kind: pytest-kind-ng's --cluster-name etc. (or pytest-devplug's own, same names, without the extra):
     cluster_name: str = "pytest-kind"
     keep_cluster: bool = False
