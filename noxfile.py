@@ -12,7 +12,7 @@ import nox
 
 ROOT = Path(__file__).parent
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests", "conformance"]
+nox.options.sessions = ["lint", "tests", "conformance"]
 nox.options.error_on_missing_interpreters = False
 
 PYTHON = ["3.11", "3.12", "3.13", "3.10"]
@@ -36,11 +36,45 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install("-e", ".[kind]", "-e", "./plugin_under_test", *extra)
 
 
+RUFF = "ruff>=0.6"
+
+
 @nox.session(python=PYTHON[0])
+def lint(session: nox.Session) -> None:
+    """ruff on src/ and tests/ (pyproject's [tool.ruff]) and mypy --strict on both distributions' sources."""
+    _install(session, RUFF, "mypy>=1.10", "types-protobuf", "types-PyYAML")
+    session.run("ruff", "check", "src", "tests", "plugin_under_test/src", "noxfile.py")
+    session.run("mypy")  # strict = true in pyproject's [tool.mypy]
+
+
+def _put_pyenv_builds_on_path(versions: list[str]) -> list[str]:
+    """Put the pyenv build of each version whose ``python<version>`` does not run (a pyenv shim without that
+    version selected) first on PATH, so sessions are named ``tests-3.12`` whatever the machine; returns the
+    versions this machine can run."""
+    found = []
+    for version in versions:
+        exe = _interpreter(version)
+        if os.sep in exe:
+            os.environ["PATH"] = f"{Path(exe).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+            found.append(version)
+        elif shutil.which(exe := f"python{version}"):
+            if subprocess.run([exe, "-c", ""], capture_output=True, check=False).returncode == 0:
+                found.append(version)
+    return found
+
+
+#: pyproject's classifiers (3.10-3.13) that this machine has, in PYTHON's order.
+TEST_PYTHONS = _put_pyenv_builds_on_path(PYTHON) or [PYTHON[0]]
+
+
+@nox.session(python=TEST_PYTHONS)
 def tests(session: nox.Session) -> None:
-    """Unit and integration tests on the embedded kubelet (no Docker needed)."""
-    _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf", "build", "twine", HYPOTHESIS)
-    session.run("mypy")
+    """Unit and integration tests on the embedded kubelet (no Docker needed), on every supported Python this
+    machine has (``nox -s tests`` runs them all; ``nox -s "tests-3.11"`` or ``-p 3.11`` one)."""
+    _install(session, GRPC_TOOLS, "build", "twine", HYPOTHESIS)
+    # The real control plane's binaries for the embedded-vs-real differential: the offline kind build's cache
+    # (the same dirs CI caches for it), built from Go modules when cold; instant when cached.
+    session.run("devplug", "control-plane", "build")
     session.run("pytest", "-m", "not kind", *session.posargs)
 
 
@@ -53,6 +87,7 @@ def tests_lowest(session: nox.Session) -> None:
     """
     session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
     session.install(HYPOTHESIS)  # a test tool, not a dependency: any release of it will do
+    session.run("devplug", "control-plane", "build")  # as in `tests`: the differential's control plane
     session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
                 "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
     # Left out: the stub drift test (needs the pinned generator, i.e. the newest grpcio) and the distribution

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kind_helpers import unavailable
+from .kind_helpers import unavailable
 from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
 from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError
 from pytest_devplug.backends.kind import KindBackend

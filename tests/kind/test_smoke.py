@@ -18,16 +18,17 @@ from typing import Any
 import pytest
 import yaml
 
-from kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
+from .kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
 
 from pytest_devplug.backends.k8s.manifests import mock_library_file
+
+from ..support import RESOURCE
 
 pytestmark = pytest.mark.kind
 
 PLUGIN_DIR = REPO / "plugin_under_test"
 PLUGIN_IMAGE = "devplug/gpu-plugin:kind-smoke"
 MOCK_STATE = "/var/lib/devplug/mock-state.json"
-RESOURCE = "nvidia.com/gpu"
 GPU_LABEL = "devplug.io/gpu=true"
 
 
