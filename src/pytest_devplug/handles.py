@@ -119,6 +119,18 @@ class NodeHandle:
     def restart_kubelet(self) -> None:
         self.backend.restart_kubelet(self.name)
 
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet and keep it down (containers keep running) until :meth:`start_kubelet`."""
+        self.backend.stop_kubelet(self.name)
+
+    def start_kubelet(self) -> None:
+        self.backend.start_kubelet(self.name)
+
+    def reboot(self) -> None:
+        """Reboot the node: containers and plugin processes go, the kubelet starts again; the plugin does not
+        (``PluginHandle.start`` brings it back, as its DaemonSet would)."""
+        self.backend.reboot_node(self.name)
+
     def kubelet_log(self) -> str:
         return self.backend.kubelet_log(self.name)
 

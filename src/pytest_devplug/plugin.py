@@ -47,6 +47,7 @@ from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_tes
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
 from .report import ReportWriter, note_run
+from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
     "DevplugSettings",
@@ -96,6 +97,8 @@ class DevplugSettings:
     included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
     #: Whether @devplug_disruptive tests run (cluster backend: only with --devplug-allow-disruptive).
     allow_disruptive: bool = True
+    #: Seconds the long-lived connection check holds its registration (``--devplug-soak``; 0: off).
+    soak: float = DEFAULT_SOAK_S
 
 
 #: Why there is nothing to test: no plugin option, and the included plugin (its own distribution) is absent.
@@ -193,6 +196,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "kube-controller-manager (default: KUBEBUILDER_ASSETS, then the cache `devplug control-plane build` fills, "
         "then the release binaries, SHA-256 checked)",
         {},
+    ),
+    (
+        "soak",
+        "seconds the long-lived connection check holds one registration of a second copy of the plugin on a node "
+        "of its own, overlapped with the other checks (0 switches the check off)",
+        {"type": float, "default": DEFAULT_SOAK_S},
     ),
     (
         "report",
@@ -386,6 +395,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         _choice(config, "devplug_missing_faults", ("skip", "fail")),
         included_plugin=not custom,
         allow_disruptive=allow_disruptive,
+        soak=_number(config, "devplug_soak", float),
     )
 
 
@@ -417,9 +427,28 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        f"{SOAK_MARKER}: the long-lived connection verdict; runs last, the soaking copy of the plugin starts with the "
+        "first test (see --devplug-soak)",
+    )
+    config.addinivalue_line(
+        "markers",
         f"{GRACE_PERIOD_MARKER}: the test waits out the kubelet's grace period after its plugin went away (5 min on a "
         "real kubelet); select it with -m to run it on a node of its own, in parallel with the rest (nox -s e2e does)",
     )
+
+
+def soak_seconds(config: pytest.Config) -> float:
+    """``--devplug-soak`` (ini ``devplug_soak``) as parsed once with the other options."""
+    return get_settings(config).soak
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soak verdict runs last, so the soak overlaps every other check instead of adding its time."""
+    soaking = [i for i in items if i.get_closest_marker(SOAK_MARKER) is not None]
+    if soaking:
+        soak_seconds(config)  # a bad value stops the run here, once
+        items[:] = [i for i in items if i.get_closest_marker(SOAK_MARKER) is None] + soaking
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -648,6 +677,29 @@ def _devplug_deployment(
     _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
     note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node))
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
+
+
+@pytest.fixture(scope="session")
+def devplug_soak(
+    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec
+) -> Iterator[SoakWatch]:
+    """The long-lived connection watch (a SoakWatch), for the whole session: a second copy of the plugin on a node of
+    its own, registered once and left alone; ``.verdict(timeout)`` waits until it has been registered for
+    ``--devplug-soak`` seconds. Started by the first test of a session that collected a soak check."""
+    watch = SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name)
+    try:
+        watch.start()
+        yield watch
+    finally:
+        watch.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _devplug_soak_early(request: pytest.FixtureRequest) -> None:
+    """Start the soak with the session's first test when a soak check is collected and the soak is on."""
+    items = request.session.items
+    if soak_seconds(request.config) > 0 and any(i.get_closest_marker(SOAK_MARKER) is not None for i in items):
+        request.getfixturevalue("devplug_soak")
 
 
 @pytest.fixture

@@ -194,3 +194,54 @@ def test_sharing_two_ids_one_device_node(shared_sides: tuple[Side, Side]) -> Non
     assert len(seen["devices"]) == REPLICAS and len({d.split("::")[0] for d in seen["devices"]}) == 1, seen["devices"]
     assert seen["stored_device_nodes"].count("/dev/nvidia0") == REPLICAS, seen["stored_device_nodes"]
     assert [p for p, _ in seen["device_nodes"]].count("/dev/nvidia0") == 1, seen["device_nodes"]
+
+
+def test_init_and_restartable_init_containers_share_devices_the_same_way(sides: tuple[Side, Side]) -> None:
+    """Upstream's restartable-init pod: init-1 and sidecar-2 share a device, main gets another; checkpoint entries
+    and pod-resources' containers read the same on both backends (as sets: the kubelet's order is random)."""
+    out = {}
+    for s in sides:
+        body = s.pods.manifest(gpus=1, name="diff-init")
+        res = s.plugin.resource_name
+
+        def init(name: str, sidecar: bool) -> dict[str, Any]:
+            c: dict[str, Any] = {"name": name, "image": body["spec"]["containers"][0]["image"],
+                                 "command": ["sleep", "3600"] if sidecar else ["sh", "-c", "true"],
+                                 "resources": {"limits": {res: "1"}}}  # fmt: skip
+            if sidecar:
+                c["restartPolicy"] = "Always"
+            return c
+
+        body["spec"]["initContainers"] = [init("init-1", False), init("sidecar-2", True)]
+        pod = s.pods(manifest=body, wait=True)
+        raw = s.plugin.backend.read_checkpoint(s.plugin.node.name)
+        entries = parse_checkpoint(raw).entries_for(pod.uid) if raw else []
+        held = {e.container_name: e.all_device_ids for e in entries}
+        listed = sorted((c.name, len(c.device_ids(res))) for p in s.plugin.node.pod_resources() if p.name == pod.name for c in p.containers)
+        out[s.name] = {
+            "phase": pod.phase,
+            "containers": sorted(held),
+            "sidecar_shares_init": held.get("sidecar-2") == held.get("init-1"),
+            "main_apart": not set(held.get("main", [])) & set(held.get("sidecar-2", [])),
+            "pod_resources": listed,
+        }
+    seen = _same(out, "pod with an init and a restartable init container")
+    assert seen["sidecar_shares_init"] and seen["main_apart"], seen
+
+
+def test_abrupt_kill_then_restart_reads_the_same(sides: tuple[Side, Side]) -> None:
+    """SIGKILL (sim) / force-delete (kind) of the plugin with a pod running: 4/0, then started again 4/4, the
+    pod keeps its device, a new pod gets another."""
+    out = {}
+    for s in sides:
+        res = s.plugin.resource_name
+        pod = s.pods(gpus=1, name="diff-kill", wait=True)
+        held = pod.allocated_devices
+        s.plugin.kill()
+        down = wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 0), timeout=60, what=f"{s.name}: 4/0 after the kill")
+        s.plugin.start()
+        up = wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: 4/4 after the start")
+        other = s.pods(gpus=1, name="diff-kill-2", wait=True)
+        out[s.name] = (down, up, pod.phase, pod.allocated_devices == held, bool(set(other.allocated_devices) - set(held)))
+    seen = _same(out, "plugin killed and started again")
+    assert seen[2:] == ("Running", True, True), seen

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kind_helpers import KindCluster
+from .kind_helpers import KindCluster
 
 from pytest_devplug.backends.k8s.ownership import MANAGED_BY
 from pytest_devplug.waiting import wait_for

@@ -314,6 +314,17 @@ class Backend(Protocol):
 
     def kubelet_log(self, node: str) -> str: ...
 
+    def stop_kubelet(self, node: str) -> None:
+        """Stop the kubelet and leave it down (containers keep running) until ``start_kubelet``; raises
+        ``UnsupportedOperationError`` where the backend cannot keep a kubelet down and still serve the API."""
+
+    def start_kubelet(self, node: str) -> None:
+        """Start a kubelet ``stop_kubelet`` stopped; returns once it re-admitted the pods bound to the node."""
+
+    def reboot_node(self, node: str) -> None:
+        """Reboot the node: every container and plugin process goes, then the kubelet starts again. The plugin
+        is not started again (a DaemonSet's pod would come back later: ``start_plugin`` plays that part)."""
+
     def machine_numa_nodes(self, node: str) -> list[int]:
         """The NUMA node IDs of the node's machine, as its kubelet's Topology Manager sees them (cadvisor).
 

@@ -356,6 +356,21 @@ class KubeBackend:
     def kubelet_log(self, node: str) -> str:
         return self.nodeops.kubelet_log(node)
 
+    def stop_kubelet(self, node: str) -> None:
+        raise UnsupportedOperationError(
+            "keeping a real kubelet down while pods are force-deleted through the API is not implemented for "
+            f"{self.name} (it needs the node-status and pod-resources catch-up restart_kubelet does, after a stop)"
+        )
+
+    def start_kubelet(self, node: str) -> None:
+        raise UnsupportedOperationError(f"{self.name}: no kubelet was stopped by stop_kubelet (not implemented here)")
+
+    def reboot_node(self, node: str) -> None:
+        raise UnsupportedOperationError(
+            f"{self.name} cannot reboot a node: its containers are removed only through the CRI (crictl), which the "
+            "node transport does not drive"
+        )
+
     def machine_numa_nodes(self, node: str) -> list[int]:
         return self.nodeops.numa_nodes(node)
 
