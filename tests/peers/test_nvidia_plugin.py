@@ -26,6 +26,8 @@ import pytest
 SUITE_TIMEOUT_S = 900
 #: Cluster creation, image loads and the kind kubelet's restarts: about 4 min at a load of ~10 on 2 cores.
 KIND_SUITE_TIMEOUT_S = 1800
+#: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of
+#: its own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
 KIND_CLUSTER = "devplug-nvidia"
 NVIDIA_DIR = Path(__file__).resolve().parents[2] / "peers" / "nvidia"
 IMAGE_SCRIPT = NVIDIA_DIR / "build-image.sh"
@@ -45,11 +47,16 @@ MUST_PASS = (
 ALLOWED_SKIPS = re.compile(r"NVML|pre_start_required|topology|NUMA|convention check", re.I)
 
 
-def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("control_plane", ["embedded", "real"])
+def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(
+    control_plane: str, peer_binary: Callable[[str], Path], same_verdicts: Callable[[str, str, dict[str, str]], None], tmp_path: Path
+) -> None:
     binary = peer_binary("nvidia-device-plugin")
-    _assert_suite_verdict(
-        ["--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock"], [], tmp_path, SUITE_TIMEOUT_S
-    )
+    verdicts = _assert_suite_verdict(
+        ["--control-plane", control_plane, "--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock"], [],
+        tmp_path, SUITE_TIMEOUT_S,
+    )  # fmt: skip
+    same_verdicts("nvidia-device-plugin", control_plane, verdicts)
 
 
 @pytest.mark.kind
@@ -69,7 +76,7 @@ def test_nvidia_plugin_passes_the_suite_on_kind(peer_binary: Callable[[str], Pat
     _assert_suite_verdict(argv, pytest_args, tmp_path, KIND_SUITE_TIMEOUT_S)
 
 
-def _assert_suite_verdict(options: list[str], pytest_args: list[str], tmp_path: Path, timeout: float) -> None:
+def _assert_suite_verdict(options: list[str], pytest_args: list[str], tmp_path: Path, timeout: float) -> dict[str, str]:
     """``devplug conformance`` with ``options`` (and ``pytest_args`` after ``--``): 0 failed, 0 errors, the
     MUST_PASS tests passed, every skip named by ALLOWED_SKIPS (read from its junit report)."""
     junit = tmp_path / "junit.xml"
@@ -98,3 +105,4 @@ def _assert_suite_verdict(options: list[str], pytest_args: list[str], tmp_path: 
     assert not missing, f"expected to run and pass: {missing}; skipped: {skipped}"
     unexplained = {t: r for t, r in skipped.items() if not ALLOWED_SKIPS.search(r)}
     assert not unexplained, f"skips that name no difference of NVIDIA's plugin: {unexplained}"
+    return {**{t: "passed" for t in passed}, **{t: "skipped" for t in skipped}}

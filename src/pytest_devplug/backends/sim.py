@@ -30,6 +30,7 @@ from . import mockstate
 from .base import (
     BackendError,
     BackendOptions,
+    BackendUnavailableError,
     ContainerView,
     DeviceNodeView,
     ExecResult,
@@ -79,21 +80,68 @@ class SimBackend:
         self.options = options
         self.workdir: Path | None = None
         self.cluster: Any = None
+        #: The real control plane (``--devplug-control-plane real``), else ``None``.
+        self.control_plane: Any = None
+        self._api_client: Any = None
+        #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
+        self.kept: str | None = None
         self._plugins: dict[str, _Deployed] = {}
         self._serial = 0
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> str | None:
+        """The admin kubeconfig of the real control plane (``None`` on the embedded one, which has no API)."""
+        return str(self.control_plane.kubeconfig) if self.control_plane is not None else None
+
     def start(self) -> None:
         from ..sim.cluster import SimCluster  # type: ignore[import-not-found,unused-ignore]
 
         self.workdir = workdir.create()
         try:
-            self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
+            if self.options.control_plane == "real":
+                self.cluster = self._start_real()
+            else:
+                self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
         except BaseException:
+            self._stop_control_plane(force=True)
             workdir.remove(self.workdir)
             self.workdir = None
             raise
+
+    def _start_real(self) -> Any:
+        """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
+        from . import CLUSTER_MODULES, _require
+
+        _require("sim backend with --devplug-control-plane real", "cluster", CLUSTER_MODULES)
+        from ..controlplane import ControlPlane, ControlPlaneError, resolve
+        from ..sim.apicluster import ApiCluster
+
+        try:
+            binaries = resolve(self.options.k8s_bin_dir)
+            self.control_plane = ControlPlane(binaries, timeout=max(self.options.timeout, 30.0), keep=self.options.keep_cluster)
+            self.control_plane.start()
+        except ControlPlaneError as exc:
+            raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
+        self._api_client = self.control_plane.client()
+        assert self.workdir is not None
+        return ApiCluster(
+            self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
+            remove_nodes=not self.options.keep_cluster,
+        )  # fmt: skip
+
+    def _stop_control_plane(self, *, force: bool = False) -> None:
+        """Stop the real control plane, unless it is kept (``--keep-cluster``): then say how to stop it."""
+        if self._api_client is not None:
+            self._api_client.close()
+            self._api_client = None
+        cp = self.control_plane
+        if cp is not None and cp.keep and not force:
+            self.kept = f"kubeconfig {cp.kubeconfig}; stop it with: {cp.stop_command()}"
+        elif cp is not None:
+            cp.stop()
+        self.control_plane = None
 
     def close(self) -> None:
         errors: list[BaseException] = []
@@ -108,6 +156,7 @@ class SimBackend:
             except Exception as exc:  # noqa: BLE001
                 errors.append(exc)
             self.cluster = None
+        self._stop_control_plane()
         if self.workdir is not None:
             workdir.remove(self.workdir)
             self.workdir = None
