@@ -89,8 +89,8 @@ class SoakWatch:
         ended = [ln for ln in node.kubelet_log().splitlines() if "ListAndWatch ended" in ln or "became unhealthy" in ln]
         exited = plugin.exited()
         raise AssertionError(
-            f"{res}: the plugin's registration was lost {held:.1f}s after it registered (soak {self.seconds:g}s, "
-            f"nothing touched it): (capacity, allocatable) {want} -> {counts}. "
+            f"{res}: the plugin's registration was found lost {held:.1f}s after it registered (soak {self.seconds:g}s, "
+            f"nothing touched it; the kubelet lines below say when it ended): (capacity, allocatable) {want} -> {counts}. "
             + (f"{exited[0].upper()}{exited[1:]}. " if exited else "The plugin process still runs: its server ended the stream. ")
             + "The kubelet never redials a ListAndWatch stream that ended"
             + (":\n    " + "\n    ".join(ended[-4:]) if ended else " (no kubelet line about it)")

@@ -349,12 +349,15 @@ class SimBackend:
             raise ObjectNotFoundError(str(exc)) from None
 
     def delete_pod(self, name: str, namespace: str = "default") -> None:
-        from ..sim.errors import NotFoundError
+        from ..sim.errors import ApiError
 
         try:
             self._c().delete_pod(name, namespace)
-        except NotFoundError as exc:
-            raise ObjectNotFoundError(str(exc)) from None
+        except ApiError as exc:
+            # NotFoundError (embedded control plane) or the real API server's 404 (ApiError(404, "NotFound", ...)).
+            if exc.status == 404:
+                raise ObjectNotFoundError(str(exc)) from None
+            raise
 
     def list_pods(self, namespace: str | None = None) -> list[JSONDict]:
         return list(self._c().list_pods(namespace))
