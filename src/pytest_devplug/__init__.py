@@ -30,6 +30,7 @@ from .backends.base import (
     PodResourcesPod,
     UnsupportedOperationError,
 )
+from .errors import DevplugError, ObjectNotFoundError, WaitAbandoned
 from .evidence import DevplugAssertionError
 from .faults import FaultInjector, FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults
 from .handles import (
@@ -59,6 +60,7 @@ __all__ = [
     "ContainerView",
     "DeviceNodeView",
     "DevplugAssertionError",
+    "DevplugError",
     "ExecResult",
     "FaultInjector",
     "FaultNotSupportedError",
@@ -69,6 +71,7 @@ __all__ = [
     "MountView",
     "NodeHandle",
     "NodeSpec",
+    "ObjectNotFoundError",
     "PluginHandle",
     "PluginSpec",
     "PodFactory",
@@ -79,5 +82,6 @@ __all__ = [
     "PodResourcesPod",
     "UnsupportedOperationError",
     "WaitTimeout",
+    "WaitAbandoned",
     "wait_for",
 ]

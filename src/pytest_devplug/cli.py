@@ -10,8 +10,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .checkpoint_view import checkpoint_as_dict, format_checkpoint, printable
+from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
 from .sim.checkpoint import CheckpointData, CheckpointError, checksum, decode, read_bytes
+from .sim.dra import checkpoint as dra_checkpoint
 
 __all__ = ["main"]
 
@@ -20,10 +21,14 @@ __all__ = ["main"]
 EXIT_BROKEN_PIPE = 141
 
 
-def _load(path: str) -> tuple[CheckpointData, int, int] | str:
-    """The data, stored and computed checksums, or a message saying why the file is unusable."""
+def _load(path: str) -> tuple[CheckpointData, int, int] | dra_checkpoint.DRACheckpointFile | str:
+    """The data, stored and computed checksums (a ``dra_manager_state`` file: its decoded form), or a
+    message saying why the file is unusable."""
     try:
-        data, stored = decode(read_bytes(Path(path)), source=path)
+        blob = read_bytes(Path(path))
+        if dra_checkpoint.is_dra_checkpoint(blob):
+            return dra_checkpoint.decode(blob, source=path)
+        data, stored = decode(blob, source=path)
     except OSError as exc:
         return f"{path}: cannot read: {exc.strerror or exc}"
     except CheckpointError as exc:
@@ -37,22 +42,24 @@ def _checkpoint(args: argparse.Namespace) -> int:
     if isinstance(loaded, str):
         print(f"devplug checkpoint {args.action}: {printable(loaded)}", file=sys.stderr)
         return 2
-    data, stored, computed = loaded
+    stored, computed = (loaded.stored, loaded.computed) if isinstance(loaded, dra_checkpoint.DRACheckpointFile) else loaded[1:]
     name = printable(args.file)
     if args.action == "verify":
         if stored != computed:
             print(f"{name}: checksum mismatch: stored {stored}, computed {computed}", file=sys.stderr)
             return 1
         print(f"{name}: checksum {stored} ok")
+    elif isinstance(loaded, dra_checkpoint.DRACheckpointFile):
+        print(json.dumps(dra_checkpoint_as_dict(loaded), indent=2) if args.json else format_dra_checkpoint(args.file, loaded))
     elif args.json:
-        print(json.dumps(checkpoint_as_dict(data, stored, computed), indent=2))
+        print(json.dumps(checkpoint_as_dict(loaded[0], stored, computed), indent=2))
     else:
-        print(format_checkpoint(args.file, data, stored, computed))
+        print(format_checkpoint(args.file, loaded[0], stored, computed))
     return 0
 
 
 def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cp = sub.add_parser("checkpoint", help="inspect a kubelet_internal_checkpoint file")
+    cp = sub.add_parser("checkpoint", help="inspect a kubelet_internal_checkpoint or dra_manager_state file")
     cps = cp.add_subparsers(dest="action", required=True)
     show = cps.add_parser("show", help="print the checkpoint readably, Allocate responses decoded")
     show.add_argument("file")
@@ -75,6 +82,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
     ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
     ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
+    ("--reregistration-timeout", "--devplug-reregistration-timeout", "seconds a plugin may take to register again after a kubelet restart (default 40)", {}),
     ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
     ("--control-plane", "--devplug-control-plane", "sim: embedded (default) or real (etcd, kube-apiserver, kube-scheduler)", {"choices": ("embedded", "real")}),
     ("--k8s-bin-dir", "--devplug-k8s-bin-dir", "sim, real control plane: directory with its binaries", {}),

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from concurrent import futures
 
 import grpc

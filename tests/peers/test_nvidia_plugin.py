@@ -26,6 +26,8 @@ import pytest
 SUITE_TIMEOUT_S = 900
 #: Cluster creation, image loads and the kind kubelet's restarts: about 4 min at a load of ~10 on 2 cores.
 KIND_SUITE_TIMEOUT_S = 1800
+#: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of
+#: its own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
 KIND_CLUSTER = "devplug-nvidia"
 NVIDIA_DIR = Path(__file__).resolve().parents[2] / "peers" / "nvidia"
 IMAGE_SCRIPT = NVIDIA_DIR / "build-image.sh"

@@ -23,7 +23,7 @@ from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.clusterapi import ClusterApi
 from pytest_devplug.sim.errors import ApiError
 
-from _helpers import GPU, allocatable, phase, pod, start_gpu_node, wait_for
+from ._helpers import GPU, allocatable, phase, pod, start_gpu_node, wait_for
 
 Sides = dict[str, ClusterApi]
 

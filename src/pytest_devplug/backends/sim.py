@@ -290,6 +290,15 @@ class SimBackend:
     def kubelet_log(self, node: str) -> str:
         return str(self._node(node).kubelet_log())
 
+    def stop_kubelet(self, node: str) -> None:
+        self._node(node).stop_kubelet()
+
+    def start_kubelet(self, node: str) -> None:
+        self._node(node).start_kubelet()
+
+    def reboot_node(self, node: str) -> None:
+        self._node(node).reboot()
+
     def machine_numa_nodes(self, node: str) -> list[int]:
         return list(range(int(self._node(node).numa_nodes)))
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from ..sim.errors import SimError
 from ..sim.process import PluginProcess
 from ..waiting import WaitTimeout, wait_for
-from .binaries import Binaries
 from .errors import ComponentFailedError
 from .pki import Pki
 
