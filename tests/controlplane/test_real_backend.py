@@ -9,9 +9,15 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.controlplane import BinariesNotFoundError, resolve
-from pytest_devplug.controlplane.binaries import build
+from pytest_devplug.controlplane.binaries import build, cache_root
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module")
+def real_cache() -> Path:
+    """The cache the binaries are in, read before pytester gives each test run its own HOME."""
+    return cache_root()
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,10 @@ def bin_dir() -> Path:
     return found["kube-apiserver"].parent
 
 
-def test_kubectl_sees_the_embedded_kubelets_node(pytester: pytest.Pytester, bin_dir: Path) -> None:
+def test_kubectl_sees_the_embedded_kubelets_node(
+    real_cache: Path, bin_dir: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(real_cache))  # pytester gives the run its own HOME
     pytester.makepyfile(
         f"""
         import json, shutil, subprocess
@@ -63,4 +72,4 @@ def test_a_bad_ini_value_is_named(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ndevplug_control_plane = remote\n")
     pytester.makepyfile("def test_x(devplug_cluster):\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*devplug_control_plane = 'remote': choose one of embedded, real*"])
+    result.stderr.fnmatch_lines(["*--devplug-control-plane (ini devplug_control_plane) = 'remote': choose one of embedded, real*"])

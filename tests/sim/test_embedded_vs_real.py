@@ -167,8 +167,8 @@ def test_kubelet_events_and_admission_failures(sides: Sides, tmp_path: Path) -> 
 def _outcome_of(fn: Callable[[], Any]) -> tuple[Any, ...]:
     try:
         fn()
-    except ApiError as exc:
-        return (exc.status, exc.reason, exc.message)
+    except ApiError as exc:  # the type too: the backend maps NotFoundError, and only it, to ObjectNotFoundError
+        return (type(exc).__name__, exc.status, exc.reason, exc.message)
     return ("ok",)
 
 

@@ -67,8 +67,9 @@ def _api_error(exc: ApiException) -> errors.ApiError:
         body = {}
     status = int(exc.status or 0)
     message = str(body.get("message") or exc.body or exc.reason)
-    if status == 404:
-        return errors.ApiError(404, "NotFound", message)
+    details = body.get("details") or {}
+    if status == 404 and details.get("kind") and details.get("name"):
+        return errors.NotFoundError(str(details["kind"]), str(details["name"]))  # the same text: `pods "x" not found`
     return errors.ApiError(status, str(body.get("reason") or exc.reason), message)
 
 
