@@ -22,6 +22,7 @@ from .waiting import WaitTimeout, wait_for
 __all__ = [
     "assert_registered",
     "assert_allocatable",
+    "assert_devices_unhealthy",
     "assert_gpu_limit_rules",
     "assert_limit_rules",
     "assert_allocate_injections",
@@ -193,6 +194,53 @@ def assert_allocatable(
             f"expected {res} on node {node.name}: allocatable {allocatable}"
             + (f", capacity {capacity}" if capacity is not None else "")
             + f"; saw (capacity, allocatable) = {exc.last}",
+            node,
+        ) from None
+
+
+def assert_devices_unhealthy(
+    plugin: PluginHandle,
+    gone: Iterable[str],
+    *,
+    capacity: int,
+    cause: str,
+    kept: Iterable[str] = (),
+    timeout: float | None = None,
+) -> None:
+    """Every device in ``gone`` leaves the allocatable devices (and the count drops by exactly that many,
+    capacity staying ``capacity``), every device in ``kept`` stays; ``cause`` says what happened to them.
+
+    A fault of a GPU must reach every device the plugin backs with it (replicas, MIG devices, MPS shares):
+    on failure the message names each one still Healthy. Stops at once when the plugin process exited.
+    """
+    node, res = plugin.node, plugin.resource_name
+    gone, kept = sorted(set(gone)), sorted(set(kept))
+    want = capacity - len(gone)
+
+    def probe() -> tuple[tuple[int | None, int | None], list[str]]:
+        return node.counts(res), node.device_ids(res)
+
+    def ok(seen: tuple[tuple[int | None, int | None], list[str]]) -> bool:
+        (cap, alloc), ids = seen
+        return cap == capacity and alloc == want and not set(gone) & set(ids) and set(kept) <= set(ids)
+
+    try:
+        wait_for(probe, ok, timeout=node.timeout if timeout is None else timeout, what=f"{gone} Unhealthy",
+                 give_up=plugin.exited)  # fmt: skip
+    except WaitTimeout as exc:
+        counts, ids = exc.last if exc.last is not None else ((None, None), [])
+        healthy = [d for d in gone if d in ids]
+        lost = [d for d in kept if d not in ids]
+        problems = []
+        if healthy:
+            problems.append(f"still Healthy (allocatable): {healthy}")
+        if lost:
+            problems.append(f"Unhealthy though it should not be: {lost}")
+        raise _fail(
+            f"{cause}: expected every device it backs Unhealthy ({gone}), so {res} on node {node.name} at "
+            f"allocatable {want}, capacity {capacity}; saw (capacity, allocatable) = {counts}"
+            + (f"; {'; '.join(problems)}" if problems else "")
+            + (f"; stopped early: {exc.reason}" if exc.reason else ""),
             node,
         ) from None
 

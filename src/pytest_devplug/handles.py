@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import backing
 from .backends import mockstate
 from .backends.base import (
     Backend,
@@ -167,6 +168,16 @@ class MockNvml:
     def uuids(self) -> list[str]:
         return [str(g["uuid"]) for g in self.state["gpus"]]
 
+    def backing_gpu(self, device_id: str) -> str:
+        """The mock GPU's UUID that backs the plugin's ``device_id`` (a UUID, ``<uuid>::<n>``, ``nvidia<minor>``);
+        raises :class:`~pytest_devplug.backing.UnknownBackingError` when no single mock GPU does."""
+        return backing.backing_gpu(device_id, self.state["gpus"])
+
+    def backed_devices(self, device_ids: list[str] | None = None) -> dict[str, list[str]]:
+        """Mock GPU UUID -> the device IDs it backs, of ``device_ids`` (default: the plugin's allocatable ones)."""
+        ids = self._plugin.node.device_ids(self._plugin.resource_name) if device_ids is None else device_ids
+        return backing.backed_devices(ids, self.state["gpus"])
+
     def numa_of(self, uuid: str) -> int | None:
         for g in self.state["gpus"]:
             if g["uuid"] == uuid:
@@ -296,6 +307,37 @@ class PluginHandle:
             raise DevplugAssertionError(
                 f"plugin for {res} did not become ready on node {self.node.name}: expected allocatable "
                 f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}"
+                + (f"; {exc.reason}" if exc.reason else ""),
+                collect_evidence(self.backend, self.node.name),
+            ) from None
+
+
+    def wait_listed(self, timeout: float | None = None) -> None:
+        """Wait until the plugin is ready as deployed: some devices allocatable and, on the mock NVML, a device
+        for every mock GPU that answers NVML — however many devices per GPU the plugin lists (replicas, MIG).
+        When a device ID names no mock GPU, any non-empty listing is ready."""
+        self.wait_ready(None, timeout)
+        if not self.spec.mock:
+            return
+        mock = self.mock
+
+        def unlisted() -> list[str]:
+            try:
+                backed = mock.backed_devices()
+            except backing.UnknownBackingError:
+                return []
+            lost = {str(g["uuid"]) for g in mock.state["gpus"] if g.get("lost")}
+            return [uuid for uuid, ids in backed.items() if not ids and uuid not in lost]
+
+        try:
+            wait_for(unlisted, lambda missing: not missing, timeout=self.node.timeout if timeout is None else timeout,
+                     what=f"a {self.resource_name} device for every mock GPU", give_up=self.exited)  # fmt: skip
+        except WaitTimeout as exc:
+            from .evidence import DevplugAssertionError, collect_evidence
+
+            raise DevplugAssertionError(
+                f"plugin for {self.resource_name} on node {self.node.name} lists no allocatable device backed by the "
+                f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)"
                 + (f"; {exc.reason}" if exc.reason else ""),
                 collect_evidence(self.backend, self.node.name),
             ) from None

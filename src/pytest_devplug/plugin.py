@@ -69,6 +69,8 @@ CONVENTIONS: dict[str, str] = {
     "ids-visible": "every assigned device ID appears in what Allocate injected, and no other device's ID does",
     "nvidia-env": "NVIDIA_VISIBLE_DEVICES lists the assigned IDs and /dev/nvidia<minor> is injected (NVIDIA's envvar strategy)",
     "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
+    "nvml-xid": "on the mock NVML, a critical Xid makes every device backed by that GPU Unhealthy and the "
+    "application-error Xids leave it Healthy (NVML health monitoring)",
 }
 
 _STATE_KEY = pytest.StashKey["_TestState"]()
@@ -475,8 +477,9 @@ class _Deployment:
         handle = self.started()
         if not self.ready:
             try:
-                assert_registered(handle, count=self.spec.gpus if self.spec.mock else None)
-                handle.wait_ready(self.spec.gpus if self.spec.mock else None)
+                # The kubelet's capacity is whatever ListAndWatch lists (replicas, MIG devices): no count demanded.
+                assert_registered(handle)
+                handle.wait_listed()
             except AssertionError as exc:
                 self.failure = exc
                 raise
@@ -504,7 +507,7 @@ class _Deployment:
         if not h.running:
             self.cluster.backend.start_plugin(self.node.name)
         try:
-            h.wait_ready(self.spec.gpus if self.spec.mock else None)
+            h.wait_listed()
         except AssertionError:
             return False
         if self.node.counts(self.spec.resource_name) != self.baseline:
@@ -565,7 +568,9 @@ def devplug_faults(devplug_plugin: PluginHandle, devplug_settings: DevplugSettin
     conftest.py; lives for one test, after which the plugin is redeployed. Without an injector a test
     asking for it skips (``--devplug-missing-faults=fail``: fails)."""
     if devplug_plugin.has_mock:
-        return MockNvmlFaults(devplug_plugin) if devplug_settings.included_plugin else NvmlXidFaults(devplug_plugin)
+        if devplug_settings.included_plugin:
+            return MockNvmlFaults(devplug_plugin)
+        return NvmlXidFaults(devplug_plugin, xid_health="nvml-xid" in devplug_plugin.spec.conventions)
     reason = (
         f"needs a fault injector: the plugin under test ({devplug_plugin.resource_name}) does not read the "
         f"mock-NVML state and no conftest overrides the devplug_faults fixture to return a {CONTRACT}"
