@@ -162,7 +162,7 @@ def assert_registered(
             ok,
             timeout=node.timeout if timeout is None else timeout,
             what=f"{res} registered",
-            give_up=lambda: plugin.exited() or refused(),
+            give_up=lambda: plugin.crashed() or refused(),
         )
     except WaitTimeout as exc:
         exited = plugin.exited()
@@ -172,7 +172,7 @@ def assert_registered(
             f"expected resource {res} registered on node {node.name} with capacity "
             f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{stopped}{running}"
             + _registration_hint(node, res)
-            + _unreached_hint(node)
+            + ("" if exited and "fatal: " in exited else _unreached_hint(node))
             + _kubelet_lines(node, res, "egist"),
             node,
         ) from None
@@ -184,16 +184,18 @@ def assert_allocatable(
 ) -> None:
     """The node's allocatable (and, if given, capacity) of the plugin's resource settle at these values.
 
-    Capacity counts every device the plugin lists; allocatable only the healthy ones.
+    Capacity counts every device the plugin lists; allocatable only the healthy ones. Stops at once when
+    the plugin process exited without the test stopping it.
     """
     node, res = plugin.node, plugin.resource_name
     try:
-        node.wait_counts(res, capacity=capacity, allocatable=allocatable, timeout=timeout)
+        node.wait_counts(res, capacity=capacity, allocatable=allocatable, timeout=timeout, give_up=plugin.crashed)
     except WaitTimeout as exc:
         raise _fail(
             f"expected {res} on node {node.name}: allocatable {allocatable}"
             + (f", capacity {capacity}" if capacity is not None else "")
-            + f"; saw (capacity, allocatable) = {exc.last}",
+            + f"; saw (capacity, allocatable) = {exc.last}"
+            + (f"; stopped early: {exc.reason}" if exc.reason else ""),
             node,
         ) from None
 
@@ -226,7 +228,7 @@ def assert_devices_unhealthy(
 
     try:
         wait_for(probe, ok, timeout=node.timeout if timeout is None else timeout, what=f"{gone} Unhealthy",
-                 give_up=plugin.exited)  # fmt: skip
+                 give_up=plugin.crashed)  # fmt: skip
     except WaitTimeout as exc:
         counts, ids = exc.last if exc.last is not None else ((None, None), [])
         healthy = [d for d in gone if d in ids]
@@ -475,7 +477,7 @@ def assert_checkpoint_survives_kubelet_restart(
             lambda a: a > 0,
             timeout=t,
             what="re-registration",
-            give_up=plugin.exited,
+            give_up=plugin.crashed,
         )
     except WaitTimeout:
         pass  # reported below together with the checkpoint comparison
@@ -510,7 +512,7 @@ def assert_reregisters_after_kubelet_restart(
         raise _fail(f"the plugin for {res} is not running before the kubelet restart", node)
     node.restart_kubelet()
     try:
-        node.wait_counts(res, capacity=want, allocatable=want, timeout=timeout, give_up=plugin.exited)
+        node.wait_counts(res, capacity=want, allocatable=want, timeout=timeout, give_up=plugin.crashed)
     except WaitTimeout as exc:
         raise _fail(
             f"expected {res} to come back to {want}/{want} (capacity/allocatable) after the kubelet restarted; "

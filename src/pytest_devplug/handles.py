@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import backing
+from .crash import fatal_lines, pull_failure
 from .backends import mockstate
 from .backends.base import (
     Backend,
@@ -229,6 +230,8 @@ class PluginHandle:
         self.spec = spec
         self.dirty = False
         self.state_changed = False
+        #: stop()/kill() was called and no start() since: an exit then is the test's doing, not a crash.
+        self.stopped = False
 
     def __repr__(self) -> str:
         return f"PluginHandle({self.spec.resource_name!r} on {self.node.name!r})"
@@ -259,15 +262,15 @@ class PluginHandle:
         return self.backend.plugin_log(self.node.name)
 
     def stop(self) -> None:
-        self.dirty = True
+        self.dirty = self.stopped = True
         self.backend.stop_plugin(self.node.name)
 
     def kill(self) -> None:
-        self.dirty = True
+        self.dirty = self.stopped = True
         self.backend.kill_plugin(self.node.name)
 
     def start(self) -> None:
-        self.dirty = True
+        self.dirty, self.stopped = True, False
         self.backend.start_plugin(self.node.name)
 
     def restart(self) -> None:
@@ -280,10 +283,18 @@ class PluginHandle:
         how = self.backend.plugin_exit(self.node.name)
         if how is None:
             return None
-        tail = [ln for ln in self.log().splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
-        return f"the plugin process {how}; " + (
-            "last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty"
+        log = self.log()
+        fatal = fatal_lines(log)
+        tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
+        return (
+            f"the plugin process {how}; "
+            + ("fatal: " + " | ".join(fatal) + "; " if fatal else "")
+            + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
         )
+
+    def crashed(self) -> str | None:
+        """:meth:`exited`, unless the test stopped or killed the plugin itself: a wait's ``give_up``."""
+        return None if self.stopped else self.exited()
 
     def wait_ready(self, count: int | None = None, timeout: float | None = None) -> None:
         """Wait until the node lists the resource as allocatable (``count`` of them, or at least one);
@@ -299,7 +310,7 @@ class PluginHandle:
                 ok,
                 timeout=self.node.timeout if timeout is None else timeout,
                 what=f"{res} allocatable on {self.node.name}",
-                give_up=self.exited,
+                give_up=self.crashed,
             )
         except WaitTimeout as exc:
             from .evidence import DevplugAssertionError, collect_evidence
@@ -331,7 +342,7 @@ class PluginHandle:
 
         try:
             wait_for(unlisted, lambda missing: not missing, timeout=self.node.timeout if timeout is None else timeout,
-                     what=f"a {self.resource_name} device for every mock GPU", give_up=self.exited)  # fmt: skip
+                     what=f"a {self.resource_name} device for every mock GPU", give_up=self.crashed)  # fmt: skip
         except WaitTimeout as exc:
             from .evidence import DevplugAssertionError, collect_evidence
 
@@ -497,7 +508,9 @@ class PodHandle:
             return seen[0]
 
         def terminal() -> str | None:
-            return f"the pod is {seen[0]}, a terminal phase" if seen and seen[0] in TERMINAL_PHASES else None
+            if seen and seen[0] in TERMINAL_PHASES:
+                return f"the pod is {seen[0]}, a terminal phase"
+            return pull_failure(self.obj) if seen and seen[0] == "Pending" else None
 
         try:
             return wait_for(

@@ -453,6 +453,10 @@ def devplug_node(devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec
     return devplug_cluster.ensure_node(spec)
 
 
+class PluginNotReadyError(AssertionError):
+    """The plugin under test did not come up in an earlier test's set-up; that test's report has the details."""
+
+
 class _Deployment:
     """The session's deployment of the plugin, redeployed when a test left it changed."""
 
@@ -462,6 +466,7 @@ class _Deployment:
         self.baseline: tuple[int | None, int | None] = (None, None)
         self.ready = False
         self.failure: AssertionError | None = None
+        self.failed_in = ""  # the test whose set-up reported the failure, in full
 
     def started(self) -> PluginHandle:
         """Deployed, not waited for (registration tests judge registration themselves)."""
@@ -470,10 +475,15 @@ class _Deployment:
             self.ready = False
         return self.handle
 
-    def get(self) -> PluginHandle:
+    def get(self, test: str = "") -> PluginHandle:
         if self.failure is not None:
-            # Do not wait again in every test for a plugin that never came up: same verdict at once.
-            raise self.failure
+            # Do not wait again in every test for a plugin that never came up, nor repeat the whole report:
+            # one root cause, reported once; the tests after it fail at once pointing there.
+            first = str(self.failure).splitlines()[0] if str(self.failure) else type(self.failure).__name__
+            raise PluginNotReadyError(
+                f"the plugin under test did not come up (reported in full in {self.failed_in or 'an earlier test'}): "
+                f"{first[:300]}"
+            )
         handle = self.started()
         if not self.ready:
             try:
@@ -481,7 +491,7 @@ class _Deployment:
                 assert_registered(handle)
                 handle.wait_listed()
             except AssertionError as exc:
-                self.failure = exc
+                self.failure, self.failed_in = exc, test
                 raise
             self.ready = True
             self.baseline = self.node.counts(self.spec.resource_name)
@@ -505,7 +515,7 @@ class _Deployment:
         wait until it is back as deployed. Much cheaper than a redeploy on a real cluster, where removing
         a DaemonSet and creating it again waits for pod deletion and kubelet status updates."""
         if not h.running:
-            self.cluster.backend.start_plugin(self.node.name)
+            h.start()  # through the handle: its waits give up on a crash again
         try:
             h.wait_listed()
         except AssertionError:
@@ -551,7 +561,7 @@ def devplug_plugin(
             )
     state = _state(request)
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
-    handle = _devplug_deployment.get()
+    handle = _devplug_deployment.get(request.node.nodeid)
     yield handle
     if "devplug_faults" in getattr(request.node, "funcargs", {}):
         handle.dirty = True  # an injector was handed out; one of a conftest does not know about redeployment

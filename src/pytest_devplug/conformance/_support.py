@@ -73,7 +73,7 @@ def wait_marked_unhealthy(
     _, ids = wait_for(
         lambda: (node.counts(res), node.device_ids(res)), ok, timeout=node.timeout,
         what=f"some of {domain} Unhealthy, (capacity, allocatable) agreeing with the allocatable devices",
-        give_up=plugin.exited,
+        give_up=plugin.crashed,
     )  # fmt: skip
     return sorted(set(domain) - set(ids))
 
