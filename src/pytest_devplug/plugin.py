@@ -21,6 +21,7 @@ import os
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ __all__ = [
     "GRACE_PERIOD_MARKER",
     "CONVENTION_MARKER",
     "CONVENTIONS",
+    "DevplugWarning",
+    "PluginNotReadyError",
 ]
 
 #: The node the default fixtures deploy on.
@@ -453,6 +456,21 @@ def devplug_node(devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec
     return devplug_cluster.ensure_node(spec)
 
 
+class DevplugWarning(UserWarning):
+    """Something the kubelet accepts but that is almost surely a plugin bug (shown in pytest's warnings summary)."""
+
+
+def _warn_odd_ids(resource: str, ids: list[str]) -> None:
+    """Device IDs with control characters (e.g. ``'\\x00'`` from Go's ``string(uint)``): the kubelet takes them,
+    ``kubectl`` and logs show them garbled; a warning, not a failure."""
+    odd = [i for i in ids if any(ord(c) < 32 or ord(c) == 127 for c in i)]
+    if odd:
+        warnings.warn(
+            DevplugWarning(f"{resource}: device IDs with control characters: {odd!r} (of {len(ids)} listed)"),
+            stacklevel=2,
+        )
+
+
 class PluginNotReadyError(AssertionError):
     """The plugin under test did not come up in an earlier test's set-up; that test's report has the details."""
 
@@ -495,6 +513,7 @@ class _Deployment:
                 raise
             self.ready = True
             self.baseline = self.node.counts(self.spec.resource_name)
+            _warn_odd_ids(self.spec.resource_name, self.node.device_ids(self.spec.resource_name))
         return handle
 
     def reset_if_needed(self) -> None:

@@ -142,3 +142,14 @@ def test_every_wait_gives_up_when_the_plugin_crashed_but_not_when_stopped(cluste
     assert_allocatable(plugin, 3, capacity=3)
     plugin.stop()  # the test's own doing: the wait runs until the kubelet saw it
     assert_allocatable(plugin, 0, capacity=3)
+
+
+def test_plugin_log_has_each_run_once_after_a_restart(cluster: ClusterHandle) -> None:
+    plugin = deploy(cluster)
+    assert_registered(plugin, count=3)
+    plugin.restart()
+    assert_allocatable(plugin, 3, capacity=3)
+    log = plugin.log()
+    starts = [ln for ln in log.splitlines() if ln.startswith("--- start: ")]
+    assert len(starts) == 2, log
+    assert log.count("--- exited: ") == 1, log

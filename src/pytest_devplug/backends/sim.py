@@ -66,7 +66,6 @@ class _Deployed:
     def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
         self.proc: Any = None
-        self.logs: list[str] = []  # logs of earlier processes of this deployment (restarts)
 
 
 class SimBackend:
@@ -210,8 +209,7 @@ class SimBackend:
         dep = self._dep(node)
         if dep.proc is not None and dep.proc.running:
             return
-        dep.logs.append(dep.proc.log())
-        dep.proc.start()
+        dep.proc.start()  # appends to the same log file: plugin_log has every run once
 
     def plugin_running(self, node: str) -> bool:
         dep = self._plugins.get(node)
@@ -226,7 +224,7 @@ class SimBackend:
 
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
-        return "".join(dep.logs) + (dep.proc.log() if dep.proc is not None else "")
+        return str(dep.proc.log()) if dep.proc is not None else ""
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]:
