@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["fatal_lines", "pull_failure"]
+__all__ = ["fatal_lines", "start_failure"]
 
 _GO_FATAL = re.compile(r"^(panic: |fatal error: )")
 _KLOG_FATAL = re.compile(r"^F\d{4} \d{2}:\d{2}:\d{2}\.\d+ ")
@@ -47,10 +47,10 @@ def fatal_lines(log: str) -> list[str]:
 _PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 
 
-def pull_failure(pod: dict[str, object]) -> str | None:
-    """Why ``pod`` (a Pod object) cannot start because of its image, or ``None``: the container, the image, the
-    node and the kubelet's reason and message, for a wait to give up at once (the pull never succeeds by
-    waiting on a registry-less cluster)."""
+def start_failure(pod: dict[str, object]) -> str | None:
+    """Why ``pod`` (a Pod object) cannot start, or ``None``: an image it cannot pull (the container, the image,
+    the node, the kubelet's reason and message: on a registry-less cluster waiting never helps), or a
+    container the runtime refused to create (``CreateContainerError``: e.g. an unresolvable CDI device)."""
     status = pod.get("status")
     spec = pod.get("spec")
     if not isinstance(status, dict) or not isinstance(spec, dict):
@@ -65,4 +65,6 @@ def pull_failure(pod: dict[str, object]) -> str | None:
                 f"{waiting.get('message') or 'no message'} (pick an image the node has or can pull: "
                 "--devplug-workload-image)"
             )
+        if reason == "CreateContainerError":
+            return f"the runtime refused to create container {cs.get('name')!r}: {waiting.get('message') or reason}"
     return None

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import backing
-from .crash import fatal_lines, pull_failure
+from .crash import fatal_lines, start_failure
 from .backends import mockstate
 from .backends.base import (
     Backend,
@@ -510,7 +510,7 @@ class PodHandle:
         def terminal() -> str | None:
             if seen and seen[0] in TERMINAL_PHASES:
                 return f"the pod is {seen[0]}, a terminal phase"
-            return pull_failure(self.obj) if seen and seen[0] == "Pending" else None
+            return start_failure(self.obj) if seen and seen[0] == "Pending" else None
 
         try:
             return wait_for(
@@ -520,8 +520,9 @@ class PodHandle:
                 what=f"pod {self.namespace}/{self.name} phase in {phases}",
                 give_up=terminal,
             )
-        except WaitTimeout:
-            raise self._failure(f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}") from None
+        except WaitTimeout as exc:
+            stopped = f"; stopped early: {exc.reason}" if exc.reason else ""
+            raise self._failure(f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}{stopped}") from None
 
     def wait_running(self, timeout: float | None = None) -> PodHandle:
         self.wait_phase("Running", timeout=timeout)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_devplug.crash import fatal_lines, pull_failure
+from pytest_devplug.crash import fatal_lines, start_failure
 
 GO_PANIC = "I1201 main.go:1] starting\npanic: runtime error: index out of range [3] with length 3\n\ngoroutine 1 [running]:\n" + (
     "main.f()\n\t/src/main.go:10 +0x1d\n" * 60
@@ -44,16 +44,16 @@ def test_ordinary_logs_have_no_fatal_line_and_repeats_are_dropped() -> None:
     assert fatal_lines(GO_PANIC * 5) == ["panic: runtime error: index out of range [3] with length 3"]
 
 
-def test_pull_failure_names_the_image_the_node_and_the_option() -> None:
+def test_start_failure_names_the_image_the_node_and_the_option() -> None:
     pod = {
         "spec": {"nodeName": "kind-worker"},
         "status": {"phase": "Pending", "containerStatuses": [{"name": "main", "image": "busybox:1.36", "state": {
             "waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"busybox:1.36\""}}}]},
     }  # fmt: skip
-    why = pull_failure(pod)
+    why = start_failure(pod)
     assert why is not None
     assert "'busybox:1.36'" in why and "kind-worker" in why and "ImagePullBackOff" in why, why
     assert "--devplug-workload-image" in why, why
     pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}  # type: ignore[index]
-    assert pull_failure(pod) is None
-    assert pull_failure({}) is None
+    assert start_failure(pod) is None
+    assert start_failure({}) is None

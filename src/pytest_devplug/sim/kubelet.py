@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import errors
+from . import cdi, errors
 from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
 from .devicemanager import DeviceManager
-from .model import ContainerRuntimeOptions, ContainerSpec, PodSpecView
+from .model import ContainerRuntimeOptions, ContainerSpec, DeviceNodeSpec, MountSpec, PodSpecView
 from .podresources import PodResourcesServer
 from .launcher import KUBELET_PATHS
 from .process import PluginProcess
@@ -208,6 +208,11 @@ class SimNode:
     @property
     def plugin_dir(self) -> Path:
         return self.node_dir / "device-plugins"
+
+    @property
+    def cdi_spec_dirs(self) -> list[Path]:
+        """The node's ``/etc/cdi`` and ``/var/run/cdi`` (which wins), as a CDI-enabled runtime reads them."""
+        return [self.node_dir / "etc-cdi", self.node_dir / "cdi"]
 
     @property
     def checkpoint_path(self) -> Path:
@@ -530,6 +535,15 @@ class SimNode:
             self.logger.error('"Error starting container" pod="%s" container="%s" err="%s"', _key(rec.pod), c.name, e)
             self._event(rec.pod, "Warning", "Failed", f"Error: {e}")
             return False
+        try:
+            options = self._with_cdi_edits(options)
+        except cdi.UnresolvableCdiDevicesError as e:
+            # containerd refuses to create the container; the kubelet retries with back-off, reporting the same.
+            msg = f"failed to create containerd container: CDI device injection failed: {e}"
+            c.state, c.reason, c.message = "waiting", "CreateContainerError", msg
+            self.logger.error('"Error starting container" pod="%s" container="%s" err="%s"', _key(rec.pod), c.name, msg)
+            self._event(rec.pod, "Warning", "Failed", f"Error: {msg}")
+            return False
         c.options = options
         c.devices = {k: list(v) for k, v in dm.container_devices(rec.uid, c.name).items()}
         c.container_id = uuid.uuid4().hex
@@ -538,6 +552,22 @@ class SimNode:
         self._event(rec.pod, "Normal", "Created", f"Created container: {c.name}")
         self._event(rec.pod, "Normal", "Started", f"Started container {c.name}")
         return True
+
+    def _with_cdi_edits(self, options: ContainerRuntimeOptions) -> ContainerRuntimeOptions:
+        """What a CDI-enabled runtime applies on top of the kubelet's options: the edits of the CDI devices named
+        in ``CDIDevices`` and ``cdi.k8s.io/*`` annotations, from the spec files in the node's CDI directories."""
+        names = [*options.cdi_devices, *cdi.names_from_annotations(options.annotations)]
+        if not names:
+            return options
+        edits = cdi.resolve(names, self.cdi_spec_dirs)
+        envs = {**options.envs, **edits.env}
+        nodes = {d.path: d for d in edits.device_nodes}
+        devices = [d for d in options.devices if d.container_path not in nodes]
+        devices += [DeviceNodeSpec(d.path, d.host_path, d.permissions) for d in edits.device_nodes]
+        cdi_mounts = {m.container_path: m for m in edits.mounts}
+        mounts = [m for m in options.mounts if m.container_path not in cdi_mounts]
+        mounts += [MountSpec(m.container_path, m.host_path, m.read_only) for m in edits.mounts]
+        return replace(options, envs=envs, devices=devices, mounts=mounts)
 
     def _start_containers(self, rec: _PodRecord) -> None:
         images = _images(rec.pod)

@@ -32,11 +32,13 @@ from collections.abc import Sequence
 __all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "main", "NO_NAMESPACE_HELP"]
 
 #: A node's directory name -> where a kubelet on that node keeps it (``pkg/kubelet/apis``:
-#: ``DevicePluginPath``, ``podresources`` socket dir, CDI's default spec dir).
+#: ``DevicePluginPath``, ``podresources`` socket dir) and where a CDI-enabled runtime reads specs
+#: (``/etc/cdi``, then ``/var/run/cdi``, which wins).
 KUBELET_PATHS = {
     "device-plugins": "/var/lib/kubelet/device-plugins",
     "pod-resources": "/var/lib/kubelet/pod-resources",
     "cdi": "/var/run/cdi",
+    "etc-cdi": "/etc/cdi",
 }
 
 #: Where the host's kubelet files are hidden behind a tmpfs inside the namespace.
