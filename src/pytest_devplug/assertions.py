@@ -172,7 +172,7 @@ def assert_registered(
             f"expected resource {res} registered on node {node.name} with capacity "
             f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{stopped}{running}"
             + _registration_hint(node, res)
-            + ("" if exited and "fatal: " in exited else _unreached_hint(node))
+            + ("" if exited and ("; fatal: " in exited or "; last error: " in exited) else _unreached_hint(node))
             + _kubelet_lines(node, res, "egist"),
             node,
         ) from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["fatal_lines", "start_failure"]
+__all__ = ["fatal_lines", "last_error_line", "start_failure"]
 
 _GO_FATAL = re.compile(r"^(panic: |fatal error: )")
 _KLOG_FATAL = re.compile(r"^F\d{4} \d{2}:\d{2}:\d{2}\.\d+ ")
@@ -41,6 +41,16 @@ def fatal_lines(log: str) -> list[str]:
             found.append(text)
     unique = list(dict.fromkeys(found))
     return unique[-MAX_FATAL:]
+
+
+_ERROR = re.compile(r'^E\d{4} \d{2}:\d{2}:\d{2}\.\d+ |level=error\b|"level":\s*"error"|^ERROR[: ]', re.I)
+
+
+def last_error_line(log: str) -> str | None:
+    """The last error-level line (klog ``E``, ``level=error``, ``ERROR``): the cause of a process that logged
+    an error and exited (``klog.Errorf``; ``os.Exit(1)``) without a fatal line."""
+    errors = [ln.rstrip() for ln in log.splitlines() if _ERROR.search(ln)]
+    return errors[-1] if errors else None
 
 
 #: The kubelet's waiting reasons for a container whose image cannot be pulled.

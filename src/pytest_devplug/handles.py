@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import backing
-from .crash import fatal_lines, start_failure
+from .crash import fatal_lines, last_error_line, start_failure
 from .backends import mockstate
 from .backends.base import (
     Backend,
@@ -285,10 +285,12 @@ class PluginHandle:
             return None
         log = self.log()
         fatal = fatal_lines(log)
+        error = None if fatal else last_error_line(log)
         tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
         return (
             f"the plugin process {how}; "
             + ("fatal: " + " | ".join(fatal) + "; " if fatal else "")
+            + (f"last error: {error}; " if error else "")
             + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
         )
 

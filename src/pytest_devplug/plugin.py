@@ -92,6 +92,8 @@ class DevplugSettings:
     included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
     #: Whether @devplug_disruptive tests run (cluster backend: only with --devplug-allow-disruptive).
     allow_disruptive: bool = True
+    #: Device nodes the node under test has (``--devplug-device-nodes``; sim: stubs in the plugin's namespace).
+    device_nodes: tuple[str, ...] = ()
 
 
 #: Why there is nothing to test: no plugin option, and the included plugin (its own distribution) is absent.
@@ -160,6 +162,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("gpus", "GPUs in the mock NVML state (default 4)", {"type": int}),
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology (default 2)", {"type": int}),
     ("timeout", "seconds every bounded wait may take (default 20)", {"type": float}),
+    (
+        "device-nodes",
+        "sim: device nodes the node has, comma-separated (e.g. /dev/ttyS0,/dev/widget0), for a plugin that scans "
+        "/dev: stub character devices in the private mount namespace of a plugin started without {plugin_dir} "
+        "(a mock-NVML node has the GPU's /dev/nvidia* anyway)",
+        {},
+    ),
     ("grace-period", "sim: seconds the kubelet keeps a resource whose plugin went away (default 300)", {"type": float}),
     (
         "report",
@@ -312,7 +321,16 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         str(_opt(config, "devplug_missing_faults") or "skip"),
         included_plugin=not custom,
         allow_disruptive=allow_disruptive,
+        device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
     )
+
+
+def _device_nodes(value: Any) -> tuple[str, ...]:
+    nodes = tuple(n.strip() for n in str(value or "").split(",") if n.strip())
+    bad = [n for n in nodes if not n.startswith("/dev/") or ".." in n.split("/") or n == "/dev/"]
+    if bad:
+        raise pytest.UsageError(f"devplug_device_nodes = {value!r}: {', '.join(bad)}: want absolute paths under /dev")
+    return nodes
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -450,9 +468,14 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
 
 
 @pytest.fixture(scope="session")
-def devplug_node(devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec) -> NodeHandle:
+def devplug_node(
+    devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec, devplug_settings: DevplugSettings
+) -> NodeHandle:
     """The node (a NodeHandle) the plugin under test runs on."""
-    spec = NodeSpec(NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1), resource_name=devplug_plugin_spec.resource_name)
+    spec = NodeSpec(
+        NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1), resource_name=devplug_plugin_spec.resource_name,
+        device_nodes=devplug_settings.device_nodes,
+    )  # fmt: skip
     return devplug_cluster.ensure_node(spec)
 
 

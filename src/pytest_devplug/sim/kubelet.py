@@ -313,18 +313,20 @@ class SimNode:
         name: str = "plugin",
         env: Mapping[str, str] | None = None,
         standard_paths: bool = False,
+        extra_binds: Sequence[tuple[Path, str]] = (),
     ) -> PluginProcess:
         """Start a device plugin subprocess; ``{plugin_dir}`` in ``argv`` becomes this node's dir.
 
         With ``standard_paths`` the plugin runs in a private mount namespace where this node's
         directories are at the kubelet's standard paths (``/var/lib/kubelet/device-plugins`` ...),
-        for plugins that hard-code them; other nodes' plugins never see them.
+        for plugins that hard-code them; other nodes' plugins never see them. ``extra_binds`` (host file
+        or directory, path in the namespace) add the node's own files there: its device nodes, a driver root.
         """
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         args = [a.replace("{plugin_dir}", str(self.plugin_dir)) for a in argv]
-        binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] if standard_paths else []
+        binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] + list(extra_binds) if standard_paths else []
         proc = PluginProcess(
             args, plugin_dir=self.plugin_dir, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
         )
