@@ -65,6 +65,23 @@ def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(peer_binary: Callable[[
     )
 
 
+#: How NVIDIA ships it besides envvar: a CDI strategy or volume mounts, with --pass-device-specs. On the mock GPU
+#: node its driver root is the stub at /run/nvidia/driver (the GPU operator's; the plugin runs on the node's
+#: filesystem, so the root's path is also where it finds it: --container-driver-root).
+DRIVER_ROOT_FLAGS = "--driver-root /run/nvidia/driver --container-driver-root /run/nvidia/driver --pass-device-specs"
+
+
+@pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations", "volume-mounts"])
+def test_nvidia_plugin_passes_the_suite_with_its_shipped_strategies(
+    peer_binary: Callable[[str], Path], tmp_path: Path, strategy: str
+) -> None:
+    """CDI names resolved from the spec it writes to the node's /var/run/cdi (the container sees the edits), the
+    device specs it passes for the device nodes it finds, the UUIDs in the CDI names or mount paths."""
+    binary = peer_binary("nvidia-device-plugin")
+    cmd = f"{binary} --device-discovery-strategy nvml --device-list-strategy {strategy} {DRIVER_ROOT_FLAGS}"
+    _assert_suite_verdict(["--plugin-cmd", cmd, "--mock"], [], tmp_path, SUITE_TIMEOUT_S)
+
+
 def test_nvidia_plugin_time_slicing_fails_exactly_the_replica_check(
     peer_binary: Callable[[str], Path], tmp_path: Path
 ) -> None:
