@@ -172,7 +172,7 @@ def assert_registered(
             f"expected resource {res} registered on node {node.name} with capacity "
             f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{stopped}{running}"
             + _registration_hint(node, res)
-            + ("" if exited and ("; fatal: " in exited or "; last error: " in exited) else _unreached_hint(node))
+            + ("" if plugin.exit_cause() else _unreached_hint(node))  # it said why: no guessing
             + _kubelet_lines(node, res, "egist"),
             node,
         ) from None

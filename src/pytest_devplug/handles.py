@@ -284,15 +284,18 @@ class PluginHandle:
         if how is None:
             return None
         log = self.log()
-        fatal = fatal_lines(log)
-        error = None if fatal else last_error_line(log)
+        cause = _exit_cause(log)
         tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
         return (
             f"the plugin process {how}; "
-            + ("fatal: " + " | ".join(fatal) + "; " if fatal else "")
-            + (f"last error: {error}; " if error else "")
+            + (f"{cause}; " if cause else "")
             + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
         )
+
+    def exit_cause(self) -> str | None:
+        """What the exited plugin said about why (its fatal lines, else its last error line); ``None`` while it
+        runs or when it said nothing of the kind."""
+        return None if self.backend.plugin_exit(self.node.name) is None else _exit_cause(self.log())
 
     def crashed(self) -> str | None:
         """:meth:`exited`, unless the test stopped or killed the plugin itself: a wait's ``give_up``."""
@@ -315,15 +318,16 @@ class PluginHandle:
                 give_up=self.crashed,
             )
         except WaitTimeout as exc:
-            from .evidence import DevplugAssertionError, collect_evidence
-
-            raise DevplugAssertionError(
+            raise self._not_ready(
                 f"plugin for {res} did not become ready on node {self.node.name}: expected allocatable "
-                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}"
-                + (f"; {exc.reason}" if exc.reason else ""),
-                collect_evidence(self.backend, self.node.name),
+                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}", exc
             ) from None
 
+    def _not_ready(self, message: str, exc: WaitTimeout[Any]) -> AssertionError:
+        from .evidence import DevplugAssertionError, collect_evidence
+
+        why = f"; {exc.reason}" if exc.reason else ""
+        return DevplugAssertionError(message + why, collect_evidence(self.backend, self.node.name))
 
     def wait_listed(self, timeout: float | None = None) -> None:
         """Wait until the plugin is ready as deployed: some devices allocatable and, on the mock NVML, a device
@@ -346,14 +350,18 @@ class PluginHandle:
             wait_for(unlisted, lambda missing: not missing, timeout=self.node.timeout if timeout is None else timeout,
                      what=f"a {self.resource_name} device for every mock GPU", give_up=self.crashed)  # fmt: skip
         except WaitTimeout as exc:
-            from .evidence import DevplugAssertionError, collect_evidence
-
-            raise DevplugAssertionError(
+            raise self._not_ready(
                 f"plugin for {self.resource_name} on node {self.node.name} lists no allocatable device backed by the "
-                f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)"
-                + (f"; {exc.reason}" if exc.reason else ""),
-                collect_evidence(self.backend, self.node.name),
+                f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)", exc
             ) from None
+
+
+def _exit_cause(log: str) -> str | None:
+    fatal = fatal_lines(log)
+    if fatal:
+        return "fatal: " + " | ".join(fatal)
+    error = last_error_line(log)
+    return f"last error: {error}" if error else None
 
 
 #: Pod phases a pod never leaves.

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import cdi, errors
 from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
 from .devicemanager import DeviceManager
-from .model import ContainerRuntimeOptions, ContainerSpec, DeviceNodeSpec, MountSpec, PodSpecView
+from .model import ContainerRuntimeOptions, ContainerSpec, PodSpecView
 from .podresources import PodResourcesServer
 from .launcher import KUBELET_PATHS
 from .process import PluginProcess
@@ -563,12 +563,10 @@ class SimNode:
             return options
         edits = cdi.resolve(names, self.cdi_spec_dirs)
         envs = {**options.envs, **edits.env}
-        nodes = {d.path: d for d in edits.device_nodes}
-        devices = [d for d in options.devices if d.container_path not in nodes]
-        devices += [DeviceNodeSpec(d.path, d.host_path, d.permissions) for d in edits.device_nodes]
-        cdi_mounts = {m.container_path: m for m in edits.mounts}
-        mounts = [m for m in options.mounts if m.container_path not in cdi_mounts]
-        mounts += [MountSpec(m.container_path, m.host_path, m.read_only) for m in edits.mounts]
+        nodes = {d.container_path for d in edits.device_nodes}
+        devices = [d for d in options.devices if d.container_path not in nodes] + edits.device_nodes
+        paths = {m.container_path for m in edits.mounts}
+        mounts = [m for m in options.mounts if m.container_path not in paths] + edits.mounts
         return replace(options, envs=envs, devices=devices, mounts=mounts)
 
     def _start_containers(self, rec: _PodRecord) -> None:
