@@ -12,7 +12,7 @@ import nox
 
 ROOT = Path(__file__).parent
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests", "conformance"]
+nox.options.sessions = ["lint", "tests", "conformance"]
 nox.options.error_on_missing_interpreters = False
 
 PYTHON = ["3.11", "3.12", "3.13", "3.10"]
@@ -36,11 +36,45 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install("-e", ".[kind]", "-e", "./plugin_under_test", *extra)
 
 
+RUFF = "ruff>=0.6"
+
+
 @nox.session(python=PYTHON[0])
+def lint(session: nox.Session) -> None:
+    """ruff on src/ and tests/ (pyproject's [tool.ruff]) and mypy --strict on both distributions' sources."""
+    _install(session, RUFF, "mypy>=1.10", "types-protobuf", "types-PyYAML")
+    session.run("ruff", "check", "src", "tests", "plugin_under_test/src", "noxfile.py")
+    session.run("mypy")  # strict = true in pyproject's [tool.mypy]
+
+
+def _put_pyenv_builds_on_path(versions: list[str]) -> list[str]:
+    """Put the pyenv build of each version whose ``python<version>`` does not run (a pyenv shim without that
+    version selected) first on PATH, so sessions are named ``tests-3.12`` whatever the machine; returns the
+    versions this machine can run."""
+    found = []
+    for version in versions:
+        exe = _interpreter(version)
+        if os.sep in exe:
+            os.environ["PATH"] = f"{Path(exe).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+            found.append(version)
+        elif shutil.which(exe := f"python{version}"):
+            if subprocess.run([exe, "-c", ""], capture_output=True, check=False).returncode == 0:
+                found.append(version)
+    return found
+
+
+#: pyproject's classifiers (3.10-3.13) that this machine has, in PYTHON's order.
+TEST_PYTHONS = _put_pyenv_builds_on_path(PYTHON) or [PYTHON[0]]
+
+
+@nox.session(python=TEST_PYTHONS)
 def tests(session: nox.Session) -> None:
-    """Unit and integration tests on the embedded kubelet (no Docker needed)."""
-    _install(session, GRPC_TOOLS, "mypy>=1.10", "types-protobuf", "build", "twine", HYPOTHESIS)
-    session.run("mypy")
+    """Unit and integration tests on the embedded kubelet (no Docker needed), on every supported Python this
+    machine has (``nox -s tests`` runs them all; ``nox -s "tests-3.11"`` or ``-p 3.11`` one)."""
+    _install(session, GRPC_TOOLS, "build", "twine", HYPOTHESIS)
+    # The real control plane's binaries for the embedded-vs-real differential: the offline kind build's cache
+    # (the same dirs CI caches for it), built from Go modules when cold; instant when cached.
+    session.run("devplug", "control-plane", "build")
     session.run("pytest", "-m", "not kind", *session.posargs)
 
 
@@ -53,6 +87,7 @@ def tests_lowest(session: nox.Session) -> None:
     """
     session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
     session.install(HYPOTHESIS)  # a test tool, not a dependency: any release of it will do
+    session.run("devplug", "control-plane", "build")  # as in `tests`: the differential's control plane
     session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
                 "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
     # Left out: the stub drift test (needs the pinned generator, i.e. the newest grpcio) and the distribution
@@ -91,9 +126,13 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON[0])
 def e2e(session: nox.Session) -> None:
-    """The kind tier: smoke and multi-node tests and NVIDIA's plugin under the suite (kind backend), the
-    conformance suite on a kind cluster made with kind's CLI and reached only through its kubeconfig (cluster
-    backend), sim-vs-kind differentials.
+    """The kind tier on one shared multi-node kind cluster (kind-config/e2e.yaml), made with kind's CLI.
+
+    First, alone (they assert cluster-wide facts): ``tests/kind`` (smoke, leftovers after SIGTERM, multi-node
+    scheduling) on the GPU worker. Then four lanes at once, each on a node of its own
+    (tools/e2e-lanes.sh): the conformance suite through the cluster backend (kubeconfig only, the plugin
+    image loaded as a user pushes a release), its grace-period test, NVIDIA's plugin under the suite and the
+    sim-vs-kind differentials (kind backend). Every backend run works in a namespace of its own.
 
     Where no container registry answers, kind-config/offline/build-all.sh builds the node and Python base
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test
@@ -105,23 +144,22 @@ def e2e(session: nox.Session) -> None:
         session.run("bash", str(ensure), external=True)
     built = session.run("bash", "kind-config/offline/build-all.sh", "--auto", external=True, silent=True)
     offline = dict(line.split("=", 1) for line in str(built or "").splitlines() if line.startswith("DEVPLUG_"))
-    env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", ""), **offline}
-    # NVIDIA's plugin as a DaemonSet (peers/nvidia/), its image built here, on its own single-node cluster.
-    session.run("pytest", "-m", "kind", "tests/kind", "tests/peers/test_nvidia_plugin.py", *session.posargs, env=env)
     kind = offline.get("DEVPLUG_KIND_BIN") or _last_line(
         session.run("bash", "kind-config/offline/ensure-kind.sh", external=True, silent=True)
     )
     name = os.environ.get("DEVPLUG_E2E_CLUSTER") or E2E_CLUSTER
+    # The kind backend and tests/kind reuse the cluster of this name (and leave it: --keep-cluster).
+    env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", ""), **offline, "DEVPLUG_KIND_CLUSTER": name}
+    python_base = offline.get("DEVPLUG_PYTHON_BASE")
     with tempfile.TemporaryDirectory(prefix="devplug-e2e-") as tmp:
         try:
             kubeconfig = _create_kind_cluster(session, kind, name, Path(tmp), offline.get("DEVPLUG_KIND_NODE_IMAGE"))
-            _conformance_on_cluster(session, kind, name, kubeconfig, offline.get("DEVPLUG_PYTHON_BASE"), env)
+            session.run("pytest", "-m", "kind", "tests/kind", "--keep-cluster", *session.posargs, env=env)
+            image = _last_line(session.run("python", "tools/plugin-image.py", tmp, silent=True))
+            session.run(kind, "load", "docker-image", "--name", name, image, *([python_base] if python_base else []), external=True)
+            session.run("bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=env, external=True)
         finally:
             session.run(kind, "delete", "cluster", "--name", name, external=True)
-    # Sim and kind side by side on one node each (scheduler messages count nodes): the kind backend creates
-    # its single-node cluster and deletes it at the end.
-    kind_args = ["--devplug-backend", "kind", "--devplug-timeout", "60", f"--cluster-name={name}-single"]
-    session.run("pytest", "-m", "kind", "tests/differential", *kind_args, env=env)
 
 
 def _last_line(out: object) -> str:
@@ -129,8 +167,8 @@ def _last_line(out: object) -> str:
 
 
 def _create_kind_cluster(session: nox.Session, kind: str, name: str, tmp: Path, node_image: str | None) -> str:
-    """``kind create cluster`` from kind-config/e2e-two-nodes.yaml (offline settings added for the offline image)."""
-    config = ROOT / "kind-config" / "e2e-two-nodes.yaml"
+    """``kind create cluster`` from kind-config/e2e.yaml (offline settings added for the offline image)."""
+    config = ROOT / "kind-config" / "e2e.yaml"
     image: list[str] = []
     if node_image:
         patched = tmp / "kind.yaml"
@@ -142,41 +180,3 @@ def _create_kind_cluster(session: nox.Session, kind: str, name: str, tmp: Path, 
         "--wait", "5m", external=True,
     )  # fmt: skip
     return kubeconfig
-
-
-def _conformance_on_cluster(
-    session: nox.Session, kind: str, name: str, kubeconfig: str, python_base: str | None, env: dict[str, str]
-) -> None:
-    """The suite with ``--devplug-backend cluster``, nothing through Docker but what a user does on a real
-    cluster: the plugin image is built and loaded onto the nodes here (a registry push elsewhere).
-
-    The grace-period test (5 min on a real kubelet) runs on the worker, next to the rest on the control plane.
-    """
-    image = _last_line(
-        session.run(
-            "python", "-c",
-            "import pathlib, tempfile; from pytest_devplug.backends.kind.deploy import PluginImage; "
-            "print(PluginImage(pathlib.Path(tempfile.mkdtemp(prefix='devplug-img-', dir=%r))).included())"
-            % str(Path(kubeconfig).parent),  # inside the session's temp dir: removed with it
-            silent=True,
-        )
-    )  # fmt: skip
-    session.run(kind, "load", "docker-image", "--name", name, image, *([python_base] if python_base else []), external=True)
-    args = [
-        "--pyargs", "pytest_devplug.conformance", "--devplug-backend", "cluster", "--kubeconfig", kubeconfig,
-        "--devplug-allow-disruptive", "--devplug-plugin-image", image, "--devplug-mock",
-        "--devplug-pre-start-required", "--devplug-timeout", "60", "-p", "no:cacheprovider",
-    ]  # fmt: skip
-    if python_base:
-        args += ["--devplug-workload-image", python_base]
-    pytest = str(Path(session.bin) / "pytest")
-    grace = subprocess.Popen(
-        [pytest, *args, "--devplug-node", f"{name}-worker", "-m", "devplug_grace_period", "-q"],
-        env={**os.environ, **env},
-    )  # fmt: skip
-    try:
-        session.run("pytest", *args, "--devplug-node", f"{name}-control-plane", "-m", "not devplug_grace_period", env=env)
-    finally:
-        rc = grace.wait()
-    if rc != 0:
-        session.error(f"the grace-period test on {name}-worker failed (exit {rc})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import subprocess
 import sys
@@ -95,12 +96,23 @@ def test_stubs_stay_out_of_protobufs_default_pool() -> None:
     from pytest_devplug.api import _pool
 
     default = descriptor_pool.Default()
-    for symbol in ("v1beta1.DevicePluginOptions", "v1beta1.AllocateResponse", "v1.ListPodResourcesResponse"):
+    from pytest_devplug.api.dra import v1_pb2 as dra
+    from pytest_devplug.api.drahealth import v1alpha1_pb2 as health
+    from pytest_devplug.api.pluginregistration import v1_pb2 as reg
+
+    for symbol in (
+        "v1beta1.DevicePluginOptions",
+        "v1beta1.AllocateResponse",
+        "v1.ListPodResourcesResponse",
+        "pluginregistration.PluginInfo",
+        "k8s.io.kubelet.pkg.apis.dra.v1.NodePrepareResourcesRequest",
+        "v1alpha1.DeviceHealth",
+    ):
         with pytest.raises(KeyError):
             default.FindMessageTypeByName(symbol)
     with pytest.raises(KeyError):
         default.FindFileByName("deviceplugin/v1beta1.proto")
-    assert dp.DESCRIPTOR.pool is _pool.POOL and pr.DESCRIPTOR.pool is _pool.POOL
+    assert all(m.DESCRIPTOR.pool is _pool.POOL for m in (dp, pr, reg, dra, health))
     assert plugin_dp.DESCRIPTOR.pool is plugin_pool.POOL is not _pool.POOL
     # Same wire format across the two pools: the plugin's bytes are the harness's message.
     sent = plugin_dp.AllocateResponse(container_responses=[{"envs": {"A": "1"}, "cdi_devices": [{"name": "v/g=0"}]}])
@@ -113,3 +125,56 @@ def test_stub_classes_name_their_module() -> None:
     assert repr(dp.ContainerAllocateResponse.EnvsEntry) == (
         "<class 'pytest_devplug.api.deviceplugin.v1beta1_pb2.ContainerAllocateResponse.EnvsEntry'>"
     )
+
+
+def test_plugin_registration_wire_names_and_numbers() -> None:
+    from pytest_devplug.api.pluginregistration import v1_pb2 as reg
+
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    assert _fields(reg.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    assert _fields(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
+    assert _fields(reg.InfoRequest) == {} and _fields(reg.RegistrationStatusResponse) == {}
+    methods = {m.full_name for s in reg.DESCRIPTOR.services_by_name.values() for m in s.methods}
+    assert methods == {"pluginregistration.Registration.GetInfo", "pluginregistration.Registration.NotifyRegistrationStatus"}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_dra_plugin_wire_names_and_numbers(version: str) -> None:
+    dra = importlib.import_module(f"pytest_devplug.api.dra.{version}_pb2")
+    package = f"k8s.io.kubelet.pkg.apis.dra.{version}"
+    assert dra.DESCRIPTOR.package == package
+    device = {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
+    if version == "v1":
+        device["share_id"] = 5  # Kubernetes 1.35+, proto3 optional
+        assert dra.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
+    assert _fields(dra.Device) == device
+    assert _fields(dra.Claim) == {"namespace": 1, "uid": 2, "name": 3}
+    assert _fields(dra.NodePrepareResourcesRequest) == {"claims": 1}
+    assert _fields(dra.NodePrepareResourcesResponse) == {"claims": 1}
+    assert _fields(dra.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
+    assert _fields(dra.NodeUnprepareResourcesRequest) == {"claims": 1}
+    assert _fields(dra.NodeUnprepareResourceResponse) == {"error": 1}
+    assert dra.NodePrepareResourcesResponse.DESCRIPTOR.fields_by_name["claims"].message_type.GetOptions().map_entry
+    methods = [m.full_name for m in dra.DESCRIPTOR.services_by_name["DRAPlugin"].methods]
+    assert methods == [f"{package}.DRAPlugin.NodePrepareResources", f"{package}.DRAPlugin.NodeUnprepareResources"]
+
+
+def test_dra_health_wire_names_and_numbers() -> None:
+    from pytest_devplug.api.drahealth import v1alpha1_pb2 as health
+
+    assert health.DESCRIPTOR.package == "v1alpha1"
+    assert {v.name: v.number for v in health.HealthStatus.DESCRIPTOR.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    assert (health.UNKNOWN, health.HEALTHY, health.UNHEALTHY) == (0, 1, 2)
+    assert health.HealthStatus.Name(health.UNHEALTHY) == "UNHEALTHY"
+    assert _fields(health.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
+    assert _fields(health.DeviceHealth) == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
+    assert _fields(health.NodeWatchResourcesResponse) == {"devices": 1}
+    (method,) = health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods
+    assert method.full_name == "v1alpha1.DRAResourceHealth.NodeWatchResources"
+    assert method.server_streaming and not method.client_streaming

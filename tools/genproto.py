@@ -40,6 +40,10 @@ API_DIRS = [ROOT / "src/pytest_devplug/api", ROOT / "plugin_under_test/src/devpl
 TARGETS: dict[str, list[Path]] = {
     "deviceplugin/v1beta1.proto": API_DIRS,
     "podresources/v1.proto": [API_DIRS[0]],
+    "pluginregistration/v1.proto": [API_DIRS[0]],
+    "dra/v1.proto": [API_DIRS[0]],
+    "dra/v1beta1.proto": [API_DIRS[0]],
+    "drahealth/v1alpha1.proto": [API_DIRS[0]],
 }
 
 #: The grpcio-tools release whose protoc writes the checked-in .pyi files (`nox -s proto` and the dev extra pin
@@ -98,8 +102,7 @@ def _comment(fdp: FileDescriptorProto, path: list[int]) -> str:
 def _check_supported(proto: str, fdp: FileDescriptorProto) -> None:
     unsupported = {
         "imports": list(fdp.dependency),
-        "enums": [e.name for e in fdp.enum_type]
-        + [e.name for m in fdp.message_type for e in m.enum_type],
+        "nested enums": [e.name for m in fdp.message_type for e in m.enum_type],
         "extensions": [e.name for e in fdp.extension],
     }
     for what, names in unsupported.items():
@@ -136,12 +139,23 @@ def _bytes_literal(data: bytes, indent: str, width: int = 96) -> str:
     return "\n".join(lines)
 
 
+def _enum_lines(fdp: FileDescriptorProto) -> list[str]:
+    """Top-level enums as protoc's Python output has them: a wrapper class and one constant per value."""
+    lines: list[str] = []
+    for enum in fdp.enum_type:
+        lines.append(f'{enum.name} = _EnumTypeWrapper(DESCRIPTOR.enum_types_by_name["{enum.name}"])')
+        lines += [f"{value.name} = {value.number}" for value in enum.value]
+    return lines + [""] if lines else []
+
+
 def _pb2_module(proto: str, fdp: FileDescriptorProto) -> str:
     names = [m.name for m in fdp.message_type]
+    enum_import = ["from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper as _EnumTypeWrapper", ""]
     lines = [
         HEADER.format(proto=proto).rstrip("\n"),
         f'"""Messages of package {fdp.package} ({proto}), in this distribution\'s private descriptor pool."""',
         "",
+        *(enum_import if fdp.enum_type else []),
         "from .._pool import add_file as _add_file",
         "",
         "DESCRIPTOR, _classes = _add_file(",
@@ -149,6 +163,7 @@ def _pb2_module(proto: str, fdp: FileDescriptorProto) -> str:
         "    __name__,",
         ")",
         "",
+        *_enum_lines(fdp),
         *(f'{name} = _classes["{name}"]' for name in names),
         "",
     ]

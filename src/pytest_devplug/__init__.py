@@ -31,6 +31,7 @@ from .backends.base import (
     PodResourcesPod,
     UnsupportedOperationError,
 )
+from .errors import DevplugError, ObjectNotFoundError, WaitAbandoned
 from .evidence import DevplugAssertionError
 from .faults import FaultInjector, FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults
 from .handles import (
@@ -61,6 +62,7 @@ __all__ = [
     "ContainerView",
     "DeviceNodeView",
     "DevplugAssertionError",
+    "DevplugError",
     "ExecResult",
     "FaultInjector",
     "FaultNotSupportedError",
@@ -71,6 +73,7 @@ __all__ = [
     "MountView",
     "NodeHandle",
     "NodeSpec",
+    "ObjectNotFoundError",
     "PluginHandle",
     "PluginSpec",
     "PodFactory",
@@ -81,5 +84,6 @@ __all__ = [
     "PodResourcesPod",
     "UnsupportedOperationError",
     "WaitTimeout",
+    "WaitAbandoned",
     "wait_for",
 ]

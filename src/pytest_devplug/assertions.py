@@ -453,7 +453,8 @@ def assert_checkpoint_survives_kubelet_restart(
 
     Before: the checkpoint holds the pod's devices (matching pod-resources). Restart the kubelet.
     After: the same entries (device IDs and Allocate response), the pod still Running with the same
-    restart count, pod-resources still listing the same devices, and the plugin registered again.
+    restart count, pod-resources still listing the same devices, and the plugin registered again
+    (within ``--devplug-reregistration-timeout``).
     """
     node = plugin.node
     pod.wait_running(timeout=timeout)
@@ -470,7 +471,7 @@ def assert_checkpoint_survives_kubelet_restart(
     restarts = pod.restart_count
     capacity = node.capacity(plugin.resource_name)
     node.restart_kubelet()
-    t = node.timeout if timeout is None else timeout
+    t = node.reregistration_timeout if timeout is None else timeout
     try:
         wait_for(
             lambda: node.counts(plugin.resource_name)[1] or 0,
@@ -504,7 +505,9 @@ def assert_reregisters_after_kubelet_restart(
     """After a kubelet restart the plugin, without being restarted, registers again by itself.
 
     The kubelet deletes every socket in the plugin directory and comes back with the resource at
-    0/0 until the plugin registers again; a plugin must notice and re-register.
+    0/0 until the plugin registers again; a plugin must notice and re-register. Waits up to
+    ``--devplug-reregistration-timeout`` (not ``--devplug-timeout``): the kubelet's own dial of the
+    plugin's socket may take 10 s, and upstream-style plugins wait 10 s before registering again.
     """
     node, res = plugin.node, plugin.resource_name
     want = node.allocatable(res) if count is None else count
@@ -512,7 +515,13 @@ def assert_reregisters_after_kubelet_restart(
         raise _fail(f"the plugin for {res} is not running before the kubelet restart", node)
     node.restart_kubelet()
     try:
-        node.wait_counts(res, capacity=want, allocatable=want, timeout=timeout, give_up=plugin.crashed)
+        node.wait_counts(
+            res,
+            capacity=want,
+            allocatable=want,
+            timeout=node.reregistration_timeout if timeout is None else timeout,
+            give_up=plugin.crashed,
+        )
     except WaitTimeout as exc:
         raise _fail(
             f"expected {res} to come back to {want}/{want} (capacity/allocatable) after the kubelet restarted; "

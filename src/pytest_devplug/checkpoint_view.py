@@ -9,8 +9,16 @@ from google.protobuf.message import DecodeError
 
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .sim.checkpoint import CheckpointData
+from .sim.dra.checkpoint import DRACheckpointFile
 
-__all__ = ["decode_alloc_resp", "checkpoint_as_dict", "format_checkpoint", "printable"]
+__all__ = [
+    "decode_alloc_resp",
+    "checkpoint_as_dict",
+    "format_checkpoint",
+    "dra_checkpoint_as_dict",
+    "format_dra_checkpoint",
+    "printable",
+]
 
 
 def printable(text: str) -> str:
@@ -99,3 +107,48 @@ def _lines(path: str, data: CheckpointData, stored: int, computed: int) -> list[
             out.append(f"      devices on {where}: {', '.join(ids or [])}")
         out.extend(_format_resp(e.alloc_resp))
     return out
+
+
+def dra_checkpoint_as_dict(file: DRACheckpointFile) -> dict[str, Any]:
+    """``dra_manager_state`` as JSON-ready data (``devplug checkpoint show --json``)."""
+    claims = [
+        {
+            "claim_uid": e.claim_uid,
+            "claim": f"{e.namespace}/{e.claim_name}",
+            "pod_uids": None if e.pod_uids is None else sorted(e.pod_uids),
+            "drivers": None if e.driver_state is None else {
+                driver: None if devices is None else [
+                    {
+                        "pool": d.pool_name,
+                        "device": d.device_name,
+                        "requests": d.request_names,
+                        "cdi_device_ids": d.cdi_device_ids,
+                        **({"share_id": d.share_id} if d.share_id is not None else {}),
+                    }
+                    for d in devices
+                ]
+                for driver, devices in e.driver_state.items()
+            },
+        }
+        for e in file.entries or []
+    ]
+    return {"checksum": {"stored": file.stored, "computed": file.computed, "valid": file.stored == file.computed}, "claims": claims}
+
+
+def format_dra_checkpoint(path: str, file: DRACheckpointFile) -> str:
+    """The text of ``devplug checkpoint show`` for ``dra_manager_state``; every string passes :func:`printable`."""
+    state = "ok" if file.stored == file.computed else (
+        f"MISMATCH: computed {file.computed} (the kubelet refuses to start its DRA manager with this file)"
+    )
+    out = [path, f"  DRA checkpoint, checksum {file.stored} {state}", "  claims:"]
+    if not file.entries:
+        out.append("    (none)")
+    for e in file.entries or []:
+        out.append(f"    claim {e.namespace}/{e.claim_name} uid {e.claim_uid} pods {', '.join(sorted(e.pod_uids or [])) or '(none)'}")
+        for driver, devices in sorted((e.driver_state or {}).items()):
+            out.append(f"      driver {driver}:{'' if devices else ' (no devices)'}")
+            for d in devices or []:
+                extra = f" requests {', '.join(d.request_names)}" if d.request_names else ""
+                cdi = f" cdi {', '.join(d.cdi_device_ids)}" if d.cdi_device_ids else ""
+                out.append(f"        device {d.pool_name}/{d.device_name}{extra}{cdi}")
+    return "\n".join(printable(line) for line in out)

@@ -1,4 +1,5 @@
-"""The ``devplug`` command: inspect kubelet checkpoints, run the conformance suite, probe an NVML library."""
+"""The ``devplug`` command: inspect kubelet checkpoints, run the conformance suite, manage the real control plane's
+binaries, probe an NVML library."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .checkpoint_view import checkpoint_as_dict, format_checkpoint, printable
+from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
 from .sim.checkpoint import CheckpointData, CheckpointError, checksum, decode, read_bytes
+from .sim.dra import checkpoint as dra_checkpoint
 
 __all__ = ["main"]
 
@@ -19,10 +21,14 @@ __all__ = ["main"]
 EXIT_BROKEN_PIPE = 141
 
 
-def _load(path: str) -> tuple[CheckpointData, int, int] | str:
-    """The data, stored and computed checksums, or a message saying why the file is unusable."""
+def _load(path: str) -> tuple[CheckpointData, int, int] | dra_checkpoint.DRACheckpointFile | str:
+    """The data, stored and computed checksums (a ``dra_manager_state`` file: its decoded form), or a
+    message saying why the file is unusable."""
     try:
-        data, stored = decode(read_bytes(Path(path)), source=path)
+        blob = read_bytes(Path(path))
+        if dra_checkpoint.is_dra_checkpoint(blob):
+            return dra_checkpoint.decode(blob, source=path)
+        data, stored = decode(blob, source=path)
     except OSError as exc:
         return f"{path}: cannot read: {exc.strerror or exc}"
     except CheckpointError as exc:
@@ -36,22 +42,24 @@ def _checkpoint(args: argparse.Namespace) -> int:
     if isinstance(loaded, str):
         print(f"devplug checkpoint {args.action}: {printable(loaded)}", file=sys.stderr)
         return 2
-    data, stored, computed = loaded
+    stored, computed = (loaded.stored, loaded.computed) if isinstance(loaded, dra_checkpoint.DRACheckpointFile) else loaded[1:]
     name = printable(args.file)
     if args.action == "verify":
         if stored != computed:
             print(f"{name}: checksum mismatch: stored {stored}, computed {computed}", file=sys.stderr)
             return 1
         print(f"{name}: checksum {stored} ok")
+    elif isinstance(loaded, dra_checkpoint.DRACheckpointFile):
+        print(json.dumps(dra_checkpoint_as_dict(loaded), indent=2) if args.json else format_dra_checkpoint(args.file, loaded))
     elif args.json:
-        print(json.dumps(checkpoint_as_dict(data, stored, computed), indent=2))
+        print(json.dumps(checkpoint_as_dict(loaded[0], stored, computed), indent=2))
     else:
-        print(format_checkpoint(args.file, data, stored, computed))
+        print(format_checkpoint(args.file, loaded[0], stored, computed))
     return 0
 
 
 def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cp = sub.add_parser("checkpoint", help="inspect a kubelet_internal_checkpoint file")
+    cp = sub.add_parser("checkpoint", help="inspect a kubelet_internal_checkpoint or dra_manager_state file")
     cps = cp.add_subparsers(dest="action", required=True)
     show = cps.add_parser("show", help="print the checkpoint readably, Allocate responses decoded")
     show.add_argument("file")
@@ -74,7 +82,10 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
     ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
     ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
+    ("--reregistration-timeout", "--devplug-reregistration-timeout", "seconds a plugin may take to register again after a kubelet restart (default 40)", {}),
     ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
+    ("--control-plane", "--devplug-control-plane", "sim: embedded (default) or real (etcd, kube-apiserver, kube-scheduler)", {"choices": ("embedded", "real")}),
+    ("--k8s-bin-dir", "--devplug-k8s-bin-dir", "sim, real control plane: directory with its binaries", {}),
     ("--report", "--devplug-report", "write a Markdown report to FILE (and JSON beside it, FILE with .json)", {"metavar": "FILE"}),
     ("--missing-faults", "--devplug-missing-faults", "skip (default) or fail the fault-injection tests when no fault injector is available", {"choices": ("skip", "fail")}),
     ("--conventions", "--devplug-conventions", "opt-in convention checks, comma-separated (see pytest --help)", {}),
@@ -135,6 +146,46 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
     conf.add_argument("--pre-start-required", action="store_true", help="your plugin sets pre_start_required")
     conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for pytest")
     conf.set_defaults(func=_run_conformance)
+
+
+# -- control plane -------------------------------------------------------------------------------
+
+
+def _control_plane(args: argparse.Namespace) -> int:
+    """``build``: the binaries into the cache (from Go modules; instant when cached); ``where``: which are used;
+    ``stop DIR``: end a control plane kept by ``--keep-cluster``."""
+    from .controlplane import ControlPlaneError, resolve
+    from .controlplane.binaries import build
+    from .controlplane.cluster import stop_kept
+
+    try:
+        if args.action == "build":
+            found = build()
+        elif args.action == "where":
+            found = resolve(args.k8s_bin_dir, download=False)
+        else:
+            for line in stop_kept(Path(args.dir)):
+                print(line)
+            return 0
+    except ControlPlaneError as exc:
+        print(f"devplug control-plane {args.action}: {exc}", file=sys.stderr)
+        return 1
+    print(found.describe())
+    for component, path in sorted(found.paths.items()):
+        print(f"{component}: {path}")
+    return 0
+
+
+def _add_control_plane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cp = sub.add_parser("control-plane", help="the binaries and kept instances of the real control plane (sim --control-plane real)")
+    cps = cp.add_subparsers(dest="action", required=True)
+    cps.add_parser("build", help="build etcd and the Kubernetes binaries from Go modules into the cache (a source checkout and Go needed)").set_defaults(func=_control_plane)
+    where = cps.add_parser("where", help="print the binaries --devplug-control-plane real would use (no download)")
+    where.add_argument("--k8s-bin-dir", help="as --devplug-k8s-bin-dir")
+    where.set_defaults(func=_control_plane)
+    stop = cps.add_parser("stop", help="stop a control plane kept by --keep-cluster and remove its directory")
+    stop.add_argument("dir", help="its directory (printed at the end of the kept run)")
+    stop.set_defaults(func=_control_plane)
 
 
 # -- nvml ----------------------------------------------------------------------------------------
@@ -214,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_checkpoint_commands(sub)
     _add_conformance_command(sub)
+    _add_control_plane_commands(sub)
     _add_nvml_commands(sub)
     return parser
 

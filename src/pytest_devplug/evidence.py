@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .backends.base import Backend, parse_checkpoint
+from .errors import DevplugAssertionError
 
 __all__ = ["Evidence", "DevplugAssertionError", "collect_evidence", "tail", "set_test_window", "current_test_lines"]
 
@@ -29,14 +30,6 @@ class Evidence:
 
     title: str
     text: str
-
-
-class DevplugAssertionError(AssertionError):
-    """An ``assert_*`` helper failed; ``evidence`` is what the cluster looked like at that moment."""
-
-    def __init__(self, message: str, evidence: Iterable[Evidence] = ()) -> None:
-        super().__init__(message)
-        self.evidence = list(evidence)
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:

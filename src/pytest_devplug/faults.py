@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .errors import FaultNotSupportedError
+
 if TYPE_CHECKING:
     from .handles import PluginHandle
 
@@ -23,13 +25,6 @@ CONTRACT = (
     "pytest_devplug.FaultInjector: device_ids, set_unhealthy(id), set_healthy(id), fail_allocate(id=None), "
     "add_device() -> id, remove_device(id)"
 )
-
-
-class FaultNotSupportedError(NotImplementedError):
-    """An injector cannot make this fault for its plugin (e.g. a fixed device list: no add/remove).
-
-    The tests that need that fault skip, quoting the message; the others still run.
-    """
 
 
 @runtime_checkable

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,6 +16,8 @@ from . import backing
 from .crash import fatal_lines, last_error_line, start_failure
 from .backends import mockstate
 from .backends.base import (
+    DEFAULT_REREGISTRATION_TIMEOUT,
+    DEFAULT_IMAGE,
     Backend,
     Checkpoint,
     ContainerView,
@@ -27,12 +30,14 @@ from .backends.base import (
     PodResourcesPod,
     parse_checkpoint,
 )
+from .errors import MockControlsUnavailableError, ObjectNotFoundError
 from .waiting import WaitTimeout, wait_for
 
 __all__ = [
     "ClusterHandle",
     "NodeHandle",
     "PluginHandle",
+    "PluginChanges",
     "PodHandle",
     "PodFactory",
     "MockNvml",
@@ -41,12 +46,6 @@ __all__ = [
     "parse_quantity",
 ]
 
-#: The container image of pods made by :class:`PodFactory` (kind needs a shell for ``exec``).
-DEFAULT_IMAGE = "busybox:1.36"
-
-
-class MockControlsUnavailableError(RuntimeError):
-    """The plugin under test was not deployed with the mock-NVML state file, so faults cannot be injected."""
 
 
 def parse_quantity(value: str | int | None) -> int:
@@ -64,10 +63,14 @@ def parse_quantity(value: str | int | None) -> int:
 class NodeHandle:
     """A node of the cluster under test."""
 
-    def __init__(self, backend: Backend, name: str, *, timeout: float) -> None:
+    def __init__(
+        self, backend: Backend, name: str, *, timeout: float, reregistration_timeout: float = DEFAULT_REREGISTRATION_TIMEOUT
+    ) -> None:
         self.backend = backend
         self.name = name
         self.timeout = timeout
+        #: Bound of a wait for the plugin to register again after a kubelet restart (never below ``timeout``).
+        self.reregistration_timeout = max(reregistration_timeout, timeout)
 
     def __repr__(self) -> str:
         return f"NodeHandle({self.name!r})"
@@ -118,6 +121,18 @@ class NodeHandle:
     def restart_kubelet(self) -> None:
         self.backend.restart_kubelet(self.name)
 
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet and keep it down (containers keep running) until :meth:`start_kubelet`."""
+        self.backend.stop_kubelet(self.name)
+
+    def start_kubelet(self) -> None:
+        self.backend.start_kubelet(self.name)
+
+    def reboot(self) -> None:
+        """Reboot the node: containers and plugin processes go, the kubelet starts again; the plugin does not
+        (``PluginHandle.start`` brings it back, as its DaemonSet would)."""
+        self.backend.reboot_node(self.name)
+
     def kubelet_log(self) -> str:
         return self.backend.kubelet_log(self.name)
 
@@ -157,7 +172,7 @@ class MockNvml:
         self._plugin = plugin
 
     def _edit(self, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        self._plugin.dirty = self._plugin.state_changed = True
+        self._plugin.mark_changed(devices=True)
         backend, node = self._plugin.backend, self._plugin.node.name
         backend.write_mock_state(node, fn(backend.read_mock_state(node)))
 
@@ -215,23 +230,55 @@ class MockNvml:
         self._edit(lambda s: mockstate.with_gpu_removed(s, uuid))
 
 
+class PluginChanges:
+    """What was done to a deployed plugin since it was last clean: its handle reports every change here,
+    and whoever restores the plugin (the ``devplug_plugin`` fixture's deployment) owns and reads it."""
+
+    def __init__(self) -> None:
+        #: Stopped, killed, (re)started or faulted: the plugin may differ from the deployed one.
+        self.touched = False
+        #: Faulted: its devices differ from the deployed ones, so only a redeploy restores it.
+        self.devices = False
+
+    def note(self, *, devices: bool = False) -> None:
+        self.touched = True
+        self.devices = self.devices or devices
+
+    def clear(self) -> None:
+        self.touched = self.devices = False
+
+
 class PluginHandle:
     """The plugin under test as deployed on one node.
 
-    ``dirty`` is set by every call that changes the plugin's state (faults, stop, restart);
-    ``state_changed`` only by faults (the plugin's devices differ from the deployed ones). After the
-    test the ``devplug_plugin`` fixture starts a plugin that was only stopped or restarted again
-    (no redeploy), and redeploys one whose devices were changed, so the next test starts clean.
+    Every call that changes the plugin (faults, stop, kill, start, restart) is reported to its
+    :class:`PluginChanges`; after the test the ``devplug_plugin`` fixture starts a plugin that was only
+    stopped or restarted again (no redeploy), and redeploys one whose devices were changed, so the next
+    test starts clean. A fault injector of your own calls :meth:`mark_changed` for the same effect.
     """
 
-    def __init__(self, backend: Backend, node: NodeHandle, spec: PluginSpec) -> None:
+    def __init__(self, backend: Backend, node: NodeHandle, spec: PluginSpec, *, changes: PluginChanges | None = None) -> None:
         self.backend = backend
         self.node = node
         self.spec = spec
-        self.dirty = False
-        self.state_changed = False
+        self._changes = PluginChanges() if changes is None else changes
         #: stop()/kill() was called and no start() since: an exit then is the test's doing, not a crash.
         self.stopped = False
+
+    def mark_changed(self, *, devices: bool = False) -> None:
+        """Tell the deployment this plugin is no longer as deployed (``devices``: its devices changed too)."""
+        self._changes.note(devices=devices)
+
+    @property
+    def dirty(self) -> bool:
+        """Deprecated: whether the plugin was changed since it was last clean (use :meth:`mark_changed`)."""
+        return self._changes.touched
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        warnings.warn("PluginHandle.dirty = ... is deprecated: call mark_changed()", DeprecationWarning, stacklevel=2)
+        if value:
+            self.mark_changed()
 
     def __repr__(self) -> str:
         return f"PluginHandle({self.spec.resource_name!r} on {self.node.name!r})"
@@ -262,15 +309,18 @@ class PluginHandle:
         return self.backend.plugin_log(self.node.name)
 
     def stop(self) -> None:
-        self.dirty = self.stopped = True
+        self.mark_changed()
+        self.stopped = True
         self.backend.stop_plugin(self.node.name)
 
     def kill(self) -> None:
-        self.dirty = self.stopped = True
+        self.mark_changed()
+        self.stopped = True
         self.backend.kill_plugin(self.node.name)
 
     def start(self) -> None:
-        self.dirty, self.stopped = True, False
+        self.mark_changed()
+        self.stopped = False
         self.backend.start_plugin(self.node.name)
 
     def restart(self) -> None:
@@ -676,9 +726,10 @@ class PodFactory:
         for name, ns in reversed(self.created):
             try:
                 self.backend.delete_pod(name, ns)
-            except Exception as exc:  # noqa: BLE001 - collected and reported by the fixture
-                if "not found" not in str(exc).lower():
-                    errors.append(f"{ns}/{name}: {exc}")
+            except ObjectNotFoundError:
+                continue  # already gone (deleted by the test, or its node's kubelet evicted it)
+            except Exception as exc:  # noqa: BLE001 - cleanup must not stop at the first; reported by the fixture
+                errors.append(f"{ns}/{name}: {exc}")
         self.created.clear()
         return errors
 
@@ -690,15 +741,25 @@ def _dns_label(text: str) -> str:
 class ClusterHandle:
     """The cluster under test (``devplug_cluster``): its nodes and a way to deploy plugins on them."""
 
-    def __init__(self, backend: Backend, *, timeout: float) -> None:
+    def __init__(
+        self, backend: Backend, *, timeout: float, reregistration_timeout: float = DEFAULT_REREGISTRATION_TIMEOUT
+    ) -> None:
         self.backend = backend
         self.timeout = timeout
+        self.reregistration_timeout = reregistration_timeout
 
     def __repr__(self) -> str:
         return f"ClusterHandle(backend={self.backend.name!r})"
 
+    @property
+    def kubeconfig(self) -> str | None:
+        """A kubeconfig for kubectl or the ``kubernetes`` client while the run lasts (sim with
+        ``--devplug-control-plane real``: its admin kubeconfig); ``None`` where the backend has none to give."""
+        value = getattr(self.backend, "kubeconfig", None)
+        return str(value) if value else None
+
     def node(self, name: str) -> NodeHandle:
-        return NodeHandle(self.backend, name, timeout=self.timeout)
+        return NodeHandle(self.backend, name, timeout=self.timeout, reregistration_timeout=self.reregistration_timeout)
 
     @property
     def nodes(self) -> list[NodeHandle]:
@@ -708,11 +769,12 @@ class ClusterHandle:
         """A node with ``spec``'s traits (the sim creates it; kind must have one)."""
         return self.node(self.backend.ensure_node(spec))
 
-    def deploy(self, node: NodeHandle | str, spec: PluginSpec) -> PluginHandle:
-        """Deploy ``spec`` on ``node`` and return its handle (not waited for: see ``wait_ready``)."""
+    def deploy(self, node: NodeHandle | str, spec: PluginSpec, *, changes: PluginChanges | None = None) -> PluginHandle:
+        """Deploy ``spec`` on ``node`` and return its handle (not waited for: see ``wait_ready``); the
+        handle reports what tests do to the plugin to ``changes``."""
         handle = node if isinstance(node, NodeHandle) else self.node(node)
         self.backend.deploy_plugin(handle.name, spec)
-        return PluginHandle(self.backend, handle, spec)
+        return PluginHandle(self.backend, handle, spec, changes=changes)
 
     def pods(self, node: NodeHandle | str, resource_name: str, *, prefix: str = "devplug") -> PodFactory:
         """A :class:`PodFactory` pinned to ``node`` (``factory(count=1)`` makes pods); call ``cleanup()`` when done."""

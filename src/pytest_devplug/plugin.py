@@ -32,7 +32,10 @@ import pytest
 
 from .backends import BACKENDS, create_backend
 from .backends.base import (
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_REREGISTRATION_TIMEOUT,
     DEFAULT_RESOURCE_NAME,
+    DEFAULT_TIMEOUT,
     Backend,
     BackendOptions,
     BackendUnavailableError,
@@ -43,12 +46,14 @@ from .backends.base import (
 from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
-from .handles import ClusterHandle, NodeHandle, PluginHandle, PodFactory
+from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
 from .report import ReportWriter, note_run
+from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
     "DevplugSettings",
     "settings_from_config",
+    "get_settings",
     "default_plugin_argv",
     "NODE_NAME",
     "NO_PLUGIN_MESSAGE",
@@ -76,7 +81,12 @@ CONVENTIONS: dict[str, str] = {
     "application-error Xids leave it Healthy (NVML health monitoring)",
 }
 
+#: Values of ``--devplug-control-plane``.
+CONTROL_PLANES = ("embedded", "real")
+
 _STATE_KEY = pytest.StashKey["_TestState"]()
+#: The options as parsed once, in ``pytest_configure``.
+_SETTINGS_KEY = pytest.StashKey["DevplugSettings"]()
 #: The plugin the report header showed (None: it said a conftest overrides devplug_plugin_spec).
 _HEADER_SPEC_KEY = pytest.StashKey["PluginSpec | None"]()
 
@@ -94,6 +104,8 @@ class DevplugSettings:
     allow_disruptive: bool = True
     #: Device nodes the node under test has (``--devplug-device-nodes``; sim: stubs in the plugin's namespace).
     device_nodes: tuple[str, ...] = ()
+    #: Seconds the long-lived connection check holds its registration (``--devplug-soak``; 0: off).
+    soak: float = DEFAULT_SOAK_S
 
 
 #: Why there is nothing to test: no plugin option, and the included plugin (its own distribution) is absent.
@@ -127,7 +139,7 @@ def default_plugin_argv(resource_name: str, *, pre_start_required: bool = True) 
 _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "backend",
-        "where to run: sim (embedded kubelet, default), kind (a kind cluster it creates or reuses) or cluster "
+        "where to run: sim (embedded kubelet), kind (a kind cluster it creates or reuses) or cluster "
         "(the kubeconfig's cluster, through the API only)",
         {"default": "sim", "choices": BACKENDS},
     ),
@@ -145,7 +157,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("kube-context", "cluster: kubeconfig context (default: the current one; the file: --kubeconfig)", {}),
-    ("node", "cluster: the node to test on (default: the first node advertising the resource)", {}),
+    (
+        "node",
+        "kind, cluster: the node to test on (default: the first node advertising the resource, else one labelled "
+        "devplug.io/gpu=true)",
+        {},
+    ),
     (
         "plugin-daemonset",
         "cluster: NAMESPACE/NAME of a running plugin DaemonSet to test as it is, instead of deploying one",
@@ -158,10 +175,41 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("workload-image", "kind, cluster: image of the test pods (default busybox; any image with sh and sleep)", {}),
-    ("resource-name", f"extended resource the plugin advertises (default {DEFAULT_RESOURCE_NAME})", {}),
-    ("gpus", "GPUs in the mock NVML state (default 4)", {"type": int}),
-    ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology (default 2)", {"type": int}),
-    ("timeout", "seconds every bounded wait may take (default 20)", {"type": float}),
+    ("resource-name", "extended resource the plugin advertises", {"default": DEFAULT_RESOURCE_NAME}),
+    ("gpus", "GPUs in the mock NVML state", {"type": int, "default": 4}),
+    ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology", {"type": int, "default": 2}),
+    ("timeout", "seconds every bounded wait may take", {"type": float, "default": DEFAULT_TIMEOUT}),
+    (
+        "reregistration-timeout",
+        "seconds a plugin may take to register again after a kubelet restart, at least --devplug-timeout "
+        "(the kubelet's own dial may take 10 s, upstream-style plugins wait 10 s after a new kubelet.sock)",
+        {"type": float, "default": DEFAULT_REREGISTRATION_TIMEOUT},
+    ),
+    (
+        "grace-period",
+        "sim: seconds the kubelet keeps a resource whose plugin went away",
+        {"type": float, "default": DEFAULT_GRACE_PERIOD},
+    ),
+    (
+        "control-plane",
+        "sim: embedded (the harness's own API server and scheduler, default) or real (etcd, kube-apiserver, "
+        "kube-scheduler and kube-controller-manager as child processes, the embedded kubelets its Nodes; "
+        "kubectl works against devplug_cluster.kubeconfig)",
+        {"default": "embedded"},
+    ),
+    (
+        "k8s-bin-dir",
+        "sim with --devplug-control-plane real: directory with etcd, kube-apiserver, kube-scheduler, "
+        "kube-controller-manager (default: KUBEBUILDER_ASSETS, then the cache `devplug control-plane build` fills, "
+        "then the release binaries, SHA-256 checked)",
+        {},
+    ),
+    (
+        "soak",
+        "seconds the long-lived connection check holds one registration of a second copy of the plugin on a node "
+        "of its own, overlapped with the other checks (0 switches the check off)",
+        {"type": float, "default": DEFAULT_SOAK_S},
+    ),
     (
         "device-nodes",
         "sim: device nodes the node has, comma-separated (e.g. /dev/ttyS0,/dev/widget0), for a plugin that scans "
@@ -169,7 +217,6 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "(a mock-NVML node has the GPU's /dev/nvidia* anyway)",
         {},
     ),
-    ("grace-period", "sim: seconds the kubelet keeps a resource whose plugin went away (default 300)", {"type": float}),
     (
         "report",
         "write a Markdown report of the run to this file (one row per check, grouped core / conventions / faults) "
@@ -179,8 +226,8 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "missing-faults",
         "what the fault-injection tests do when there is no fault injector (mock NVML or a conftest's "
-        "devplug_faults fixture): skip (default, naming the contract to implement) or fail",
-        {"choices": ("skip", "fail")},
+        "devplug_faults fixture): skip (naming the contract to implement) or fail",
+        {"choices": ("skip", "fail"), "default": "skip"},
     ),
     (
         "conventions",
@@ -212,8 +259,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("devplug", "device-plugin end-to-end tests (pytest-devplug)")
     for name, help_text, kw in _OPTIONS:
         dest = "devplug_" + name.replace("-", "_")
-        group.addoption(f"--devplug-{name}", dest=dest, default=None, help=help_text, **{k: v for k, v in kw.items() if k != "default"})
-        parser.addini(dest, help_text, default=kw.get("default"))
+        default = kw.get("default")
+        # The default lives in the ini key only (getoption None -> getini), so it is declared once, here.
+        text = help_text if default is None else f"{help_text} (default {default:g})" if isinstance(default, float) \
+            else f"{help_text} (default {default})"
+        group.addoption(f"--devplug-{name}", dest=dest, default=None, help=text, **{k: v for k, v in kw.items() if k != "default"})
+        parser.addini(dest, text, default=None if default is None else str(default))
     group.addoption(
         "--devplug-mock",
         dest="devplug_mock",
@@ -255,6 +306,30 @@ def _kind_opt(config: pytest.Config, dest: str) -> Any:
     return config.getoption(dest, default=None)
 
 
+def _flag(dest: str) -> str:
+    """How the user names option ``dest``: its command-line flag and its ini key."""
+    return f"--{dest.replace('_', '-')} (ini {dest})"
+
+
+def _choice(config: pytest.Config, dest: str, allowed: tuple[str, ...]) -> str:
+    value = str(_opt(config, dest))
+    if value not in allowed:
+        raise pytest.UsageError(f"{_flag(dest)} = {value!r}: choose one of {', '.join(allowed)}")
+    return value
+
+
+def _number(config: pytest.Config, dest: str, kind: type[int] | type[float], minimum: float = 0) -> Any:
+    value = _opt(config, dest)
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < minimum:
+        what = "an integer" if kind is int else "a number"
+        raise pytest.UsageError(f"{_flag(dest)} = {value!r}: expected {what} >= {minimum:g}")
+    return number
+
+
 def _conventions(value: Any, default: frozenset[str]) -> frozenset[str]:
     if value is None:
         return default
@@ -262,16 +337,19 @@ def _conventions(value: Any, default: frozenset[str]) -> frozenset[str]:
     unknown = sorted(names - set(CONVENTIONS))
     if unknown:
         raise pytest.UsageError(
-            f"devplug_conventions = {value!r}: unknown {', '.join(unknown)}; choose from {', '.join(CONVENTIONS)} or none"
+            f"{_flag('devplug_conventions')} = {value!r}: unknown {', '.join(unknown)}; "
+            f"choose from {', '.join(CONVENTIONS)} or none (comma-separated)"
         )
     return frozenset(names)
 
 
 def settings_from_config(config: pytest.Config) -> DevplugSettings:
-    backend = str(_opt(config, "devplug_backend") or "sim")
-    if backend not in BACKENDS:
-        raise pytest.UsageError(f"devplug_backend = {backend!r}: choose one of {', '.join(BACKENDS)}")
-    resource = str(_opt(config, "devplug_resource_name") or DEFAULT_RESOURCE_NAME)
+    """Parse the options (command line first, then ini keys, then the defaults declared with them); a bad
+    value raises :class:`pytest.UsageError` naming the option and what it accepts. ``pytest_configure``
+    calls it once: read the result with :func:`get_settings`."""
+    backend = _choice(config, "devplug_backend", BACKENDS)
+    control_plane = _choice(config, "devplug_control_plane", CONTROL_PLANES)
+    resource = str(_opt(config, "devplug_resource_name"))
     cmd = _opt(config, "devplug_plugin_cmd")
     image = _opt(config, "devplug_plugin_image")
     manifest = _opt(config, "devplug_plugin_manifest")
@@ -283,7 +361,13 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     pre_start = _opt(config, "devplug_pre_start_required")
     pre_start = (not custom) if pre_start is None else bool(pre_start)
     if cmd:
-        argv = [a.replace("{python}", sys.executable) for a in shlex.split(str(cmd))]
+        try:
+            words = shlex.split(str(cmd))
+        except ValueError as exc:
+            raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: {exc}") from None
+        if not words:
+            raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: empty command line")
+        argv = [a.replace("{python}", sys.executable) for a in words]
     else:
         argv = default_plugin_argv(resource, pre_start_required=pre_start)
     spec = PluginSpec(
@@ -292,14 +376,18 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         image=image,
         manifest=manifest,
         mock=mock,
-        gpus=int(_opt(config, "devplug_gpus") or 4),
-        numa_nodes=int(n if (n := _opt(config, "devplug_numa_nodes")) is not None else 2),
+        gpus=_number(config, "devplug_gpus", int),
+        numa_nodes=_number(config, "devplug_numa_nodes", int),
         pre_start_required=pre_start,
         conventions=_conventions(_opt(config, "devplug_conventions"), frozenset() if custom else frozenset(CONVENTIONS)),
     )
+    timeout = _number(config, "devplug_timeout", float)
     opts = BackendOptions(
-        timeout=float(_opt(config, "devplug_timeout") or 20.0),
-        grace_period=float(_opt(config, "devplug_grace_period") or 300.0),
+        timeout=timeout,
+        reregistration_timeout=max(_number(config, "devplug_reregistration_timeout", float), timeout),
+        grace_period=_number(config, "devplug_grace_period", float),
+        control_plane=control_plane,
+        k8s_bin_dir=_opt(config, "devplug_k8s_bin_dir"),
         cluster_name=str(_kind_opt(config, "cluster_name") or "pytest-kind"),
         keep_cluster=bool(_kind_opt(config, "keep_cluster")),
         kind_bin=_kind_opt(config, "kind_bin"),
@@ -318,9 +406,10 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         backend,
         opts,
         spec,
-        str(_opt(config, "devplug_missing_faults") or "skip"),
+        _choice(config, "devplug_missing_faults", ("skip", "fail")),
         included_plugin=not custom,
         allow_disruptive=allow_disruptive,
+        soak=_number(config, "devplug_soak", float),
         device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
     )
 
@@ -333,7 +422,19 @@ def _device_nodes(value: Any) -> tuple[str, ...]:
     return nodes
 
 
+def get_settings(config: pytest.Config) -> DevplugSettings:
+    """The options as ``pytest_configure`` parsed them (parsed here on first use where it did not run them,
+    e.g. under ``--help``)."""
+    settings = config.stash.get(_SETTINGS_KEY, None)
+    if settings is None:
+        settings = config.stash[_SETTINGS_KEY] = settings_from_config(config)
+    return settings
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    """Parse the options once: a bad value stops the run here, as one usage error (exit 4), before any test."""
+    if not config.getoption("help", default=False):
+        config.stash[_SETTINGS_KEY] = settings_from_config(config)
     report = _opt(config, "devplug_report")
     if report:
         ReportWriter.install(config, str(report))
@@ -349,9 +450,28 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        f"{SOAK_MARKER}: the long-lived connection verdict; runs last, the soaking copy of the plugin starts with the "
+        "first test (see --devplug-soak)",
+    )
+    config.addinivalue_line(
+        "markers",
         f"{GRACE_PERIOD_MARKER}: the test waits out the kubelet's grace period after its plugin went away (5 min on a "
         "real kubelet); select it with -m to run it on a node of its own, in parallel with the rest (nox -s e2e does)",
     )
+
+
+def soak_seconds(config: pytest.Config) -> float:
+    """``--devplug-soak`` (ini ``devplug_soak``) as parsed once with the other options."""
+    return get_settings(config).soak
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soak verdict runs last, so the soak overlaps every other check instead of adding its time."""
+    soaking = [i for i in items if i.get_closest_marker(SOAK_MARKER) is not None]
+    if soaking:
+        soak_seconds(config)  # a bad value stops the run here, once
+        items[:] = [i for i in items if i.get_closest_marker(SOAK_MARKER) is None] + soaking
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -360,11 +480,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _open_test_window(item)
     if item.get_closest_marker(DISRUPTIVE_MARKER) is None:
         return
-    try:
-        settings = settings_from_config(item.config)
-    except pytest.UsageError:
-        return
-    if not settings.allow_disruptive:
+    if not get_settings(item.config).allow_disruptive:
         pytest.skip(
             f"disrupts the node under test (@{DISRUPTIVE_MARKER}: kubelet restart, plugin stop/kill or kubelet config "
             f"change) on a cluster the harness does not own; run with --devplug-allow-disruptive where that is safe"
@@ -390,10 +506,7 @@ def _spec_overrides(config: pytest.Config) -> list[str]:
 def pytest_report_header(config: pytest.Config) -> str:
     """The plugin under test: from the options, or, when a conftest overrides ``devplug_plugin_spec``, a
     pointer to the line printed when that fixture's plugin is deployed (its value needs a fixture run)."""
-    try:
-        s = settings_from_config(config)
-    except pytest.UsageError as exc:
-        return f"devplug: {exc}"
+    s = get_settings(config)
     overrides = _spec_overrides(config)
     if overrides:
         config.stash[_HEADER_SPEC_KEY] = None
@@ -402,7 +515,31 @@ def pytest_report_header(config: pytest.Config) -> str:
             "the plugin under test is printed when it is deployed"
         )
     config.stash[_HEADER_SPEC_KEY] = s.plugin
-    return f"devplug: backend={s.backend}; {_describe(s.backend, s.plugin)}"
+    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {_describe(s.backend, s.plugin)}"
+
+
+def _control_plane_header(s: DevplugSettings) -> str:
+    """``, control-plane=real (kubernetes v1.34.4, etcd v3.6.5 from ...)``: the binaries found now (no download)."""
+    if s.backend != "sim" or s.backend_options.control_plane != "real":
+        return ""
+    from .controlplane import BinariesNotFoundError, resolve
+
+    try:
+        found = resolve(s.backend_options.k8s_bin_dir, download=False).describe()
+    except BinariesNotFoundError:
+        found = "binaries to be downloaded"
+    return f", control-plane=real ({found})"
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    """One line on the terminal, outside the capture (from a fixture)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(line)
 
 
 def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> None:
@@ -410,13 +547,7 @@ def _announce_plugin(config: pytest.Config, backend: str, spec: PluginSpec) -> N
     (a conftest loaded after the header, or one the header named, decides it)."""
     if config.stash.get(_HEADER_SPEC_KEY, None) == spec:
         return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:
-        return
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        reporter.ensure_newline()
-        reporter.write_line(f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
+    _say(config, f"devplug: plugin under test (from devplug_plugin_spec): {_describe(backend, spec)}")
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -436,8 +567,8 @@ def _state(request: pytest.FixtureRequest) -> _TestState:
 
 @pytest.fixture(scope="session")
 def devplug_settings(pytestconfig: pytest.Config) -> DevplugSettings:
-    """The resolved pytest-devplug options."""
-    return settings_from_config(pytestconfig)
+    """The resolved pytest-devplug options, parsed once per run (``pytest_configure``)."""
+    return get_settings(pytestconfig)
 
 
 @pytest.fixture(scope="session")
@@ -450,8 +581,9 @@ def devplug_plugin_spec(devplug_settings: DevplugSettings) -> PluginSpec:
 
 
 @pytest.fixture(scope="session")
-def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
-    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards)."""
+def devplug_cluster(pytestconfig: pytest.Config, devplug_settings: DevplugSettings) -> Iterator[ClusterHandle]:
+    """The cluster (a ClusterHandle) for the whole session (sim: an embedded kubelet in a temp dir, removed afterwards;
+    with a real control plane its ``kubeconfig`` works for kubectl until then, or after with --keep-cluster)."""
     try:
         backend = create_backend(devplug_settings.backend, devplug_settings.backend_options)
     except BackendUnavailableError as exc:
@@ -462,9 +594,16 @@ def devplug_cluster(devplug_settings: DevplugSettings) -> Iterator[ClusterHandle
         except BackendUnavailableError as exc:
             # Every devplug test would error the same way: stop once, saying why.
             pytest.exit(f"devplug: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-        yield ClusterHandle(backend, timeout=devplug_settings.backend_options.timeout)
+        opts = devplug_settings.backend_options
+        handle = ClusterHandle(backend, timeout=opts.timeout, reregistration_timeout=opts.reregistration_timeout)
+        if handle.kubeconfig is not None and backend.name == "sim":
+            _say(pytestconfig, f"devplug: real control plane up; kubectl --kubeconfig {handle.kubeconfig} get nodes")
+        yield handle
     finally:
         backend.close()
+        kept = getattr(backend, "kept", None)
+        if kept:
+            _say(pytestconfig, f"devplug: the control plane is kept (--keep-cluster): {kept}")
 
 
 @pytest.fixture(scope="session")
@@ -499,7 +638,9 @@ class PluginNotReadyError(AssertionError):
 
 
 class _Deployment:
-    """The session's deployment of the plugin, redeployed when a test left it changed."""
+    """The session's deployment of the plugin, redeployed when a test left it changed.
+
+    It owns the bookkeeping of what tests did to the plugin (``_changes``, which the handle reports to)."""
 
     def __init__(self, cluster: ClusterHandle, node: NodeHandle, spec: PluginSpec) -> None:
         self.cluster, self.node, self.spec = cluster, node, spec
@@ -508,13 +649,19 @@ class _Deployment:
         self.ready = False
         self.failure: AssertionError | None = None
         self.failed_in = ""  # the test whose set-up reported the failure, in full
+        self._changes = PluginChanges()
 
     def started(self) -> PluginHandle:
         """Deployed, not waited for (registration tests judge registration themselves)."""
         if self.handle is None:
-            self.handle = self.cluster.deploy(self.node, self.spec)
+            self._changes = PluginChanges()
+            self.handle = self.cluster.deploy(self.node, self.spec, changes=self._changes)
             self.ready = False
         return self.handle
+
+    def faults_handed_out(self) -> None:
+        """An injector was handed out; one of a conftest does not report its changes, so assume it made some."""
+        self._changes.note(devices=True)
 
     def get(self, test: str = "") -> PluginHandle:
         if self.failure is not None:
@@ -543,10 +690,10 @@ class _Deployment:
         h = self.handle
         if h is None:
             return
-        clean = not h.dirty and h.running and self.node.counts(self.spec.resource_name) == self.baseline
+        clean = not self._changes.touched and h.running and self.node.counts(self.spec.resource_name) == self.baseline
         if clean:
             return
-        if not h.state_changed and self._restored(h):
+        if not self._changes.devices and self._restored(h):
             return
         self.cluster.backend.remove_plugin(self.node.name)
         self.handle = None
@@ -564,7 +711,7 @@ class _Deployment:
             return False
         if self.node.counts(self.spec.resource_name) != self.baseline:
             return False
-        h.dirty = False
+        self._changes.clear()
         return True
 
 
@@ -587,6 +734,29 @@ def _devplug_deployment(
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 
+@pytest.fixture(scope="session")
+def devplug_soak(
+    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec
+) -> Iterator[SoakWatch]:
+    """The long-lived connection watch (a SoakWatch), for the whole session: a second copy of the plugin on a node of
+    its own, registered once and left alone; ``.verdict(timeout)`` waits until it has been registered for
+    ``--devplug-soak`` seconds. Started by the first test of a session that collected a soak check."""
+    watch = SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name)
+    try:
+        watch.start()
+        yield watch
+    finally:
+        watch.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _devplug_soak_early(request: pytest.FixtureRequest) -> None:
+    """Start the soak with the session's first test when a soak check is collected and the soak is on."""
+    items = request.session.items
+    if soak_seconds(request.config) > 0 and any(i.get_closest_marker(SOAK_MARKER) is not None for i in items):
+        request.getfixturevalue("devplug_soak")
+
+
 @pytest.fixture
 def devplug_plugin(
     request: pytest.FixtureRequest, _devplug_deployment: _Deployment, devplug_settings: DevplugSettings
@@ -605,8 +775,9 @@ def devplug_plugin(
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
     handle = _devplug_deployment.get(request.node.nodeid)
     yield handle
-    if "devplug_faults" in getattr(request.node, "funcargs", {}):
-        handle.dirty = True  # an injector was handed out; one of a conftest does not know about redeployment
+    # After an interrupt (Ctrl-C, SIGTERM) pytest tears this down at session end, with funcargs already None.
+    if "devplug_faults" in (getattr(request.node, "funcargs", None) or {}):
+        _devplug_deployment.faults_handed_out()
     _devplug_deployment.reset_if_needed()
 
 

@@ -10,39 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import tenacity
+
+from .errors import WaitAbandoned, WaitTimeout
 
 __all__ = ["WaitTimeout", "WaitAbandoned", "wait_for"]
 
 T = TypeVar("T")
-
-
-class WaitTimeout(Exception, Generic[T]):
-    """The condition did not hold within ``timeout``; ``last`` is the last value seen (or ``None``)."""
-
-    def __init__(self, what: str, timeout: float, last: T | None, last_error: BaseException | None) -> None:
-        detail = f"; last value: {last!r}" if last_error is None else f"; last error: {last_error!r}"
-        super().__init__(f"timed out after {timeout:g}s waiting for {what}{detail}")
-        self.what = what
-        self.timeout = timeout
-        self.last = last
-        self.last_error = last_error
-        #: Why the wait stopped before its timeout (``None``: it timed out).
-        self.reason: str | None = None
-
-
-class WaitAbandoned(WaitTimeout[T]):
-    """The wait stopped early because ``give_up`` said the condition can no longer come; ``reason`` says why."""
-
-    def __init__(self, what: str, elapsed: float, last: T | None, reason: str) -> None:
-        Exception.__init__(self, f"gave up after {elapsed:.1f}s waiting for {what}: {reason}; last value: {last!r}")
-        self.what = what
-        self.timeout = elapsed
-        self.last = last
-        self.last_error = None
-        self.reason = reason
 
 
 def wait_for(

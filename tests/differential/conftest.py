@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
@@ -18,6 +17,8 @@ from pytest_devplug import ClusterHandle, NodeSpec, PluginHandle, PluginSpec, Po
 from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.plugin import NODE_NAME, DevplugSettings
+
+from .diff_helpers import REPLICAS, Side
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,15 +28,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def _required() -> bool:
     flags = (os.environ.get("DEVPLUG_KIND_REQUIRED", ""), os.environ.get("CI", ""))
     return any(f.strip().lower() not in ("", "0", "false", "no") for f in flags)
-
-
-@dataclass
-class Side:
-    """One backend's view: its plugin (node, mock controls) and a pod factory on its GPU node."""
-
-    name: str
-    plugin: PluginHandle
-    pods: PodFactory
 
 
 @pytest.fixture(scope="session")
@@ -78,11 +70,6 @@ def sides(
         sim_pods.cleanup()
 
 
-#: The included plugin's time-slicing form: each GPU advertised twice (``<uuid>::0``, ``<uuid>::1``),
-#: both IDs handing out the GPU's one ``/dev/nvidia<minor>``.
-REPLICAS = 2
-
-
 @pytest.fixture
 def shared_sides(sides: tuple[Side, Side]) -> Iterator[tuple[Side, Side]]:
     """(sim, kind) with the included plugin on one mock GPU advertised as ``REPLICAS`` devices (``DP_REPLICAS``,
@@ -90,10 +77,10 @@ def shared_sides(sides: tuple[Side, Side]) -> Iterator[tuple[Side, Side]]:
     out = []
     for s in sides:
         spec = dataclasses.replace(s.plugin.spec, env={**s.plugin.spec.env, "DP_REPLICAS": str(REPLICAS)}, gpus=1)
-        s.plugin.dirty = True  # kind: the devplug_plugin fixture redeploys the session's plugin afterwards
+        s.plugin.mark_changed(devices=True)  # kind: the devplug_plugin fixture redeploys the session's plugin afterwards
         s.plugin.backend.remove_plugin(s.plugin.node.name)
         plugin = ClusterHandle(s.plugin.backend, timeout=s.plugin.node.timeout).deploy(s.plugin.node, spec)
         plugin.wait_ready(REPLICAS)
-        plugin.dirty = True
+        plugin.mark_changed()
         out.append(Side(s.name, plugin, s.pods))
     yield out[0], out[1]

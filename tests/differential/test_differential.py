@@ -18,7 +18,7 @@ from pytest_devplug.backends.base import parse_checkpoint
 from pytest_devplug.handles import PodHandle
 from pytest_devplug.waiting import wait_for
 
-from conftest import REPLICAS, Side
+from .diff_helpers import REPLICAS, Side
 
 pytestmark = [pytest.mark.kind]
 
@@ -30,6 +30,38 @@ def _both(sides: tuple[Side, Side], fn: Any) -> dict[str, Any]:
 def _same(observed: dict[str, Any], what: str) -> Any:
     assert observed["sim"] == observed["kind"], f"{what} differs between the backends: {observed}"
     return observed["kind"]
+
+
+_AVAILABLE = re.compile(r"0/(\d+) nodes are available: (.*?)\.(?=\s|$)")
+#: What the scheduler says of a node a pod pinned elsewhere cannot go to (filters before resource fit: a taint,
+#: the node selector; or, where a PreFilter narrowed the nodes, "didn't satisfy plugin(s) [...]").
+_OTHER_NODE = re.compile(r"node\(s\) (had untolerated taint|didn't match Pod's node affinity|didn't satisfy plugin)")
+_NOT_HELPFUL = "Preemption is not helpful for scheduling"
+
+
+def _per_node(message: str) -> str:
+    """The scheduler's message as a cluster of the pod's own node alone would give it.
+
+    The pods are pinned to their node (nodeSelector on its hostname), so on a cluster of several nodes every
+    other node fails on its taint or the selector, and preemption is "not helpful" there. Dropping those
+    counts leaves the pinned node's verdict, comparable with the embedded kubelet's single node.
+    """
+
+    def one(m: re.Match[str]) -> str:
+        others = int(m[1]) - 1
+        kept = []
+        for item in m[2].split(", "):
+            count, reason = item.split(" ", 1)
+            n = int(count)
+            if _OTHER_NODE.match(reason):
+                continue
+            if reason == _NOT_HELPFUL:
+                n -= others
+            if n:
+                kept.append(f"{n} {reason}")
+        return f"0/1 nodes are available: {', '.join(kept)}."
+
+    return _AVAILABLE.sub(one, message)
 
 
 def _pod_outcome(pod: PodHandle) -> dict[str, Any]:
@@ -106,12 +138,13 @@ def test_api_server_rejections_read_the_same(sides: tuple[Side, Side], kw: dict[
 
 
 def test_scheduler_message_for_too_many_gpus(sides: tuple[Side, Side]) -> None:
-    """More GPUs than the node has: Pending, PodScheduled=False/Unschedulable, the same FailedScheduling text."""
+    """More GPUs than the node has: Pending, PodScheduled=False/Unschedulable, the same FailedScheduling text
+    (for the pod's own node: kind's other nodes are counted out, :func:`_per_node`)."""
     res = sides[0].plugin.resource_name
     out = {}
     for s in sides:
         pod = s.pods(gpus=5, name="diff-too-many")
-        msg = pod.wait_event(f"FailedScheduling: .*Insufficient {re.escape(res)}", timeout=60)
+        msg = _per_node(pod.wait_event(f"FailedScheduling: .*Insufficient {re.escape(res)}", timeout=60))
         cond = next(c for c in pod.conditions if c.get("type") == "PodScheduled")
         out[s.name] = (pod.phase, pod.node_name, cond.get("status"), cond.get("reason"), msg)
     _same(out, "unschedulable pod")
@@ -139,7 +172,7 @@ def test_checkpoint_and_assignment_survive_kubelet_restart(sides: tuple[Side, Si
         s.plugin.node.restart_kubelet()
         res = s.plugin.resource_name
         # Allocatable counts healthy devices, allocated or not (devicemanager GetCapacity): 4 of 4 again.
-        wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: re-registration")
+        wait_for(lambda s=s, res=res: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: re-registration")
         out[s.name] = (before, _pod_outcome(pod), pod.restart_count)
     _same(out, "pod across a kubelet restart")
     assert out["kind"][0] == out["kind"][1], f"assignment changed across the restart: {out['kind']}"
@@ -161,3 +194,54 @@ def test_sharing_two_ids_one_device_node(shared_sides: tuple[Side, Side]) -> Non
     assert len(seen["devices"]) == REPLICAS and len({d.split("::")[0] for d in seen["devices"]}) == 1, seen["devices"]
     assert seen["stored_device_nodes"].count("/dev/nvidia0") == REPLICAS, seen["stored_device_nodes"]
     assert [p for p, _ in seen["device_nodes"]].count("/dev/nvidia0") == 1, seen["device_nodes"]
+
+
+def test_init_and_restartable_init_containers_share_devices_the_same_way(sides: tuple[Side, Side]) -> None:
+    """Upstream's restartable-init pod: init-1 and sidecar-2 share a device, main gets another; checkpoint entries
+    and pod-resources' containers read the same on both backends (as sets: the kubelet's order is random)."""
+    out = {}
+    for s in sides:
+        body = s.pods.manifest(gpus=1, name="diff-init")
+        res = s.plugin.resource_name
+
+        def init(name: str, sidecar: bool) -> dict[str, Any]:
+            c: dict[str, Any] = {"name": name, "image": body["spec"]["containers"][0]["image"],
+                                 "command": ["sleep", "3600"] if sidecar else ["sh", "-c", "true"],
+                                 "resources": {"limits": {res: "1"}}}  # fmt: skip
+            if sidecar:
+                c["restartPolicy"] = "Always"
+            return c
+
+        body["spec"]["initContainers"] = [init("init-1", False), init("sidecar-2", True)]
+        pod = s.pods(manifest=body, wait=True)
+        raw = s.plugin.backend.read_checkpoint(s.plugin.node.name)
+        entries = parse_checkpoint(raw).entries_for(pod.uid) if raw else []
+        held = {e.container_name: e.all_device_ids for e in entries}
+        listed = sorted((c.name, len(c.device_ids(res))) for p in s.plugin.node.pod_resources() if p.name == pod.name for c in p.containers)
+        out[s.name] = {
+            "phase": pod.phase,
+            "containers": sorted(held),
+            "sidecar_shares_init": held.get("sidecar-2") == held.get("init-1"),
+            "main_apart": not set(held.get("main", [])) & set(held.get("sidecar-2", [])),
+            "pod_resources": listed,
+        }
+    seen = _same(out, "pod with an init and a restartable init container")
+    assert seen["sidecar_shares_init"] and seen["main_apart"], seen
+
+
+def test_abrupt_kill_then_restart_reads_the_same(sides: tuple[Side, Side]) -> None:
+    """SIGKILL (sim) / force-delete (kind) of the plugin with a pod running: 4/0, then started again 4/4, the
+    pod keeps its device, a new pod gets another."""
+    out = {}
+    for s in sides:
+        res = s.plugin.resource_name
+        pod = s.pods(gpus=1, name="diff-kill", wait=True)
+        held = pod.allocated_devices
+        s.plugin.kill()
+        down = wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 0), timeout=60, what=f"{s.name}: 4/0 after the kill")
+        s.plugin.start()
+        up = wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: 4/4 after the start")
+        other = s.pods(gpus=1, name="diff-kill-2", wait=True)
+        out[s.name] = (down, up, pod.phase, pod.allocated_devices == held, bool(set(other.allocated_devices) - set(held)))
+    seen = _same(out, "plugin killed and started again")
+    assert seen[2:] == ("Running", True, True), seen

@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from dist_helpers import ROOT, Dists, build
+from .dist_helpers import ROOT, Dists, build
 
 
 @pytest.fixture(scope="session")

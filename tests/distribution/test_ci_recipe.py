@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 
 import yaml
-from dist_helpers import ROOT, Dists, lowest_python, run
+from .dist_helpers import ROOT, Dists, lowest_python, run
 
 WORKFLOW = ROOT / "docs" / "github-actions.yml"
 DOWNSTREAM = ROOT / "tests" / "plugin_layer" / "test_downstream.py"

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from dist_helpers import ROOT, Dists, lowest_python, run
+from .dist_helpers import ROOT, Dists, lowest_python, run
 
 #: What a plugin project pinned to older releases would have (well below the newest, above the floors).
 OLD_PINS = ("grpcio==1.62.3", "protobuf==4.25.3")

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from concurrent import futures
 
 import grpc

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kind_helpers import KIND_CONFIG, OFFLINE, KindCluster, run, script_output, unavailable
+from .kind_helpers import KIND_CONFIG, OFFLINE, KindCluster, run, script_output, unavailable
 
 from pytest_devplug.backends.kind.cluster import (
     OFFLINE_LABEL,

@@ -9,9 +9,10 @@ import yaml
 
 from pytest_devplug.backends import create_backend
 from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError, PluginSpec, UnsupportedOperationError
-from pytest_devplug.backends.kind import KindBackend
+from pytest_devplug.backends.k8s.backend import KubeBackend
+from pytest_devplug.backends.k8s.manifests import render_daemonsets
+from pytest_devplug.backends.kind import KindBackend, kind_backend
 from pytest_devplug.backends.kind.cluster import ClusterManager
-from pytest_devplug.backends.kind.deploy import render_daemonsets
 
 pytest_plugins = ["pytester"]
 
@@ -25,7 +26,7 @@ def test_cluster_name_defaults_to_devplug_not_pytest_kinds_default(monkeypatch: 
 def test_without_docker_the_backend_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker, no kind
     backend = create_backend("kind", BackendOptions())
-    assert isinstance(backend, KindBackend)
+    assert isinstance(backend, KubeBackend) and backend.name == "kind"
     try:
         with pytest.raises(BackendUnavailableError, match="working Docker engine"):
             backend.start()
@@ -34,7 +35,7 @@ def test_without_docker_the_backend_says_so(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 def test_grace_period_is_the_kubelets_constant() -> None:
-    backend = KindBackend(BackendOptions())
+    backend = KindBackend(BackendOptions())  # the deprecated name still makes the kind backend
     try:
         assert backend.grace_period == 300.0
         with pytest.raises(UnsupportedOperationError, match="endpointStopGracePeriod"):
@@ -123,7 +124,7 @@ def test_image_names_follow_the_offline_scripts_prefix(monkeypatch: pytest.Monke
 
 def test_plugin_exit_reports_a_container_that_cannot_come_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Waits stop on CrashLoopBackOff (or an image that cannot be pulled), not on a pod still starting."""
-    backend = KindBackend(BackendOptions())
+    backend = kind_backend(BackendOptions())
     try:
         backend._plugins["n1"] = object()  # type: ignore[assignment]
         pods: list[dict[str, object]] = []

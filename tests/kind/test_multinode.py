@@ -1,8 +1,9 @@
 """Multi-node kind (kind-config/multi-node.yaml): GPU pods land only on the GPU worker; too big a request stays Pending.
 
 Its own cluster (``devplug-multi``), created once for this module and deleted afterwards (kept with
-``--keep-cluster``). The GPU worker is labelled ``devplug.io/gpu=true`` and tainted
-``nvidia.com/gpu=present:NoSchedule``; the plain worker has neither.
+``--keep-cluster``), or the e2e run's shared cluster (``DEVPLUG_KIND_CLUSTER``, kind-config/e2e.yaml). The GPU
+worker is labelled ``devplug.io/gpu=true`` and tainted ``nvidia.com/gpu=present:NoSchedule``; the plain workers
+have neither. Expectations are counted from the cluster's nodes, so both layouts give the same verdicts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kind_helpers import unavailable
+from .kind_helpers import unavailable
 from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
 from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError
 from pytest_devplug.backends.kind import KindBackend
@@ -54,15 +55,28 @@ def _pod(cluster: ClusterHandle, name: str, *, gpus: int | None, tolerate: bool)
     }
     if tolerate:
         spec["tolerations"] = [TOLERATION]
-    cluster.backend.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec})
-    return PodHandle(cluster.backend, name, "default", container="main", resource_name=RES, timeout=cluster.timeout)
+    ns = cluster.backend.pod_namespace
+    cluster.backend.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": spec})
+    return PodHandle(cluster.backend, name, ns, container="main", resource_name=RES, timeout=cluster.timeout)
+
+
+def _tainted(cluster: ClusterHandle) -> int:
+    """Nodes a pod without tolerations cannot go to (the control plane, the GPU worker)."""
+    return sum(
+        any(t.get("effect") == "NoSchedule" for t in n.get("spec", {}).get("taints") or []) for n in cluster.backend.list_nodes()
+    )
+
+
+def _available(total: int, reasons: dict[str, int]) -> str:
+    """The scheduler's ``0/N nodes are available: ...`` with its reasons sorted as strings (upstream's FitError)."""
+    return f"0/{total} nodes are available: " + ", ".join(sorted(f"{n} {r}" for r, n in reasons.items() if n))
 
 
 def test_only_the_gpu_worker_advertises_gpus(multi: tuple[ClusterHandle, str]) -> None:
     cluster, gpu_node = multi
     counts = {n.name: n.counts(RES) for n in cluster.nodes}
     assert counts.pop(gpu_node) == (4, 4)
-    assert len(counts) == 2 and all(c in ((None, None), (0, 0)) for c in counts.values()), counts
+    assert len(counts) >= 2 and all(c in ((None, None), (0, 0)) for c in counts.values()), counts
 
 
 def test_gpu_pod_lands_on_the_gpu_worker(multi: tuple[ClusterHandle, str]) -> None:
@@ -93,10 +107,12 @@ def test_gpu_pod_without_toleration_is_unschedulable(multi: tuple[ClusterHandle,
     try:
         msg = pod.wait_event("FailedScheduling: ")
         assert pod.phase == "Pending" and pod.node_name is None
-        # Kubernetes 1.34: control plane + GPU worker tainted, the plain worker has no GPUs.
+        # Kubernetes 1.34: control plane + GPU worker tainted, the plain workers have no GPUs.
+        total, tainted = len(cluster.backend.list_nodes()), _tainted(cluster)
+        reasons = {f"Insufficient {RES}": total - tainted, "node(s) had untolerated taint(s)": tainted}
         assert msg.startswith(
-            f"FailedScheduling: 0/3 nodes are available: 1 Insufficient {RES}, 2 node(s) had untolerated taint(s). "
-            "no new claims to deallocate, preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+            f"FailedScheduling: {_available(total, reasons)}. no new claims to deallocate, preemption: "
+            f"{_available(total, {'Preemption is not helpful for scheduling.': total})}"
         ), msg
     finally:
         pod.delete()
@@ -110,6 +126,6 @@ def test_more_gpus_than_any_node_stays_pending(multi: tuple[ClusterHandle, str])
         assert pod.phase == "Pending" and pod.node_name is None, (pod.phase, pod.node_name)
         cond = next(c for c in pod.conditions if c.get("type") == "PodScheduled")
         assert (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable"), cond
-        assert msg.startswith("FailedScheduling: 0/3 nodes are available: "), msg
+        assert msg.startswith(f"FailedScheduling: 0/{len(cluster.backend.list_nodes())} nodes are available: "), msg
     finally:
         pod.delete()

@@ -18,16 +18,17 @@ from typing import Any
 import pytest
 import yaml
 
-from kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
+from .kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
 
-from pytest_devplug.backends.kind.deploy import mock_library_file
+from pytest_devplug.backends.k8s.manifests import mock_library_file
+
+from ..support import RESOURCE
 
 pytestmark = pytest.mark.kind
 
 PLUGIN_DIR = REPO / "plugin_under_test"
 PLUGIN_IMAGE = "devplug/gpu-plugin:kind-smoke"
 MOCK_STATE = "/var/lib/devplug/mock-state.json"
-RESOURCE = "nvidia.com/gpu"
 GPU_LABEL = "devplug.io/gpu=true"
 
 
@@ -155,8 +156,16 @@ def test_plugin_advertises_mock_gpus(kind_cluster: KindCluster, tmp_path: Path) 
     local_lib.write_bytes(lib_bytes)
     run(["docker", "exec", node, "mkdir", "-p", os.path.dirname(lib_path)])
     run(["docker", "cp", str(local_lib), f"{node}:{lib_path}"])
-    kind_cluster.kubectl("apply", "-f", "-", input=_plugin_manifest(PLUGIN_IMAGE))
+    manifest = _plugin_manifest(PLUGIN_IMAGE)
+    kind_cluster.kubectl("apply", "-f", "-", input=manifest)
+    try:
+        _check_advertised(kind_cluster, node, n_gpus)
+    finally:
+        # A cluster the e2e run shares: the next user of this node must not find this plugin on it.
+        kind_cluster.kubectl("delete", "-f", "-", "--wait=true", input=manifest, check=False, timeout=300)
 
+
+def _check_advertised(kind_cluster: KindCluster, node: str, n_gpus: int) -> None:
     def advertised() -> tuple[str, str] | None:
         status = kind_cluster.kubectl_json("get", "node", node)["status"]
         cap, alloc = status.get("capacity", {}).get(RESOURCE), status.get("allocatable", {}).get(RESOURCE)

@@ -11,7 +11,7 @@ from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import STATE_ENV, mock_library
 from pytest_devplug.nvml.probe import Nvml
 
-from nvml_helpers import StateFile
+from .nvml_helpers import StateFile
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.backends import mockstate
-from pytest_devplug.nvml.build import SOURCE, find_compiler
+from pytest_devplug.nvml.build import SOURCE, CompilerNotFoundError, find_compiler
 
 CASES = 12_000
 TOKENS = [
@@ -80,7 +80,7 @@ def _cases() -> list[bytes]:
 def fuzz_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         cc = find_compiler()
-    except Exception as exc:  # CompilerNotFoundError: the message says what to install
+    except CompilerNotFoundError as exc:  # the message says what to install
         pytest.skip(str(exc))
     out = tmp_path_factory.mktemp("fuzz") / "fuzz_state"
     driver = Path(__file__).with_name("fuzz_state.c")
@@ -104,7 +104,7 @@ def test_parser_survives_fuzzing_under_sanitizers(fuzz_driver: Path, tmp_path: P
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
     assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr[-4000:]
     assert "LeakSanitizer" not in proc.stderr, proc.stderr[-4000:]
-    counts = dict(zip(proc.stdout.split()[::2], map(int, proc.stdout.split()[1::2])))
+    counts = dict(zip(proc.stdout.split()[::2], map(int, proc.stdout.split()[1::2]), strict=True))
     assert counts["cases"] == len(cases) >= 10_000
     assert 50 < counts["accepted"] < len(cases), f"mutations should mostly be refused, seeds accepted: {counts}"
 

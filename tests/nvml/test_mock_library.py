@@ -12,7 +12,7 @@ import pytest
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml.probe import Handle, Nvml, NvmlError
 
-from nvml_helpers import StateFile
+from .nvml_helpers import StateFile
 
 UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND = 1, 2, 3, 6
 DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST = 9, 10, 15

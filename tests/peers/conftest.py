@@ -1,7 +1,7 @@
 """Peer device plugins built from their Go modules by ``peers/build.sh`` (cached once per machine).
 
 ``peer_binary(name)`` answers the path of a built peer (``sample-device-plugin``, ``stub-plugin``,
-``nvidia-device-plugin``), building it on first use; the build is the script's, so ``nox -s tests``,
+``nvidia-device-plugin``, the DRA peer ``dra-example-kubeletplugin``), building it on first use; the build is the script's, so ``nox -s tests``,
 CI and a developer running ``peers/build.sh`` share one cache.
 """
 
@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
+#: Peers built by another script (same cache layout): the DRA kubelet plugins.
+BUILD_SCRIPTS = {"dra-example-kubeletplugin": BUILD_SCRIPT.with_name("build-dra.sh")}
 #: A cold build downloads k8s.io/kubernetes' dependencies and compiles them: minutes on 2 cores.
 BUILD_TIMEOUT_S = 1800.0
 
@@ -34,20 +36,21 @@ def _go_available() -> bool:
 
 
 def build_peer(name: str) -> Path:
-    """The binary of peer ``name``, built (or found cached) by peers/build.sh."""
+    """The binary of peer ``name``, built (or found cached) by peers/build.sh (DRA peers: peers/build-dra.sh)."""
+    script = BUILD_SCRIPTS.get(name, BUILD_SCRIPT)
     try:
         done = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), name], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+            ["bash", str(script), name], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired as exc:
         log = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        raise PeerBuildError(f"peers/build.sh {name} ran past {BUILD_TIMEOUT_S:.0f}s; its log:\n{log[-4000:]}") from None
+        raise PeerBuildError(f"{script.relative_to(script.parents[1])} {name} ran past {BUILD_TIMEOUT_S:.0f}s; its log:\n{log[-4000:]}") from None
     for line in done.stdout.splitlines():
         peer, _, path = line.partition(" ")
         if peer == name and done.returncode == 0 and os.access(path, os.X_OK):
             return Path(path)
     raise PeerBuildError(
-        f"peers/build.sh {name} exited {done.returncode} without a binary for {name}; "
+        f"{script.relative_to(script.parents[1])} {name} exited {done.returncode} without a binary for {name}; "
         f"stdout: {done.stdout.strip()!r}; its log (last 4000 chars):\n{done.stderr[-4000:]}"
     )
 
@@ -82,3 +85,20 @@ def docker_available() -> None:
         if _ci():
             pytest.fail(reason + " (CI=true: the kind tier must run there)", pytrace=False)
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def same_verdicts() -> Callable[[str, str, dict[str, str]], None]:
+    """Record a suite run's verdicts (test -> passed/skipped) by peer and control plane; once a peer ran on both
+    the embedded and the real control plane, the two must agree test for test."""
+    seen: dict[str, dict[str, dict[str, str]]] = {}
+
+    def record(peer: str, control_plane: str, verdicts: dict[str, str]) -> None:
+        runs = seen.setdefault(peer, {})
+        runs[control_plane] = verdicts
+        if len(runs) == 2:
+            emb, real = runs["embedded"], runs["real"]
+            differ = {t: (emb.get(t), real.get(t)) for t in sorted(set(emb) | set(real)) if emb.get(t) != real.get(t)}
+            assert not differ, f"{peer}: verdicts differ between the embedded and the real control plane (embedded, real): {differ}"
+
+    return record

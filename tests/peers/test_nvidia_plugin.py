@@ -26,6 +26,8 @@ import pytest
 SUITE_TIMEOUT_S = 900
 #: Cluster creation, image loads and the kind kubelet's restarts: about 4 min at a load of ~10 on 2 cores.
 KIND_SUITE_TIMEOUT_S = 1800
+#: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of
+#: its own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
 KIND_CLUSTER = "devplug-nvidia"
 NVIDIA_DIR = Path(__file__).resolve().parents[2] / "peers" / "nvidia"
 IMAGE_SCRIPT = NVIDIA_DIR / "build-image.sh"
@@ -58,11 +60,16 @@ TIME_SLICING_MUST_PASS = tuple(
 )
 
 
-def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("control_plane", ["embedded", "real"])
+def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(
+    control_plane: str, peer_binary: Callable[[str], Path], same_verdicts: Callable[[str, str, dict[str, str]], None], tmp_path: Path
+) -> None:
     binary = peer_binary("nvidia-device-plugin")
-    _assert_suite_verdict(
-        ["--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock"], [], tmp_path, SUITE_TIMEOUT_S
-    )
+    verdicts = _assert_suite_verdict(
+        ["--control-plane", control_plane, "--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock"], [],
+        tmp_path, SUITE_TIMEOUT_S,
+    )  # fmt: skip
+    same_verdicts("nvidia-device-plugin", control_plane, verdicts)
 
 
 #: How NVIDIA ships it besides envvar: a CDI strategy or volume mounts, with --pass-device-specs. On the mock GPU
@@ -124,7 +131,7 @@ def _assert_suite_verdict(
     conventions: str = "ids-visible,nvml-xid",
     must_fail: dict[str, re.Pattern[str]] | None = None,
     must_pass: tuple[str, ...] = MUST_PASS,
-) -> None:
+) -> dict[str, str]:
     """``devplug conformance`` with ``options`` (and ``pytest_args`` after ``--``): failed exactly the tests of
     ``must_fail`` (each message matching its pattern; none by default), 0 errors, the other MUST_PASS tests
     passed, every skip named by ALLOWED_SKIPS (read from its junit report)."""
@@ -160,3 +167,4 @@ def _assert_suite_verdict(
     assert not missing, f"expected to run and pass: {missing}; skipped: {skipped}"
     unexplained = {t: r for t, r in skipped.items() if not ALLOWED_SKIPS.search(r)}
     assert not unexplained, f"skips that name no difference of NVIDIA's plugin: {unexplained}"
+    return {**{t: "passed" for t in passed}, **{t: "skipped" for t in skipped}}

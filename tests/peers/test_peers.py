@@ -83,14 +83,17 @@ def _parse_junit(path: Path) -> SuiteResult:
     return result
 
 
+@pytest.mark.parametrize("control_plane", ["embedded", "real"])
 @pytest.mark.parametrize("peer", PEERS, ids=[p.name for p in PEERS])
-def test_conformance_suite_passes_on_peer(peer: Peer, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+def test_conformance_suite_passes_on_peer(
+    peer: Peer, control_plane: str, peer_binary: Callable[[str], Path], same_verdicts: Callable[[str, str, dict[str, str]], None], tmp_path: Path
+) -> None:
     binary = peer_binary(peer.name)
     junit = tmp_path / "junit.xml"
     devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
     argv = [
-        devplug, "conformance", "--backend", "sim", "--plugin-cmd", str(binary), "--resource-name", peer.resource,
-        *peer.options, "--", "-p", "no:randomly", f"--junitxml={junit}",
+        devplug, "conformance", "--backend", "sim", "--control-plane", control_plane, "--plugin-cmd", str(binary),
+        "--resource-name", peer.resource, *peer.options, "--", "-p", "no:randomly", f"--junitxml={junit}",
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
     output = (done.stdout + done.stderr)[-8000:]
@@ -102,6 +105,7 @@ def test_conformance_suite_passes_on_peer(peer: Peer, peer_binary: Callable[[str
     assert not unexplained, f"{peer.name}: skips without a reason that fits the peer: {unexplained}"
     missing = [t for t in peer.must_pass if t not in result.passed]
     assert not missing, f"{peer.name}: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    same_verdicts(peer.name, control_plane, {**{t: "passed" for t in result.passed}, **{t: "skipped" for t in result.skipped}})
 
 
 def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -> None:

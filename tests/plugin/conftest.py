@@ -10,7 +10,7 @@ import pytest
 
 from pytest_devplug.nvml import mock_env
 
-from gpu_plugin_helpers import RESOURCE, FakeKubelet, MockStateFile, PluginProcess
+from .gpu_plugin_helpers import RESOURCE, FakeKubelet, MockStateFile, PluginProcess
 
 
 @pytest.fixture

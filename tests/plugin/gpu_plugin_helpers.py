@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,10 @@ import grpc
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 
+from ..support import WAIT
+
 RESOURCE = "example.com/gpu"
 SOCKET = "devplug-example.com-gpu.sock"
-WAIT = 10.0  # generous upper bound for anything event driven on a loaded CI machine
 
 # Lexical UUID order is the reverse of minor order, so "stable order" tests tell them apart.
 UUIDS = [f"GPU-{9 - i}{i}000000-0000-4000-8000-00000000000{i}" for i in range(4)]

@@ -29,7 +29,7 @@ from devplug_gpu_plugin.health import HealthMonitor
 from devplug_gpu_plugin.mock_faults import AllocateFaults
 from pytest_devplug.nvml import STATE_ENV, mock_library
 
-from gpu_plugin_helpers import UUIDS, MockStateFile
+from .gpu_plugin_helpers import UUIDS, MockStateFile
 
 
 def infos(numa: list[int | None]) -> dict[str, GpuInfo]:

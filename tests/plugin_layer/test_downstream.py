@@ -320,7 +320,7 @@ def _assert_skips(result: pytest.RunResult, expected: dict[str, str]) -> None:
 
 
 def test_downstream_project_passes_with_its_own_plugin(project: pytest.Pytester) -> None:
-    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--devplug-timeout=10", timeout=240)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-rs", "--devplug-timeout=30", timeout=400)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()[-6000:]
     _assert_skips(result, EXPECTED_SKIPS)
@@ -334,7 +334,7 @@ def test_downstream_fault_injector_runs_the_fault_tests(project: pytest.Pytester
     failing-Allocate tests like the included one; an injector that cannot add/remove devices skips only that test."""
     project.makeconftest(CONFTEST_WITH_FAULTS)
     result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-rs", "--devplug-timeout=10", "test_conformance.py", timeout=240
+        "-p", "no:cacheprovider", "-rs", "--devplug-timeout=30", "test_conformance.py", timeout=400
     )
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.stdout.str()[-6000:]
@@ -342,7 +342,7 @@ def test_downstream_fault_injector_runs_the_fault_tests(project: pytest.Pytester
     assert outcomes["passed"] == SUITE_SIZE - len(OTHER_SKIPS), outcomes
     monkeypatch.setenv("WIDGET_FIXED_INVENTORY", "1")
     fixed = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-rs", "--devplug-timeout=10", "test_conformance.py", "-k", "removed_and_added",
+        "-p", "no:cacheprovider", "-rs", "--devplug-timeout=30", "test_conformance.py", "-k", "removed_and_added",
         timeout=120,
     )
     _assert_skips(fixed, {"test_removed_and_added_devices_change_capacity": "the fault injector cannot remove a device: widgets are soldered on"})
@@ -354,7 +354,7 @@ def test_devplug_conformance_cli_against_downstream_plugin(project: pytest.Pytes
     devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
     result = project.run(
         devplug, "conformance", "--backend", "sim", "--plugin-cmd", cmd, "--resource-name", "example.com/widget",
-        "--timeout", "10", "--", "-q", timeout=240,
+        "--timeout", "30", "--", "-q", timeout=400,
     )  # fmt: skip
     assert result.ret == 0, result.stdout.str()[-6000:]
     outcomes = result.parseoutcomes()
@@ -372,7 +372,7 @@ def test_missing_faults_fail_mode_fails_instead_of_skipping(project: pytest.Pyte
 def test_plugin_registering_before_serving_fails_registration(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WIDGET_FAULT", "register-before-serve")
     result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--devplug-timeout=3", "-k", "test_registers_its_resource", timeout=120
+        "-p", "no:cacheprovider", "--devplug-timeout=15", "-k", "test_registers_its_resource", timeout=120
     )
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
@@ -385,7 +385,7 @@ def test_plugin_registering_before_serving_fails_registration(project: pytest.Py
 def test_plugin_injecting_nothing_fails_injection_test(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WIDGET_FAULT", "inject-nothing")
     result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--devplug-timeout=10", "-k", "test_allocate_injections_reach_the_container", timeout=120
+        "-p", "no:cacheprovider", "--devplug-timeout=30", "-k", "test_allocate_injections_reach_the_container", timeout=120
     )
     result.assert_outcomes(failed=1)
     errors = [ln for ln in result.outlines if ln.startswith("E ")]
@@ -404,7 +404,7 @@ def test_failed_injection_check_prints_what_was_injected(project: pytest.Pyteste
             assert_allocate_injections(devplug_pod(gpus=1, wait=True), ids_visible=True)
         """
     )
-    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--devplug-timeout=10", "test_ids.py", timeout=120)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--devplug-timeout=30", "test_ids.py", timeout=120)
     result.assert_outcomes(failed=1)
     errors = "\n".join(ln for ln in result.outlines if ln.startswith("E "))
     assert "appear in no injection" in errors, result.stdout.str()[-4000:]

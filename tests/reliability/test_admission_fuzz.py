@@ -5,10 +5,8 @@ two pods, every admitted pod holds what it asked for, and nothing leaks once all
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reliability_support import RELIABILITY, examples
+from .reliability_support import RELIABILITY, examples
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
 from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cluster import SimCluster
@@ -24,7 +22,9 @@ from pytest_devplug.sim.errors import NotFoundError
 from pytest_devplug.sim.kubelet import SimNode
 from pytest_devplug.waiting import wait_for
 
-GPU = "nvidia.com/gpu"
+from ..support import RESOURCE
+
+GPU = RESOURCE
 GPUS = 4
 
 

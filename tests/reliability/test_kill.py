@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from ..support import wait_until
+
 HOLD = '''
 import os, time
 
@@ -47,14 +49,6 @@ def plugin_processes(marker: str) -> list[str]:
     return found
 
 
-def wait_until(what: str, ok: object, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """(project dir, the runs' TMPDIR): short, so the sim's sockets go under it."""
@@ -78,7 +72,7 @@ def test_killed_run_leaves_nothing_and_the_next_run_passes(run_dir: tuple[Path, 
     project, tmp = run_dir
     proc = pytest_run(project, tmp, "test_hold.py")
     try:
-        wait_until("the test to be running", lambda: (project / "running").exists() or proc.poll() is not None, 120)
+        wait_until("the test to be running", lambda: (project / "running").exists() or proc.poll() is not None, timeout=120)
         assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")[-3000:]
         assert plugin_processes(str(tmp)), "no plugin process seen running: the checks below would prove nothing"
         assert any(p.is_socket() for p in tmp.rglob("*")), "no socket seen: the checks below would prove nothing"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reliability_support import RELIABILITY, examples
+from .reliability_support import RELIABILITY, examples
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from pytest_devplug.sim.devicemanager import DeviceManager

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from pytest_devplug.nvml import mock_env
 
-GPU = "nvidia.com/gpu"
+from ..support import RESOURCE, WAIT, wait_until
+
+GPU = RESOURCE
 T = TypeVar("T")
 
 
@@ -50,16 +51,10 @@ def pod(name: str, gpus: int | str | None = 1, *, requests: Any = None, node_nam
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body}
 
 
-def wait_for(fn: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float = 10.0, interval: float = 0.02) -> T:
-    """Poll ``fn`` until ``ok(value)``; fail with the expectation and the last value seen."""
-    deadline = time.monotonic() + timeout
-    value = fn()
-    while not ok(value):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {value!r}")
-        time.sleep(interval)
-        value = fn()
-    return value
+def wait_for(fn: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float = WAIT) -> T:
+    """:func:`tests.support.wait_until` in this folder's historical argument order (probe, ok, what)."""
+    __tracebackhide__ = True
+    return wait_until(what, fn, ok, timeout=timeout)
 
 
 def allocatable(cluster: Any, node: str, resource: str = GPU) -> tuple[str | None, str | None]:

@@ -9,7 +9,7 @@ import pytest
 from pytest_devplug.sim.apiserver import admit_pod, is_extended_resource, parse_quantity
 from pytest_devplug.sim.errors import ApiError
 
-from _helpers import GPU, pod
+from ._helpers import GPU, pod
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ import pytest
 
 from pytest_devplug.backends import create_backend
 from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError, ExecResult, PluginSpec
-from pytest_devplug.backends.cluster import ClusterBackend
-from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, node_pod_manifest
+from pytest_devplug.backends.k8s.backend import KubeBackend
+from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, NODE_POD_DEADLINE_S, node_pod_manifest
+from pytest_devplug.backends.k8s.manifests import own_daemonset, render_daemonsets
 from pytest_devplug.backends.k8s.node import NodeCommandError, NodeOps
-from pytest_devplug.backends.kind.deploy import render_daemonsets
 
 pytest_plugins = ["pytester"]
 
@@ -63,13 +63,14 @@ def test_the_node_pod_is_privileged_in_the_host_pid_namespace_on_its_node() -> N
     assert spec["containers"][0]["securityContext"] == {"privileged": True}
     assert spec["tolerations"] == [{"operator": "Exists"}]
     assert pod["metadata"]["labels"][MANAGED_BY[0]] == MANAGED_BY[1]
+    assert spec["activeDeadlineSeconds"] == NODE_POD_DEADLINE_S > 0, "a leftover privileged pod stops by itself"
 
 
 def test_the_plugin_daemonset_is_ours_and_pinned_to_the_node_under_test() -> None:
     backend = create_backend("cluster", BackendOptions())
-    assert isinstance(backend, ClusterBackend)
+    assert isinstance(backend, KubeBackend) and backend.name == "cluster"
     (ds,) = render_daemonsets(PluginSpec(mock=True), "plugin:1")
-    owned = backend._own(ds, "gpu-7")
+    owned = own_daemonset(ds, backend.namespace, "gpu-7", dict([MANAGED_BY]))
     assert owned["metadata"]["namespace"] == backend.namespace == backend.pod_namespace
     assert backend.namespace.startswith("devplug-")
     assert owned["metadata"]["labels"][MANAGED_BY[0]] == MANAGED_BY[1]

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from conftest import GPU, DmMockState, DmWaiter, FakePlugin, dm_capacity_probe, dm_gpu
+from .dm_helpers import GPU, DmMockState, DmWaiter, FakePlugin, dm_capacity_probe, dm_gpu
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.sim.checkpoint import CHECKPOINT_NAME, read_checkpoint
 from pytest_devplug.sim.devicemanager import DeviceManager

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_devplug.sim.cluster import SimCluster
 
-from _helpers import GPU, allocatable, gpu, phase, pod, pod_resources, start_gpu_node, wait_for, write_state
+from ._helpers import GPU, allocatable, gpu, phase, pod, pod_resources, start_gpu_node, wait_for, write_state
 
 GRACE = 0.8
 

@@ -19,7 +19,7 @@ from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.sim import launcher
 from pytest_devplug.sim.cluster import SimCluster
 
-from _helpers import allocatable, wait_for
+from ._helpers import allocatable, wait_for
 
 WIDGET = Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py"
 LAUNCHER = [sys.executable, "-I", "-S", launcher.__file__]
@@ -155,7 +155,7 @@ def test_two_nodes_run_the_hard_coded_plugin_in_isolation(tmp_path: Path) -> Non
                 node.start_plugin([sys.executable, str(WIDGET), "--count", str(2 + i)], standard_paths=True)
             for i, node in enumerate(nodes):
                 want = (str(2 + i), str(2 + i))
-                wait_for(lambda: allocatable(cluster, node.name, "example.com/widget"), lambda v: v == want,
+                wait_for(lambda node=node: allocatable(cluster, node.name, "example.com/widget"), lambda v, want=want: v == want,
                          f"{want} widgets on {node.name}", timeout=20)
             for node in nodes:
                 # Each plugin saw only its own node's directory (its kubelet.sock, nobody else's socket).

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import GPU, DmMockState, DmWaiter, dm_capacity_probe, dm_gpu
+from .dm_helpers import GPU, DmMockState, DmWaiter, dm_capacity_probe, dm_gpu
 from pytest_devplug.api.podresources import v1_pb2 as pr
 from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
 from pytest_devplug.sim.devicemanager import DeviceManager

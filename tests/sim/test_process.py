@@ -21,6 +21,8 @@ from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import PluginProcessError
 from pytest_devplug.sim.process import PluginProcess, live_processes
 
+from ..support import wait_until
+
 PY = sys.executable
 
 
@@ -30,17 +32,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def wait_for(what: str, probe: Callable[[], object], ok: Callable[[object], bool], timeout: float = 10.0) -> object:
-    deadline = time.monotonic() + timeout
-    seen = probe()
-    while not ok(seen):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last seen: {seen!r}")
-        time.sleep(0.05)
-        seen = probe()
-    return seen
 
 
 @pytest.fixture
@@ -70,7 +61,7 @@ def test_start_log_stop_and_placeholder(procs: Callable[..., PluginProcess], tmp
     assert p.pid is None and not p.running and p.returncode is None
     p.start()
     assert p.running and p in live_processes()
-    wait_for("both streams in the log", p.log, lambda t: f"out {tmp_path / 'dp'}" in str(t) and "err" in str(t))
+    wait_until("both streams in the log", p.log, lambda t: f"out {tmp_path / 'dp'}" in str(t) and "err" in str(t))
     with pytest.raises(PluginProcessError, match="already running"):
         p.start()
     assert p.stop() == -signal.SIGTERM
@@ -86,7 +77,7 @@ def test_stop_escalates_to_sigkill(procs: Callable[..., PluginProcess]) -> None:
         time.sleep(60)
     """)
     p.start()
-    wait_for("TERM handler installed", p.log, lambda t: "\nready" in str(t))
+    wait_until("TERM handler installed", p.log, lambda t: "\nready" in str(t))
     assert p.stop(timeout=0.5) == -signal.SIGKILL
 
 
@@ -110,11 +101,11 @@ def test_stop_kills_the_whole_process_group(procs: Callable[..., PluginProcess])
         time.sleep(60)
     """)
     p.start()
-    text = wait_for("child pid", p.log, lambda t: "CHILDPID " in str(t))
+    text = wait_until("child pid", p.log, lambda t: "CHILDPID " in str(t))
     child = int(str(text).split("CHILDPID ")[1].split()[0])
     assert alive(child)
     p.stop()
-    wait_for(f"child {child} gone", lambda: alive(child), lambda a: a is False)
+    wait_until(f"child {child} gone", lambda: alive(child), lambda a: a is False)
 
 
 SCRIPT = """
@@ -147,7 +138,7 @@ def test_no_leak_when_the_harness_exits_or_is_signalled(tmp_path: Path, how: str
     finally:
         if proc.poll() is None:
             proc.kill()
-    wait_for(f"plugin {pid} gone after harness {how}", lambda: alive(pid), lambda a: a is False)
+    wait_until(f"plugin {pid} gone after harness {how}", lambda: alive(pid), lambda a: a is False)
     if how == "sigterm":
         assert proc.returncode == -signal.SIGTERM  # the previous (default) disposition still applies
 
@@ -202,7 +193,7 @@ def test_sigterm_removes_the_work_dir_and_the_plugins(short_tmp: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    wait_for(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
+    wait_until(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
     assert not work.exists()
 
 
@@ -212,7 +203,7 @@ def test_second_sigint_during_teardown_exits_at_once_and_cleans_up(short_tmp: Pa
         assert proc.stdout is not None
         proc.send_signal(signal.SIGINT)
         assert proc.stdout.readline().strip() == "teardown"
-        wait_for(f"plugin {pid} killed by the first SIGINT", lambda: alive(pid), lambda a: a is False)
+        wait_until(f"plugin {pid} killed by the first SIGINT", lambda: alive(pid), lambda a: a is False)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 128 + signal.SIGINT
     finally:
@@ -231,7 +222,7 @@ def test_ignored_sigint_stays_ignored(short_tmp: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)
-    wait_for(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
+    wait_until(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
 
 
 def test_sweep_removes_only_dirs_whose_owner_is_provably_gone(short_tmp: Path) -> None:
@@ -262,7 +253,7 @@ def test_work_dir_after_a_crash_is_swept_by_the_next_run(short_tmp: Path, monkey
     proc, pid, work = start_harness("plain", short_tmp)
     proc.kill()
     proc.wait()
-    wait_for(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
+    wait_until(f"plugin {pid} gone", lambda: alive(pid), lambda a: a is False)
     assert work.exists()  # a SIGKILLed run cannot clean up after itself...
     mine = workdir.create()
     try:
@@ -296,11 +287,11 @@ def test_next_run_kills_what_a_killed_runs_plugin_left(short_tmp: Path, monkeypa
     plugin, child, work = proc.stdout.readline().split()
     proc.kill()
     proc.wait()
-    wait_for(f"plugin {plugin} gone", lambda: alive(int(plugin)), lambda a: a is False)
+    wait_until(f"plugin {plugin} gone", lambda: alive(int(plugin)), lambda a: a is False)
     try:
         assert alive(int(child))  # the plugin's child outlived the run...
         mine = workdir.create()
-        wait_for(f"plugin child {child} gone", lambda: alive(int(child)), lambda a: a is False)  # ...not the sweep
+        wait_until(f"plugin child {child} gone", lambda: alive(int(child)), lambda a: a is False)  # ...not the sweep
         assert not Path(work).exists()
         workdir.remove(mine)
     finally:

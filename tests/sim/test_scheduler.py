@@ -7,7 +7,7 @@ from typing import Any
 from pytest_devplug.sim.apiserver import admit_pod
 from pytest_devplug.sim.scheduler import NodeView, pod_requests, schedule
 
-from _helpers import GPU, pod
+from ._helpers import GPU, pod
 
 
 def node(name: str, gpus: int = 1, used: int = 0, **kw: Any) -> NodeView:

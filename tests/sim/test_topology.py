@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from conftest import GPU, DmMockState, DmWaiter, dm_capacity_probe, dm_gpu
+from .dm_helpers import GPU, DmMockState, DmWaiter, dm_capacity_probe, dm_gpu
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import AdmissionError
 from pytest_devplug.sim.model import ContainerSpec, PodSpecView

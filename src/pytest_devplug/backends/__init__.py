@@ -42,12 +42,12 @@ def create_backend(name: str, options: BackendOptions) -> Backend:
         return SimBackend(options)
     if name == "kind":
         _require("kind", "kind", KIND_MODULES)
-        from .kind import KindBackend
+        from .kind import kind_backend
 
-        return KindBackend(options)
+        return kind_backend(options)
     if name == "cluster":
         _require("cluster", "cluster", CLUSTER_MODULES)
-        from .cluster import ClusterBackend
+        from .cluster import cluster_backend
 
-        return ClusterBackend(options)
+        return cluster_backend(options)
     raise BackendUnavailableError(f"unknown devplug backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -14,6 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import (
+    BackendError,
+    BackendUnavailableError,
+    ObjectNotFoundError,
+    PodRejectedError,
+    UnsupportedOperationError,
+)
+
 __all__ = [
     "Backend",
     "BackendError",
@@ -33,24 +41,28 @@ __all__ = [
     "parse_checkpoint",
     "applied_view",
     "DEFAULT_RESOURCE_NAME",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_REREGISTRATION_TIMEOUT",
+    "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_IMAGE",
 ]
 
 #: The resource the included GPU plugin advertises unless told otherwise.
 DEFAULT_RESOURCE_NAME = "nvidia.com/gpu"
+#: Seconds any one bounded wait may take (``--devplug-timeout``).
+DEFAULT_TIMEOUT = 20.0
+#: Seconds a plugin may take to register again after a kubelet restart (``--devplug-reregistration-timeout``):
+#: the kubelet's own dial of the plugin's socket may take its full 10 s, and upstream-style plugins (the
+#: device-plugin stub) wait 10 s after a new kubelet.sock before serving again; 40 s leaves them room on a
+#: loaded machine.
+DEFAULT_REREGISTRATION_TIMEOUT = 40.0
+#: The kubelet's ``endpointStopGracePeriod``: a resource whose plugin went away is kept this long.
+DEFAULT_GRACE_PERIOD = 300.0
+#: The container image of pods made by the fixtures' ``PodFactory`` (kind needs a shell for ``exec``); a
+#: backend with no registry substitutes a local image for it.
+DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
-
-
-class BackendError(Exception):
-    """A backend operation failed for a reason outside the plugin under test."""
-
-
-class BackendUnavailableError(BackendError):
-    """The selected backend cannot run here (not implemented yet, missing tool, no cluster)."""
-
-
-class UnsupportedOperationError(BackendError):
-    """The backend cannot answer this question honestly (e.g. an ``exec`` the sim cannot emulate)."""
 
 
 @dataclass(frozen=True)
@@ -257,7 +269,7 @@ class Backend(Protocol):
 
     #: ``"sim"``, ``"kind"`` or ``"cluster"``.
     name: str
-    #: Namespace of the test pods (``"default"``; the cluster backend makes its own for the session).
+    #: Namespace of the test pods (sim: ``"default"``; kind and cluster make one of their own for the session).
     pod_namespace: str
 
     # -- cluster lifecycle -------------------------------------------------------------------------
@@ -304,6 +316,17 @@ class Backend(Protocol):
         """Restart the kubelet; containers and plugin processes keep running."""
 
     def kubelet_log(self, node: str) -> str: ...
+
+    def stop_kubelet(self, node: str) -> None:
+        """Stop the kubelet and leave it down (containers keep running) until ``start_kubelet``; raises
+        ``UnsupportedOperationError`` where the backend cannot keep a kubelet down and still serve the API."""
+
+    def start_kubelet(self, node: str) -> None:
+        """Start a kubelet ``stop_kubelet`` stopped; returns once it re-admitted the pods bound to the node."""
+
+    def reboot_node(self, node: str) -> None:
+        """Reboot the node: every container and plugin process goes, then the kubelet starts again. The plugin
+        is not started again (a DaemonSet's pod would come back later: ``start_plugin`` plays that part)."""
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         """The NUMA node IDs of the node's machine, as its kubelet's Topology Manager sees them (cadvisor).
@@ -361,16 +384,6 @@ class Backend(Protocol):
         """Change the grace period (sim only; kind raises ``UnsupportedOperationError``)."""
 
 
-class PodRejectedError(BackendError):
-    """The API server refused a pod (``status`` 422 with the validation message)."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
 __all__ += ["PodRejectedError"]
 
 
@@ -378,9 +391,15 @@ __all__ += ["PodRejectedError"]
 class BackendOptions:
     """What selects and shapes a backend (from the pytest options / ini keys)."""
 
-    timeout: float = 20.0
+    timeout: float = DEFAULT_TIMEOUT
+    #: Bound of a wait for re-registration after a kubelet restart (at least ``timeout``).
+    reregistration_timeout: float = DEFAULT_REREGISTRATION_TIMEOUT
     #: sim: seconds the kubelet keeps a resource after its plugin went away (upstream: 300).
-    grace_period: float = 300.0
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    #: sim: ``embedded`` (the harness's API server and scheduler) or ``real`` (etcd, kube-apiserver, kube-scheduler).
+    control_plane: str = "embedded"
+    #: sim, real control plane: a directory with its binaries (``None``: KUBEBUILDER_ASSETS, the cache, a download).
+    k8s_bin_dir: str | None = None
     # kind: pytest-kind-ng's --cluster-name etc. (or pytest-devplug's own, same names, without the extra):
     cluster_name: str = "pytest-kind"
     keep_cluster: bool = False
@@ -403,10 +422,6 @@ class BackendOptions:
 
 
 __all__ += ["BackendOptions"]
-
-
-class ObjectNotFoundError(BackendError):
-    """The pod (or node) asked for does not exist."""
 
 
 __all__ += ["ObjectNotFoundError"]

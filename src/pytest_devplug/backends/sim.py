@@ -32,6 +32,7 @@ from . import mockstate
 from .base import (
     BackendError,
     BackendOptions,
+    BackendUnavailableError,
     ContainerView,
     DeviceNodeView,
     ExecResult,
@@ -78,22 +79,69 @@ class SimBackend:
         self.options = options
         self.workdir: Path | None = None
         self.cluster: Any = None
+        #: The real control plane (``--devplug-control-plane real``), else ``None``.
+        self.control_plane: Any = None
+        self._api_client: Any = None
+        #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
+        self.kept: str | None = None
         self._plugins: dict[str, _Deployed] = {}
         self._device_nodes: dict[str, tuple[str, ...]] = {}  # node -> its declared device nodes (NodeSpec)
         self._serial = 0
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> str | None:
+        """The admin kubeconfig of the real control plane (``None`` on the embedded one, which has no API)."""
+        return str(self.control_plane.kubeconfig) if self.control_plane is not None else None
+
     def start(self) -> None:
         from ..sim.cluster import SimCluster  # type: ignore[import-not-found,unused-ignore]
 
         self.workdir = workdir.create()
         try:
-            self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
+            if self.options.control_plane == "real":
+                self.cluster = self._start_real()
+            else:
+                self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
         except BaseException:
+            self._stop_control_plane(force=True)
             workdir.remove(self.workdir)
             self.workdir = None
             raise
+
+    def _start_real(self) -> Any:
+        """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
+        from . import CLUSTER_MODULES, _require
+
+        _require("sim backend with --devplug-control-plane real", "cluster", CLUSTER_MODULES)
+        from ..controlplane import ControlPlane, ControlPlaneError, resolve
+        from ..sim.apicluster import ApiCluster
+
+        try:
+            binaries = resolve(self.options.k8s_bin_dir)
+            self.control_plane = ControlPlane(binaries, timeout=max(self.options.timeout, 30.0), keep=self.options.keep_cluster)
+            self.control_plane.start()
+        except ControlPlaneError as exc:
+            raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
+        self._api_client = self.control_plane.client()
+        assert self.workdir is not None
+        return ApiCluster(
+            self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
+            remove_nodes=not self.options.keep_cluster,
+        )  # fmt: skip
+
+    def _stop_control_plane(self, *, force: bool = False) -> None:
+        """Stop the real control plane, unless it is kept (``--keep-cluster``): then say how to stop it."""
+        if self._api_client is not None:
+            self._api_client.close()
+            self._api_client = None
+        cp = self.control_plane
+        if cp is not None and cp.keep and not force:
+            self.kept = f"kubeconfig {cp.kubeconfig}; stop it with: {cp.stop_command()}"
+        elif cp is not None:
+            cp.stop()
+        self.control_plane = None
 
     def close(self) -> None:
         errors: list[BaseException] = []
@@ -108,6 +156,7 @@ class SimBackend:
             except Exception as exc:  # noqa: BLE001
                 errors.append(exc)
             self.cluster = None
+        self._stop_control_plane()
         if self.workdir is not None:
             workdir.remove(self.workdir)
             self.workdir = None
@@ -265,6 +314,15 @@ class SimBackend:
 
     def kubelet_log(self, node: str) -> str:
         return str(self._node(node).kubelet_log())
+
+    def stop_kubelet(self, node: str) -> None:
+        self._node(node).stop_kubelet()
+
+    def start_kubelet(self, node: str) -> None:
+        self._node(node).start_kubelet()
+
+    def reboot_node(self, node: str) -> None:
+        self._node(node).reboot()
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         return list(range(int(self._node(node).numa_nodes)))

@@ -4,11 +4,14 @@ test module of your own project runs the suite with your conftest.py (e.g. your 
 from .test_allocate import *  # noqa: F403
 from .test_checkpoint import *  # noqa: F403
 from .test_health import *  # noqa: F403
+from .test_init_containers import *  # noqa: F403
 from .test_lifecycle import *  # noqa: F403
 from .test_limits import *  # noqa: F403
 from .test_nvml import *  # noqa: F403
 from .test_podresources import *  # noqa: F403
 from .test_prestart import *  # noqa: F403
 from .test_registration import *  # noqa: F403
+from .test_restarts import *  # noqa: F403
 from .test_sharing import *  # noqa: F403
+from .test_soak import *  # noqa: F403
 from .test_topology import *  # noqa: F403

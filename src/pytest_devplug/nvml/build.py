@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import CompilerNotFoundError, MockBuildError
+
 __all__ = [
     "CFLAGS", "LIB_NAME", "SOURCE", "STATE_ENV", "CompilerNotFoundError", "MockBuildError",
     "cache_root", "find_compiler", "mock_library",
@@ -28,14 +30,6 @@ STATE_ENV = "DEVPLUG_NVML_STATE"
 """The environment variable naming the mock-state file the library reads."""
 CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", "-pthread")
 COMPILERS = ("cc", "gcc", "clang")
-
-
-class MockBuildError(RuntimeError):
-    """The mock library could not be built; the message carries the compiler's output."""
-
-
-class CompilerNotFoundError(MockBuildError):
-    """No C compiler on this machine; the message says which names were tried and what to do."""
 
 
 def cache_root() -> Path:

@@ -12,6 +12,8 @@ from ctypes import byref, c_char, c_int, c_uint, c_ulonglong, c_void_p
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import DevplugError
+
 __all__ = ["Handle", "NvmlError", "Nvml", "probe", "format_report"]
 
 NVML_SUCCESS = 0
@@ -23,7 +25,7 @@ EVENT_TYPES = {
 _BUF = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE / NAME_V2; >= the driver version buffer's 80
 
 
-class NvmlError(Exception):
+class NvmlError(DevplugError):
     """An NVML call returned an error code; ``code`` is NVML's value, the message its name."""
 
     def __init__(self, call: str, code: int, text: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_devplug.errors import DevplugError
 from pytest_devplug.sim import gojson
 from pytest_devplug.sim.gojson import Number, Object, Value
 
@@ -36,6 +37,7 @@ __all__ = [
     "read_bytes",
     "read_checkpoint",
     "write_checkpoint",
+    "write_atomically",
 ]
 
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
@@ -44,7 +46,7 @@ _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 
 
-class CheckpointError(Exception):
+class CheckpointError(DevplugError):
     """A checkpoint file could not be used."""
 
 
@@ -402,7 +404,12 @@ def read_checkpoint(path: Path) -> CheckpointData:
 
 def write_checkpoint(path: Path, data: CheckpointData) -> None:
     """Write atomically as the kubelet does: temp file in the same dir, fsync, rename."""
-    blob = encode(data)
+    write_atomically(path, encode(data))
+
+
+def write_atomically(path: Path, blob: bytes) -> None:
+    """The kubelet's checkpoint manager's write: temp file in the same dir, fsync, rename (no partial file
+    is ever seen, a failed write leaves no temp file)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -21,13 +21,18 @@ from types import TracebackType
 from typing import Any, Mapping, Sequence
 
 from . import apiserver, errors
+from .clusterapi import ClusterApi
 from .kubelet import SimNode
 from .names import dns1123_subdomain_errors, go_quote
 from .scheduler import NodeView, pod_requests, schedule
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
 
-__all__ = ["SimCluster"]
+__all__ = ["SimCluster", "BETA_LABELS"]
+
+#: What kube-controller-manager's node lifecycle controller adds to every Node (its reconcileNodeLabels: the
+#: deprecated beta twins of the kubelet's os/arch labels), seen on a real 1.34 control plane.
+BETA_LABELS = {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux"}
 
 _log = logging.getLogger(__name__)
 
@@ -131,7 +136,7 @@ class SimCluster:
             node = SimNode(
                 name,
                 self.workdir / name,
-                labels=labels,
+                labels={**BETA_LABELS, **(labels or {})},
                 taints=taints,
                 numa_nodes=numa_nodes,
                 topology_policy=topology_policy,
@@ -397,3 +402,7 @@ class SimCluster:
                     self._try_schedule(key)
             except Exception:  # noqa: BLE001 - the retry thread must outlive any one bad pass
                 _log.exception("scheduling pass failed; retrying on the next change")
+
+
+#: Checked by mypy: ``SimCluster`` is a :class:`~.clusterapi.ClusterApi`, like the real control plane's ``ApiCluster``.
+_IS_CLUSTER_API: type[ClusterApi] = SimCluster

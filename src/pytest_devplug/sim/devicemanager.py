@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.sim.checkpoint import (
     CHECKPOINT_NAME,
@@ -36,8 +38,6 @@ from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
 from pytest_devplug.sim.model import (
     ContainerRuntimeOptions,
     ContainerSpec,
-    DeviceNodeSpec,
-    MountSpec,
     PodSpecView,
 )
 from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, plugin_socket_path
@@ -181,7 +181,7 @@ class DeviceManager:
             for entry in data.pod_device_entries or []:
                 try:
                     resp = pb.ContainerAllocateResponse.FromString(entry.alloc_resp or b"")
-                except Exception as err:  # protobuf raises DecodeError; keep going like the kubelet
+                except DecodeError as err:  # keep going like the kubelet
                     self._log.error(
                         "Can't unmarshal allocResp for %s %s %s: %s",
                         entry.pod_uid, entry.container_name, entry.resource_name, err,
@@ -292,7 +292,7 @@ class DeviceManager:
         if self._on_change is not None:
             try:
                 self._on_change()
-            except Exception:  # a broken listener must not kill a stream thread
+            except Exception:  # noqa: BLE001 - a broken listener (any error) must not kill a stream thread
                 self._log.exception("on_change callback failed")
 
     # ------------------------------------------------------------------------------------------

@@ -141,7 +141,8 @@ class Endpoint:
                         return
                     self._log.info("State pushed for device plugin %s: %d devices", self.resource_name, len(resp.devices))
                     on_response(self, resp)
-                self._log.warning("ListAndWatch ended unexpectedly for device plugin %s", self.resource_name)
+                # The server returned: a Go client's Recv() gives io.EOF, which upstream logs as the error.
+                self._log.warning("ListAndWatch ended unexpectedly for device plugin %s: EOF", self.resource_name)
             except grpc.RpcError as err:
                 if not self._closed:
                     self._log.warning(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from ..errors import DevplugError
+
 __all__ = ["SimError", "AdmissionError", "ApiError", "NotFoundError", "PluginProcessError", "NamespaceUnavailableError", "PreStartError"]
 
 
-class SimError(Exception):
+class SimError(DevplugError):
     """Base of every error raised by the embedded kubelet."""
 
 

@@ -415,7 +415,8 @@ class SimNode:
     def _active_pods_for_podresources(self) -> list[tuple[str, str, str, Sequence[str]]]:
         with self._lock:
             return [
-                (r.view.name, r.view.namespace, r.uid, [c.name for c in r.view.containers])
+                # server_v1.go: restartable init containers, then the regular ones; plain init containers never.
+                (r.view.name, r.view.namespace, r.uid, [c.name for c in r.view.containers if not c.init or c.sidecar])
                 for r in self._pods.values()
                 if not r.terminal
             ]

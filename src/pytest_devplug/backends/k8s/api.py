@@ -141,13 +141,21 @@ class KubeApi:
             ws.close()
         return ExecResult(int(rc if rc is not None else -1), "".join(out), "".join(err))
 
-    # -- namespaces (the cluster backend's own) ----------------------------------------------------
-    def create_namespace(self, name: str, labels: dict[str, str]) -> None:
-        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    # -- namespaces (each run's own) ---------------------------------------------------------------
+    def create_namespace(self, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> None:
+        meta = {"name": name, "labels": labels, "annotations": dict(annotations or {})}
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
         try:
             self.core.create_namespace(body, _request_timeout=self._t())
         except ApiException as exc:
             raise BackendError(f"creating namespace {name}: {exc.status} {_message(exc)[1]}") from None
+
+    def list_namespaces(self, *, label_selector: str = "") -> list[JSONDict]:
+        try:
+            resp = self.core.list_namespace(label_selector=label_selector, _preload_content=False, _request_timeout=self._t())
+        except ApiException as exc:
+            raise BackendError(f"listing namespaces ({label_selector}): {exc.status} {_message(exc)[1]}") from None
+        return list(_json(resp)["items"])
 
     def namespace_exists(self, name: str) -> bool:
         try:

@@ -5,7 +5,9 @@ The pod sleeps; every node command is an API ``exec`` into it that runs
 ``systemctl``, ``journalctl`` and the kubelet's files are the node's own. pod-resources is called from
 inside the pod, which mounts the kubelet's ``pod-resources`` directory. The image needs ``sh``,
 ``nsenter`` (util-linux) and ``python3`` with ``grpcio``: the included plugin's image has all three.
-The pods live in the backend's own namespace for the session and are deleted by :meth:`close`.
+The pods live in the run's namespace and are deleted by :meth:`close`; each carries an
+``activeDeadlineSeconds`` (:data:`NODE_POD_DEADLINE_S`), so one left by a killed run stops by itself soon,
+and a session that outlasts it gets a new pod.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from ...waiting import WaitTimeout, wait_for
 from ..base import BackendError, ExecResult, ObjectNotFoundError
 from .api import KubeApi
 from .node import POD_RESOURCES_CALL
+from .ownership import MANAGED_BY
 
-__all__ = ["HostPodTransport", "MANAGED_BY"]
+__all__ = ["HostPodTransport", "MANAGED_BY", "NODE_POD_DEADLINE_S", "node_pod_manifest"]
 
-#: The label on everything the cluster backend creates (``app.kubernetes.io/managed-by``).
-MANAGED_BY = ("app.kubernetes.io/managed-by", "pytest-devplug")
+#: How long a privileged node pod may live: longer than a session's use of one node (the suite's longest
+#: test waits out the kubelet's 5-min grace period), short enough that a leftover one does not stay long.
+NODE_POD_DEADLINE_S = 3600
 _CONTAINER = "node"
 _NSENTER = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"]
 _PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
@@ -43,6 +47,7 @@ def node_pod_manifest(node: str, name: str, namespace: str, image: str) -> dict[
             "nodeName": node,
             "hostPID": True,
             "restartPolicy": "Never",
+            "activeDeadlineSeconds": NODE_POD_DEADLINE_S,
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,
             "tolerations": [{"operator": "Exists"}],
@@ -71,6 +76,13 @@ class HostPodTransport:
         self._image = image
         self.timeout = timeout
         self._pods: dict[str, str] = {}
+
+    def _phase(self, name: str) -> str | None:
+        """The pod's phase; ``None`` once it is gone."""
+        try:
+            return str((self.api.get_pod(name, self.namespace).get("status") or {}).get("phase"))
+        except ObjectNotFoundError:
+            return None
 
     def _pod(self, node: str) -> str:
         if node in self._pods:
@@ -105,13 +117,31 @@ class HostPodTransport:
             raise BackendError(f"cannot reach node {node} through a privileged pod: {exc}") from None
         return name
 
+    def _renew(self, node: str) -> None:
+        """Past its deadline (a long session) the pod has ended: delete it, the next call makes a new one."""
+        name = self._pods.pop(node)
+        try:
+            self.api.delete_pod(name, self.namespace, grace=0)
+        except ObjectNotFoundError:
+            return
+        try:
+            wait_for(
+                lambda: self._phase(name), lambda phase: phase is None,
+                timeout=max(self.timeout, 60.0), interval=0.5, what=f"ended node-operations pod {name} deleted",
+            )  # fmt: skip
+        except WaitTimeout as exc:
+            raise BackendError(str(exc)) from None
+
     def _exec(self, node: str, argv: list[str]) -> ExecResult:
         name = self._pod(node)
         try:
             return self.api.exec(name, self.namespace, _CONTAINER, argv)
-        except BackendError:
-            raise
         except Exception as exc:  # noqa: BLE001 - the stream client raises several types (websocket, HTTP)
+            if self._phase(name) in (None, "Failed", "Succeeded"):
+                self._renew(node)
+                return self._exec(node, argv)
+            if isinstance(exc, BackendError):
+                raise
             # e.g. while the node's kubelet restarts: exec streams go through it.
             raise BackendError(f"exec in {self.namespace}/{name} on node {node} failed: {type(exc).__name__}: {exc}") from None
 

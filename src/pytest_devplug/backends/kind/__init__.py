@@ -2,14 +2,14 @@
 
 - ``cluster``: kind binary and node image choice (standard vs offline), create/reuse/recreate, readiness, teardown
   (on pytest-kind-ng's ``KindCluster``).
-- ``deploy``: the plugin image (built for the included plugin) and its DaemonSet.
-- ``node``: node-container operations (kubelet restart and journal, checkpoint, files, pod-resources).
-- ``api``: the Kubernetes API calls, JSON in and out.
-- ``backend``: :class:`KindBackend`, the protocol on top of those.
+- ``deploy``: the plugin image (built for the included plugin).
+- ``node``: the node transport, ``docker exec`` into a node container.
+- ``proc``: running ``kind`` and ``docker`` with bounded time and readable errors.
+- ``backend``: :class:`KindProvider`, the kind part of :class:`~..k8s.backend.KubeBackend` (:func:`kind_backend`).
 """
 
 from __future__ import annotations
 
-from .backend import KindBackend
+from .backend import KindBackend, KindProvider, kind_backend
 
-__all__ = ["KindBackend"]
+__all__ = ["KindBackend", "KindProvider", "kind_backend"]

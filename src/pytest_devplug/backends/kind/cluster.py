@@ -36,7 +36,9 @@ from typing import Any
 
 import yaml
 
+from ...waiting import WaitTimeout, wait_for
 from ..base import BackendError, BackendOptions, BackendUnavailableError
+from ..k8s.manifests import REPO_ROOT
 from .proc import ToolError, run
 
 __all__ = [
@@ -49,9 +51,6 @@ __all__ = [
     "python_base_image",
 ]
 
-#: The repository root when running from a checkout (src layout), else ``None``.
-_root = Path(__file__).resolve().parents[4]
-REPO_ROOT: Path | None = _root if (_root / "kind-config").is_dir() else None
 KIND_CONFIG_DIR = REPO_ROOT / "kind-config" if REPO_ROOT else None
 OFFLINE_DIR = KIND_CONFIG_DIR / "offline" if KIND_CONFIG_DIR else None
 
@@ -128,6 +127,31 @@ def _script(name: str) -> str:
         raise BackendUnavailableError(f"{name} needs a checkout of pytest-devplug (kind-config/offline/)")
     proc = run(["bash", str(OFFLINE_DIR / name)], timeout=3600)
     return proc.stdout.strip().splitlines()[-1]
+
+
+def _not_ready(api: Any) -> str:
+    """Why the cluster behind ``api`` is not ready yet; ``""`` once it is."""
+    import kubernetes
+    import urllib3
+
+    core: Any = kubernetes.client.CoreV1Api(api)
+    try:
+        method, url, headers, body, _ = api.param_serialize("GET", "/readyz", auth_settings=["BearerToken"])
+        status = int(api.call_api(method, url, header_params=headers, body=body, _request_timeout=10).status)
+        if status != 200:
+            return f"API /readyz answered {status}"
+        nodes = core.list_node(_request_timeout=10).items
+        not_ready = [
+            n.metadata.name for n in nodes if not any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        ]
+        if not nodes or not_ready:
+            return f"nodes not Ready: {not_ready or 'no nodes registered'}"
+        core.read_namespaced_service_account("default", "default", _request_timeout=10)
+    except kubernetes.client.ApiException as exc:
+        return f"API error {exc.status} {exc.reason}" + (" (default ServiceAccount not there yet)" if exc.status == 404 else "")
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return f"API not reachable: {exc}"
+    return ""
 
 
 def _env_flag(name: str) -> bool | None:
@@ -306,39 +330,16 @@ class ClusterManager:
 
     def _wait_ready(self, timeout: float) -> None:
         """API /readyz answers ok, every node is Ready, and the ``default`` ServiceAccount exists."""
-        import kubernetes
-        import urllib3
-
         api = self.api_client()
-        core: Any = kubernetes.client.CoreV1Api(api)
-        deadline = time.monotonic() + timeout
-        last = "nothing checked yet"
-        while time.monotonic() < deadline:
-            try:
-                method, url, headers, body, _ = api.param_serialize("GET", "/readyz", auth_settings=["BearerToken"])
-                resp = api.call_api(method, url, header_params=headers, body=body, _request_timeout=10)
-                status = int(resp.status)
-                if status != 200:
-                    last = f"API /readyz answered {status}"
-                else:
-                    nodes = core.list_node(_request_timeout=10).items
-                    not_ready = [
-                        n.metadata.name
-                        for n in nodes
-                        if not any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-                    ]
-                    if not nodes or not_ready:
-                        last = f"nodes not Ready: {not_ready or 'no nodes registered'}"
-                    else:
-                        core.read_namespaced_service_account("default", "default", _request_timeout=10)
-                        return
-            except kubernetes.client.ApiException as exc:
-                last = f"API error {exc.status} {exc.reason}" + (" (default ServiceAccount not there yet)" if exc.status == 404 else "")
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                last = f"API not reachable: {exc}"
-            time.sleep(1.0)
-        api.close()
-        raise BackendError(f"kind cluster {self.name} not ready after {timeout:g}s (API /readyz, nodes Ready, default ServiceAccount): {last}")
+        try:
+            wait_for(
+                lambda: _not_ready(api), lambda why: not why, timeout=timeout, interval=1.0,
+                what=f"kind cluster {self.name} ready (API /readyz, nodes Ready, default ServiceAccount)",
+            )  # fmt: skip
+        except WaitTimeout as exc:
+            raise BackendError(str(exc)) from None
+        finally:
+            api.close()
 
     def _diagnose(self) -> str:
         out = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -28,9 +29,10 @@ __all__ = ["DockerExecTransport"]
 class DockerExecTransport:
     """``NodeTransport`` over ``docker exec`` (node name == container name in kind)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, helper_image: Callable[[], str | None] = lambda: None) -> None:
+        """``helper_image``: an image with python3 + grpcio for the fallback path, once one is known."""
         self.workdir = workdir
-        self.helper_image: str | None = None  # an image with python3 + grpcio, for the fallback path
+        self._helper_image = helper_image
 
     def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
         rc, out, err = run_bytes(["docker", "exec", node, "sh", "-c", script], timeout=timeout)
@@ -61,13 +63,14 @@ class DockerExecTransport:
             with grpc.insecure_channel(f"unix://{sock}") as channel:
                 call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
                 return bytes(call(b"", timeout=timeout))
-        if self.helper_image is None:
+        helper = self._helper_image()
+        if helper is None:
             raise BackendError(
                 f"cannot reach the pod-resources socket of node {node}: its /var volume is not readable from "
                 "this host and no helper image (python3 + grpcio) is known"
             )
         proc = run(
-            ["docker", "run", "--rm", "--volumes-from", node, "--entrypoint", "python3", self.helper_image,
+            ["docker", "run", "--rm", "--volumes-from", node, "--entrypoint", "python3", helper,
              "-c", POD_RESOURCES_CALL, method, str(timeout)],
             timeout=timeout + 60,
         )  # fmt: skip

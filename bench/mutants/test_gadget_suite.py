@@ -1,0 +1,1 @@
+from pytest_devplug.conformance.suite import *  # noqa: F403

@@ -1,0 +1,640 @@
+"""One backend for every real Kubernetes cluster: a cluster provider and a node transport, composed.
+
+:class:`KubeBackend` holds the Kubernetes logic (the run's namespace, the plugin's DaemonSets, pods, waits,
+the checkpoint-derived container view, kubelet restarts and policies); a :class:`ClusterProvider` says how
+the cluster is had (kind: created, reused or kept, images loaded into it; a kubeconfig: an existing cluster,
+images pulled by its nodes) and which :class:`~.node.NodeTransport` reaches a node (``docker exec`` into a
+kind node; a privileged host-PID pod). Backends differ only in their provider.
+
+Everything the run creates lives in its own namespace (``devplug-<id>``, labelled and annotated with the
+owner process, :mod:`.ownership`): the plugin's DaemonSets (pinned to the node under test), the test pods
+and the node pods. :meth:`KubeBackend.close` removes it, also after Ctrl-C or SIGTERM; a later run removes
+what a SIGKILLed one left. The plugin under test is deployed from an image, or adopted as it runs
+(``--devplug-plugin-daemonset NAMESPACE/NAME``: never changed, so it cannot be stopped or killed).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import yaml
+
+from ...waiting import WaitTimeout, wait_for
+from .. import mockstate
+from ..base import (
+    DEFAULT_IMAGE,
+    BackendError,
+    BackendOptions,
+    BackendUnavailableError,
+    ContainerView,
+    ExecResult,
+    NodeSpec,
+    ObjectNotFoundError,
+    PluginSpec,
+    PodResourcesDevices,
+    PodResourcesPod,
+    UnsupportedOperationError,
+    applied_view,
+    parse_checkpoint,
+)
+from .api import KubeApi
+from .manifests import GPU_LABEL, MOCK_DIR, STOP_LABEL, mock_library_file, own_daemonset, render_daemonsets, selector_of
+from .node import MOCK_STATE_PATH, NodeOps, NodeTransport
+from .ownership import MANAGED_BY, Owner, SignalGuard, delete_namespace, sweep_orphans
+
+__all__ = ["KubeBackend", "ClusterProvider", "KUBELET_GRACE_PERIOD"]
+
+JSONDict = dict[str, Any]
+T = TypeVar("T")
+
+#: The kubelet's endpointStopGracePeriod: a constant in the device manager, no flag changes it.
+KUBELET_GRACE_PERIOD = 300.0
+#: Waits on the cluster's own pace (pods going, node status after a kubelet restart) get at least this.
+_CLUSTER_PACE_S = 60.0
+
+#: Container waiting reasons the kubelet does not get out of by itself soon (the plugin will not come up).
+_HOPELESS_WAITING = frozenset(
+    {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+)
+
+
+class ClusterProvider(Protocol):
+    """How a :class:`KubeBackend` gets its cluster, its images onto the nodes, and reaches a node."""
+
+    #: The backend's name (``"kind"``, ``"cluster"``).
+    name: str
+
+    def start(self) -> Any:
+        """Have the cluster ready; an API client for it (``kubernetes.client.ApiClient``)."""
+        ...
+
+    def transport(self, api: KubeApi, namespace: str, node_image: Callable[[], str]) -> NodeTransport:
+        """The node transport; ``node_image`` gives an image for node pods where the transport needs one."""
+        ...
+
+    def plugin_image(self, spec: PluginSpec) -> str:
+        """The plugin's image, present for the nodes (built and loaded, or the user's pullable one)."""
+        ...
+
+    def workload_image(self, image: str) -> str | None:
+        """What test pods asking for ``image`` run instead (a cluster with no registry), or ``None``."""
+        ...
+
+    def disposes_cluster(self) -> bool:
+        """Whether :meth:`close` deletes the whole cluster (then nothing in it needs removing first)."""
+        ...
+
+    def describe(self) -> str:
+        """The cluster in words, for messages."""
+        ...
+
+    def close(self) -> None:
+        """Release the cluster (delete it if this run made it and may) and the provider's temp files."""
+        ...
+
+
+@dataclass
+class _Deployed:
+    spec: PluginSpec
+    daemonsets: list[JSONDict]
+    image: str
+    refs: int = 1
+    #: pod UID -> (pod name, its last log text): logs of plugin pods that are gone stay readable.
+    logs: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+class KubeBackend:
+    """The backend protocol on a real cluster: pods and plugin through the API, node internals via the transport."""
+
+    def __init__(self, options: BackendOptions, provider: ClusterProvider) -> None:
+        self.options = options
+        self.provider = provider
+        self.name = provider.name
+        self.namespace = "devplug-" + secrets.token_hex(4)
+        #: Test pods live in the run's namespace too: removing it removes everything.
+        self.pod_namespace = self.namespace
+        self._api: KubeApi | None = None
+        self._nodeops: NodeOps | None = None
+        self._plugins: dict[str, _Deployed] = {}
+        self._policy_saved: dict[str, str] = {}
+        self._node_image = options.node_image
+        self._mock_dirs: set[str] = set()  # nodes where we made /var/lib/devplug (removed at the end)
+        self._logged: set[str] = set()  # nodes whose kubelet journal is read from our first use on
+        self._signals = SignalGuard()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._signals.install()
+        try:
+            self._api = KubeApi(self.provider.start(), self.options.timeout)
+            sweep_orphans(self._api, max(self.options.timeout, 120.0))
+            self._create_namespace()
+            transport = self.provider.transport(self._api, self.namespace, self._node_pod_image)
+            self._nodeops = NodeOps(transport, self.options.timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _create_namespace(self) -> None:
+        labels = {
+            MANAGED_BY[0]: MANAGED_BY[1],
+            # The node pods are privileged; a cluster enforcing Pod Security must let them in.
+            "pod-security.kubernetes.io/enforce": "privileged",
+        }
+        try:
+            self.api.create_namespace(self.namespace, labels, Owner.current().annotations())
+        except BackendError as exc:
+            raise BackendUnavailableError(f"{self.name} backend: {exc}") from None
+        # Pods are refused until the namespace's default ServiceAccount exists.
+        self._wait(
+            lambda: self.api.service_account_exists("default", self.namespace), bool,
+            f"ServiceAccount default in namespace {self.namespace}", timeout=max(self.options.timeout, _CLUSTER_PACE_S),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Remove everything the run made (plugins, node files and pods, the namespace), then the cluster if ours."""
+        errors: list[str] = []
+        with self._signals.shielded():
+            if self._api is not None:
+                if not self.provider.disposes_cluster():
+                    errors += self._clean_cluster()
+                self._api.close()
+                self._api = None
+            try:
+                self.provider.close()
+            except Exception as exc:  # noqa: BLE001 - kind's own deletion raises several types; report it
+                errors.append(str(exc))
+        self._signals.uninstall()
+        if errors:
+            raise BackendError(f"{self.name} backend teardown: " + "; ".join(errors))
+
+    def _clean_cluster(self) -> list[str]:
+        errors: list[str] = []
+        for node in list(self._plugins):
+            try:
+                self._plugins[node].refs = 1
+                self.remove_plugin(node)
+            except Exception as exc:  # noqa: BLE001 - keep tearing down, report at the end
+                errors.append(f"removing plugin on {node}: {exc}")
+        if self._nodeops is not None:
+            for node in sorted(self._mock_dirs):
+                try:
+                    self._nodeops.exec(node, f"rm -rf {MOCK_DIR}")
+                except BackendError as exc:
+                    errors.append(f"removing {MOCK_DIR} on {node}: {exc}")
+            try:
+                self._nodeops.transport.close()
+            except BackendError as exc:
+                errors.append(str(exc))
+        try:
+            assert self._api is not None
+            delete_namespace(self._api, self.namespace, max(self.options.timeout, 120.0))
+        except BackendError as exc:
+            errors.append(str(exc))
+        return errors
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            raise BackendError(f"{self.name} backend not started")
+        return self._api
+
+    @property
+    def nodeops(self) -> NodeOps:
+        if self._nodeops is None:
+            raise BackendError(f"{self.name} backend not started")
+        return self._nodeops
+
+    def _wait(self, probe: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float | None = None) -> T:
+        """:func:`wait_for` with the backend's timeout; API and node errors count as "not yet"."""
+        try:
+            return wait_for(
+                probe, ok, timeout=self.options.timeout if timeout is None else timeout, interval=0.5, what=what,
+                retry_on=(BackendError, OSError),
+            )  # fmt: skip
+        except WaitTimeout as exc:
+            raise BackendError(str(exc)) from None
+
+    def _node_pod_image(self) -> str:
+        if self._node_image:
+            return self._node_image
+        raise BackendUnavailableError(
+            f"{self.name} backend: node operations (kubelet restart, checkpoint, pod-resources, mock state) run in a "
+            "privileged pod whose image needs sh, nsenter and python3 with grpcio; pass --devplug-node-image "
+            "(the included plugin's image has them), or --devplug-plugin-image of such an image"
+        )
+
+    # -- nodes -------------------------------------------------------------------------------------
+    def ensure_node(self, spec: NodeSpec) -> str:
+        """A node of the cluster that fits ``spec`` (no node is created); a Topology Manager policy is set on its
+        kubelet until the plugin deployed for that spec is removed."""
+        node = self._pick_node(spec)
+        if node not in self._logged:
+            try:
+                self.nodeops.mark_log_start(node)
+                self._logged.add(node)
+            except BackendUnavailableError:
+                pass  # no node-pod image known yet (an adopted plugin): its journal is then read whole
+        self._apply_policy(node, spec)
+        return node
+
+    def _pick_node(self, spec: NodeSpec) -> str:
+        """``--devplug-node``, else the first node advertising the resource, else one labelled devplug.io/gpu."""
+        nodes = sorted(self.api.list_nodes(), key=lambda n: str(n["metadata"]["name"]))
+        names = [str(n["metadata"]["name"]) for n in nodes]
+        if spec.resource_name is None and self._plugins:
+            return next(iter(self._plugins))  # a second spec for the node under test (e.g. a Topology Manager policy)
+        if self.options.node:
+            if self.options.node not in names:
+                raise BackendUnavailableError(f"--devplug-node {self.options.node}: no such node (nodes: {names})")
+            return self.options.node
+        if spec.resource_name and not spec.labels:
+            for n in nodes:
+                if (n.get("status", {}).get("capacity") or {}).get(spec.resource_name, "0") not in ("0", ""):
+                    return str(n["metadata"]["name"])
+        want = {GPU_LABEL[0]: GPU_LABEL[1], **spec.labels}
+        for n in nodes:
+            labels = n["metadata"].get("labels") or {}
+            if all(labels.get(k) == v for k, v in want.items()):
+                return str(n["metadata"]["name"])
+        raise BackendUnavailableError(
+            f"{self.name} backend: in {self.provider.describe()} no node advertises {spec.resource_name} and none is "
+            f"labelled {want} (the kind-config/*.yaml configs label one); pass --devplug-node (nodes: {names})"
+        )
+
+    def _apply_policy(self, node: str, spec: NodeSpec) -> None:
+        """Switch the node's kubelet to ``spec.topology_policy`` (kept until the plugin deployed for it goes).
+
+        The kubelet config is read and changed only when a test asks for a policy."""
+        if spec.topology_policy == "none" and node not in self._policy_saved:
+            return
+        config = yaml.safe_load(self.nodeops.kubelet_config(node))
+        if spec.topology_policy != config.get("topologyManagerPolicy", "none"):
+            if node not in self._policy_saved:
+                self._policy_saved[node] = self.nodeops.kubelet_config(node)
+            config["topologyManagerPolicy"] = spec.topology_policy
+            self._reconfigure_kubelet(node, yaml.safe_dump(config))
+
+    def _reconfigure_kubelet(self, node: str, text: str) -> None:
+        before = self._status_heartbeat(node)
+        running = self._running_pods(node)
+        self.nodeops.set_kubelet_config(node, text)
+        self._after_kubelet_restart(node, before)
+        self._wait_pods_resynced(node, running)
+        dep = self._plugins.get(node)
+        if dep is not None and self.plugin_running(node):
+            res = dep.spec.resource_name
+            self._wait(
+                lambda: (self.get_node(node)["status"].get("allocatable") or {}).get(res),
+                lambda a: a not in (None, "0"),
+                f"{res} registered again on {node} after reconfiguring its kubelet",
+            )
+
+    def list_nodes(self) -> list[JSONDict]:
+        return self.api.list_nodes()
+
+    def get_node(self, name: str) -> JSONDict:
+        return self.api.get_node(name)
+
+    def _status_heartbeat(self, node: str) -> str:
+        for c in self.get_node(node).get("status", {}).get("conditions") or []:
+            if c.get("type") == "Ready":
+                return str(c.get("lastHeartbeatTime"))
+        return ""
+
+    def _after_kubelet_restart(self, node: str, heartbeat_before: str) -> None:
+        """Wait until the new kubelet serves and has posted a fresh node status (so reads are not stale)."""
+        limit = max(self.options.timeout, _CLUSTER_PACE_S)
+        self.nodeops.wait_kubelet_serving(node, limit)
+        self._wait(
+            lambda: self._status_heartbeat(node),
+            lambda hb: hb != heartbeat_before,
+            f"a node status from the restarted kubelet on {node}",
+            timeout=limit,
+        )
+
+    def restart_kubelet(self, node: str) -> None:
+        """Restart, then wait until the new kubelet posted node status and pod-resources lists its running pods.
+
+        Right after a restart the real kubelet answers pod-resources before it has synced its pods from the
+        API server; "restarted" here means caught up, as the embedded kubelet is when its restart returns.
+        """
+        before = self._status_heartbeat(node)
+        running = self._running_pods(node)
+        self.nodeops.restart_kubelet(node)
+        self._after_kubelet_restart(node, before)
+        self._wait_pods_resynced(node, running)
+
+    def _running_pods(self, node: str) -> set[tuple[str, str]]:
+        return {
+            (p["metadata"]["namespace"], p["metadata"]["name"])
+            for p in self.api.list_pods(None, field_selector=f"spec.nodeName={node},status.phase=Running")
+        }
+
+    def _wait_pods_resynced(self, node: str, running: set[tuple[str, str]]) -> None:
+        """Until pod-resources lists the pods that ran before the restart: the kubelet handled its first pod
+        sync from the API server (and so marked its pod sources seen).
+
+        Until then a real kubelet's device manager does not drop allocations of pods that are gone
+        (``UpdateAllocatedDevices`` returns early while ``sourcesReady.AllReady()`` is false, and the kubelet
+        marks a source seen only after handling its first update): devices of pods deleted before the
+        restart still count as allocated from the checkpoint, and a pod arriving in that first sync can be
+        refused (e.g. TopologyAffinityError: its NUMA node's devices look taken). The embedded kubelet's
+        restart returns only after its sources are ready, so it has no such window.
+        """
+        self._wait(
+            lambda: running - {(p.namespace, p.name) for p in self.pod_resources(node)},
+            lambda missing: not missing,
+            f"pod-resources on {node} listing the pods that ran before the kubelet restart",
+            timeout=max(self.options.timeout, _CLUSTER_PACE_S),
+        )
+
+    def kubelet_log(self, node: str) -> str:
+        return self.nodeops.kubelet_log(node)
+
+    def stop_kubelet(self, node: str) -> None:
+        raise UnsupportedOperationError(
+            "keeping a real kubelet down while pods are force-deleted through the API is not implemented for "
+            f"{self.name} (it needs the node-status and pod-resources catch-up restart_kubelet does, after a stop)"
+        )
+
+    def start_kubelet(self, node: str) -> None:
+        raise UnsupportedOperationError(f"{self.name}: no kubelet was stopped by stop_kubelet (not implemented here)")
+
+    def reboot_node(self, node: str) -> None:
+        raise UnsupportedOperationError(
+            f"{self.name} cannot reboot a node: its containers are removed only through the CRI (crictl), which the "
+            "node transport does not drive"
+        )
+
+    def machine_numa_nodes(self, node: str) -> list[int]:
+        return self.nodeops.numa_nodes(node)
+
+    def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
+        raise UnsupportedOperationError("a real kubelet shows the options it got from a plugin nowhere (not in its API, log or checkpoint)")
+
+    def read_checkpoint(self, node: str) -> bytes | None:
+        return self.nodeops.read_checkpoint(node)
+
+    def pod_resources(self, node: str) -> list[PodResourcesPod]:
+        return self.nodeops.pod_resources(node)
+
+    def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
+        return self.nodeops.allocatable_devices(node)
+
+    # -- the plugin --------------------------------------------------------------------------------
+    def _adopted(self) -> tuple[str, str] | None:
+        ref = self.options.plugin_daemonset
+        if not ref:
+            return None
+        ns, _, name = ref.partition("/")
+        if not ns or not name:
+            raise BackendUnavailableError(f"--devplug-plugin-daemonset {ref!r}: expected NAMESPACE/NAME")
+        return ns, name
+
+    def deploy_plugin(self, node: str, spec: PluginSpec) -> None:
+        dep = self._plugins.get(node)
+        if dep is not None:
+            if dep.spec == spec:
+                dep.refs += 1  # the same plugin again (e.g. the Topology Manager fixture): shared
+                return
+            raise BackendError(f"a different plugin is already deployed on {node}; remove it first")
+        image = None if self._adopted() else self.provider.plugin_image(spec)
+        self._node_image = self._node_image or image
+        if spec.mock:
+            # Before the DaemonSet: the plugin reads the state and loads the library at start.
+            if self.nodeops.transport.run(node, f"test -e {MOCK_DIR}", timeout=_CLUSTER_PACE_S).returncode != 0:
+                self._mock_dirs.add(node)
+            self.write_mock_state(node, mockstate.initial_state(spec.gpus, spec.numa_nodes), _deploying=True)
+            self.nodeops.write_file(node, *mock_library_file())
+        adopted = self._adopted()
+        if adopted is not None:
+            ds = self.api.get_daemonset(adopted[1], adopted[0])
+            if ds is None:
+                raise BackendUnavailableError(f"--devplug-plugin-daemonset {adopted[0]}/{adopted[1]}: no such DaemonSet")
+            self._plugins[node] = _Deployed(spec, [ds], "(adopted)")
+            return
+        assert image is not None
+        labels = {MANAGED_BY[0]: MANAGED_BY[1]}
+        daemonsets = [own_daemonset(ds, self.namespace, node, labels) for ds in render_daemonsets(spec, image)]
+        for ds in daemonsets:
+            self.api.apply_daemonset(ds)
+        self._plugins[node] = _Deployed(spec, daemonsets, image)
+
+    def _dep(self, node: str) -> _Deployed:
+        try:
+            return self._plugins[node]
+        except KeyError:
+            raise BackendError(f"no plugin deployed on node {node}") from None
+
+    def _plugin_pods(self, node: str) -> list[JSONDict]:
+        dep = self._dep(node)
+        pods = []
+        for ds in dep.daemonsets:
+            pods += self.api.list_pods(
+                ds["metadata"]["namespace"], label_selector=selector_of(ds), field_selector=f"spec.nodeName={node}"
+            )
+        return pods
+
+    def _snapshot_logs(self, node: str) -> None:
+        dep = self._dep(node)
+        for p in self._plugin_pods(node):
+            meta = p["metadata"]
+            text = "".join(
+                self.api.pod_log(meta["name"], meta["namespace"], c["name"]) for c in p["spec"].get("containers", [])
+            )
+            if text or meta["uid"] not in dep.logs:
+                dep.logs[meta["uid"]] = (meta["name"], text)
+
+    def _set_stopped(self, node: str, stopped: bool) -> None:
+        for ds in self._dep(node).daemonsets:
+            patch = {"spec": {"template": {"spec": {"nodeSelector": {STOP_LABEL: "true" if stopped else None}}}}}
+            self.api.patch_daemonset(ds["metadata"]["name"], ds["metadata"]["namespace"], patch)
+
+    def _wait_no_plugin_pods(self, node: str, what: str) -> None:
+        self._wait(lambda: self._plugin_pods(node), lambda pods: not pods, what, timeout=max(self.options.timeout, _CLUSTER_PACE_S))
+
+    def _wait_kubelet_noticed_stop(self, node: str, resource: str) -> None:
+        """Until the node status shows no allocatable ``resource``: the kubelet noticed the plugin went away.
+
+        The kubelet posts node status every 10 s; without this wait the next reader sees the old plugin's
+        counts, a scheduler binds to them and admission fails (``no healthy devices``) before the new
+        plugin registers. The sim updates at once, so it needs no such wait.
+        """
+        self._wait(
+            lambda: (self.get_node(node).get("status", {}).get("allocatable") or {}).get(resource),
+            lambda a: a in (None, "0"),
+            f"{resource} allocatable 0 on {node} after its plugin stopped (the kubelet posts status every 10 s)",
+            timeout=max(self.options.timeout, _CLUSTER_PACE_S),
+        )
+
+    def remove_plugin(self, node: str) -> None:
+        dep = self._plugins.get(node)
+        if dep is None:
+            return
+        dep.refs -= 1
+        if node in self._policy_saved:
+            self._reconfigure_kubelet(node, self._policy_saved.pop(node))
+        if dep.refs > 0:
+            return
+        if self._adopted() is not None:  # not ours: left running
+            del self._plugins[node]
+            return
+        try:
+            self._snapshot_logs(node)
+        except BackendError:
+            pass
+        for ds in dep.daemonsets:
+            self.api.delete_daemonset(ds["metadata"]["name"], ds["metadata"]["namespace"])
+        try:
+            self._wait_no_plugin_pods(node, f"plugin pods on {node} gone after deleting the DaemonSet")
+            self._wait_kubelet_noticed_stop(node, dep.spec.resource_name)
+        finally:
+            del self._plugins[node]
+
+    def _not_adopted(self, what: str) -> None:
+        if (ref := self._adopted()) is not None:
+            raise UnsupportedOperationError(
+                f"cannot {what} the adopted plugin {ref[0]}/{ref[1]}: the {self.name} backend does not change objects "
+                "it did not make (deploy the plugin with --devplug-plugin-image to test its lifecycle)"
+            )
+
+    def stop_plugin(self, node: str) -> None:
+        """Graceful stop (SIGTERM): the DaemonSet stops selecting the node, so its pod is deleted."""
+        self._not_adopted("stop")
+        self._snapshot_logs(node)
+        self._set_stopped(node, True)
+        self._wait_no_plugin_pods(node, f"plugin pod on {node} terminated")
+        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
+
+    def kill_plugin(self, node: str) -> None:
+        """Abrupt stop: the pod is force-deleted (SIGKILL, no grace) and not recreated until ``start_plugin``."""
+        self._not_adopted("kill")
+        self._snapshot_logs(node)
+        self._set_stopped(node, True)
+        for p in self._plugin_pods(node):
+            try:
+                self.api.delete_pod(p["metadata"]["name"], p["metadata"]["namespace"], grace=0)
+            except ObjectNotFoundError:
+                pass
+        self._wait_no_plugin_pods(node, f"plugin pod on {node} killed")
+        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
+
+    def start_plugin(self, node: str) -> None:
+        self._not_adopted("start")
+        self._set_stopped(node, False)
+
+    def plugin_running(self, node: str) -> bool:
+        if node not in self._plugins:
+            return False
+        for p in self._plugin_pods(node):
+            if p["metadata"].get("deletionTimestamp") or p.get("status", {}).get("phase") != "Running":
+                continue
+            statuses = p["status"].get("containerStatuses") or []
+            if statuses and all("running" in (s.get("state") or {}) for s in statuses):
+                return True
+        return False
+
+    def plugin_exit(self, node: str) -> str | None:
+        """A plugin container the kubelet keeps failing to run: it will not come up by itself."""
+        if node not in self._plugins:
+            return None
+        for p in self._plugin_pods(node):
+            for st in p.get("status", {}).get("containerStatuses") or []:
+                waiting = (st.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") in _HOPELESS_WAITING:
+                    last = ((st.get("lastState") or {}).get("terminated")) or {}
+                    code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
+                    return f"container {st.get('name')} of pod {p['metadata']['name']} is {waiting['reason']}{code}"
+        return None
+
+    def plugin_log(self, node: str) -> str:
+        dep = self._dep(node)
+        self._snapshot_logs(node)
+        return "".join(f"--- plugin pod {name}\n{text}" for name, text in dep.logs.values())
+
+    # -- pods --------------------------------------------------------------------------------------
+    def create_pod(self, manifest: JSONDict) -> JSONDict:
+        body = json.loads(json.dumps(manifest))
+        spec = body.get("spec", {})
+        for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            if c.get("image") == DEFAULT_IMAGE and (local := self.provider.workload_image(DEFAULT_IMAGE)):
+                c["image"] = local
+                c.setdefault("imagePullPolicy", "IfNotPresent")
+        return self.api.create_pod(body)
+
+    def get_pod(self, name: str, namespace: str = "default") -> JSONDict:
+        return self.api.get_pod(name, namespace)
+
+    def delete_pod(self, name: str, namespace: str = "default") -> None:
+        """Delete and wait until the pod is gone (as ``kubectl delete`` does): its devices are free afterwards."""
+        self.api.delete_pod(name, namespace)
+
+        def gone() -> bool:
+            try:
+                self.api.get_pod(name, namespace)
+            except ObjectNotFoundError:
+                return True
+            return False
+
+        self._wait(gone, bool, f"pod {namespace}/{name} deleted", timeout=max(self.options.timeout, _CLUSTER_PACE_S))
+
+    def list_pods(self, namespace: str | None = None) -> list[JSONDict]:
+        return self.api.list_pods(namespace)
+
+    def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
+        return self.api.events(namespace=namespace, involved_name=involved_name)
+
+    def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:
+        return self.api.exec(name, namespace, container, argv)
+
+    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
+        """The Allocate responses the kubelet recorded for the container (checkpoint), i.e. what it handed the runtime."""
+        pod = self.get_pod(name, namespace)
+        node = pod.get("spec", {}).get("nodeName")
+        if not node:
+            raise BackendError(f"pod {namespace}/{name} is not on a node yet")
+        raw = self.read_checkpoint(node)
+        entries = parse_checkpoint(raw).entries_for(pod["metadata"]["uid"], container) if raw else []
+        return applied_view(entries)
+
+    def restart_container(self, name: str, container: str, namespace: str = "default") -> None:
+        """Kill the container's task in containerd (SIGKILL): the kubelet restarts it, as after a crash."""
+        pod = self.get_pod(name, namespace)
+        node = pod.get("spec", {}).get("nodeName")
+        cid = next(
+            (s.get("containerID", "") for s in pod.get("status", {}).get("containerStatuses") or [] if s["name"] == container),
+            "",
+        )
+        if not node or "://" not in cid:
+            raise BackendError(f"container {container} of {namespace}/{name} is not running (no containerID)")
+        self.nodeops.kill_container(node, cid.split("://", 1)[1])
+
+    # -- mock NVML ---------------------------------------------------------------------------------
+    def _check_mock(self, node: str) -> None:
+        if not self._dep(node).spec.mock:
+            raise BackendError(f"the plugin on {node} was deployed without a mock-NVML state file")
+
+    def read_mock_state(self, node: str) -> JSONDict:
+        self._check_mock(node)
+        return self.nodeops.read_json(node, MOCK_STATE_PATH)
+
+    def write_mock_state(self, node: str, state: JSONDict, *, _deploying: bool = False) -> None:
+        if not _deploying:
+            self._check_mock(node)
+        self.nodeops.write_file(node, MOCK_STATE_PATH, json.dumps(state, indent=1).encode())
+
+    # -- knobs -------------------------------------------------------------------------------------
+    @property
+    def grace_period(self) -> float:
+        return KUBELET_GRACE_PERIOD
+
+    def set_grace_period(self, seconds: float) -> None:
+        raise UnsupportedOperationError(
+            "a real kubelet's device-plugin grace period is a constant (endpointStopGracePeriod, 5 min); no flag changes it"
+        )
+

@@ -1,0 +1,672 @@
+"""``ApiCluster``: embedded kubelets as real Nodes of a real API server (``--devplug-control-plane real``).
+
+The same surface as :class:`~pytest_devplug.sim.cluster.SimCluster` (see :mod:`.clusterapi`), so the
+backend, handles and the conformance suite run unchanged; what ``SimCluster`` does itself, the real
+control plane does here: validation and defaulting (kube-apiserver), scheduling (kube-scheduler), the
+not-ready taint (kube-controller-manager). Each ``SimNode`` acts as its node's kubelet through the API:
+
+- it registers its ``Node`` and a ``Lease`` in ``kube-node-lease`` (renewed every 10 s while it runs),
+  posts node status (capacity and allocatable from its device manager) whenever its devices change;
+- one watch of all pods hands each pod bound to a node (by the scheduler or ``spec.nodeName``) to that
+  node's admission, one pod at a time per node (the kubelet's sync loop); a deletion kills the pod;
+- pod status is posted through the ``status`` subresource (strategic merge: the scheduler's
+  ``PodScheduled`` condition stays), re-synced on every read as the kubelet's status manager would;
+- the events a kubelet emits are core/v1 Events with ``source.component: kubelet``.
+
+A stopped kubelet posts nothing (as a real one): the Node keeps its last status until the node
+lifecycle controller's grace period (50 s in 1.34) runs out.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import kubernetes
+import urllib3
+from kubernetes.client import ApiException
+
+from ..waiting import WaitTimeout, wait_for
+from . import errors
+from .apiserver import now_rfc3339
+from .clusterapi import ClusterApi
+from .kubelet import SimNode
+from .workdir import create as create_workdir
+from .workdir import remove as remove_workdir
+
+__all__ = ["ApiCluster", "LEASE_SECONDS", "NOT_READY_TAINT", "RENEW_SECONDS"]
+
+_log = logging.getLogger(__name__)
+
+#: The kubelet's defaults: a 40 s node lease renewed every 10 s (a quarter of it).
+LEASE_SECONDS = 40
+RENEW_SECONDS = 10.0
+#: The taint a new Node gets from the API server (TaintNodesByCondition) until its kubelet reports Ready.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+_STRATEGIC = "application/strategic-merge-patch+json"
+_MERGE = "application/merge-patch+json"
+#: Seconds an idle watch waits for data before it is re-opened (bounds how long ``close`` waits for it).
+_WATCH_IDLE_SECONDS = 1.0
+
+
+def _api_error(exc: ApiException) -> errors.ApiError:
+    """The API server's own status (reason, message) as the sim's error, so callers map one type."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        body = {}
+    status = int(exc.status or 0)
+    message = str(body.get("message") or exc.body or exc.reason)
+    if status == 404:
+        return errors.ApiError(404, "NotFound", message)
+    return errors.ApiError(status, str(body.get("reason") or exc.reason), message)
+
+
+def _micro_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json(resp: Any) -> Any:
+    return json.loads(resp.data)
+
+
+class _NodeAgent:
+    """What one node's kubelet keeps about the API: its admission queue, last posted statuses, events."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+        self.queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kubelet-{node.name}")
+        #: Pod UIDs handed to this node's admission since they were seen bound here.
+        self.handed: set[str] = set()
+        #: pod UID -> the status last posted for it (post only what changed).
+        self.posted: dict[str, dict[str, Any]] = {}
+        #: Held across reading a pod's status and posting it: posts of one node never overtake each other.
+        self.post_lock = threading.Lock()
+        #: (pod uid, type, reason, message) -> [event name, count]: repeated events are counted, as the recorder does.
+        self.events: dict[tuple[str, str, str, str], list[Any]] = {}
+        self.node_status: dict[str, Any] | None = None
+        self.ready_since = now_rfc3339()
+
+
+class ApiCluster:
+    """Embedded kubelets registered with the API server that ``client`` (a ``kubernetes.client.ApiClient``) talks to.
+
+    ``timeout``: how long :meth:`create_pod` waits for the scheduler and the node to act on a new pod
+    before returning it as it is then (the caller's own waits decide what that means).
+    ``remove_nodes``: ``close()`` deletes the Nodes (and Leases) it registered, as decommissioning a machine
+    does, so a control plane that lives on (shared by tests, or kept) schedules nothing onto dead kubelets.
+    """
+
+    def __init__(
+        self, client: Any, workdir: Path | None = None, *, grace_period: float = 300.0, timeout: float = 20.0, remove_nodes: bool = True
+    ) -> None:
+        self.remove_nodes = remove_nodes
+        self._own_dir = workdir is None
+        self.workdir = create_workdir("devplug-sim-") if workdir is None else Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.grace_period = grace_period
+        self.timeout = timeout
+        self._client = client
+        self._core: Any = kubernetes.client.CoreV1Api(client)
+        self._coord: Any = kubernetes.client.CoordinationV1Api(client)
+        self._lock = threading.RLock()
+        self._agents: dict[str, _NodeAgent] = {}
+        #: pod UID -> (namespace, name) of every pod seen (watch or create), for the kubelet's by-UID questions.
+        self._uids: dict[str, tuple[str, str]] = {}
+        self._closed = threading.Event()
+        self._kick = threading.Event()
+        self._synced = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_loop, name="sim-api-watch", daemon=True)
+        self._heart = threading.Thread(target=self._status_loop, name="sim-api-status", daemon=True)
+        self._watcher.start()
+        self._heart.start()
+        if not self._synced.wait(timeout):
+            self.close()
+            raise errors.SimError(f"the pod watch on the API server did not start within {timeout:g}s")
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> ApiCluster:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the watch and status threads, every node (plugins included); remove the work dir if it was ours."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._kick.set()
+        self._heart.join(timeout=10)
+        self._watcher.join(timeout=10)
+        with self._lock:
+            agents = list(self._agents.values())
+        for agent in agents:
+            agent.queue.shutdown(wait=True, cancel_futures=True)
+            agent.node.close()
+            if self.remove_nodes:
+                self._deregister(agent.node.name)
+        if self._own_dir:
+            remove_workdir(self.workdir)
+
+    # ---------------------------------------------------------------------- nodes
+    def add_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, Any]] | None = None,
+        numa_nodes: int = 2,
+        topology_policy: str = "none",
+    ) -> SimNode:
+        """Register the Node (the API server validates the name first), then start its kubelet."""
+        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", **(labels or {})}
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}, "spec": {}}
+        if taints:
+            body["spec"]["taints"] = [dict(t) for t in taints]
+        try:
+            self._core.create_node(body, _request_timeout=self.timeout)
+        except ApiException as exc:
+            raise _api_error(exc) from None
+        node = SimNode(
+            name,
+            self.workdir / name,
+            labels=node_labels,
+            taints=taints,
+            numa_nodes=numa_nodes,
+            topology_policy=topology_policy,
+            grace_period=self.grace_period,
+            pods_source=lambda: self._pods_on(name),
+            pod_bound=lambda uid: self._is_bound(uid, name),
+            status_sink=lambda uid, status: self._publish(name, uid),
+            event_sink=lambda pod, type_, reason, message: self._emit(name, pod, type_, reason, message),
+            on_node_change=self._kick.set,
+        )
+        agent = _NodeAgent(node)
+        with self._lock:
+            self._agents[name] = agent
+        node.start_kubelet()
+        self._post_node_status(agent)
+        self._renew_lease(agent)
+        self._wait_schedulable(name)
+        self._hand_over_bound(name)
+        return node
+
+    def _wait_schedulable(self, name: str) -> None:
+        """Return once the node lifecycle controller lifted the ``not-ready`` taint the API server put on the new
+        Node (the embedded control plane's nodes are schedulable at once; so are these when this returns)."""
+        def taints() -> list[str]:
+            node = _json(self._core.read_node(name, _preload_content=False, _request_timeout=self.timeout))
+            return [str(t.get("key")) for t in (node.get("spec") or {}).get("taints") or []]
+
+        wait_for(
+            taints, lambda keys: NOT_READY_TAINT not in keys, timeout=self.timeout,
+            what=f"kube-controller-manager's node lifecycle controller to lift the {NOT_READY_TAINT} taint of node {name}",
+        )  # fmt: skip
+
+    def _deregister(self, name: str) -> None:
+        calls: list[tuple[Any, tuple[str, ...]]] = [(self._core.delete_node, (name,)), (self._coord.delete_namespaced_lease, (name, "kube-node-lease"))]
+        for call, args in calls:
+            try:
+                call(*args, _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status != 404:
+                    _log.warning("removing node %s from the API failed: %s", name, _api_error(exc))
+
+    def _agent(self, name: str) -> _NodeAgent:
+        with self._lock:
+            try:
+                return self._agents[name]
+            except KeyError:
+                raise errors.NotFoundError("nodes", name) from None
+
+    def node(self, name: str) -> SimNode:
+        return self._agent(name).node
+
+    @property
+    def nodes(self) -> list[SimNode]:
+        with self._lock:
+            return [a.node for a in self._agents.values()]
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        agent = self._agent(name)
+        self._post_node_status(agent)
+        try:
+            return dict(_json(self._core.read_node(name, _preload_content=False, _request_timeout=self.timeout)))
+        except ApiException as exc:
+            raise _api_error(exc) from None
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        with self._lock:
+            agents = list(self._agents.values())
+        for agent in agents:
+            self._post_node_status(agent)
+        return list(_json(self._core.list_node(_preload_content=False, _request_timeout=self.timeout))["items"])
+
+    def update_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, Any]] | None = None,
+        unschedulable: bool | None = None,
+    ) -> dict[str, Any]:
+        """Replace labels/taints, cordon/uncordon, in the API (the scheduler reacts) and in the node's kubelet."""
+        node = self.node(name)
+        patch: dict[str, Any] = {}
+        if labels is not None:
+            gone = {k: None for k in node.labels if k not in labels}
+            patch["metadata"] = {"labels": {**gone, **dict(labels)}}
+        spec: dict[str, Any] = {}
+        if taints is not None:
+            spec["taints"] = [dict(t) for t in taints] or None
+        if unschedulable is not None:
+            spec["unschedulable"] = unschedulable or None
+        if spec:
+            patch["spec"] = spec
+        try:
+            resp = self._core.patch_node(name, patch, _content_type=_MERGE, _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            raise _api_error(exc) from None
+        if labels is not None:
+            node.labels = dict(labels)
+        if taints is not None:
+            node.taints = [dict(t) for t in taints]
+        if unschedulable is not None:
+            node.unschedulable = unschedulable
+        return dict(_json(resp))
+
+    def _node_status(self, agent: _NodeAgent) -> dict[str, Any]:
+        node = agent.node
+        node.refresh_status()
+        return {
+            "capacity": node.capacity(),
+            "allocatable": node.allocatable(),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastTransitionTime": agent.ready_since,
+                }
+            ],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node.name}],
+        }
+
+    def _post_node_status(self, agent: _NodeAgent, *, heartbeat: bool = False) -> None:
+        """Post the node's status when it changed (or as a heartbeat); a stopped kubelet posts nothing."""
+        if not agent.node.running:
+            return
+        status = self._node_status(agent)
+        with self._lock:
+            if status == agent.node_status and not heartbeat:
+                return
+            agent.node_status = status
+        body = copy.deepcopy(status)
+        body["conditions"][0]["lastHeartbeatTime"] = now_rfc3339()
+        try:
+            self._core.patch_node_status(agent.node.name, {"status": body}, _content_type=_STRATEGIC, _request_timeout=self.timeout)
+        except ApiException as exc:
+            with self._lock:
+                agent.node_status = None  # post again next time
+            _log.warning("posting node status of %s failed: %s", agent.node.name, _api_error(exc))
+
+    def _renew_lease(self, agent: _NodeAgent) -> None:
+        name = agent.node.name
+        spec = {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": _micro_now()}
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": "kube-node-lease"}, "spec": spec}
+        try:
+            try:
+                self._coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": spec}, _content_type=_MERGE, _request_timeout=self.timeout)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                self._coord.create_namespaced_lease("kube-node-lease", body, _request_timeout=self.timeout)
+        except ApiException as exc:
+            _log.warning("renewing the node lease of %s failed: %s", name, _api_error(exc))
+
+    def _status_loop(self) -> None:
+        """Node status on every device change; lease and status heartbeat every 10 s; pod statuses re-synced."""
+        last_beat = time.monotonic()
+        while not self._closed.is_set():
+            self._kick.wait(max(0.0, last_beat + RENEW_SECONDS - time.monotonic()))
+            self._kick.clear()
+            if self._closed.is_set():
+                return
+            heartbeat = time.monotonic() - last_beat >= RENEW_SECONDS
+            if heartbeat:
+                last_beat = time.monotonic()
+            with self._lock:
+                agents = list(self._agents.values())
+            for agent in agents:
+                try:
+                    if not agent.node.running:
+                        continue
+                    self._post_node_status(agent, heartbeat=heartbeat)
+                    if heartbeat:
+                        self._renew_lease(agent)
+                    for uid in agent.node.active_pod_uids():
+                        self._sync_pod_status(agent, uid)
+                except Exception:  # noqa: BLE001 - the status thread must outlive one bad pass
+                    _log.exception("status pass for %s failed; retrying on the next change", agent.node.name)
+
+    # ----------------------------------------------------------------------- pods
+    def create_pod(self, manifest: Any) -> dict[str, Any]:
+        """POST the pod (the API server's refusals raise ``ApiError`` with its status and text); return it once
+        the scheduler placed it and its node admitted or rejected it, or the scheduler found no node."""
+        if not isinstance(manifest, Mapping):
+            raise errors.ApiError(400, "BadRequest", f"the pod manifest must be a JSON object, not {type(manifest).__name__}")
+        ns = str((manifest.get("metadata") or {}).get("namespace") or "default")
+        try:
+            pod = self._post_raw(f"/api/v1/namespaces/{ns}/pods", dict(manifest))
+        except ApiException as exc:
+            raise _api_error(exc) from None
+        meta = pod["metadata"]
+        with self._lock:
+            self._uids[meta["uid"]] = (ns, meta["name"])
+        return self._settled(meta["name"], ns, meta["uid"])
+
+    def _post_raw(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` as it is: the client's typed methods refuse what the API server itself would judge
+        (an integer quantity, say), and the point is to see the API server's answer."""
+        method, url, headers, data, _ = self._client.param_serialize(
+            "POST", path, header_params={"Content-Type": "application/json", "Accept": "application/json"}, body=body
+        )
+        resp = self._client.call_api(method, url, header_params=headers, body=data, _request_timeout=self.timeout)
+        resp.read()
+        if not 200 <= int(resp.status) < 300:
+            raise ApiException(http_resp=resp)
+        return dict(json.loads(resp.data))
+
+    def _settled(self, name: str, namespace: str, uid: str) -> dict[str, Any]:
+        """Poll (bounded by ``timeout``) until the pod's fate is decided, as ``SimCluster.create_pod`` returns it."""
+        def decided(pod: dict[str, Any]) -> bool:
+            node_name = pod["spec"].get("nodeName")
+            if not node_name:
+                conds = (pod.get("status") or {}).get("conditions") or []
+                return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conds)
+            with self._lock:
+                agent = self._agents.get(node_name)
+            return agent is None or not agent.node.running or agent.node.pod_status(uid) is not None
+
+        try:
+            return wait_for(lambda: self.get_pod(name, namespace), decided, timeout=self.timeout, what=f"pod {namespace}/{name} to be scheduled and admitted")
+        except WaitTimeout as exc:
+            if exc.last is None:
+                raise
+            return dict(exc.last)
+
+    def get_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        return self._synced_pod(self._read_pod(name, namespace))
+
+    def _synced_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The pod with its kubelet's current status posted first if it changed (the status manager's sync)."""
+        node_name = pod["spec"].get("nodeName")
+        with self._lock:
+            agent = self._agents.get(node_name) if node_name else None
+        if agent is None:
+            return pod
+        uid = pod["metadata"]["uid"]
+        patched = self._sync_pod_status(agent, uid)
+        if patched is not None:
+            return patched
+        with self._lock:
+            posted = agent.posted.get(uid)
+        status = pod.get("status") or {}
+        if posted is not None and any(status.get(k) != v for k, v in posted.items() if k != "conditions"):
+            # Read before another thread's post of the same status landed: read the result of that post.
+            return self._read_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
+        return pod
+
+    def _read_pod(self, name: str, namespace: str) -> dict[str, Any]:
+        try:
+            return dict(_json(self._core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)))
+        except ApiException as exc:
+            raise _api_error(exc) from None
+
+    def _publish(self, node_name: str, uid: str) -> None:
+        with self._lock:
+            agent = self._agents.get(node_name)
+        if agent is not None:
+            self._sync_pod_status(agent, uid)
+
+    def _sync_pod_status(self, agent: _NodeAgent, uid: str) -> dict[str, Any] | None:
+        """PATCH the status subresource with the kubelet's status *now* when it differs from what was posted last;
+        the updated pod, or ``None``. One post at a time per node, each reading the status under the node's post
+        lock, so a slower post of an older status can never land after a newer one."""
+        with agent.post_lock:
+            if not agent.node.running:
+                return None
+            status = agent.node.pod_status(uid)
+            with self._lock:
+                key = self._uids.get(uid)
+                if status is None or key is None or agent.posted.get(uid) == status:
+                    return None
+            try:
+                resp = self._core.patch_namespaced_pod_status(
+                    key[1], key[0], {"metadata": {"uid": uid}, "status": status}, _content_type=_STRATEGIC,
+                    _preload_content=False, _request_timeout=self.timeout,
+                )  # fmt: skip
+            except ApiException as exc:
+                if exc.status not in (404, 409):  # deleted (or replaced by a pod of the same name) meanwhile
+                    _log.warning("posting status of pod %s/%s failed: %s", key[0], key[1], _api_error(exc))
+                return None
+            with self._lock:
+                agent.posted[uid] = status
+            return dict(_json(resp))
+
+    def list_pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        if namespace is None:
+            resp = self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self.timeout)
+        else:
+            resp = self._core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=self.timeout)
+        items = sorted(_json(resp)["items"], key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+        return [self._synced_pod(p) for p in items]
+
+    def delete_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        """Delete at once (``--grace-period=0 --force``); the node's kubelet kills the containers before returning."""
+        pod = self.get_pod(name, namespace)
+        try:
+            self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _request_timeout=self.timeout)
+        except ApiException as exc:
+            raise _api_error(exc) from None
+        self._forget(pod)
+        return pod
+
+    def _forget(self, pod: Mapping[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        node_name = pod["spec"].get("nodeName")
+        with self._lock:
+            self._uids.pop(uid, None)
+            agent = self._agents.get(node_name) if node_name else None
+            if agent is not None:
+                agent.handed.discard(uid)
+                agent.posted.pop(uid, None)
+        if agent is not None:
+            agent.node.kill_pod(uid)
+
+    def restart_container(self, name: str, container: str, namespace: str = "default") -> dict[str, Any]:
+        node, uid = self._bound(name, namespace)
+        node.restart_container(uid, container)
+        return self.get_pod(name, namespace)
+
+    def finish_container(self, name: str, container: str, exit_code: int = 0, namespace: str = "default") -> dict[str, Any]:
+        node, uid = self._bound(name, namespace)
+        node.finish_container(uid, container, exit_code)
+        return self.get_pod(name, namespace)
+
+    def pod_node(self, name: str, namespace: str = "default") -> SimNode:
+        return self._bound(name, namespace)[0]
+
+    def _bound(self, name: str, namespace: str) -> tuple[SimNode, str]:
+        pod = self.get_pod(name, namespace)
+        node_name = pod["spec"].get("nodeName")
+        with self._lock:
+            agent = self._agents.get(node_name) if node_name else None
+        if agent is None:
+            raise errors.SimError(f"pod {namespace}/{name} is not bound to a node")
+        return agent.node, str(pod["metadata"]["uid"])
+
+    # ------------------------------------------------------------ the kubelet side
+    def _pods_on(self, node_name: str) -> list[dict[str, Any]]:
+        resp = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}", _preload_content=False, _request_timeout=self.timeout)
+        pods = list(_json(resp)["items"])
+        with self._lock:
+            for p in pods:
+                self._uids[p["metadata"]["uid"]] = (p["metadata"]["namespace"], p["metadata"]["name"])
+            agent = self._agents.get(node_name)
+            if agent is not None:
+                agent.handed |= {p["metadata"]["uid"] for p in pods}
+        return pods
+
+    def _is_bound(self, uid: str, node_name: str) -> bool:
+        with self._lock:
+            key = self._uids.get(uid)
+        if key is None:
+            return False
+        try:
+            pod = _json(self._core.read_namespaced_pod(key[1], key[0], _preload_content=False, _request_timeout=self.timeout))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise _api_error(exc) from None
+        return bool(pod["metadata"]["uid"] == uid and pod["spec"].get("nodeName") == node_name and not pod["metadata"].get("deletionTimestamp"))
+
+    def _hand_over(self, pod: dict[str, Any]) -> None:
+        """A pod bound to one of our nodes goes to that node's admission queue, once."""
+        node_name = pod["spec"].get("nodeName")
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            agent = self._agents.get(node_name) if node_name else None
+            if agent is None or uid in agent.handed or pod["metadata"].get("deletionTimestamp"):
+                return
+            agent.handed.add(uid)
+        try:
+            agent.queue.submit(self._admit, agent, pod)
+        except RuntimeError:
+            pass  # shutting down
+
+    def _admit(self, agent: _NodeAgent, pod: dict[str, Any]) -> None:
+        try:
+            agent.node.admit(pod)
+        except Exception:  # noqa: BLE001 - one pod's failure must not stop the node's queue
+            _log.exception("admitting pod %s/%s failed", pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def _hand_over_bound(self, node_name: str) -> None:
+        for pod in self._pods_on(node_name):
+            with self._lock:
+                agent = self._agents.get(node_name)
+                if agent is not None:
+                    agent.handed.discard(pod["metadata"]["uid"])
+            self._hand_over(pod)
+
+    def _relist(self) -> str:
+        """List every pod (hand the bound ones over); the resource version to watch from."""
+        resp = _json(self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self.timeout))
+        for pod in resp["items"]:
+            with self._lock:
+                self._uids[pod["metadata"]["uid"]] = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            self._hand_over(pod)
+        return str(resp["metadata"]["resourceVersion"])
+
+    def _watch_loop(self) -> None:
+        """One watch of every pod: bound ones are admitted, deleted ones killed. The watch is re-opened from the
+        last resource version every few idle seconds (so ``close`` ends it promptly), listed again after a 410."""
+        rv: str | None = None
+        while not self._closed.is_set():
+            try:
+                if rv is None:
+                    rv = self._relist()
+                    self._synced.set()
+                for event in kubernetes.watch.Watch().stream(  # type: ignore[no-untyped-call]
+                    self._core.list_pod_for_all_namespaces, resource_version=rv, timeout_seconds=60,
+                    _request_timeout=(self.timeout, _WATCH_IDLE_SECONDS),
+                ):  # fmt: skip
+                    if self._closed.is_set():
+                        return
+                    pod = event.get("raw_object") or {}
+                    if event.get("type") == "ERROR" or "metadata" not in pod:
+                        rv = None  # e.g. 410 Gone: the version is too old, list again
+                        break
+                    rv = str(pod["metadata"]["resourceVersion"])
+                    if event["type"] == "DELETED":
+                        self._forget(pod)
+                        continue
+                    with self._lock:
+                        self._uids[pod["metadata"]["uid"]] = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+                    self._hand_over(pod)
+            except urllib3.exceptions.ReadTimeoutError:
+                continue  # idle: watch again from rv
+            except Exception as exc:  # noqa: BLE001 - the watch must survive a dropped connection
+                if self._closed.is_set():
+                    return
+                if isinstance(exc, ApiException) and exc.status == 410:
+                    rv = None
+                else:
+                    _log.warning("pod watch failed (%r); watching again", exc)
+                    self._closed.wait(0.5)
+
+    # --------------------------------------------------------------------- events
+    def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[dict[str, Any]]:
+        fs = f"involvedObject.name={involved_name}" if involved_name else ""
+        if namespace is None:
+            resp = self._core.list_event_for_all_namespaces(field_selector=fs, _preload_content=False, _request_timeout=self.timeout)
+        else:
+            resp = self._core.list_namespaced_event(namespace, field_selector=fs, _preload_content=False, _request_timeout=self.timeout)
+        items = list(_json(resp)["items"])
+        items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or "")
+        return items
+
+    def _emit(self, node_name: str, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A kubelet event (core/v1, ``source: {component: kubelet, host: <node>}``); a repeat raises ``count``."""
+        meta = pod["metadata"]
+        ns = meta.get("namespace", "default")
+        now = now_rfc3339()
+        key = (meta["uid"], type_, reason, message)
+        with self._lock:
+            agent = self._agents.get(node_name)
+            seen = agent.events.get(key) if agent is not None else None
+            if seen is not None:
+                seen[1] += 1
+        try:
+            if seen is not None:
+                self._core.patch_namespaced_event(seen[0], ns, {"count": seen[1], "lastTimestamp": now}, _content_type=_MERGE, _request_timeout=self.timeout)
+                return
+            name = f"{meta['name']}.{uuid.uuid4().hex[:16]}"
+            body = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": name, "namespace": ns},
+                "type": type_,
+                "reason": reason,
+                "message": message,
+                "involvedObject": {"kind": "Pod", "name": meta["name"], "namespace": ns, "uid": meta["uid"], "apiVersion": "v1"},
+                "source": {"component": "kubelet", "host": node_name},
+                "reportingComponent": "kubelet",
+                "reportingInstance": node_name,
+                "count": 1,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+            }
+            self._core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
+        except ApiException as exc:
+            _log.warning("recording event %s for %s/%s failed: %s", reason, ns, meta["name"], _api_error(exc))
+            return
+        with self._lock:
+            if agent is not None:
+                agent.events[key] = [name, 1]
+
+
+#: Checked by mypy: ``ApiCluster`` is a :class:`ClusterApi` (as ``SimCluster`` is), so the backend takes either.
+_IS_CLUSTER_API: type[ClusterApi] = ApiCluster

@@ -1,0 +1,66 @@
+"""``--devplug-control-plane real`` from a user's side: kubectl reads the run's cluster through
+``devplug_cluster.kubeconfig``, the fixtures work unchanged, nothing is left behind, bad values are named."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_devplug.controlplane import BinariesNotFoundError, resolve
+from pytest_devplug.controlplane.binaries import build
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module")
+def bin_dir() -> Path:
+    """The directory of the resolved kube-apiserver (the cache; built there when missing, as nox -s tests does)."""
+    try:
+        found = resolve(download=False)
+    except BinariesNotFoundError:
+        found = build()
+    return found["kube-apiserver"].parent
+
+
+def test_kubectl_sees_the_embedded_kubelets_node(pytester: pytest.Pytester, bin_dir: Path) -> None:
+    pytester.makepyfile(
+        f"""
+        import json, shutil, subprocess
+
+        def kubectl(kubeconfig, *args):
+            exe = {str(bin_dir / "kubectl")!r}
+            exe = exe if shutil.os.path.exists(exe) else shutil.which("kubectl")
+            out = subprocess.run([exe, "--kubeconfig", kubeconfig, *args], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            return out.stdout
+
+        def test_node_and_pod_through_kubectl(devplug_cluster, devplug_plugin, devplug_pod, devplug_node):
+            kc = devplug_cluster.kubeconfig
+            assert kc and kc.endswith("admin.kubeconfig")
+            node = json.loads(kubectl(kc, "get", "node", devplug_node.name, "-o", "json"))
+            assert node["status"]["capacity"]["nvidia.com/gpu"] == "4"
+            assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+            pod = devplug_pod(gpus=2, wait=True)
+            phase = kubectl(kc, "get", "pod", pod.name, "-o", "jsonpath={{.status.phase}} {{.spec.nodeName}}")
+            assert phase == "Running " + devplug_node.name
+            print("KUBECONFIG=" + kc)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--devplug-control-plane", "real", timeout=240)
+    result.assert_outcomes(passed=1)
+    header = result.stdout.str()
+    assert "control-plane=real (kubernetes v1.34.4, etcd v3.6.5" in header
+    assert "devplug: real control plane up; kubectl --kubeconfig " in header
+    kubeconfig = next(line.split("=", 1)[1] for line in header.splitlines() if line.startswith("KUBECONFIG="))
+    assert not Path(kubeconfig).parent.exists(), "the control plane's dir is removed at the end"
+    left = subprocess.run(["pgrep", "-f", kubeconfig], capture_output=True, text=True).stdout
+    assert left == "", f"control-plane processes left running: {left}"
+
+
+def test_a_bad_ini_value_is_named(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ndevplug_control_plane = remote\n")
+    pytester.makepyfile("def test_x(devplug_cluster):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*devplug_control_plane = 'remote': choose one of embedded, real*"])

@@ -1,0 +1,98 @@
+"""Options are parsed once, in ``pytest_configure``: a bad value is one usage error at start (exit 4, one line
+naming the option and what it accepts), never an error per test; the settings live in the config's stash."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+#: Three tests that use the settings (fixture, disruptive setup) and one that uses none.
+TESTS = """
+import pytest
+
+def test_plain():
+    pass
+
+def test_settings(devplug_settings):
+    assert devplug_settings.backend == "sim"
+
+@pytest.mark.devplug_disruptive
+def test_disruptive():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    "args, ini, names",
+    [
+        (["--devplug-conventions", "bogus"], "", ["--devplug-conventions", "bogus", "ids-visible, nvidia-env, numa-packing"]),
+        ([], "devplug_conventions = ids-visible,nope", ["devplug_conventions", "nope", "ids-visible"]),
+        ([], "devplug_backend = bogus", ["devplug_backend", "'bogus'", "sim, kind, cluster"]),
+        ([], "devplug_timeout = soon", ["devplug_timeout", "'soon'", "a number"]),
+        ([], "devplug_gpus = 2.5", ["devplug_gpus", "'2.5'", "an integer"]),
+        ([], "devplug_missing_faults = maybe", ["devplug_missing_faults", "skip, fail"]),
+        (["--devplug-plugin-cmd", "'unclosed"], "", ["--devplug-plugin-cmd", "quotation"]),
+    ],
+)
+def test_bad_value_is_one_usage_error_at_start(
+    pytester: pytest.Pytester, args: list[str], ini: str, names: list[str]
+) -> None:
+    pytester.makepyfile(TESTS)
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert len(errors) == 1, result.errlines
+    for name in names:
+        assert name in errors[0], errors[0]
+    assert "passed" not in result.stdout.str() and "Traceback" not in result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--devplug-backend", "bogus"], ["--devplug-timeout", "soon"]],
+)
+def test_bad_command_line_value_is_refused_by_the_parser(pytester: pytest.Pytester, args: list[str]) -> None:
+    pytester.makepyfile(TESTS)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert any(args[0] in line and args[1] in line for line in result.errlines), result.errlines
+
+
+def test_settings_are_parsed_once(pytester: pytest.Pytester) -> None:
+    """Header, disruptive setup and fixture read the one object ``pytest_configure`` made."""
+    pytester.makeconftest(
+        """
+import pytest_devplug.plugin as plugin
+
+calls = []
+real = plugin.settings_from_config
+
+def counting(config):
+    calls.append(1)
+    return real(config)
+
+plugin.settings_from_config = counting
+
+def pytest_unconfigure(config):
+    print("settings parsed", len(calls), "time(s)")
+"""
+    )
+    pytester.makepyfile(TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--devplug-reregistration-timeout", "5")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*settings parsed 1 time(s)*"])
+
+
+def test_reregistration_bound_is_never_below_the_timeout(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+def test_bounds(devplug_settings):
+    opts = devplug_settings.backend_options
+    assert (opts.timeout, opts.reregistration_timeout) == (60.0, 60.0)
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--devplug-timeout", "60")
+    result.assert_outcomes(passed=1)

@@ -1,0 +1,179 @@
+"""The embedded control plane (``SimCluster``) against the real one (``ApiCluster`` on kube-apiserver, kube-scheduler
+and kube-controller-manager v1.34): the same steps on both, and what a user sees must be the same.
+
+The API-facing scenarios: pod validation and the extended-resource limits table, scheduling and its messages,
+node status, events, admission failures. A drift in ``sim/apiserver.py`` or ``sim/scheduler.py`` fails here;
+where the two differ, the real one is right. Runs in every ``nox -s tests`` (no Docker): the binaries come from
+the same resolution as ``--devplug-control-plane real`` (``nox -s tests`` fills the cache first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from pytest_devplug.controlplane import BinariesNotFoundError, ControlPlane, resolve
+from pytest_devplug.controlplane.binaries import build
+from pytest_devplug.sim.apicluster import ApiCluster
+from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.clusterapi import ClusterApi
+from pytest_devplug.sim.errors import ApiError
+
+from ._helpers import GPU, allocatable, phase, pod, start_gpu_node, wait_for
+
+Sides = dict[str, ClusterApi]
+
+
+@pytest.fixture(scope="module")
+def control_plane() -> Iterator[ControlPlane]:
+    try:
+        found = resolve(download=False)
+    except BinariesNotFoundError:
+        found = build()  # the offline kind build's Go-module build, cached (nox -s tests runs it first)
+    with ControlPlane(found) as cp:
+        yield cp
+
+
+@pytest.fixture
+def sides(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Sides]:
+    client = control_plane.client()
+    try:
+        with SimCluster() as embedded, ApiCluster(client, timeout=20) as real:
+            yield {"embedded": embedded, "real": real}
+    finally:
+        core = kubernetes.client.CoreV1Api(client)
+        core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+        core.delete_collection_namespaced_event("default")
+        client.close()
+
+
+def _same(sides: Sides, what: str, observe: Callable[[ClusterApi], Any]) -> Any:
+    seen = {name: observe(c) for name, c in sides.items()}
+    assert seen["embedded"] == seen["real"], f"{what} differs: embedded {seen['embedded']!r}, real {seen['real']!r}"
+    return seen["real"]
+
+
+def _outcome(c: ClusterApi, manifest: dict[str, Any]) -> tuple[Any, ...]:
+    try:
+        created = c.create_pod(manifest)
+    except ApiError as exc:
+        return ("refused", exc.status, exc.reason, exc.message)
+    return ("created", created["spec"]["containers"][0]["resources"])
+
+
+LIMITS_TABLE = [
+    ("limit-only", pod("limit-only", 1)),
+    ("requests-only", pod("requests-only", None, requests=1)),
+    ("unequal", pod("unequal", 1, requests=2)),
+    ("non-integer", pod("non-integer", "500m")),
+    ("fraction", pod("fraction", "1.5")),
+    ("zero", pod("zero", 0)),
+    ("leading-space", pod("leading-space", " 1")),
+    ("trailing-newline", pod("trailing-newline", "1\n")),
+    ("not-a-quantity", pod("not-a-quantity", "two")),
+]
+
+
+def test_pod_validation_and_the_limits_table(sides: Sides) -> None:
+    for name, manifest in LIMITS_TABLE:
+        _same(sides, f"the API server's answer to {name}", lambda c: _outcome(c, manifest))
+    _same(sides, "a second pod of the same name", lambda c: _outcome(c, pod("limit-only", 1)))
+
+
+def test_node_names_are_validated(sides: Sides) -> None:
+    def add(c: ClusterApi) -> tuple[Any, ...]:
+        try:
+            c.add_node("Bad_Name")
+        except ApiError as exc:
+            return (exc.status, exc.reason, exc.message)
+        return ("added",)
+
+    _same(sides, "the refusal of an invalid node name", add)
+
+
+def _scheduled(c: ClusterApi, name: str) -> tuple[str, str, str, str]:
+    cond = next(x for x in c.get_pod(name)["status"].get("conditions", []) if x["type"] == "PodScheduled")
+    return (c.get_pod(name)["status"]["phase"], cond["status"], cond.get("reason", ""), cond.get("message", ""))
+
+
+def _event(c: ClusterApi, pod_name: str, reason: str) -> tuple[str, str, str]:
+    ev = wait_for(
+        lambda: [e for e in c.events(namespace="default", involved_name=pod_name) if e["reason"] == reason],
+        bool, f"a {reason} event of {pod_name}",
+    )  # fmt: skip
+    return (ev[-1]["type"], ev[-1]["reason"], ev[-1]["message"])
+
+
+def test_scheduling_insufficient_then_bound_when_freed(sides: Sides, tmp_path: Path) -> None:
+    for name, c in sides.items():
+        start_gpu_node(c, "node-1", tmp_path / f"{name}.json", 1)
+        c.create_pod(pod("a", 1))
+        wait_for(lambda: phase(c, "a"), lambda v: v == "Running", f"{name}: a running")
+        c.create_pod(pod("b", 1))
+    wait_for(lambda: _scheduled(sides["real"], "b")[1], lambda v: v == "False", "real: b unschedulable")
+    _same(sides, "the unschedulable pod's PodScheduled condition", lambda c: _scheduled(c, "b"))
+    _same(sides, "the FailedScheduling event", lambda c: _event(c, "b", "FailedScheduling"))
+    for name, c in sides.items():
+        c.delete_pod("a")
+        wait_for(lambda: phase(c, "b"), lambda v: v == "Running", f"{name}: b running once a is gone")
+    _same(sides, "the Scheduled event", lambda c: _event(c, "b", "Scheduled"))
+
+
+def test_scheduling_messages_for_taints_and_selectors(sides: Sides, tmp_path: Path) -> None:
+    taint = {"key": "gpu", "value": "true", "effect": "NoSchedule"}
+    for name, c in sides.items():
+        start_gpu_node(c, "tainted", tmp_path / f"{name}-t.json", 1, taints=[taint])
+        start_gpu_node(c, "pool-b", tmp_path / f"{name}-b.json", 1, labels={"pool": "b"})
+        c.create_pod(pod("nowhere", 1, nodeSelector={"pool": "c"}))
+        c.create_pod(pod("too-many", 2))
+    for p in ("nowhere", "too-many"):
+        wait_for(lambda: _scheduled(sides["real"], p)[1], lambda v: v == "False", f"real: {p} unschedulable")
+        _same(sides, f"why {p} is not scheduled", lambda c: _scheduled(c, p))
+    _same(sides, "where a selected pod goes", lambda c: c.create_pod(pod("sel", 1, nodeSelector={"pool": "b"}))["spec"].get("nodeName"))
+
+
+def test_node_status_follows_the_device_manager(sides: Sides, tmp_path: Path) -> None:
+    nodes = {name: start_gpu_node(c, "node-1", tmp_path / f"{name}.json", 2) for name, c in sides.items()}
+    _same(sides, "capacity/allocatable after registration", lambda c: allocatable(c, "node-1"))
+    _same(sides, "the node's labels", lambda c: c.get_node("node-1")["metadata"]["labels"])
+    for name, node in nodes.items():
+        node.plugin().stop()
+        wait_for(lambda: allocatable(sides[name], "node-1"), lambda v: v == ("2", "0"), f"{name}: 2/0 after the plugin stopped")
+    _same(sides, "capacity/allocatable once the plugin is gone", lambda c: allocatable(c, "node-1"))
+    _same(sides, "the Ready condition", lambda c: [(x["type"], x["status"], x["reason"]) for x in c.get_node("node-1")["status"]["conditions"]])
+
+
+def test_kubelet_events_and_admission_failures(sides: Sides, tmp_path: Path) -> None:
+    for name, c in sides.items():
+        start_gpu_node(c, "node-1", tmp_path / f"{name}.json", 1)
+        c.create_pod(pod("ok", 1))
+        wait_for(lambda: phase(c, "ok"), lambda v: v == "Running", f"{name}: ok running")
+        c.create_pod(pod("pinned", 2, node_name="node-1"))
+        wait_for(lambda: phase(c, "pinned"), lambda v: v == "Failed", f"{name}: pinned rejected")
+    _same(sides, "the kubelet's events of a started pod", lambda c: [_event(c, "ok", r) for r in ("Created", "Started")])
+
+    def rejection(c: ClusterApi) -> tuple[Any, ...]:
+        st = c.get_pod("pinned")["status"]
+        return (st["phase"], st.get("reason"), st.get("message"), _event(c, "pinned", st.get("reason", "")))
+
+    _same(sides, "the admission failure of a pod bound past the scheduler", rejection)
+    _same(sides, "deleting a pod that is not there", lambda c: _outcome_of(lambda: c.delete_pod("nope")))
+
+
+def _outcome_of(fn: Callable[[], Any]) -> tuple[Any, ...]:
+    try:
+        fn()
+    except ApiError as exc:
+        return (exc.status, exc.reason, exc.message)
+    return ("ok",)
+
+
+def test_resource_name_is_listed_on_the_real_node(sides: Sides, tmp_path: Path) -> None:
+    """What a person sees with kubectl: the Node object carries the device plugin's resource."""
+    start_gpu_node(sides["real"], "node-1", tmp_path / "s.json", 2)
+    node = sides["real"].get_node("node-1")
+    assert (node["status"]["capacity"][GPU], node["status"]["allocatable"][GPU]) == ("2", "2")
