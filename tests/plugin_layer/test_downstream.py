@@ -283,6 +283,7 @@ FAULT_TESTS = (
     "test_device_turning_unhealthy_under_running_pod",
     "test_removed_and_added_devices_change_capacity",
     "test_failing_allocate_fails_the_pod",
+    "test_health_reported_after_kubelet_and_plugin_restarts",
 )
 #: Conformance tests that cannot apply to the widget plugin whatever its conftest, and the reason each gives.
 OTHER_SKIPS = {
@@ -297,7 +298,7 @@ OTHER_SKIPS = {
     "test_application_xids_leave_the_gpu_healthy": "convention check 'nvml-xid'",
 }
 EXPECTED_SKIPS = {**{t: "needs a fault injector" for t in FAULT_TESTS}, **OTHER_SKIPS}
-SUITE_SIZE = 31
+SUITE_SIZE = 41
 
 
 @pytest.fixture
