@@ -39,6 +39,7 @@ def test_public_exception_is_a_devplug_error_from_the_errors_module(exc: type[Ba
         ("pytest_devplug.sim.errors", "SimError"),
         ("pytest_devplug.sim.checkpoint", "CheckpointError"),
         ("pytest_devplug.nvml.probe", "NvmlError"),
+        ("pytest_devplug.controlplane.errors", "ControlPlaneError"),
     ],
 )
 def test_old_import_paths_still_work_and_share_the_root(module: str, name: str) -> None:

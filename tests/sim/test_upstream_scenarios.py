@@ -14,9 +14,9 @@ import pytest
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.devicemanager import DeviceManager
 
-from _helpers import GPU, allocatable, pod, pod_resources, start_gpu_node, wait_for
-from conftest import GPU as FAKE_RESOURCE
-from conftest import DmWaiter, FakePlugin
+from ._helpers import GPU, allocatable, pod, pod_resources, start_gpu_node, wait_for
+from .dm_helpers import GPU as FAKE_RESOURCE
+from .dm_helpers import DmWaiter, FakePlugin
 
 Make = Callable[..., tuple[DeviceManager, DmWaiter]]
 

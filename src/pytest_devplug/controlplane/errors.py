@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from ..errors import DevplugError
+
 __all__ = ["BinariesNotFoundError", "ComponentFailedError", "ControlPlaneError"]
 
 
-class ControlPlaneError(Exception):
+class ControlPlaneError(DevplugError):
     """The real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) failed."""
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_fakes import FakeClaims, FakeDriver, FakeWiper, remove_root, short_root
+from .dra_fakes import FakeClaims, FakeDriver, FakeWiper, remove_root, short_root
 
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.manager import DRAManager

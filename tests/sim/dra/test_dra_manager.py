@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from dra_fakes import FakeClaims, FakeDriver, device, pod
+from .dra_fakes import FakeClaims, FakeDriver, device, pod
 
 from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
 from pytest_devplug.sim.dra import checkpoint as cp

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dra_fakes import FakeDriver, FakeWiper, pod
+from .dra_fakes import FakeDriver, FakeWiper, pod
 
 from pytest_devplug.waiting import wait_for
 

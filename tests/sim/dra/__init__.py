@@ -1,0 +1,1 @@
+"""DRA-layer tests: the kubelet's DRA side against fake drivers."""
