@@ -6,6 +6,7 @@ a ``conftest.py`` needs to point the fixtures at its own plugin (:class:`PluginS
 
 from .assertions import (
     assert_allocatable,
+    assert_devices_unhealthy,
     assert_allocate_injections,
     assert_checkpoint_survives_kubelet_restart,
     assert_gpu_limit_rules,
@@ -46,6 +47,7 @@ from .waiting import WaitTimeout, wait_for
 
 __all__ = [
     "assert_allocatable",
+    "assert_devices_unhealthy",
     "assert_allocate_injections",
     "assert_checkpoint_survives_kubelet_restart",
     "assert_gpu_limit_rules",

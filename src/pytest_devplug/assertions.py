@@ -22,6 +22,7 @@ from .waiting import WaitTimeout, wait_for
 __all__ = [
     "assert_registered",
     "assert_allocatable",
+    "assert_devices_unhealthy",
     "assert_gpu_limit_rules",
     "assert_limit_rules",
     "assert_allocate_injections",
@@ -161,7 +162,7 @@ def assert_registered(
             ok,
             timeout=node.timeout if timeout is None else timeout,
             what=f"{res} registered",
-            give_up=lambda: plugin.exited() or refused(),
+            give_up=lambda: plugin.crashed() or refused(),
         )
     except WaitTimeout as exc:
         exited = plugin.exited()
@@ -171,7 +172,7 @@ def assert_registered(
             f"expected resource {res} registered on node {node.name} with capacity "
             f"{count if count is not None else '> 0'}; saw (capacity, allocatable) = {exc.last}{stopped}{running}"
             + _registration_hint(node, res)
-            + _unreached_hint(node)
+            + ("" if plugin.exit_cause() else _unreached_hint(node))  # it said why: no guessing
             + _kubelet_lines(node, res, "egist"),
             node,
         ) from None
@@ -183,16 +184,65 @@ def assert_allocatable(
 ) -> None:
     """The node's allocatable (and, if given, capacity) of the plugin's resource settle at these values.
 
-    Capacity counts every device the plugin lists; allocatable only the healthy ones.
+    Capacity counts every device the plugin lists; allocatable only the healthy ones. Stops at once when
+    the plugin process exited without the test stopping it.
     """
     node, res = plugin.node, plugin.resource_name
     try:
-        node.wait_counts(res, capacity=capacity, allocatable=allocatable, timeout=timeout)
+        node.wait_counts(res, capacity=capacity, allocatable=allocatable, timeout=timeout, give_up=plugin.crashed)
     except WaitTimeout as exc:
         raise _fail(
             f"expected {res} on node {node.name}: allocatable {allocatable}"
             + (f", capacity {capacity}" if capacity is not None else "")
-            + f"; saw (capacity, allocatable) = {exc.last}",
+            + f"; saw (capacity, allocatable) = {exc.last}"
+            + (f"; stopped early: {exc.reason}" if exc.reason else ""),
+            node,
+        ) from None
+
+
+def assert_devices_unhealthy(
+    plugin: PluginHandle,
+    gone: Iterable[str],
+    *,
+    capacity: int,
+    cause: str,
+    kept: Iterable[str] = (),
+    timeout: float | None = None,
+) -> None:
+    """Every device in ``gone`` leaves the allocatable devices (and the count drops by exactly that many,
+    capacity staying ``capacity``), every device in ``kept`` stays; ``cause`` says what happened to them.
+
+    A fault of a GPU must reach every device the plugin backs with it (replicas, MIG devices, MPS shares):
+    on failure the message names each one still Healthy. Stops at once when the plugin process exited.
+    """
+    node, res = plugin.node, plugin.resource_name
+    gone, kept = sorted(set(gone)), sorted(set(kept))
+    want = capacity - len(gone)
+
+    def probe() -> tuple[tuple[int | None, int | None], list[str]]:
+        return node.counts(res), node.device_ids(res)
+
+    def ok(seen: tuple[tuple[int | None, int | None], list[str]]) -> bool:
+        (cap, alloc), ids = seen
+        return cap == capacity and alloc == want and not set(gone) & set(ids) and set(kept) <= set(ids)
+
+    try:
+        wait_for(probe, ok, timeout=node.timeout if timeout is None else timeout, what=f"{gone} Unhealthy",
+                 give_up=plugin.crashed)  # fmt: skip
+    except WaitTimeout as exc:
+        counts, ids = exc.last if exc.last is not None else ((None, None), [])
+        healthy = [d for d in gone if d in ids]
+        lost = [d for d in kept if d not in ids]
+        problems = []
+        if healthy:
+            problems.append(f"still Healthy (allocatable): {healthy}")
+        if lost:
+            problems.append(f"Unhealthy though it should not be: {lost}")
+        raise _fail(
+            f"{cause}: expected every device it backs Unhealthy ({gone}), so {res} on node {node.name} at "
+            f"allocatable {want}, capacity {capacity}; saw (capacity, allocatable) = {counts}"
+            + (f"; {'; '.join(problems)}" if problems else "")
+            + (f"; stopped early: {exc.reason}" if exc.reason else ""),
             node,
         ) from None
 
@@ -428,7 +478,7 @@ def assert_checkpoint_survives_kubelet_restart(
             lambda a: a > 0,
             timeout=t,
             what="re-registration",
-            give_up=plugin.exited,
+            give_up=plugin.crashed,
         )
     except WaitTimeout:
         pass  # reported below together with the checkpoint comparison
@@ -470,7 +520,7 @@ def assert_reregisters_after_kubelet_restart(
             capacity=want,
             allocatable=want,
             timeout=node.reregistration_timeout if timeout is None else timeout,
-            give_up=plugin.exited,
+            give_up=plugin.crashed,
         )
     except WaitTimeout as exc:
         raise _fail(

@@ -222,6 +222,19 @@ def _nvml_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nvml_lib(args: argparse.Namespace) -> int:
+    """Print the mock library's path (building it at first use), so a plugin can be pointed at it by hand."""
+    from .nvml import MockBuildError, mock_library
+
+    try:
+        lib = mock_library()
+    except MockBuildError as exc:
+        print(f"devplug nvml lib: {exc}", file=sys.stderr)
+        return 2
+    print(lib.parent if args.dir else lib)
+    return 0
+
+
 def _add_nvml_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     nvml = sub.add_parser("nvml", help="the NVML library a GPU plugin sees (real or the mock)")
     nvmls = nvml.add_subparsers(dest="action", required=True)
@@ -236,6 +249,15 @@ def _add_nvml_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     which.add_argument("--mock", metavar="STATE", help="probe the mock library on this mock-state file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_nvml_probe)
+    lib = nvmls.add_parser(
+        "lib",
+        help="print the path of the mock libnvidia-ml.so.1 (built at first use)",
+        description="Print the mock library's path, e.g. devplug-gpu-plugin --nvml mock --nvml-lib \"$(devplug nvml "
+        "lib)\" --mock-state STATE, or LD_LIBRARY_PATH=\"$(devplug nvml lib --dir)\" DEVPLUG_NVML_STATE=STATE for "
+        "another NVML plugin.",
+    )
+    lib.add_argument("--dir", action="store_true", help="print its directory (for LD_LIBRARY_PATH) instead")
+    lib.set_defaults(func=_nvml_lib)
 
 
 def build_parser() -> argparse.ArgumentParser:

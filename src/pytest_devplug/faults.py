@@ -18,7 +18,7 @@ from .errors import FaultNotSupportedError
 if TYPE_CHECKING:
     from .handles import PluginHandle
 
-__all__ = ["FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT"]
+__all__ = ["FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT", "fault_domain"]
 
 #: What a ``devplug_faults`` fixture must return, in one line (quoted by skips and errors).
 CONTRACT = (
@@ -59,40 +59,64 @@ class FaultInjector(Protocol):
         ...
 
 
+def fault_domain(injector: FaultInjector, device_id: str) -> list[str]:
+    """The devices a fault made through ``device_id`` reaches (sorted): all the devices backed by the same
+    hardware (replicas of one GPU), where the injector knows it (a ``fault_domain(id)`` method), else just
+    ``device_id`` (an injector of a conftest faults exactly the device it is given)."""
+    domain = getattr(injector, "fault_domain", None)
+    return sorted(domain(device_id)) if callable(domain) else [device_id]
+
+
 class _OnMockState:
-    """An injector that acts through the plugin's mock-NVML state (``PluginHandle.mock``)."""
+    """An injector that acts through the plugin's mock-NVML state (``PluginHandle.mock``).
+
+    It speaks the plugin's device IDs: each is mapped to the mock GPU backing it
+    (:mod:`pytest_devplug.backing`), and a fault of that GPU reaches every device it backs.
+    """
 
     def __init__(self, plugin: PluginHandle) -> None:
+        self._plugin = plugin
         self._mock = plugin.mock
 
     @property
     def device_ids(self) -> list[str]:
-        return self._mock.uuids
+        return self._plugin.node.device_ids(self._plugin.resource_name)
+
+    def _gpu(self, device_id: str) -> str:
+        try:
+            return self._mock.backing_gpu(device_id)
+        except LookupError as exc:
+            raise FaultNotSupportedError(f"cannot tell which mock GPU to fault: {exc}") from None
+
+    def fault_domain(self, device_id: str) -> list[str]:
+        """The plugin's devices backed by the same mock GPU as ``device_id`` (itself included)."""
+        gpu = self._gpu(device_id)
+        return sorted({device_id, *self._mock.backed_devices().get(gpu, [])})
 
 
 class MockNvmlFaults(_OnMockState):
     """The contract on the mock NVML: edits the mock-state JSON (``lost``, ``fail_allocate``, ``gpus``).
 
     Unhealthy is a lost GPU (not an Xid) so that :meth:`set_healthy` can undo it: the included
-    plugin's health policy keeps a GPU with a critical Xid Unhealthy until it is reset.
+    plugin's health policy keeps a GPU with a critical Xid Unhealthy until it is reset. Removing a
+    device removes the GPU backing it, with every device it backs.
     """
 
-
     def set_unhealthy(self, device_id: str) -> None:
-        self._mock.set_lost(device_id)
+        self._mock.set_lost(self._gpu(device_id))
 
     def set_healthy(self, device_id: str) -> None:
-        self._mock.set_usable(device_id)
+        self._mock.set_usable(self._gpu(device_id))
 
     def fail_allocate(self, device_id: str | None = None) -> None:
-        for uuid in self._mock.uuids if device_id is None else [device_id]:
+        for uuid in self._mock.uuids if device_id is None else [self._gpu(device_id)]:
             self._mock.fail_allocate(uuid)
 
     def add_device(self) -> str:
         return self._mock.add_gpu(numa_node=0)
 
     def remove_device(self, device_id: str) -> None:
-        self._mock.remove_gpu(device_id)
+        self._mock.remove_gpu(self._gpu(device_id))
 
 
 class NvmlXidFaults(_OnMockState):
@@ -103,12 +127,22 @@ class NvmlXidFaults(_OnMockState):
     or none NVML plugins agree on, so they raise :class:`FaultNotSupportedError` saying why (the tests
     needing them skip, quoting it): NVML reports no recovery, and NVIDIA's plugin keeps a GPU Unhealthy
     after a critical Xid until it restarts; NVML has no hot-plug event, and NVIDIA's plugin enumerates
-    GPUs once at start; ``fail_allocate`` is read by the included plugin only.
+    GPUs once at start; ``fail_allocate`` is read by the included plugin only. Health monitoring itself
+    is the ``nvml-xid`` convention: for a plugin that does not declare it (``xid_health=False``), an Xid
+    proves nothing and :meth:`set_unhealthy` raises :class:`FaultNotSupportedError` too.
     """
 
+    def __init__(self, plugin: PluginHandle, *, xid_health: bool = True) -> None:
+        super().__init__(plugin)
+        self._xid_health = xid_health
 
     def set_unhealthy(self, device_id: str) -> None:
-        self._mock.inject_xid(device_id, 79)
+        if not self._xid_health:
+            raise FaultNotSupportedError(
+                "on the mock NVML a device turns unhealthy through a critical Xid, and the plugin under test does "
+                "not declare NVML health monitoring (--devplug-conventions nvml-xid)"
+            )
+        self._mock.inject_xid(self._gpu(device_id), 79)
 
     def set_healthy(self, device_id: str) -> None:
         raise FaultNotSupportedError(

@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import backing
+from .crash import fatal_lines, last_error_line, start_failure
 from .backends import mockstate
 from .backends.base import (
     DEFAULT_REREGISTRATION_TIMEOUT,
@@ -182,6 +184,16 @@ class MockNvml:
     def uuids(self) -> list[str]:
         return [str(g["uuid"]) for g in self.state["gpus"]]
 
+    def backing_gpu(self, device_id: str) -> str:
+        """The mock GPU's UUID that backs the plugin's ``device_id`` (a UUID, ``<uuid>::<n>``, ``nvidia<minor>``);
+        raises :class:`~pytest_devplug.backing.UnknownBackingError` when no single mock GPU does."""
+        return backing.backing_gpu(device_id, self.state["gpus"])
+
+    def backed_devices(self, device_ids: list[str] | None = None) -> dict[str, list[str]]:
+        """Mock GPU UUID -> the device IDs it backs, of ``device_ids`` (default: the plugin's allocatable ones)."""
+        ids = self._plugin.node.device_ids(self._plugin.resource_name) if device_ids is None else device_ids
+        return backing.backed_devices(ids, self.state["gpus"])
+
     def numa_of(self, uuid: str) -> int | None:
         for g in self.state["gpus"]:
             if g["uuid"] == uuid:
@@ -250,6 +262,8 @@ class PluginHandle:
         self.node = node
         self.spec = spec
         self._changes = PluginChanges() if changes is None else changes
+        #: stop()/kill() was called and no start() since: an exit then is the test's doing, not a crash.
+        self.stopped = False
 
     def mark_changed(self, *, devices: bool = False) -> None:
         """Tell the deployment this plugin is no longer as deployed (``devices``: its devices changed too)."""
@@ -296,14 +310,17 @@ class PluginHandle:
 
     def stop(self) -> None:
         self.mark_changed()
+        self.stopped = True
         self.backend.stop_plugin(self.node.name)
 
     def kill(self) -> None:
         self.mark_changed()
+        self.stopped = True
         self.backend.kill_plugin(self.node.name)
 
     def start(self) -> None:
         self.mark_changed()
+        self.stopped = False
         self.backend.start_plugin(self.node.name)
 
     def restart(self) -> None:
@@ -316,10 +333,23 @@ class PluginHandle:
         how = self.backend.plugin_exit(self.node.name)
         if how is None:
             return None
-        tail = [ln for ln in self.log().splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
-        return f"the plugin process {how}; " + (
-            "last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty"
+        log = self.log()
+        cause = _exit_cause(log)
+        tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
+        return (
+            f"the plugin process {how}; "
+            + (f"{cause}; " if cause else "")
+            + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
         )
+
+    def exit_cause(self) -> str | None:
+        """What the exited plugin said about why (its fatal lines, else its last error line); ``None`` while it
+        runs or when it said nothing of the kind."""
+        return None if self.backend.plugin_exit(self.node.name) is None else _exit_cause(self.log())
+
+    def crashed(self) -> str | None:
+        """:meth:`exited`, unless the test stopped or killed the plugin itself: a wait's ``give_up``."""
+        return None if self.stopped else self.exited()
 
     def wait_ready(self, count: int | None = None, timeout: float | None = None) -> None:
         """Wait until the node lists the resource as allocatable (``count`` of them, or at least one);
@@ -335,17 +365,53 @@ class PluginHandle:
                 ok,
                 timeout=self.node.timeout if timeout is None else timeout,
                 what=f"{res} allocatable on {self.node.name}",
-                give_up=self.exited,
+                give_up=self.crashed,
             )
         except WaitTimeout as exc:
-            from .evidence import DevplugAssertionError, collect_evidence
-
-            raise DevplugAssertionError(
+            raise self._not_ready(
                 f"plugin for {res} did not become ready on node {self.node.name}: expected allocatable "
-                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}"
-                + (f"; {exc.reason}" if exc.reason else ""),
-                collect_evidence(self.backend, self.node.name),
+                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}", exc
             ) from None
+
+    def _not_ready(self, message: str, exc: WaitTimeout[Any]) -> AssertionError:
+        from .evidence import DevplugAssertionError, collect_evidence
+
+        why = f"; {exc.reason}" if exc.reason else ""
+        return DevplugAssertionError(message + why, collect_evidence(self.backend, self.node.name))
+
+    def wait_listed(self, timeout: float | None = None) -> None:
+        """Wait until the plugin is ready as deployed: some devices allocatable and, on the mock NVML, a device
+        for every mock GPU that answers NVML — however many devices per GPU the plugin lists (replicas, MIG).
+        When a device ID names no mock GPU, any non-empty listing is ready."""
+        self.wait_ready(None, timeout)
+        if not self.spec.mock:
+            return
+        mock = self.mock
+
+        def unlisted() -> list[str]:
+            try:
+                backed = mock.backed_devices()
+            except backing.UnknownBackingError:
+                return []
+            lost = {str(g["uuid"]) for g in mock.state["gpus"] if g.get("lost")}
+            return [uuid for uuid, ids in backed.items() if not ids and uuid not in lost]
+
+        try:
+            wait_for(unlisted, lambda missing: not missing, timeout=self.node.timeout if timeout is None else timeout,
+                     what=f"a {self.resource_name} device for every mock GPU", give_up=self.crashed)  # fmt: skip
+        except WaitTimeout as exc:
+            raise self._not_ready(
+                f"plugin for {self.resource_name} on node {self.node.name} lists no allocatable device backed by the "
+                f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)", exc
+            ) from None
+
+
+def _exit_cause(log: str) -> str | None:
+    fatal = fatal_lines(log)
+    if fatal:
+        return "fatal: " + " | ".join(fatal)
+    error = last_error_line(log)
+    return f"last error: {error}" if error else None
 
 
 #: Pod phases a pod never leaves.
@@ -502,7 +568,9 @@ class PodHandle:
             return seen[0]
 
         def terminal() -> str | None:
-            return f"the pod is {seen[0]}, a terminal phase" if seen and seen[0] in TERMINAL_PHASES else None
+            if seen and seen[0] in TERMINAL_PHASES:
+                return f"the pod is {seen[0]}, a terminal phase"
+            return start_failure(self.obj) if seen and seen[0] == "Pending" else None
 
         try:
             return wait_for(
@@ -512,8 +580,9 @@ class PodHandle:
                 what=f"pod {self.namespace}/{self.name} phase in {phases}",
                 give_up=terminal,
             )
-        except WaitTimeout:
-            raise self._failure(f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}") from None
+        except WaitTimeout as exc:
+            stopped = f"; stopped early: {exc.reason}" if exc.reason else ""
+            raise self._failure(f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}{stopped}") from None
 
     def wait_running(self, timeout: float | None = None) -> PodHandle:
         self.wait_phase("Running", timeout=timeout)

@@ -21,6 +21,7 @@ import os
 import shlex
 import sys
 import time
+import warnings
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,8 @@ __all__ = [
     "GRACE_PERIOD_MARKER",
     "CONVENTION_MARKER",
     "CONVENTIONS",
+    "DevplugWarning",
+    "PluginNotReadyError",
 ]
 
 #: The node the default fixtures deploy on.
@@ -74,6 +77,8 @@ CONVENTIONS: dict[str, str] = {
     "ids-visible": "every assigned device ID appears in what Allocate injected, and no other device's ID does",
     "nvidia-env": "NVIDIA_VISIBLE_DEVICES lists the assigned IDs and /dev/nvidia<minor> is injected (NVIDIA's envvar strategy)",
     "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
+    "nvml-xid": "on the mock NVML, a critical Xid makes every device backed by that GPU Unhealthy and the "
+    "application-error Xids leave it Healthy (NVML health monitoring)",
 }
 
 #: Values of ``--devplug-control-plane``.
@@ -97,6 +102,8 @@ class DevplugSettings:
     included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
     #: Whether @devplug_disruptive tests run (cluster backend: only with --devplug-allow-disruptive).
     allow_disruptive: bool = True
+    #: Device nodes the node under test has (``--devplug-device-nodes``; sim: stubs in the plugin's namespace).
+    device_nodes: tuple[str, ...] = ()
     #: Seconds the long-lived connection check holds its registration (``--devplug-soak``; 0: off).
     soak: float = DEFAULT_SOAK_S
 
@@ -202,6 +209,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "seconds the long-lived connection check holds one registration of a second copy of the plugin on a node "
         "of its own, overlapped with the other checks (0 switches the check off)",
         {"type": float, "default": DEFAULT_SOAK_S},
+    ),
+    (
+        "device-nodes",
+        "sim: device nodes the node has, comma-separated (e.g. /dev/ttyS0,/dev/widget0), for a plugin that scans "
+        "/dev: stub character devices in the private mount namespace of a plugin started without {plugin_dir} "
+        "(a mock-NVML node has the GPU's /dev/nvidia* anyway)",
+        {},
     ),
     (
         "report",
@@ -396,7 +410,16 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         included_plugin=not custom,
         allow_disruptive=allow_disruptive,
         soak=_number(config, "devplug_soak", float),
+        device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
     )
+
+
+def _device_nodes(value: Any) -> tuple[str, ...]:
+    nodes = tuple(n.strip() for n in str(value or "").split(",") if n.strip())
+    bad = [n for n in nodes if not n.startswith("/dev/") or ".." in n.split("/") or n == "/dev/"]
+    if bad:
+        raise pytest.UsageError(f"devplug_device_nodes = {value!r}: {', '.join(bad)}: want absolute paths under /dev")
+    return nodes
 
 
 def get_settings(config: pytest.Config) -> DevplugSettings:
@@ -584,10 +607,34 @@ def devplug_cluster(pytestconfig: pytest.Config, devplug_settings: DevplugSettin
 
 
 @pytest.fixture(scope="session")
-def devplug_node(devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec) -> NodeHandle:
+def devplug_node(
+    devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec, devplug_settings: DevplugSettings
+) -> NodeHandle:
     """The node (a NodeHandle) the plugin under test runs on."""
-    spec = NodeSpec(NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1), resource_name=devplug_plugin_spec.resource_name)
+    spec = NodeSpec(
+        NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1), resource_name=devplug_plugin_spec.resource_name,
+        device_nodes=devplug_settings.device_nodes,
+    )  # fmt: skip
     return devplug_cluster.ensure_node(spec)
+
+
+class DevplugWarning(UserWarning):
+    """Something the kubelet accepts but that is almost surely a plugin bug (shown in pytest's warnings summary)."""
+
+
+def _warn_odd_ids(resource: str, ids: list[str]) -> None:
+    """Device IDs with control characters (e.g. ``'\\x00'`` from Go's ``string(uint)``): the kubelet takes them,
+    ``kubectl`` and logs show them garbled; a warning, not a failure."""
+    odd = [i for i in ids if any(ord(c) < 32 or ord(c) == 127 for c in i)]
+    if odd:
+        warnings.warn(
+            DevplugWarning(f"{resource}: device IDs with control characters: {odd!r} (of {len(ids)} listed)"),
+            stacklevel=2,
+        )
+
+
+class PluginNotReadyError(AssertionError):
+    """The plugin under test did not come up in an earlier test's set-up; that test's report has the details."""
 
 
 class _Deployment:
@@ -601,6 +648,7 @@ class _Deployment:
         self.baseline: tuple[int | None, int | None] = (None, None)
         self.ready = False
         self.failure: AssertionError | None = None
+        self.failed_in = ""  # the test whose set-up reported the failure, in full
         self._changes = PluginChanges()
 
     def started(self) -> PluginHandle:
@@ -615,20 +663,27 @@ class _Deployment:
         """An injector was handed out; one of a conftest does not report its changes, so assume it made some."""
         self._changes.note(devices=True)
 
-    def get(self) -> PluginHandle:
+    def get(self, test: str = "") -> PluginHandle:
         if self.failure is not None:
-            # Do not wait again in every test for a plugin that never came up: same verdict at once.
-            raise self.failure
+            # Do not wait again in every test for a plugin that never came up, nor repeat the whole report:
+            # one root cause, reported once; the tests after it fail at once pointing there.
+            first = str(self.failure).splitlines()[0] if str(self.failure) else type(self.failure).__name__
+            raise PluginNotReadyError(
+                f"the plugin under test did not come up (reported in full in {self.failed_in or 'an earlier test'}): "
+                f"{first[:300]}"
+            )
         handle = self.started()
         if not self.ready:
             try:
-                assert_registered(handle, count=self.spec.gpus if self.spec.mock else None)
-                handle.wait_ready(self.spec.gpus if self.spec.mock else None)
+                # The kubelet's capacity is whatever ListAndWatch lists (replicas, MIG devices): no count demanded.
+                assert_registered(handle)
+                handle.wait_listed()
             except AssertionError as exc:
-                self.failure = exc
+                self.failure, self.failed_in = exc, test
                 raise
             self.ready = True
             self.baseline = self.node.counts(self.spec.resource_name)
+            _warn_odd_ids(self.spec.resource_name, self.node.device_ids(self.spec.resource_name))
         return handle
 
     def reset_if_needed(self) -> None:
@@ -649,9 +704,9 @@ class _Deployment:
         wait until it is back as deployed. Much cheaper than a redeploy on a real cluster, where removing
         a DaemonSet and creating it again waits for pod deletion and kubelet status updates."""
         if not h.running:
-            self.cluster.backend.start_plugin(self.node.name)
+            h.start()  # through the handle: its waits give up on a crash again
         try:
-            h.wait_ready(self.spec.gpus if self.spec.mock else None)
+            h.wait_listed()
         except AssertionError:
             return False
         if self.node.counts(self.spec.resource_name) != self.baseline:
@@ -718,7 +773,7 @@ def devplug_plugin(
             )
     state = _state(request)
     state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
-    handle = _devplug_deployment.get()
+    handle = _devplug_deployment.get(request.node.nodeid)
     yield handle
     # After an interrupt (Ctrl-C, SIGTERM) pytest tears this down at session end, with funcargs already None.
     if "devplug_faults" in (getattr(request.node, "funcargs", None) or {}):
@@ -736,7 +791,9 @@ def devplug_faults(devplug_plugin: PluginHandle, devplug_settings: DevplugSettin
     conftest.py; lives for one test, after which the plugin is redeployed. Without an injector a test
     asking for it skips (``--devplug-missing-faults=fail``: fails)."""
     if devplug_plugin.has_mock:
-        return MockNvmlFaults(devplug_plugin) if devplug_settings.included_plugin else NvmlXidFaults(devplug_plugin)
+        if devplug_settings.included_plugin:
+            return MockNvmlFaults(devplug_plugin)
+        return NvmlXidFaults(devplug_plugin, xid_health="nvml-xid" in devplug_plugin.spec.conventions)
     reason = (
         f"needs a fault injector: the plugin under test ({devplug_plugin.resource_name}) does not read the "
         f"mock-NVML state and no conftest overrides the devplug_faults fixture to return a {CONTRACT}"

@@ -55,7 +55,7 @@ class SoakWatch:
         self.node = node
         self.plugin = self.cluster.deploy(node, self.spec)
         try:
-            self.plugin.wait_ready(self.spec.gpus if self.spec.mock else None)
+            self.plugin.wait_listed()  # what ListAndWatch lists (replicas: more than the mock GPUs)
         except AssertionError as exc:
             self.failed_start = str(exc).splitlines()[0]
             return

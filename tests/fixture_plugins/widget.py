@@ -2,7 +2,9 @@
 directory (``--plugin-dir`` only overrides it). ``--fault`` makes it break the way real plugins do:
 
 * ``allocate-empty``: ``Allocate`` answers with no container responses at all;
-* ``exit-at-start``: prints a reason and exits 3 before serving anything.
+* ``exit-at-start``: prints a reason and exits 3 before serving anything;
+* ``panic-at-start``: dies as a Go plugin does, its fatal line first and then a long goroutine dump (exit 2);
+* ``control-ids``: lists device IDs made of control characters (a ``string(uint)`` bug in Go).
 """
 
 import argparse
@@ -22,16 +24,26 @@ parser.add_argument("--plugin-dir", default="/var/lib/kubelet/device-plugins")
 parser.add_argument("--resource-name", default="example.com/widget")
 parser.add_argument("--count", type=int, default=3)
 parser.add_argument("--retry", action="store_true", help="retry a failed registration every 0.5 s (else exit 1)")
-parser.add_argument("--fault", choices=["none", "allocate-empty", "exit-at-start"], default="none")
+parser.add_argument(
+    "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids"], default="none"
+)
 args = parser.parse_args()
 
 if args.fault == "exit-at-start":
     print("widget: cannot open /dev/widgetctl: no such device", file=sys.stderr, flush=True)
     sys.exit(3)
+if args.fault == "panic-at-start":
+    print("I1201 10:00:00.000000       1 main.go:42] Starting widget plugin", file=sys.stderr)
+    print("panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: address already in use", file=sys.stderr)
+    print("\ngoroutine 1 [running]:", file=sys.stderr)
+    for i in range(60):
+        print(f"main.frame{i}(...)\n\t/src/widget/main.go:{100 + i} +0x{i:x}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.exit(2)
 
 NAME = "widget.sock"
 SOCK, KUBELET = os.path.join(args.plugin_dir, NAME), os.path.join(args.plugin_dir, "kubelet.sock")
-IDS = [f"widget-{i}" for i in range(args.count)]
+IDS = [chr(i) for i in range(args.count)] if args.fault == "control-ids" else [f"widget-{i}" for i in range(args.count)]
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 

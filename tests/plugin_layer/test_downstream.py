@@ -294,8 +294,8 @@ OTHER_SKIPS = {
     "test_convention_numa_packing_fills_one_node_first": "convention check 'numa-packing'",
     "test_single_numa_node_policy_rejects_cross_numa_request": "report no topology",
     "test_prestart_container_called_before_start": "registered with pre_start_required=false",
-    "test_critical_xid_turns_that_gpu_unhealthy": "needs the mock-NVML controls",
-    "test_application_xids_leave_the_gpu_healthy": "needs the mock-NVML controls",
+    "test_critical_xid_turns_that_gpu_unhealthy": "convention check 'nvml-xid'",
+    "test_application_xids_leave_the_gpu_healthy": "convention check 'nvml-xid'",
 }
 EXPECTED_SKIPS = {**{t: "needs a fault injector" for t in FAULT_TESTS}, **OTHER_SKIPS}
 SUITE_SIZE = 41

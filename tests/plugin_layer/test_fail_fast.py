@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug import PluginSpec, assert_registered
+from pytest_devplug import PluginSpec, assert_allocatable, assert_registered
 from pytest_devplug.backends.base import BackendOptions, NodeSpec
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.handles import ClusterHandle, PluginHandle
@@ -114,3 +114,42 @@ def test_refused_registration_stops_the_wait(cluster: ClusterHandle) -> None:
     assert time.monotonic() - start < 10
     assert "stopped early: the kubelet refused the registration" in str(info.value), str(info.value)
     assert plugin.running  # it retries: the kubelet's refusal, not an exit, ended the wait
+
+
+def test_a_crash_quotes_its_fatal_line_not_only_the_tail(cluster: ClusterHandle) -> None:
+    """A Go-style panic (fatal line, then 120 lines of goroutine dump): the message has the fatal line, and no
+    hint about kubelet.sock, which does not apply to a plugin that said why it died."""
+    plugin = deploy(cluster, "--fault", "panic-at-start")
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as info:
+        assert_registered(plugin)
+    assert time.monotonic() - start < 10
+    text = str(info.value)
+    assert "exited with status 2; fatal: panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: " \
+        "address already in use" in text, text
+    assert "never reached kubelet.sock" not in text, text
+
+
+def test_every_wait_gives_up_when_the_plugin_crashed_but_not_when_stopped(cluster: ClusterHandle) -> None:
+    plugin = deploy(cluster)
+    assert_registered(plugin, count=3)
+    plugin.backend.kill_plugin(plugin.node.name)  # a crash, as far as the handle knows
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="stopped early: the plugin process killed by signal 9"):
+        assert_allocatable(plugin, 2, capacity=3)
+    assert time.monotonic() - start < 10
+    plugin.start()
+    assert_allocatable(plugin, 3, capacity=3)
+    plugin.stop()  # the test's own doing: the wait runs until the kubelet saw it
+    assert_allocatable(plugin, 0, capacity=3)
+
+
+def test_plugin_log_has_each_run_once_after_a_restart(cluster: ClusterHandle) -> None:
+    plugin = deploy(cluster)
+    assert_registered(plugin, count=3)
+    plugin.restart()
+    assert_allocatable(plugin, 3, capacity=3)
+    log = plugin.log()
+    starts = [ln for ln in log.splitlines() if ln.startswith("--- start: ")]
+    assert len(starts) == 2, log
+    assert log.count("--- exited: ") == 1, log

@@ -75,6 +75,9 @@ class NodeSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: The resource the node should carry (the cluster backend picks the first node advertising it).
     resource_name: str | None = None
+    #: Device nodes the node has (``/dev/ttyS0``, ...), for plugins that scan ``/dev``: sim makes stub files at
+    #: these paths in the private mount namespace of a plugin started without ``{plugin_dir}``.
+    device_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

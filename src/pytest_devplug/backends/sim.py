@@ -24,7 +24,9 @@ from typing import Any
 import grpc
 
 from ..api.podresources import v1_pb2, v1_pb2_grpc
+from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_env, mock_library
 from ..sim import workdir
+from ..sim.gpunode import gpu_device_nodes, node_file_binds
 from ..waiting import wait_for
 from . import mockstate
 from .base import (
@@ -55,8 +57,6 @@ JSONDict = dict[str, Any]
 def _mock_nvml_env(mock_path: Path) -> dict[str, str]:
     """The mock libnvidia-ml.so.1 for the plugin's process: its directory first on ``LD_LIBRARY_PATH``
     and the state file in ``DEVPLUG_NVML_STATE``, so an NVML plugin in any language loads it."""
-    from ..nvml import MockBuildError, mock_env
-
     try:
         return mock_env(str(mock_path))
     except MockBuildError as exc:
@@ -67,7 +67,6 @@ class _Deployed:
     def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
         self.proc: Any = None
-        self.logs: list[str] = []  # logs of earlier processes of this deployment (restarts)
 
 
 class SimBackend:
@@ -86,6 +85,7 @@ class SimBackend:
         #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
         self.kept: str | None = None
         self._plugins: dict[str, _Deployed] = {}
+        self._device_nodes: dict[str, tuple[str, ...]] = {}  # node -> its declared device nodes (NodeSpec)
         self._serial = 0
         self._lock = threading.Lock()
 
@@ -182,6 +182,7 @@ class SimBackend:
             return spec.name
         labels = {"kubernetes.io/hostname": spec.name, **spec.labels}
         c.add_node(spec.name, labels=labels, numa_nodes=spec.numa_nodes, topology_policy=spec.topology_policy)
+        self._device_nodes[spec.name] = tuple(spec.device_nodes)
         return spec.name
 
     # -- plugin ------------------------------------------------------------------------------------
@@ -211,7 +212,32 @@ class SimBackend:
             env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
-        dep.proc = n.start_plugin(argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths())
+        dep.proc = n.start_plugin(
+            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(),
+            extra_binds=self._node_files(node, spec),
+        )  # fmt: skip
+
+    def _node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
+        """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
+        device nodes and a stub driver root (``sim/gpunode.py``), for the plugin's private mount namespace."""
+        nodes = list(self._device_nodes.get(node, ()))
+        version, nvml = None, None
+        if spec.mock:
+            minors = [int(g["minor"]) for g in mockstate.initial_state(spec.gpus, spec.numa_nodes)["gpus"]]
+            nodes += [d for d in gpu_device_nodes(minors) if d not in nodes]
+            version = MOCK_DRIVER_VERSION
+            try:
+                nvml = mock_library()
+            except MockBuildError as exc:
+                raise BackendError(f"cannot give the plugin the mock NVML: {exc}") from None
+        if not nodes and version is None:
+            return []
+        try:
+            return node_file_binds(
+                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml
+            )
+        except ValueError as exc:
+            raise BackendError(f"node {node}: {exc}") from None
 
     def _dep(self, node: str) -> _Deployed:
         try:
@@ -259,8 +285,7 @@ class SimBackend:
         dep = self._dep(node)
         if dep.proc is not None and dep.proc.running:
             return
-        dep.logs.append(dep.proc.log())
-        dep.proc.start()
+        dep.proc.start()  # appends to the same log file: plugin_log has every run once
 
     def plugin_running(self, node: str) -> bool:
         dep = self._plugins.get(node)
@@ -275,7 +300,7 @@ class SimBackend:
 
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
-        return "".join(dep.logs) + (dep.proc.log() if dep.proc is not None else "")
+        return str(dep.proc.log()) if dep.proc is not None else ""
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]:

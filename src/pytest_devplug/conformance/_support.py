@@ -10,8 +10,9 @@ import pytest
 from pytest_devplug.backends.base import UnsupportedOperationError
 from pytest_devplug.faults import FaultNotSupportedError
 from pytest_devplug.handles import NodeHandle, PluginHandle
+from pytest_devplug.waiting import wait_for
 
-__all__ = ["fault", "numa_map", "require_topology", "short_grace_period"]
+__all__ = ["device_count", "fault", "numa_map", "require_topology", "short_grace_period", "wait_marked_unhealthy"]
 
 
 def numa_map(node: NodeHandle, resource: str) -> dict[str, int]:
@@ -50,3 +51,37 @@ def fault(what: str) -> Iterator[None]:
         yield
     except FaultNotSupportedError as exc:
         pytest.skip(f"the fault injector cannot {what}: {exc}")
+
+
+def wait_marked_unhealthy(
+    plugin: PluginHandle, domain: list[str], *, capacity: int, faulted: tuple[str, ...] = ()
+) -> list[str]:
+    """Wait until the plugin marked some device of ``domain`` Unhealthy and the node's counts agree with what
+    it lists: capacity ``capacity``, allocatable down by every device of ``domain`` and ``faulted`` (earlier
+    faults' domains) gone from the allocatable devices. Returns the devices of ``domain`` marked.
+
+    Whether a fault reaches *every* device of its domain is the ``nvml-xid`` checks' verdict (reported
+    once, there); these checks judge the kubelet's side of whatever the plugin marked.
+    """
+    res, node = plugin.resource_name, plugin.node
+
+    def ok(seen: tuple[tuple[int | None, int | None], list[str]]) -> bool:
+        (cap, alloc), ids = seen
+        gone = {*domain, *faulted} - set(ids)
+        return cap == capacity and bool(set(domain) - set(ids)) and alloc == capacity - len(gone)
+
+    _, ids = wait_for(
+        lambda: (node.counts(res), node.device_ids(res)), ok, timeout=node.timeout,
+        what=f"some of {domain} Unhealthy, (capacity, allocatable) agreeing with the allocatable devices",
+        give_up=plugin.crashed,
+    )  # fmt: skip
+    return sorted(set(domain) - set(ids))
+
+
+def device_count(plugin: PluginHandle, wanted: int, *, needed: int = 1) -> int:
+    """How many devices a check asks for: ``wanted``, or as many as the node has when fewer; a skip, at once
+    and saying what the check needs, when it has fewer than ``needed`` (no wait for an "Insufficient")."""
+    n = plugin.node.allocatable(plugin.resource_name)
+    if n < needed:
+        pytest.skip(f"needs {needed} allocatable {plugin.resource_name} devices; the node has {n}")
+    return min(wanted, n)

@@ -11,20 +11,22 @@ import pytest
 
 from pytest_devplug import FaultInjector, PluginHandle, PodFactory, assert_allocate_injections
 
-from ._support import fault
+from ._support import device_count, fault
 
 
-def test_allocate_injections_reach_the_container(devplug_pod: PodFactory) -> None:
-    """Something is injected for the assigned devices, and its shapes are valid (permissions, CDI names)."""
-    pod = devplug_pod(gpus=2, wait=True)
+def test_allocate_injections_reach_the_container(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
+    """Something is injected for the assigned devices (two, or the one a one-device node has), and its shapes
+    are valid (permissions, CDI names)."""
+    k = device_count(devplug_plugin, 2)
+    pod = devplug_pod(gpus=k, wait=True)
     assert_allocate_injections(pod)
-    assert len(pod.allocated_devices) == 2, f"asked for 2 devices, pod-resources lists {pod.allocated_devices}"
+    assert len(pod.allocated_devices) == k, f"asked for {k} devices, pod-resources lists {pod.allocated_devices}"
 
 
 @pytest.mark.devplug_convention("ids-visible")
-def test_convention_ids_visible_in_injections(devplug_pod: PodFactory) -> None:
+def test_convention_ids_visible_in_injections(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
     """Every assigned device ID appears in some injection (env, annotation, mount, device path, CDI name)."""
-    pod = devplug_pod(gpus=2, wait=True)
+    pod = devplug_pod(gpus=device_count(devplug_plugin, 2), wait=True)
     assert_allocate_injections(pod, ids_visible=True)
 
 
@@ -46,7 +48,7 @@ def test_convention_ids_visible_single_device_pod_sees_only_its_id(
 def test_convention_nvidia_env_lists_assigned_ids(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
     """NVIDIA's envvar strategy: NVIDIA_VISIBLE_DEVICES lists the assigned IDs, /dev/nvidiactl and the
     GPUs' /dev/nvidia<minor> are injected (minors read from the mock NVML where the plugin is on it)."""
-    pod = devplug_pod(gpus=2, wait=True)
+    pod = devplug_pod(gpus=device_count(devplug_plugin, 2), wait=True)
     ids = pod.allocated_devices
     assert_allocate_injections(
         pod,

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from pytest_devplug import PluginHandle, PodFactory
 
+from ._support import device_count
+
 
 def test_pod_resources_lists_assigned_devices(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
     res = devplug_plugin.resource_name
-    pod = devplug_pod(gpus=2, wait=True)
+    k = device_count(devplug_plugin, 2)
+    pod = devplug_pod(gpus=k, wait=True)
     entries = [p for p in devplug_plugin.node.pod_resources() if (p.name, p.namespace) == (pod.name, pod.namespace)]
     assert len(entries) == 1, f"pod-resources lists {entries}"
     (container,) = [c for c in entries[0].containers if c.name == pod.container]
     ids = container.device_ids(res)
-    assert len(ids) == 2 and len(set(ids)) == 2, ids
+    assert len(ids) == k and len(set(ids)) == k, ids
     cp = devplug_plugin.node.checkpoint()
     assert cp is not None and cp.entries_for(pod.uid)[0].all_device_ids == sorted(ids)
     numa = devplug_plugin.node.device_numa(res)

@@ -6,7 +6,13 @@ directory on ``LD_LIBRARY_PATH`` and names the mock-state file in ``DEVPLUG_NVML
 
 from .build import LIB_NAME, STATE_ENV, CompilerNotFoundError, MockBuildError, mock_library
 
-__all__ = ["LIB_NAME", "STATE_ENV", "CompilerNotFoundError", "MockBuildError", "mock_library", "mock_env"]
+__all__ = [
+    "LIB_NAME", "STATE_ENV", "MOCK_DRIVER_VERSION", "CompilerNotFoundError", "MockBuildError", "mock_library", "mock_env",
+]  # fmt: skip
+
+#: The driver version the mock reports (``MOCK_DRIVER_VERSION`` in mock_nvml.c): a GPU node's stub driver root
+#: holds ``libcuda.so.<this>``, which NVIDIA's plugin looks for by the version NVML reports.
+MOCK_DRIVER_VERSION = "550.54.15"
 
 
 def mock_env(state_path: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import errors
+from . import cdi, errors
 from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
 from .devicemanager import DeviceManager
 from .model import ContainerRuntimeOptions, ContainerSpec, PodSpecView
@@ -210,6 +210,11 @@ class SimNode:
         return self.node_dir / "device-plugins"
 
     @property
+    def cdi_spec_dirs(self) -> list[Path]:
+        """The node's ``/etc/cdi`` and ``/var/run/cdi`` (which wins), as a CDI-enabled runtime reads them."""
+        return [self.node_dir / "etc-cdi", self.node_dir / "cdi"]
+
+    @property
     def checkpoint_path(self) -> Path:
         return self.plugin_dir / "kubelet_internal_checkpoint"
 
@@ -308,18 +313,20 @@ class SimNode:
         name: str = "plugin",
         env: Mapping[str, str] | None = None,
         standard_paths: bool = False,
+        extra_binds: Sequence[tuple[Path, str]] = (),
     ) -> PluginProcess:
         """Start a device plugin subprocess; ``{plugin_dir}`` in ``argv`` becomes this node's dir.
 
         With ``standard_paths`` the plugin runs in a private mount namespace where this node's
         directories are at the kubelet's standard paths (``/var/lib/kubelet/device-plugins`` ...),
-        for plugins that hard-code them; other nodes' plugins never see them.
+        for plugins that hard-code them; other nodes' plugins never see them. ``extra_binds`` (host file
+        or directory, path in the namespace) add the node's own files there: its device nodes, a driver root.
         """
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         args = [a.replace("{plugin_dir}", str(self.plugin_dir)) for a in argv]
-        binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] if standard_paths else []
+        binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] + list(extra_binds) if standard_paths else []
         proc = PluginProcess(
             args, plugin_dir=self.plugin_dir, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
         )
@@ -531,6 +538,15 @@ class SimNode:
             self.logger.error('"Error starting container" pod="%s" container="%s" err="%s"', _key(rec.pod), c.name, e)
             self._event(rec.pod, "Warning", "Failed", f"Error: {e}")
             return False
+        try:
+            options = self._with_cdi_edits(options)
+        except cdi.UnresolvableCdiDevicesError as e:
+            # containerd refuses to create the container; the kubelet retries with back-off, reporting the same.
+            msg = f"failed to create containerd container: CDI device injection failed: {e}"
+            c.state, c.reason, c.message = "waiting", "CreateContainerError", msg
+            self.logger.error('"Error starting container" pod="%s" container="%s" err="%s"', _key(rec.pod), c.name, msg)
+            self._event(rec.pod, "Warning", "Failed", f"Error: {msg}")
+            return False
         c.options = options
         c.devices = {k: list(v) for k, v in dm.container_devices(rec.uid, c.name).items()}
         c.container_id = uuid.uuid4().hex
@@ -539,6 +555,20 @@ class SimNode:
         self._event(rec.pod, "Normal", "Created", f"Created container: {c.name}")
         self._event(rec.pod, "Normal", "Started", f"Started container {c.name}")
         return True
+
+    def _with_cdi_edits(self, options: ContainerRuntimeOptions) -> ContainerRuntimeOptions:
+        """What a CDI-enabled runtime applies on top of the kubelet's options: the edits of the CDI devices named
+        in ``CDIDevices`` and ``cdi.k8s.io/*`` annotations, from the spec files in the node's CDI directories."""
+        names = [*options.cdi_devices, *cdi.names_from_annotations(options.annotations)]
+        if not names:
+            return options
+        edits = cdi.resolve(names, self.cdi_spec_dirs)
+        envs = {**options.envs, **edits.env}
+        nodes = {d.container_path for d in edits.device_nodes}
+        devices = [d for d in options.devices if d.container_path not in nodes] + edits.device_nodes
+        paths = {m.container_path for m in edits.mounts}
+        mounts = [m for m in options.mounts if m.container_path not in paths] + edits.mounts
+        return replace(options, envs=envs, devices=devices, mounts=mounts)
 
     def _start_containers(self, rec: _PodRecord) -> None:
         images = _images(rec.pod)

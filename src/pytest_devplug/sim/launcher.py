@@ -6,7 +6,7 @@ so that starting a plugin imports nothing but the standard library); it replaces
 * ``--parent PID``: the plugin gets SIGKILL when the thread that started it dies, so a killed test
   run leaves no plugin behind; if ``PID`` is already gone the launcher exits instead of starting it.
 * ``--bind SRC DST``: before the exec, the process enters a private mount namespace in which each
-  ``SRC`` directory is bind-mounted at ``DST``; nobody outside sees these mounts, so each node's
+  ``SRC`` directory (or file: a stub device node such as ``/dev/nvidia0``) is bind-mounted at ``DST``; nobody outside sees these mounts, so each node's
   plugin finds *its* node's directories at the kubelet's standard paths
   (:data:`KUBELET_PATHS`). Root unshares the mount namespace directly; anyone else goes through an
   unprivileged user namespace (uid and gid mapped to themselves). ``/var/lib/kubelet`` is covered by
@@ -32,11 +32,13 @@ from collections.abc import Sequence
 __all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "main", "NO_NAMESPACE_HELP"]
 
 #: A node's directory name -> where a kubelet on that node keeps it (``pkg/kubelet/apis``:
-#: ``DevicePluginPath``, ``podresources`` socket dir, CDI's default spec dir).
+#: ``DevicePluginPath``, ``podresources`` socket dir) and where a CDI-enabled runtime reads specs
+#: (``/etc/cdi``, then ``/var/run/cdi``, which wins).
 KUBELET_PATHS = {
     "device-plugins": "/var/lib/kubelet/device-plugins",
     "pod-resources": "/var/lib/kubelet/pod-resources",
     "cdi": "/var/run/cdi",
+    "etc-cdi": "/etc/cdi",
 }
 
 #: Where the host's kubelet files are hidden behind a tmpfs inside the namespace.
@@ -129,7 +131,18 @@ class _Mounter:
             self._shadow(parent, child)
         self.ours.add(path)
 
-    def _shadow(self, parent: str, new_child: str) -> None:
+    def ensure_file(self, path: str) -> None:
+        """A file to bind a file over (e.g. ``/dev/nvidia0`` in ``/dev``), made inside a layer of ours."""
+        if os.path.lexists(path):
+            return
+        parent, child = os.path.split(path)
+        self.ensure_dir(parent)
+        if parent in self.ours:
+            open(path, "w").close()
+        else:
+            self._shadow(parent, child, is_file=True)
+
+    def _shadow(self, parent: str, new_child: str, *, is_file: bool = False) -> None:
         """A tmpfs holding bind mounts of every entry of ``parent`` plus ``new_child`` goes over ``parent``."""
         self.serial += 1
         layer = os.path.join(self.scratch, str(self.serial))
@@ -149,7 +162,10 @@ class _Mounter:
             else:
                 open(dst, "w").close()
             _mount(src, dst, None, _MS_BIND | _MS_REC)
-        os.mkdir(os.path.join(layer, new_child))
+        if is_file:
+            open(os.path.join(layer, new_child), "w").close()
+        else:
+            os.mkdir(os.path.join(layer, new_child))
         _mount(layer, parent, None, _MS_BIND | _MS_REC)
         self.ours.add(parent)
 
@@ -171,7 +187,10 @@ def enter_namespace(binds: Sequence[tuple[str, str]], scratch: str) -> None:
         mounter.ensure_dir(kubelet_root)
         mounter.tmpfs(kubelet_root)
     for src, dst in targets:
-        mounter.ensure_dir(dst)
+        if os.path.isdir(src):
+            mounter.ensure_dir(dst)
+        else:
+            mounter.ensure_file(dst)
         _mount(src, dst, None, _MS_BIND | _MS_REC)
 
 

@@ -278,10 +278,11 @@ class PluginProcess:
                 scratch.mkdir(exist_ok=True)
                 command += ["--scratch", str(scratch)]
                 for src, dst in self.binds:
-                    src.mkdir(parents=True, exist_ok=True)
+                    if not src.exists():  # a node directory; a file bind (a stub device node) exists already
+                        src.mkdir(parents=True)
                     command += ["--bind", str(src), dst]
             with open(self.log_path, "ab") as log:
-                where = "".join(f"; {dst} is {src}" for src, dst in self.binds)
+                where = "".join(f"; {dst} is {src}" for src, dst in self.binds if src.is_dir())
                 log.write(f"--- start: {' '.join(self.argv)}{where}\n".encode())
                 log.flush()
 

@@ -1,0 +1,76 @@
+"""What makes an embedded node look like a GPU node to a plugin in its private mount namespace.
+
+A GPU node has ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``, ``/dev/nvidia-modeset`` and a
+``/dev/nvidia<minor>`` per GPU, and the driver's files: NVIDIA's plugin with a CDI strategy locates
+``libcuda.so.<driver version>`` and the driver's tools under its driver root before it serves, and with
+``--pass-device-specs`` injects only the device nodes it finds. Stub files suffice (nothing opens them on
+the mock), except that device nodes must be character devices (NVIDIA's locator skips anything else): each
+is ``/dev/null`` bind-mounted at the device's path. Everything is bind-mounted into the plugin's namespace
+only — the host's ``/dev`` is never touched: the device nodes at ``/dev`` and, with the libraries, under the
+driver root :data:`DRIVER_ROOT` (the GPU operator's; a plugin's ``--driver-root``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+__all__ = ["DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "gpu_device_nodes", "node_file_binds"]
+
+#: Where the stub driver root is in the plugin's namespace (the GPU operator's driver root).
+DRIVER_ROOT = "/run/nvidia/driver"
+#: Driver libraries NVIDIA's CDI generation looks for (``<name>.<driver version>``, and ``.1`` links).
+DRIVER_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so", "libcudadebugger.so")
+#: Driver tools it mounts into containers when present.
+DRIVER_BINS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+_LIB_DIR = "usr/lib/x86_64-linux-gnu"
+_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+#: What every stub device node is: a character device that reads as empty and swallows writes.
+_CHAR_DEVICE = Path("/dev/null")
+
+
+def gpu_device_nodes(minors: Iterable[int]) -> list[str]:
+    """The device nodes of a GPU node with GPUs of these minors."""
+    return [f"/dev/{n}" for n in _CONTROL_NODES] + [f"/dev/nvidia{m}" for m in sorted(set(minors))]
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return path
+
+
+def node_file_binds(
+    root: Path, device_nodes: Sequence[str], *, driver_version: str | None = None, nvml: Path | None = None
+) -> list[tuple[Path, str]]:
+    """Make stub files under ``root`` (the node's own directory) and return the ``(host file or directory,
+    path in the namespace)`` binds that show them: each of ``device_nodes`` (absolute paths under ``/dev``)
+    at its path and, with ``driver_version``, a stub driver root at :data:`DRIVER_ROOT` holding the driver's
+    libraries and tools and the same device nodes; its ``libnvidia-ml.so`` is ``nvml`` (the mock library),
+    for a plugin that loads NVML from its driver root."""
+    for node in device_nodes:
+        if not node.startswith("/dev/") or ".." in node.split("/"):
+            raise ValueError(f"device node {node!r}: want an absolute path under /dev")
+    binds: list[tuple[Path, str]] = []
+    if driver_version is not None:
+        driver = root / "driver"
+        libs = driver / _LIB_DIR
+        for lib in DRIVER_LIBS:
+            versioned = libs / f"{lib}.{driver_version}"
+            if lib == "libnvidia-ml.so" and nvml is not None:
+                versioned.parent.mkdir(parents=True, exist_ok=True)
+                if not versioned.is_symlink():
+                    versioned.symlink_to(nvml)
+            elif not versioned.is_symlink():
+                _touch(versioned)
+            link = libs / f"{lib}.1"
+            if not link.is_symlink():
+                link.symlink_to(f"{lib}.{driver_version}")
+        for tool in DRIVER_BINS:
+            _touch(driver / "usr" / "bin" / tool).chmod(0o755)
+        for node in device_nodes:
+            _touch(driver / node.lstrip("/"))  # mount points, under the driver root bound first
+        binds.append((driver, DRIVER_ROOT))
+        binds += [(_CHAR_DEVICE, DRIVER_ROOT + node) for node in device_nodes]
+    binds += [(_CHAR_DEVICE, node) for node in device_nodes]
+    return binds

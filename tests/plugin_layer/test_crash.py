@@ -1,0 +1,59 @@
+"""Reading why a plugin died (its fatal line, wherever it is in the log) and why a pod cannot start (its image)."""
+
+from __future__ import annotations
+
+from pytest_devplug.crash import fatal_lines, start_failure
+
+GO_PANIC = "I1201 main.go:1] starting\npanic: runtime error: index out of range [3] with length 3\n\ngoroutine 1 [running]:\n" + (
+    "main.f()\n\t/src/main.go:10 +0x1d\n" * 60
+)
+
+
+def test_go_panic_and_fatal_error() -> None:
+    assert fatal_lines(GO_PANIC) == ["panic: runtime error: index out of range [3] with length 3"]
+    assert fatal_lines("fatal error: concurrent map writes\n\ngoroutine 7 [running]:\n") == [
+        "fatal error: concurrent map writes"
+    ]
+
+
+def test_klog_and_structured_fatal_lines() -> None:
+    log = (
+        "I1201 10:00:00.000001    1 main.go:1] ok\n"
+        "F1201 10:00:00.000002    1 main.go:99] failed to locate libcuda.so.550.54.15\n"
+        'time="2026-12-01" level=fatal msg="error starting plugins"\n'
+        '{"level":"fatal","msg":"cannot list devices"}\n'
+    )
+    assert fatal_lines(log) == [
+        "F1201 10:00:00.000002    1 main.go:99] failed to locate libcuda.so.550.54.15",
+        'time="2026-12-01" level=fatal msg="error starting plugins"',
+        '{"level":"fatal","msg":"cannot list devices"}',
+    ]
+
+
+def test_python_traceback_gives_its_exception_line() -> None:
+    log = (
+        "plugin: starting\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    boom()\n"
+        "KeyError: 'x'\n\nDuring handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 3\nOSError: [Errno 98] Address already in use\n"
+    )
+    assert fatal_lines(log) == ["KeyError: 'x'", "OSError: [Errno 98] Address already in use"]
+
+
+def test_ordinary_logs_have_no_fatal_line_and_repeats_are_dropped() -> None:
+    assert fatal_lines("I1201 10:00:00.000001 1 x.go:1] panic: not at line start\nE1201 10:00:00.1 1 x.go:2] err\n") == []
+    assert fatal_lines(GO_PANIC * 5) == ["panic: runtime error: index out of range [3] with length 3"]
+
+
+def test_start_failure_names_the_image_the_node_and_the_option() -> None:
+    pod = {
+        "spec": {"nodeName": "kind-worker"},
+        "status": {"phase": "Pending", "containerStatuses": [{"name": "main", "image": "busybox:1.36", "state": {
+            "waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"busybox:1.36\""}}}]},
+    }  # fmt: skip
+    why = start_failure(pod)
+    assert why is not None
+    assert "'busybox:1.36'" in why and "kind-worker" in why and "ImagePullBackOff" in why, why
+    assert "--devplug-workload-image" in why, why
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}  # type: ignore[index]
+    assert start_failure(pod) is None
+    assert start_failure({}) is None

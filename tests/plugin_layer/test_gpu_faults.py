@@ -1,0 +1,80 @@
+"""GPU faults judged per backing GPU: device IDs mapped to the mock GPU behind them, a fault reaching every
+device it backs, and a check that names the device a fault left Healthy (NVIDIA's bug #1929 shape).
+
+The included plugin with two replicas per GPU (``DP_REPLICAS=2``: ``<uuid>::0``, ``<uuid>::1``) marks both
+replicas of a GPU with a critical Xid Unhealthy: the check passes. NVIDIA's plugin v0.17.4 with time-slicing
+marks one and fails it (``tests/peers/test_nvidia_plugin.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from pytest_devplug import ClusterHandle, NodeSpec, PluginHandle, PluginSpec, assert_devices_unhealthy
+from pytest_devplug.backends.base import BackendOptions
+from pytest_devplug.backends.mockstate import initial_state
+from pytest_devplug.backends.sim import SimBackend
+from pytest_devplug.backing import UnknownBackingError, backed_devices, backing_gpu
+from pytest_devplug.faults import FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults, fault_domain
+from pytest_devplug.plugin import default_plugin_argv
+
+GPUS = initial_state(2, 1)["gpus"]
+A, B = (str(g["uuid"]) for g in GPUS)
+
+
+@pytest.mark.parametrize(
+    ("device_id", "gpu"),
+    [(A, A), (f"{A}::0", A), (f"{B}::1", B), ("nvidia1", B), ("/dev/nvidia0", A), (f"k8s.nvidia.com/gpu={B}", B)],
+)
+def test_device_ids_map_to_their_backing_gpu(device_id: str, gpu: str) -> None:
+    assert backing_gpu(device_id, GPUS) == gpu
+
+
+@pytest.mark.parametrize("device_id", ["0", "card0-0", "nvidia7", f"{A}+{B}"])
+def test_an_id_naming_no_single_gpu_says_so(device_id: str) -> None:
+    with pytest.raises(UnknownBackingError, match=re.escape(f"device ID {device_id!r}: no single mock GPU backs it")):
+        backing_gpu(device_id, GPUS)
+
+
+def test_backed_devices_lists_every_gpu() -> None:
+    assert backed_devices([f"{A}::1", f"{A}::0"], GPUS) == {A: [f"{A}::0", f"{A}::1"], B: []}
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[PluginHandle]:
+    """The included plugin on two mock GPUs, each listed as two replicas."""
+    backend = SimBackend(BackendOptions(timeout=20.0))
+    backend.start()
+    try:
+        node = ClusterHandle(backend, timeout=20.0).ensure_node(NodeSpec("devplug-replicas", numa_nodes=1))
+        spec = PluginSpec(
+            argv=default_plugin_argv("nvidia.com/gpu"), mock=True, gpus=2, numa_nodes=1, env={"DP_REPLICAS": "2"}
+        )
+        plugin = ClusterHandle(backend, timeout=20.0).deploy(node, spec)
+        plugin.wait_listed()
+        yield plugin
+    finally:
+        backend.close()
+
+
+def test_injectors_speak_device_ids_and_know_the_fault_domain(replicas: PluginHandle) -> None:
+    faults = NvmlXidFaults(replicas)
+    assert faults.device_ids == sorted(f"{u}::{n}" for u in (A, B) for n in (0, 1))
+    assert fault_domain(faults, f"{B}::1") == [f"{B}::0", f"{B}::1"]
+    assert fault_domain(object(), "x") == ["x"]  # type: ignore[arg-type]  # an injector that does not know
+    with pytest.raises(FaultNotSupportedError, match="'card0'.*names none of them"):
+        MockNvmlFaults(replicas).set_unhealthy("card0")
+    with pytest.raises(FaultNotSupportedError, match="nvml-xid"):
+        NvmlXidFaults(replicas, xid_health=False).set_unhealthy(f"{A}::0")
+
+
+def test_a_gpu_fault_must_reach_every_replica(replicas: PluginHandle) -> None:
+    """Xid 79 on GPU A: both its replicas go Unhealthy (pass); a check that also expects one of B's names it."""
+    n = replicas.node.capacity(replicas.resource_name)
+    NvmlXidFaults(replicas).set_unhealthy(f"{A}::1")
+    assert_devices_unhealthy(replicas, [f"{A}::0", f"{A}::1"], kept=[f"{B}::0", f"{B}::1"], capacity=n, cause="Xid 79")
+    with pytest.raises(AssertionError, match=rf"still Healthy \(allocatable\): \['{B}::0'\]"):
+        assert_devices_unhealthy(replicas, [f"{A}::0", f"{A}::1", f"{B}::0"], capacity=n, cause="Xid 79", timeout=0.5)

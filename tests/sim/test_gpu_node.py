@@ -1,0 +1,62 @@
+"""A mock GPU node's device nodes and stub driver root, and a node's declared device nodes, in the plugin's
+private mount namespace only (never the host's /dev)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
+from pytest_devplug.backends.base import BackendOptions
+from pytest_devplug.backends.sim import SimBackend
+from pytest_devplug.nvml import MOCK_DRIVER_VERSION
+from pytest_devplug.sim.gpunode import DRIVER_ROOT, gpu_device_nodes, node_file_binds
+from pytest_devplug.waiting import wait_for
+
+MOCK_C = Path(__file__).resolve().parents[2] / "src" / "pytest_devplug" / "nvml" / "mock_nvml.c"
+
+
+def test_the_stub_driver_version_is_the_mocks() -> None:
+    assert f'#define MOCK_DRIVER_VERSION "{MOCK_DRIVER_VERSION}"' in MOCK_C.read_text()
+
+
+def test_node_file_binds_layout(tmp_path: Path) -> None:
+    nodes = gpu_device_nodes([1, 0])
+    assert nodes == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/nvidia0", "/dev/nvidia1"]
+    binds = node_file_binds(tmp_path, nodes, driver_version="1.2.3", nvml=Path("/opt/mock/libnvidia-ml.so.1"))
+    assert binds[0] == (tmp_path / "driver", DRIVER_ROOT)  # the driver root first: its device nodes go over it
+    assert (Path("/dev/null"), "/dev/nvidia0") in binds and (Path("/dev/null"), f"{DRIVER_ROOT}/dev/nvidia1") in binds
+    lib = tmp_path / "driver/usr/lib/x86_64-linux-gnu"
+    assert (lib / "libcuda.so.1").resolve() == (lib / "libcuda.so.1.2.3").resolve() and (lib / "libcuda.so.1.2.3").is_file()
+    assert os.readlink(lib / "libnvidia-ml.so.1.2.3") == "/opt/mock/libnvidia-ml.so.1"
+    assert node_file_binds(tmp_path, nodes, driver_version="1.2.3") == node_file_binds(tmp_path, nodes, driver_version="1.2.3")
+    with pytest.raises(ValueError, match="'/etc/passwd': want an absolute path under /dev"):
+        node_file_binds(tmp_path, ["/etc/passwd"])
+
+
+@pytest.fixture
+def backend() -> Iterator[SimBackend]:
+    b = SimBackend(BackendOptions(timeout=20.0))
+    b.start()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def test_the_plugin_sees_a_gpu_node_and_the_declared_nodes_the_host_does_not(backend: SimBackend) -> None:
+    cluster = ClusterHandle(backend, timeout=20.0)
+    node = cluster.ensure_node(NodeSpec("gpu-node", numa_nodes=1, device_nodes=("/dev/ttyWIDGET0",)))
+    paths = ["/dev/ttyWIDGET0", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm", f"{DRIVER_ROOT}/dev/nvidia0"]
+    lib = f"{DRIVER_ROOT}/usr/lib/x86_64-linux-gnu/libcuda.so.{MOCK_DRIVER_VERSION}"
+    script = f"stat -c '%F %n' {' '.join(paths)}; test -f {lib} && echo has-libcuda; echo done; sleep 60"
+    plugin = cluster.deploy(node, PluginSpec(argv=["sh", "-c", script], mock=True, gpus=1, numa_nodes=1, standard_paths=True))
+    log = wait_for(plugin.log, lambda text: "\ndone\n" in text, timeout=20.0, what="the stub plugin's listing", give_up=plugin.crashed)
+    for path in paths:
+        assert f"character special file {path}" in log, log
+    assert "has-libcuda" in log, log
+    assert not os.path.lexists("/dev/ttyWIDGET0") and not os.path.lexists(DRIVER_ROOT)
+    backend.remove_plugin(node.name)
