@@ -24,7 +24,6 @@ log = logging.getLogger("devplug_gpu_plugin.dra.kubeapi")
 #: Where a pod finds its service-account token and the cluster's CA (the in-cluster way).
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 JSON = dict[str, Any]
-_MERGE_PATCH = "application/merge-patch+json"
 
 
 class ApiConfigError(Exception):
@@ -126,10 +125,18 @@ class KubeApi:
         created: JSON = self._call(self._resource.create_resource_slice, dict(body))
         return created
 
-    def patch_slice(self, name: str, patch: Mapping[str, Any]) -> JSON:
-        """A JSON merge patch (lists are replaced whole; ``metadata.resourceVersion`` makes it conditional)."""
-        patched: JSON = self._call(self._resource.patch_resource_slice, name, dict(patch), _content_type=_MERGE_PATCH)
-        return patched
+    def update_slice(self, current: Mapping[str, Any], spec: Mapping[str, Any]) -> JSON:
+        """Replace ``current``'s spec (an update, as the Go controller makes; conditional on its resourceVersion).
+
+        The metadata sent is what the driver may keep of the object (labels, annotations, owners, finalizers),
+        never timestamps or managed fields a client's models would rewrite. (Not a patch: which patch types a
+        call accepts differs between releases of the client.)
+        """
+        meta = current.get("metadata") or {}
+        kept = {k: meta[k] for k in ("name", "resourceVersion", "labels", "annotations", "ownerReferences", "finalizers") if meta.get(k)}
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": kept, "spec": dict(spec)}
+        updated: JSON = self._call(self._resource.replace_resource_slice, str(meta.get("name")), body)
+        return updated
 
     def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
         """Delete only the object we looked at (the Go controller's preconditions); gone already is fine."""

@@ -31,7 +31,7 @@ JSON = dict[str, Any]
 #: How long one watch request lasts before it is made again (the server ends it).
 WATCH_TIMEOUT_S = 300
 _BACKOFF_START_S, _BACKOFF_MAX_S = 0.5, 30.0
-#: Spec fields that place a slice elsewhere than on its node; ours sets none of them.
+#: Spec fields our slice never has (it is on its node, with no counters); an update clears them.
 _PLACEMENT = ("allNodes", "nodeSelector", "perDeviceNodeSelection", "sharedCounters")
 _SUFFIXES: dict[str, int | Fraction] = {
     "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -188,8 +188,7 @@ class SlicePublisher:
             if self._matches(current.get("spec") or {}, devices):
                 done = f"ResourceSlice {meta.get('name')} unchanged"
             else:
-                spec: JSON = {**self._desired_spec(devices, generation(current)), **{k: None for k in _PLACEMENT}}
-                self.api.patch_slice(str(meta.get("name")), {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": spec})
+                self.api.update_slice(current, self._desired_spec(devices, generation(current)))
                 done = f"ResourceSlice {meta.get('name')} updated ({len(devices)} devices: {names})"
         self._published = devices
         return done
