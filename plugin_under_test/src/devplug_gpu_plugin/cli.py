@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Every flag can also be set by the environment variable shown (DP_<FLAG>).",
     )
 
-    def opt(flag: str, default: str | None, help: str, env: str | None = None, **kw: object) -> None:
-        env = env or _env(flag)
+    def opt(flag: str, default: str | None, help: str, **kw: object) -> None:
+        env = _env(flag)
         p.add_argument(flag, default=os.environ.get(env, default), help=f"{help} [{env}]", **kw)  # type: ignore[arg-type]
 
     p.add_argument(

@@ -24,7 +24,7 @@ from .allocation import AllocationConfig, AllocationError, container_response, p
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from .devices import DeviceState, Snapshot
-from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Inotify
+from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Inotify, InotifyEvent, follow
 
 log = logging.getLogger("devplug_gpu_plugin.server")
 
@@ -35,6 +35,19 @@ STREAM_POLL_S = 0.25
 
 class RegistrationRefused(Exception):
     """The kubelet answered ``Register`` with an error: retrying will not help."""
+
+
+def serve_unix(path: str, add_services: Callable[[Any], None], workers: int) -> Any:
+    """A started gRPC server on the Unix socket ``path``, replacing a stale socket file there."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"))
+    add_services(server)
+    server.add_insecure_port("unix://" + path)
+    server.start()
+    return server
 
 
 def default_socket_name(resource_name: str) -> str:
@@ -162,15 +175,11 @@ class PluginServer:
     def serve(self) -> None:
         """(Re)start the gRPC server on our socket and prove it answers."""
         self._stop_server()
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
-        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port("unix://" + self.socket_path)
-        server.start()
-        self._server = server
+        self._server = serve_unix(
+            self.socket_path,
+            lambda server: pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server),  # type: ignore[no-untyped-call]
+            workers=16,
+        )
         self._prove()
         log.info("serving on %s", self.socket_path)
 
@@ -257,24 +266,18 @@ class PluginServer:
         self._watcher = watcher
         own, kubelet = self.config.socket_name, KUBELET_SOCKET
 
-        def loop() -> None:
-            while not self.stopping.is_set():
-                try:
-                    events = watcher.read(None)
-                except (OSError, ValueError):
-                    return
-                for e in events:
-                    if (e.name == own and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
-                        e.name == kubelet and e.mask & (IN_CREATE | IN_MOVED_TO)
-                    ):
-                        created = bool(e.mask & (IN_CREATE | IN_MOVED_TO))
-                        log.info("plugin dir: %s %s", e.name, "created" if created else "removed")
-                        if created:
-                            self._kubelet_created.set()
-                        self._kick.set()
+        def handle(events: list[InotifyEvent]) -> None:
+            for e in events:
+                if (e.name == own and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
+                    e.name == kubelet and e.mask & (IN_CREATE | IN_MOVED_TO)
+                ):
+                    created = bool(e.mask & (IN_CREATE | IN_MOVED_TO))
+                    log.info("plugin dir: %s %s", e.name, "created" if created else "removed")
+                    if created:
+                        self._kubelet_created.set()
+                    self._kick.set()
 
-        self._watch_thread = threading.Thread(target=loop, name="plugin-dir-watch", daemon=True)
-        self._watch_thread.start()
+        self._watch_thread = follow(watcher, self.stopping, handle, "plugin-dir-watch")
 
     def needs_attention(self) -> bool:
         """Our socket is gone, or the kubelet socket is not the one we registered with."""

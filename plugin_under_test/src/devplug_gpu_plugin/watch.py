@@ -14,6 +14,7 @@ import os
 import select
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 IN_MODIFY = 0x00000002
@@ -139,3 +140,20 @@ class Inotify:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def follow(watcher: Inotify, stopping: threading.Event, handle: Callable[[list[InotifyEvent]], None], name: str) -> threading.Thread:
+    """A daemon thread passing each batch of ``watcher``'s events to ``handle`` until ``stopping`` (or the
+    watcher is closed; :meth:`Inotify.wake` makes it look at ``stopping`` again)."""
+
+    def loop() -> None:
+        while not stopping.is_set():
+            try:
+                events = watcher.read(None)
+            except (OSError, ValueError):
+                return
+            handle(events)
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread

@@ -16,13 +16,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from ..watch import IN_DELETE, IN_MOVED_FROM, Inotify
+from ..server import serve_unix
+from ..watch import IN_DELETE, IN_MOVED_FROM, Inotify, InotifyEvent, follow
 
 __all__ = ["DriverServer", "Socket"]
 
@@ -43,15 +43,7 @@ class Socket:
     def serve(self) -> None:
         self.stop()
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        try:
-            os.unlink(self.path)  # stale, from an earlier run
-        except FileNotFoundError:
-            pass
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))
-        self.add_services(server)
-        server.add_insecure_port("unix://" + self.path)
-        server.start()
-        self.server = server
+        self.server = serve_unix(self.path, self.add_services, workers=8)
         with grpc.insecure_channel("unix://" + self.path) as channel:
             grpc.channel_ready_future(channel).result(timeout=PROVE_TIMEOUT_S)
         log.info("serving %s on %s", self.what, self.path)
@@ -90,17 +82,11 @@ class DriverServer:
         self._watcher = watcher
         ours = set().union(*names.values())
 
-        def loop() -> None:
-            while not self.stopping.is_set():
-                try:
-                    events = watcher.read(None)
-                except (OSError, ValueError):
-                    return
-                if any(e.name in ours for e in events):
-                    self._kick.set()
+        def handle(events: list[InotifyEvent]) -> None:
+            if any(e.name in ours for e in events):
+                self._kick.set()
 
-        self._watch_thread = threading.Thread(target=loop, name="socket-watch", daemon=True)
-        self._watch_thread.start()
+        self._watch_thread = follow(watcher, self.stopping, handle, "socket-watch")
 
     def run(self) -> None:
         """Serve, then re-serve vanished sockets until stopped."""
