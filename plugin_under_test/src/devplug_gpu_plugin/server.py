@@ -24,7 +24,7 @@ from .allocation import AllocationConfig, AllocationError, container_response, p
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from .devices import DeviceState, Snapshot
-from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Inotify, InotifyEvent, follow
+from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Follower, Inotify, InotifyEvent
 
 log = logging.getLogger("devplug_gpu_plugin.server")
 
@@ -168,8 +168,7 @@ class PluginServer:
         # so its identity alone cannot tell a restarted kubelet from the one we registered with.
         self._kubelet_created = threading.Event()
         self._registered_kubelet: tuple[int, int] | None = None  # (dev, ino) of kubelet.sock
-        self._watcher: Inotify | None = None
-        self._watch_thread: threading.Thread | None = None
+        self._follower: Follower | None = None
 
     # ---- serving -----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -263,7 +262,6 @@ class PluginServer:
     def start_watching(self) -> None:
         watcher = Inotify()
         watcher.add_watch(self.config.plugin_dir, IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)
-        self._watcher = watcher
         own, kubelet = self.config.socket_name, KUBELET_SOCKET
 
         def handle(events: list[InotifyEvent]) -> None:
@@ -277,7 +275,7 @@ class PluginServer:
                         self._kubelet_created.set()
                     self._kick.set()
 
-        self._watch_thread = follow(watcher, self.stopping, handle, "plugin-dir-watch")
+        self._follower = Follower(watcher, self.stopping, handle, "plugin-dir-watch")
 
     def needs_attention(self) -> bool:
         """Our socket is gone, or the kubelet socket is not the one we registered with."""
@@ -324,9 +322,6 @@ class PluginServer:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
-        if self._watcher is not None:
-            self._watcher.wake()
-            if self._watch_thread is not None:
-                self._watch_thread.join(2)
-            self._watcher.close()
-            self._watcher = None
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None

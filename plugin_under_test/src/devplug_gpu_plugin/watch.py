@@ -142,18 +142,26 @@ class Inotify:
         self.close()
 
 
-def follow(watcher: Inotify, stopping: threading.Event, handle: Callable[[list[InotifyEvent]], None], name: str) -> threading.Thread:
-    """A daemon thread passing each batch of ``watcher``'s events to ``handle`` until ``stopping`` (or the
-    watcher is closed; :meth:`Inotify.wake` makes it look at ``stopping`` again)."""
 
-    def loop() -> None:
-        while not stopping.is_set():
-            try:
-                events = watcher.read(None)
-            except (OSError, ValueError):
-                return
-            handle(events)
+class Follower:
+    """Passes each batch of ``watcher``'s events to ``handle`` in a daemon thread until ``stopping`` is set and
+    :meth:`stop` is called (which wakes the thread, waits for it and closes the watcher)."""
 
-    thread = threading.Thread(target=loop, name=name, daemon=True)
-    thread.start()
-    return thread
+    def __init__(self, watcher: Inotify, stopping: threading.Event, handle: Callable[[list[InotifyEvent]], None], name: str) -> None:
+        self.watcher = watcher
+
+        def loop() -> None:
+            while not stopping.is_set():
+                try:
+                    events = watcher.read(None)
+                except (OSError, ValueError):
+                    return
+                handle(events)
+
+        self._thread = threading.Thread(target=loop, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.watcher.wake()
+        self._thread.join(timeout)
+        self.watcher.close()

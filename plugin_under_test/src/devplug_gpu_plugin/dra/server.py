@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from ..server import serve_unix
-from ..watch import IN_DELETE, IN_MOVED_FROM, Inotify, InotifyEvent, follow
+from ..watch import IN_DELETE, IN_MOVED_FROM, Follower, Inotify, InotifyEvent
 
 __all__ = ["DriverServer", "Socket"]
 
@@ -68,8 +68,7 @@ class DriverServer:
         self.sockets = sockets
         self.stopping = stopping
         self._kick = threading.Event()
-        self._watcher: Inotify | None = None
-        self._watch_thread: threading.Thread | None = None
+        self._follower: Follower | None = None
 
     def _start_watching(self) -> None:
         watcher = Inotify()
@@ -79,14 +78,13 @@ class DriverServer:
         for directory in names:
             os.makedirs(directory, exist_ok=True)
             watcher.add_watch(directory, IN_DELETE | IN_MOVED_FROM)
-        self._watcher = watcher
         ours = set().union(*names.values())
 
         def handle(events: list[InotifyEvent]) -> None:
             if any(e.name in ours for e in events):
                 self._kick.set()
 
-        self._watch_thread = follow(watcher, self.stopping, handle, "socket-watch")
+        self._follower = Follower(watcher, self.stopping, handle, "socket-watch")
 
     def run(self) -> None:
         """Serve, then re-serve vanished sockets until stopped."""
@@ -115,9 +113,6 @@ class DriverServer:
         self.request_stop()
         for s in reversed(self.sockets):
             s.remove()
-        if self._watcher is not None:
-            self._watcher.wake()
-            if self._watch_thread is not None:
-                self._watch_thread.join(2)
-            self._watcher.close()
-            self._watcher = None
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None
