@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 
 from pytest_devplug.controlplane import BinariesNotFoundError, ControlPlane, resolve
@@ -26,12 +27,11 @@ from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cdi import resolve as resolve_cdi
 from pytest_devplug.sim.dra.manager import DRAManager
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
+from pytest_devplug.waiting import wait_for
 
 from ..support import WAIT, wait_until
 from .dra_helpers import DRIVER, NODE, DriverDirs, KubeletSide, driver_dirs
 from .gpu_plugin_helpers import UUIDS, MockStateFile, PluginProcess
-
-kubernetes = pytest.importorskip("kubernetes")
 
 NOT_READY = "node.kubernetes.io/not-ready"
 
@@ -151,8 +151,12 @@ def _devices(slice_: dict[str, Any]) -> list[str]:
 
 
 def _one_slice(api: Api, driver: PluginProcess, ok: Any = lambda s: True, what: str = "the driver's ResourceSlice") -> dict[str, Any]:
+    """The node's one slice of the driver once ``ok`` holds for it (given up at once should the driver exit)."""
     __tracebackhide__ = True
-    found = wait_until(what, api.slices, lambda items: len(items) == 1 and ok(items[0]))
+    found = wait_for(
+        api.slices, lambda items: len(items) == 1 and ok(items[0]), timeout=WAIT, what=what,
+        give_up=lambda: None if driver.proc.poll() is None else f"the driver exited:\n{driver.log()[-3000:]}",
+    )  # fmt: skip
     return dict(found[0])
 
 
