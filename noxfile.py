@@ -33,7 +33,8 @@ def _interpreter(version: str) -> str:
 
 
 def _install(session: nox.Session, *extra: str) -> None:
-    session.install("-e", ".[kind]", "-e", "./plugin_under_test", *extra)
+    # the plugin's dra extra: its DRA driver (--dra) needs the kubernetes client
+    session.install("-e", ".[kind]", "-e", "./plugin_under_test[dra]", *extra)
 
 
 RUFF = "ruff>=0.6"
@@ -85,7 +86,7 @@ def tests_lowest(session: nox.Session) -> None:
     ``--resolution lowest-direct`` installs exactly the floors (pytest 8.0, grpcio, protobuf, ...), so a floor
     that stops working fails here.
     """
-    session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
+    session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test[dra]")
     session.install(HYPOTHESIS)  # a test tool, not a dependency: any release of it will do
     session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
                 "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
