@@ -292,11 +292,10 @@ class SimBackend:
         return bool(dep is not None and dep.proc is not None and dep.proc.running)
 
     def plugin_exit(self, node: str) -> str | None:
+        """How the plugin ended when it was stopped or killed, or that it crash-loops (the kubelet holds its
+        restart back); ``None`` while it runs or the kubelet is about to restart it (``sim/daemon.py``)."""
         dep = self._plugins.get(node)
-        rc = dep.proc.returncode if dep is not None and dep.proc is not None else None
-        if rc is None:
-            return None
-        return f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
+        return None if dep is None or dep.proc is None else dep.proc.exit_reason()
 
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
