@@ -98,6 +98,8 @@ class PluginSpec:
     mock: bool = False
     gpus: int = 4
     numa_nodes: int = 2
+    #: MIG devices (profiles such as ``1g.5gb``) on every mock GPU, which are then MIG-enabled; none: MIG off.
+    mig: tuple[str, ...] = ()
     #: Whether the plugin asks for PreStartContainer (a conformance test checks it is called).
     pre_start_required: bool = False
     #: sim: run the plugin in a private mount namespace with the node's directories at the kubelet's
@@ -366,6 +368,12 @@ class Backend(Protocol):
 
     def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
         """What the runtime applied to the container from Allocate (env, mounts, devices, ...)."""
+
+    def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
+        """What the resource's plugin on ``node`` gives a container for each device alone: one ``Allocate`` with a
+        container request per device, as for a pod of that many one-device containers (the kubelet tells a
+        plugin nothing when such a pod goes, so a plugin cannot tell it from one), CDI names resolved as the
+        runtime would. Raises ``UnsupportedOperationError`` where the backend cannot call the plugin."""
 
     def restart_container(self, name: str, container: str, namespace: str = "default") -> None: ...
 
