@@ -156,9 +156,11 @@ class PluginDaemon:
 
     # -- the harness's hand -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the plugin as a new pod would: restart count 0, no back-off; the kubelet keeps it running."""
+        """Start the plugin as a new pod would: restart count 0, no back-off; the kubelet keeps it running (a
+        process the kubelet restarted meanwhile is taken as the new pod's)."""
         with self._cond:
-            self.proc.start()
+            if not self.proc.running:
+                self.proc.start()
             self._held, self._restarts, self._finished = False, 0, None
             self._backoff = CrashBackOff(self._policy)
             self._kubelet_seen = self._kubelet()
