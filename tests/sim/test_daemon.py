@@ -130,3 +130,13 @@ def test_the_harness_stop_and_kill_keep_it_down_and_start_is_a_new_pod(
     d.stop(timeout=2)
     time.sleep(0.3)
     assert not d.running and d.exit_reason() == "killed by signal 15"
+
+
+def test_a_stop_between_two_crashes_keeps_it_down(daemons: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet) -> None:
+    """The harness stopping a crash-looping plugin (remove_plugin, teardown) holds it: no restart after the back-off."""
+    d = daemon(daemons, tmp_path, kubelet, CRASHER, BackOffPolicy(initial=0.3, maximum=0.3))
+    wait_until("in back-off", d.exit_reason, lambda r: r is not None, timeout=10)
+    d.stop(timeout=2)
+    restarts = d.restarts
+    time.sleep(1.0)
+    assert d.restarts == restarts and not d.running and d.exit_reason() == "exited with status 3"

@@ -249,24 +249,27 @@ class SimBackend:
 
     def remove_plugin(self, node: str) -> None:
         dep = self._plugins.pop(node, None)
-        if dep is None:
+        if dep is None or dep.proc is None:
             return
-        if dep.proc is not None and dep.proc.running:
-            dep.proc.stop(timeout=5.0)
+        running = dep.proc.running
+        dep.proc.stop(timeout=5.0)  # also when it is not running: the kubelet must not start it again
+        if running:
             self._wait_plugin_seen_gone(node, dep.spec.resource_name)
 
     def stop_plugin(self, node: str) -> None:
         proc = self._dep(node).proc
-        if proc.running:
-            proc.stop(timeout=5.0)
+        running = proc.running
+        proc.stop(timeout=5.0)  # held down until start_plugin, even between two crashes
+        if running:
             self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
 
     def kill_plugin(self, node: str) -> None:
         import signal
 
         proc = self._dep(node).proc
-        if proc.running:
-            proc.kill(signal.SIGKILL)
+        running = proc.running
+        proc.kill(signal.SIGKILL)  # held down until start_plugin, even between two crashes
+        if running:
             proc.wait(timeout=5.0)
             self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
 
