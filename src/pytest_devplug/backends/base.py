@@ -40,6 +40,7 @@ __all__ = [
     "CheckpointEntry",
     "parse_checkpoint",
     "applied_view",
+    "runtime_view",
     "DEFAULT_RESOURCE_NAME",
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
@@ -231,7 +232,11 @@ def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
     from ..sim.runoptions import run_container_options
 
     ordered = sorted(entries, key=lambda e: e.resource_name)
-    opts = run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered)
+    return runtime_view(run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered))
+
+
+def runtime_view(opts: Any) -> ContainerView:
+    """The embedded kubelet's ``ContainerRuntimeOptions`` (what it hands the runtime) as a ``ContainerView``."""
     return ContainerView(
         envs=dict(opts.envs),
         mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in opts.mounts),

@@ -34,9 +34,7 @@ from .base import (
     BackendOptions,
     BackendUnavailableError,
     ContainerView,
-    DeviceNodeView,
     ExecResult,
-    MountView,
     NodeSpec,
     ObjectNotFoundError,
     PluginSpec,
@@ -44,6 +42,7 @@ from .base import (
     PodResourcesDevices,
     PodResourcesPod,
     UnsupportedOperationError,
+    runtime_view,
 )
 
 __all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
@@ -408,7 +407,7 @@ class SimBackend:
         return rec.options
 
     def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
-        return _view(self._container(name, container, namespace))
+        return runtime_view(self._container(name, container, namespace))
 
     def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
         """One ``Allocate`` of the registered plugin, a container request per device; each answer as the runtime
@@ -444,7 +443,7 @@ class SimBackend:
             opts.envs.update({k: v for k, v in edits.env.items() if k not in opts.envs})
             opts.devices.extend(edits.device_nodes)
             opts.mounts.extend(edits.mounts)
-            out[device_id] = _view(opts)
+            out[device_id] = runtime_view(opts)
         return out
 
     def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:
@@ -480,17 +479,6 @@ class SimBackend:
             n.grace_period = float(seconds)
             if n.device_manager is not None:
                 n.device_manager.grace_period = float(seconds)
-
-
-def _view(opts: Any) -> ContainerView:
-    """A ``ContainerRuntimeOptions`` of the embedded kubelet as the backends' ``ContainerView``."""
-    return ContainerView(
-        envs=dict(opts.envs),
-        mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in opts.mounts),
-        devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in opts.devices),
-        annotations=dict(opts.annotations),
-        cdi_devices=tuple(opts.cdi_devices),
-    )
 
 
 def _write_json_atomic(path: Path, doc: JSONDict) -> None:

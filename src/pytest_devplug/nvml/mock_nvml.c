@@ -1401,20 +1401,28 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int 
     return leave(rc);
 }
 
-/* Lock and check a GPU or compute instance: the MIG device it belongs to (NULL: not one; the answer in *rc). */
-static nvmlDevice_t enter_instance(unsigned magic, nvmlDevice_t mig, nvmlReturn_t *rc) {
+/* Lock and check a GPU or compute instance (given: not NULL): the MIG device it belongs to, or NULL with the
+ * answer in *rc. */
+static nvmlDevice_t enter_instance(int given, unsigned magic, nvmlDevice_t mig, nvmlReturn_t *rc) {
     pthread_mutex_lock(&mu);
     *rc = !initialized ? NVML_ERROR_UNINITIALIZED
-          : magic != INSTANCE_MAGIC || !valid_device(mig) || !mig->parent ? NVML_ERROR_INVALID_ARGUMENT
+          : !given || magic != INSTANCE_MAGIC || !valid_device(mig) || !mig->parent ? NVML_ERROR_INVALID_ARGUMENT
           : mig->parent->gpu.lost ? NVML_ERROR_GPU_IS_LOST
           : NVML_SUCCESS;
     return *rc ? NULL : mig;
 }
 
+static nvmlDevice_t enter_gi(nvmlGpuInstance_t gi, nvmlReturn_t *rc) {
+    return enter_instance(gi != NULL, gi ? gi->magic : 0, gi ? gi->mig : NULL, rc);
+}
+
+static nvmlDevice_t enter_ci(nvmlComputeInstance_t ci, nvmlReturn_t *rc) {
+    return enter_instance(ci != NULL, ci ? ci->magic : 0, ci ? ci->mig : NULL, rc);
+}
+
 API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
-    nvmlReturn_t rc = gpuInstance ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
-    nvmlDevice_t m = rc ? NULL : enter_instance(gpuInstance->magic, gpuInstance->mig, &rc);
-    if (rc == NVML_ERROR_INVALID_ARGUMENT && !gpuInstance) return rc;
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_gi(gpuInstance, &rc);
     if (!rc && !info) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) {
         unsigned start = 0;
@@ -1430,9 +1438,8 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t 
                                                                unsigned int engProfile,
                                                                nvmlComputeInstanceProfileInfo_t *info) {
     static const unsigned slices_of[] = {1, 2, 3, 4, 7}; /* NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE, by ID */
-    nvmlReturn_t rc = gpuInstance ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
-    nvmlDevice_t m = rc ? NULL : enter_instance(gpuInstance->magic, gpuInstance->mig, &rc);
-    if (rc == NVML_ERROR_INVALID_ARGUMENT && !gpuInstance) return rc;
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_gi(gpuInstance, &rc);
     if (!rc && (!info || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
                 engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED))
         rc = NVML_ERROR_INVALID_ARGUMENT;
@@ -1450,9 +1457,8 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t 
 
 API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
                                                        nvmlComputeInstance_t *computeInstance) {
-    nvmlReturn_t rc = gpuInstance ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
-    nvmlDevice_t m = rc ? NULL : enter_instance(gpuInstance->magic, gpuInstance->mig, &rc);
-    if (rc == NVML_ERROR_INVALID_ARGUMENT && !gpuInstance) return rc;
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_gi(gpuInstance, &rc);
     if (!rc && !computeInstance) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc && id != 0) rc = NVML_ERROR_NOT_FOUND;
     if (!rc) *computeInstance = &m->ci;
@@ -1460,9 +1466,8 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInst
 }
 
 API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t *info) {
-    nvmlReturn_t rc = computeInstance ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
-    nvmlDevice_t m = rc ? NULL : enter_instance(computeInstance->magic, computeInstance->mig, &rc);
-    if (rc == NVML_ERROR_INVALID_ARGUMENT && !computeInstance) return rc;
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_ci(computeInstance, &rc);
     if (!rc && !info) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) {
         memset(info, 0, sizeof *info);
