@@ -308,9 +308,10 @@ class Backend(Protocol):
     def plugin_running(self, node: str) -> bool: ...
 
     def plugin_exit(self, node: str) -> str | None:
-        """Why the plugin cannot come up by itself any more — sim: its process exited (``"exited with
-        status 3"``); kind: its container is in CrashLoopBackOff or cannot be created — or ``None`` while
-        it runs or may still start. Waits for the plugin stop at once on it."""
+        """Why the plugin cannot come up by itself any more — sim: the harness stopped or killed it (``"exited
+        with status 3"``), or it crash-loops (the kubelet holds its restart back: its restarts and back-off);
+        kind: its container is in CrashLoopBackOff or cannot be created — or ``None`` while it runs or the
+        kubelet is about to start it again. Waits for the plugin stop at once on it."""
 
     def plugin_log(self, node: str) -> str: ...
 
