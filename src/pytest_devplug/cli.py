@@ -81,6 +81,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--resource-name", "--devplug-resource-name", "the extended resource it advertises (default nvidia.com/gpu)", {}),
     ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
     ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
+    ("--mig", "--devplug-mig", "MIG devices on every mock GPU, comma-separated profiles (e.g. 1g.5gb,2g.10gb)", {}),
     ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
     ("--reregistration-timeout", "--devplug-reregistration-timeout", "seconds a plugin may take to register again after a kubelet restart (default 40)", {}),
     ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),

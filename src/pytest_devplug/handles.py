@@ -185,14 +185,15 @@ class MockNvml:
         return [str(g["uuid"]) for g in self.state["gpus"]]
 
     def backing_gpu(self, device_id: str) -> str:
-        """The mock GPU's UUID that backs the plugin's ``device_id`` (a UUID, ``<uuid>::<n>``, ``nvidia<minor>``);
-        raises :class:`~pytest_devplug.backing.UnknownBackingError` when no single mock GPU does."""
-        return backing.backing_gpu(device_id, self.state["gpus"])
+        """The mock GPU's UUID that backs the plugin's ``device_id`` (a GPU or MIG UUID, ``<uuid>::<n>``,
+        ``nvidia<minor>``, else what Allocate injects for it: :mod:`~pytest_devplug.backing`); raises
+        :class:`~pytest_devplug.backing.UnknownBackingError` when no single mock GPU does."""
+        return backing.backing_gpu(device_id, self.state["gpus"], self._plugin.injections)
 
     def backed_devices(self, device_ids: list[str] | None = None) -> dict[str, list[str]]:
         """Mock GPU UUID -> the device IDs it backs, of ``device_ids`` (default: the plugin's allocatable ones)."""
         ids = self._plugin.node.device_ids(self._plugin.resource_name) if device_ids is None else device_ids
-        return backing.backed_devices(ids, self.state["gpus"])
+        return backing.backed_devices(ids, self.state["gpus"], self._plugin.injections)
 
     def numa_of(self, uuid: str) -> int | None:
         for g in self.state["gpus"]:
@@ -264,6 +265,7 @@ class PluginHandle:
         self._changes = PluginChanges() if changes is None else changes
         #: stop()/kill() was called and no start() since: an exit then is the test's doing, not a crash.
         self.stopped = False
+        self._injected: dict[str, ContainerView] = {}  # device ID -> what Allocate gives it, since the last start
 
     def mark_changed(self, *, devices: bool = False) -> None:
         """Tell the deployment this plugin is no longer as deployed (``devices``: its devices changed too)."""
@@ -321,7 +323,16 @@ class PluginHandle:
     def start(self) -> None:
         self.mark_changed()
         self.stopped = False
+        self._injected.clear()
         self.backend.start_plugin(self.node.name)
+
+    def injections(self, device_ids: list[str]) -> dict[str, ContainerView]:
+        """What the plugin's ``Allocate`` gives a container for each of ``device_ids`` alone (the backend's
+        ``device_injections``, asked once per device while this start of the plugin lasts)."""
+        missing = [d for d in device_ids if d not in self._injected]
+        if missing:
+            self._injected.update(self.backend.device_injections(self.node.name, self.resource_name, missing))
+        return {d: self._injected[d] for d in device_ids if d in self._injected}
 
     def restart(self) -> None:
         self.stop()

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from .backends import BACKENDS, create_backend
+from .backends import BACKENDS, create_backend, mockstate
 from .backends.base import (
     DEFAULT_GRACE_PERIOD,
     DEFAULT_REREGISTRATION_TIMEOUT,
@@ -178,6 +178,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("resource-name", "extended resource the plugin advertises", {"default": DEFAULT_RESOURCE_NAME}),
     ("gpus", "GPUs in the mock NVML state", {"type": int, "default": 4}),
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology", {"type": int, "default": 2}),
+    (
+        "mig",
+        "MIG devices on every mock GPU, comma-separated profiles (of 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, "
+        "4g.20gb, 7g.40gb; e.g. 1g.5gb,1g.5gb,2g.10gb): the mock GPUs are MIG-enabled, and what is advertised is the "
+        "plugin's choice (NVIDIA's --mig-strategy single: nvidia.com/gpu, mixed: nvidia.com/mig-1g.5gb ...)",
+        {},
+    ),
     ("timeout", "seconds every bounded wait may take", {"type": float, "default": DEFAULT_TIMEOUT}),
     (
         "reregistration-timeout",
@@ -378,6 +385,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         mock=mock,
         gpus=_number(config, "devplug_gpus", int),
         numa_nodes=_number(config, "devplug_numa_nodes", int),
+        mig=_mig(_opt(config, "devplug_mig")),
         pre_start_required=pre_start,
         conventions=_conventions(_opt(config, "devplug_conventions"), frozenset() if custom else frozenset(CONVENTIONS)),
     )
@@ -412,6 +420,15 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         soak=_number(config, "devplug_soak", float),
         device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
     )
+
+
+def _mig(value: Any) -> tuple[str, ...]:
+    profiles = tuple(p.strip() for p in str(value or "").split(",") if p.strip())
+    try:
+        mockstate.check_mig_profiles(profiles)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{_flag('devplug_mig')} = {value!r}: {exc}") from None
+    return profiles
 
 
 def _device_nodes(value: Any) -> tuple[str, ...]:

@@ -110,6 +110,84 @@ def test_nvidia_plugin_time_slicing_fails_exactly_the_replica_check(
     )  # fmt: skip
 
 
+#: MIG on the mock (``--mig``): every mock GPU MIG-enabled with these MIG devices, two of one profile per GPU so that
+#: a GPU fault has two devices of the resource under test to reach. ``single`` needs one profile on the whole node.
+MIG_MIXED = "1g.5gb,1g.5gb,2g.10gb"
+MIG_SINGLE = "1g.5gb,1g.5gb"
+#: Its health loop keys the devices to watch by their parent GPU (``parentToDeviceMap`` in internal/rm/health.go),
+#: keeping one MIG device per GPU: a critical Xid marks that one Unhealthy, the other MIG device of the same GPU
+#: stays schedulable (#1929's shape on MIG). Exactly the check of a fault's reach fails, naming the one left Healthy.
+MIG_LEFT_HEALTHY = re.compile(r"Xid 79 on (GPU-[0-9a-f-]+): .*still Healthy \(allocatable\): \['MIG-[0-9a-f-]+'\]")
+#: With MIG: the running pod's device may be the one its bug leaves Healthy (that test then skips, pointing at the
+#: reach check).
+MIG_MUST_PASS = tuple(t for t in MUST_PASS if t not in (REPLICA_CHECK, "test_device_turning_unhealthy_under_running_pod"))
+#: The checks whose verdicts depend on how devices are named and backed (a subset run: each suite run costs ~1 min).
+BACKING_CHECKS = "registration or nvml or allocate or health or podresources"
+
+
+def test_nvidia_plugin_mig_mixed_fails_exactly_the_mig_reach_check(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """``--mig-strategy mixed`` on MIG-enabled mock GPUs: one process registers nvidia.com/mig-1g.5gb (8: two per GPU)
+    and nvidia.com/mig-2g.10gb (4); the suite judges the first. MIG UUIDs are backed by their GPU, so a GPU's Xid
+    must reach both of its 1g.5gb devices: its health loop's one-device-per-GPU map fails exactly that check."""
+    binary = peer_binary("nvidia-device-plugin")
+    cmd = f"{binary} --device-discovery-strategy nvml --mig-strategy mixed"
+    _assert_suite_verdict(
+        ["--plugin-cmd", cmd, "--mock", "--mig", MIG_MIXED, "--resource-name", "nvidia.com/mig-1g.5gb"], [], tmp_path,
+        SUITE_TIMEOUT_S, must_fail={REPLICA_CHECK: MIG_LEFT_HEALTHY}, must_pass=MIG_MUST_PASS,
+    )  # fmt: skip
+
+
+def test_nvidia_plugin_mig_single_advertises_mig_devices_as_gpus(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """``--mig-strategy single``: the MIG devices as nvidia.com/gpu (their MIG UUIDs in NVIDIA_VISIBLE_DEVICES); the
+    checks of naming and backing run as with ``mixed`` (the same reach check fails)."""
+    binary = peer_binary("nvidia-device-plugin")
+    cmd = f"{binary} --device-discovery-strategy nvml --mig-strategy single"
+    must_pass = tuple(t for t in MIG_MUST_PASS if "restart" not in t and "checkpoint" not in t)
+    _assert_suite_verdict(
+        ["--plugin-cmd", cmd, "--mock", "--mig", MIG_SINGLE], ["-k", BACKING_CHECKS], tmp_path, SUITE_TIMEOUT_S,
+        must_fail={REPLICA_CHECK: MIG_LEFT_HEALTHY}, must_pass=must_pass,
+    )  # fmt: skip
+
+
+def test_nvidia_plugin_index_ids_are_judged_by_what_allocate_injects(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """``--device-id-strategy index``: device IDs 0..3 name no GPU; what Allocate injects for each alone
+    (``NVIDIA_VISIBLE_DEVICES=<index>``, the NVML index its runtime reads) tells the backing GPU, so the per-GPU
+    Xid checks run and pass instead of skipping."""
+    binary = peer_binary("nvidia-device-plugin")
+    cmd = f"{binary} --device-discovery-strategy nvml --device-id-strategy index"
+    must_pass = (REPLICA_CHECK, "test_application_xids_leave_the_gpu_healthy", "test_device_turning_unhealthy_under_running_pod")
+    _assert_suite_verdict(
+        ["--plugin-cmd", cmd, "--mock"], ["-k", "nvml or health"], tmp_path, SUITE_TIMEOUT_S, conventions="nvml-xid",
+        must_pass=must_pass,
+    )  # fmt: skip
+
+
+def test_nvidia_plugin_mig_mixed_registers_a_resource_per_profile(peer_binary: Callable[[str], Path]) -> None:
+    """Several resources from one plugin process: what the suite's one-resource fixtures do not judge, seen here."""
+    from pytest_devplug.backends.base import BackendOptions, NodeSpec, PluginSpec
+    from pytest_devplug.backends.mockstate import mig_uuid
+    from pytest_devplug.backends.sim import SimBackend
+    from pytest_devplug.waiting import wait_for
+
+    binary = peer_binary("nvidia-device-plugin")
+    backend = SimBackend(BackendOptions(timeout=30.0))
+    backend.start()
+    try:
+        backend.ensure_node(NodeSpec("n1", numa_nodes=1))
+        argv = (str(binary), "--device-discovery-strategy", "nvml", "--mig-strategy", "mixed")
+        backend.deploy_plugin("n1", PluginSpec(argv=argv, mock=True, gpus=2, numa_nodes=1, mig=tuple(MIG_MIXED.split(","))))
+
+        def capacity() -> dict[str, str]:
+            return {r: str(v) for r, v in backend.get_node("n1")["status"]["capacity"].items() if r.startswith("nvidia.com/")}
+
+        want = {"nvidia.com/mig-1g.5gb": "4", "nvidia.com/mig-2g.10gb": "2"}
+        assert wait_for(capacity, lambda c: c == want, timeout=60.0, what="both MIG resources registered") == want
+        listed = sorted(d for c in backend.allocatable_devices("n1") if c.resource_name == "nvidia.com/mig-2g.10gb" for d in c.device_ids)
+        assert listed == [mig_uuid(0, 2), mig_uuid(1, 2)], listed
+    finally:
+        backend.close()
+
+
 @pytest.mark.kind
 @pytest.mark.usefixtures("docker_available")
 def test_nvidia_plugin_passes_the_suite_on_kind(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:

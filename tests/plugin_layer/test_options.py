@@ -33,6 +33,8 @@ def test_disruptive():
         ([], "devplug_gpus = 2.5", ["devplug_gpus", "'2.5'", "an integer"]),
         ([], "devplug_missing_faults = maybe", ["devplug_missing_faults", "skip, fail"]),
         (["--devplug-plugin-cmd", "'unclosed"], "", ["--devplug-plugin-cmd", "quotation"]),
+        (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
+        ([], "devplug_mig = 7g.40gb,1g.5gb", ["devplug_mig", "do not fit on one GPU: 8 of 7 compute slices"]),
     ],
 )
 def test_bad_value_is_one_usage_error_at_start(

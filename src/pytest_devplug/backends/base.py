@@ -40,6 +40,7 @@ __all__ = [
     "CheckpointEntry",
     "parse_checkpoint",
     "applied_view",
+    "runtime_view",
     "DEFAULT_RESOURCE_NAME",
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
@@ -98,6 +99,8 @@ class PluginSpec:
     mock: bool = False
     gpus: int = 4
     numa_nodes: int = 2
+    #: MIG devices (profiles such as ``1g.5gb``) on every mock GPU, which are then MIG-enabled; none: MIG off.
+    mig: tuple[str, ...] = ()
     #: Whether the plugin asks for PreStartContainer (a conformance test checks it is called).
     pre_start_required: bool = False
     #: sim: run the plugin in a private mount namespace with the node's directories at the kubelet's
@@ -229,7 +232,11 @@ def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
     from ..sim.runoptions import run_container_options
 
     ordered = sorted(entries, key=lambda e: e.resource_name)
-    opts = run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered)
+    return runtime_view(run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered))
+
+
+def runtime_view(opts: Any) -> ContainerView:
+    """The embedded kubelet's ``ContainerRuntimeOptions`` (what it hands the runtime) as a ``ContainerView``."""
     return ContainerView(
         envs=dict(opts.envs),
         mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in opts.mounts),
@@ -301,9 +308,10 @@ class Backend(Protocol):
     def plugin_running(self, node: str) -> bool: ...
 
     def plugin_exit(self, node: str) -> str | None:
-        """Why the plugin cannot come up by itself any more — sim: its process exited (``"exited with
-        status 3"``); kind: its container is in CrashLoopBackOff or cannot be created — or ``None`` while
-        it runs or may still start. Waits for the plugin stop at once on it."""
+        """Why the plugin cannot come up by itself any more — sim: the harness stopped or killed it (``"exited
+        with status 3"``), or it crash-loops (the kubelet holds its restart back: its restarts and back-off);
+        kind: its container is in CrashLoopBackOff or cannot be created — or ``None`` while it runs or the
+        kubelet is about to start it again. Waits for the plugin stop at once on it."""
 
     def plugin_log(self, node: str) -> str: ...
 
@@ -366,6 +374,12 @@ class Backend(Protocol):
 
     def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
         """What the runtime applied to the container from Allocate (env, mounts, devices, ...)."""
+
+    def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
+        """What the resource's plugin on ``node`` gives a container for each device alone: one ``Allocate`` with a
+        container request per device, as for a pod of that many one-device containers (the kubelet tells a
+        plugin nothing when such a pod goes, so a plugin cannot tell it from one), CDI names resolved as the
+        runtime would. Raises ``UnsupportedOperationError`` where the backend cannot call the plugin."""
 
     def restart_container(self, name: str, container: str, namespace: str = "default") -> None: ...
 

@@ -26,7 +26,7 @@ import grpc
 from ..api.podresources import v1_pb2, v1_pb2_grpc
 from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_env, mock_library
 from ..sim import workdir
-from ..sim.gpunode import gpu_device_nodes, node_file_binds
+from ..sim.gpunode import gpu_device_nodes, mig_cap_device_nodes, mig_minors, node_file_binds
 from ..waiting import wait_for
 from . import mockstate
 from .base import (
@@ -34,9 +34,7 @@ from .base import (
     BackendOptions,
     BackendUnavailableError,
     ContainerView,
-    DeviceNodeView,
     ExecResult,
-    MountView,
     NodeSpec,
     ObjectNotFoundError,
     PluginSpec,
@@ -44,6 +42,7 @@ from .base import (
     PodResourcesDevices,
     PodResourcesPod,
     UnsupportedOperationError,
+    runtime_view,
 )
 
 __all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
@@ -198,7 +197,7 @@ class SimBackend:
             mock_dir = self.workdir / f"mock-{node}"
             mock_dir.mkdir(exist_ok=True)
             mock_path = mock_dir / "mock-state.json"
-            _write_json_atomic(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes))
+            _write_json_atomic(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig))
         with self._lock:
             self._serial += 1
             name = f"plugin-{self._serial}"
@@ -221,11 +220,13 @@ class SimBackend:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
         device nodes and a stub driver root (``sim/gpunode.py``), for the plugin's private mount namespace."""
         nodes = list(self._device_nodes.get(node, ()))
-        version, nvml = None, None
+        version, nvml, nvcaps = None, None, None
         if spec.mock:
-            minors = [int(g["minor"]) for g in mockstate.initial_state(spec.gpus, spec.numa_nodes)["gpus"]]
-            nodes += [d for d in gpu_device_nodes(minors) if d not in nodes]
+            gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig)["gpus"]
+            minors = [int(g["minor"]) for g in gpus]
+            nodes += [d for d in gpu_device_nodes(minors) + mig_cap_device_nodes(gpus) if d not in nodes]
             version = MOCK_DRIVER_VERSION
+            nvcaps = mig_minors(minors) if spec.mig else None
             try:
                 nvml = mock_library()
             except MockBuildError as exc:
@@ -234,7 +235,7 @@ class SimBackend:
             return []
         try:
             return node_file_binds(
-                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml
+                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, nvcaps=nvcaps
             )
         except ValueError as exc:
             raise BackendError(f"node {node}: {exc}") from None
@@ -247,24 +248,27 @@ class SimBackend:
 
     def remove_plugin(self, node: str) -> None:
         dep = self._plugins.pop(node, None)
-        if dep is None:
+        if dep is None or dep.proc is None:
             return
-        if dep.proc is not None and dep.proc.running:
-            dep.proc.stop(timeout=5.0)
+        running = dep.proc.running
+        dep.proc.stop(timeout=5.0)  # also when it is not running: the kubelet must not start it again
+        if running:
             self._wait_plugin_seen_gone(node, dep.spec.resource_name)
 
     def stop_plugin(self, node: str) -> None:
         proc = self._dep(node).proc
-        if proc.running:
-            proc.stop(timeout=5.0)
+        running = proc.running
+        proc.stop(timeout=5.0)  # held down until start_plugin, even between two crashes
+        if running:
             self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
 
     def kill_plugin(self, node: str) -> None:
         import signal
 
         proc = self._dep(node).proc
-        if proc.running:
-            proc.kill(signal.SIGKILL)
+        running = proc.running
+        proc.kill(signal.SIGKILL)  # held down until start_plugin, even between two crashes
+        if running:
             proc.wait(timeout=5.0)
             self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
 
@@ -292,11 +296,10 @@ class SimBackend:
         return bool(dep is not None and dep.proc is not None and dep.proc.running)
 
     def plugin_exit(self, node: str) -> str | None:
+        """How the plugin ended when it was stopped or killed, or that it crash-loops (the kubelet holds its
+        restart back); ``None`` while it runs or the kubelet is about to restart it (``sim/daemon.py``)."""
         dep = self._plugins.get(node)
-        rc = dep.proc.returncode if dep is not None and dep.proc is not None else None
-        if rc is None:
-            return None
-        return f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
+        return None if dep is None or dep.proc is None else dep.proc.exit_reason()
 
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
@@ -404,14 +407,44 @@ class SimBackend:
         return rec.options
 
     def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
-        rec = self._container(name, container, namespace)
-        return ContainerView(
-            envs=dict(rec.envs),
-            mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in rec.mounts),
-            devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in rec.devices),
-            annotations=dict(rec.annotations),
-            cdi_devices=tuple(rec.cdi_devices),
-        )
+        return runtime_view(self._container(name, container, namespace))
+
+    def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
+        """One ``Allocate`` of the registered plugin, a container request per device; each answer as the runtime
+        sees it, the edits of the CDI devices it names added."""
+        from ..api.deviceplugin import v1beta1_pb2 as dp
+        from ..api.deviceplugin import v1beta1_pb2_grpc as dpg
+        from ..sim import cdi
+        from ..sim.endpoint import go_rpc_error
+        from ..sim.runoptions import run_container_options
+
+        n = self._node(node)
+        dm = n.device_manager
+        sock = None if dm is None else dm.plugin_socket(resource)
+        if sock is None:
+            raise BackendError(f"no plugin for {resource} is connected to the kubelet on {node}")
+        ids = list(device_ids)
+        req = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=[d]) for d in ids])
+        with grpc.insecure_channel(f"unix://{sock}") as channel:
+            try:
+                resp = dpg.DevicePluginStub(channel).Allocate(req, timeout=self.options.timeout)  # type: ignore[no-untyped-call]
+            except grpc.RpcError as err:
+                raise BackendError(f"Allocate of {resource} with one device per container {ids}: {go_rpc_error(err)}") from None
+        if len(resp.container_responses) != len(ids):
+            raise BackendError(f"Allocate of {resource} answered {len(resp.container_responses)} container responses to {len(ids)} requests")
+        out: dict[str, ContainerView] = {}
+        for device_id, answer in zip(ids, resp.container_responses, strict=True):
+            opts = run_container_options([answer])
+            names = [*opts.cdi_devices, *cdi.names_from_annotations(opts.annotations)]
+            try:
+                edits = cdi.resolve(names, n.cdi_spec_dirs) if names else cdi.CdiEdits()
+            except cdi.UnresolvableCdiDevicesError as exc:
+                raise BackendError(f"Allocate of {resource} for {device_id!r} names CDI devices no spec resolves: {exc}") from None
+            opts.envs.update({k: v for k, v in edits.env.items() if k not in opts.envs})
+            opts.devices.extend(edits.device_nodes)
+            opts.mounts.extend(edits.mounts)
+            out[device_id] = runtime_view(opts)
+        return out
 
     def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:
         view = self.container_view(name, container, namespace)

@@ -341,6 +341,12 @@ class DeviceManager:
             ep = self._endpoints.get(resource)
             return ep.options if ep is not None else None
 
+    def plugin_socket(self, resource: str) -> Path | None:
+        """Where the kubelet dials the resource's plugin (``None`` while none is registered)."""
+        with self._lock:
+            ep = self._endpoints.get(resource)
+            return ep.socket_path if ep is not None and not ep.is_stopped() else None
+
     def device_numa(self, resource: str, device_id: str) -> list[int]:
         with self._lock:
             return _device_nodes(self._all.get(resource, {}).get(device_id))

@@ -29,6 +29,7 @@ from .devicemanager import DeviceManager
 from .model import ContainerRuntimeOptions, ContainerSpec, PodSpecView
 from .podresources import PodResourcesServer
 from .launcher import KUBELET_PATHS
+from .daemon import KUBELET_BACKOFF, BackOffPolicy, PluginDaemon
 from .process import PluginProcess
 from .scheduler import pod_requests, tolerates
 
@@ -192,7 +193,7 @@ class SimNode:
         self._admit_lock = threading.RLock()  # one pod addition at a time, like syncLoop
         self._runtime: dict[str, dict[str, ContainerRecord]] = {}
         self._pods: dict[str, _PodRecord] = {}
-        self._plugins: dict[str, PluginProcess] = {}
+        self._plugins: dict[str, PluginDaemon] = {}
         self._ext_capacity: dict[str, int] = {}
         self._ext_allocatable: dict[str, int] = {}
         self._running = False
@@ -314,13 +315,16 @@ class SimNode:
         env: Mapping[str, str] | None = None,
         standard_paths: bool = False,
         extra_binds: Sequence[tuple[Path, str]] = (),
-    ) -> PluginProcess:
+        backoff: BackOffPolicy = KUBELET_BACKOFF,
+    ) -> PluginDaemon:
         """Start a device plugin subprocess; ``{plugin_dir}`` in ``argv`` becomes this node's dir.
 
-        With ``standard_paths`` the plugin runs in a private mount namespace where this node's
-        directories are at the kubelet's standard paths (``/var/lib/kubelet/device-plugins`` ...),
-        for plugins that hard-code them; other nodes' plugins never see them. ``extra_binds`` (host file
-        or directory, path in the namespace) add the node's own files there: its device nodes, a driver root.
+        The kubelet keeps it running as a DaemonSet pod's container (:mod:`~pytest_devplug.sim.daemon`: an exit
+        of its own is restarted with ``backoff``). With ``standard_paths`` the plugin runs in a private mount
+        namespace where this node's directories are at the kubelet's standard paths
+        (``/var/lib/kubelet/device-plugins`` ...), for plugins that hard-code them; other nodes' plugins never
+        see them. ``extra_binds`` (host file or directory, path in the namespace) add the node's own files
+        there: its device nodes, a driver root.
         """
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
@@ -330,24 +334,25 @@ class SimNode:
         proc = PluginProcess(
             args, plugin_dir=self.plugin_dir, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
         )
-        proc.start()
-        self._plugins[name] = proc
+        daemon = PluginDaemon(proc, name=name, kubelet=lambda: self._dm, logger=self.logger, policy=backoff)
+        daemon.start()
+        self._plugins[name] = daemon
         self.logger.info(
             '"Started plugin process" name="%s" pid=%s kubeletSocket="%s"',
             name,
-            proc.pid,
+            daemon.pid,
             f"{KUBELET_PATHS['device-plugins']}/kubelet.sock (private mount namespace)" if binds else self.plugin_dir / "kubelet.sock",
         )
-        return proc
+        return daemon
 
-    def plugin(self, name: str = "plugin") -> PluginProcess:
+    def plugin(self, name: str = "plugin") -> PluginDaemon:
         try:
             return self._plugins[name]
         except KeyError:
             raise errors.PluginProcessError(f"no plugin {name!r} on node {self.name}") from None
 
     @property
-    def plugins(self) -> dict[str, PluginProcess]:
+    def plugins(self) -> dict[str, PluginDaemon]:
         return dict(self._plugins)
 
     # ------------------------------------------------------------- node status

@@ -377,6 +377,12 @@ class KubeBackend:
     def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
         raise UnsupportedOperationError("a real kubelet shows the options it got from a plugin nowhere (not in its API, log or checkpoint)")
 
+
+    def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
+        raise UnsupportedOperationError(
+            f"{self.name}: calling the plugin's Allocate outside the kubelet is not implemented (it would run on the "
+            "node, beside the kubelet's own dial of the plugin socket)"
+        )
     def read_checkpoint(self, node: str) -> bytes | None:
         return self.nodeops.read_checkpoint(node)
 
@@ -409,7 +415,7 @@ class KubeBackend:
             # Before the DaemonSet: the plugin reads the state and loads the library at start.
             if self.nodeops.transport.run(node, f"test -e {MOCK_DIR}", timeout=_CLUSTER_PACE_S).returncode != 0:
                 self._mock_dirs.add(node)
-            self.write_mock_state(node, mockstate.initial_state(spec.gpus, spec.numa_nodes), _deploying=True)
+            self.write_mock_state(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig), _deploying=True)
             self.nodeops.write_file(node, *mock_library_file())
         adopted = self._adopted()
         if adopted is not None:
