@@ -25,7 +25,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-from pytest_devplug.sim.checkpoint import (
+from pytest_devplug.kubeletmodel.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointData,
     CheckpointError,

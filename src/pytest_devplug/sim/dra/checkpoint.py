@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_devplug.sim import gojson
-from pytest_devplug.sim.checkpoint import (
+from pytest_devplug.kubeletmodel import gojson
+from pytest_devplug.kubeletmodel.checkpoint import (
     CheckpointCorruptError,
     CheckpointFormatError,
     _go_json,  # one encoder for both checkpoints: encoding/json's output rules
     read_bytes,
     write_atomically,
 )
-from pytest_devplug.sim.gojson import Number, Object, Value
+from pytest_devplug.kubeletmodel.gojson import Number, Object, Value
 
 __all__ = [
     "CHECKPOINT_NAME",

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_devplug.errors import DevplugError
-from pytest_devplug.sim import gojson
-from pytest_devplug.sim.gojson import Number, Object, Value
+from pytest_devplug.kubeletmodel import gojson
+from pytest_devplug.kubeletmodel.gojson import Number, Object, Value
 
 __all__ = [
     "CHECKPOINT_NAME",
