@@ -9,7 +9,7 @@ import pytest
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.cli import main as devplug
-from pytest_devplug.kubeletmodel.checkpoint import (
+from pytest_devplug.sim.checkpoint import (
     CheckpointCorruptError,
     CheckpointData,
     CheckpointFormatError,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.cli import main as devplug
-from pytest_devplug.kubeletmodel.checkpoint import (
+from pytest_devplug.sim.checkpoint import (
     MAX_CHECKPOINT_BYTES,
     CheckpointData,
     CheckpointFormatError,

@@ -9,13 +9,8 @@ so nil and empty values are kept apart (Go renders them differently) all the way
 from __future__ import annotations
 
 import base64
-import json
-import os
 import re
-import stat
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pytest_devplug.errors import DevplugError
@@ -33,11 +28,7 @@ __all__ = [
     "checksum",
     "encode",
     "decode",
-    "MAX_CHECKPOINT_BYTES",
-    "read_bytes",
-    "read_checkpoint",
-    "write_checkpoint",
-    "write_atomically",
+    "decode_verified",
 ]
 
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
@@ -128,14 +119,6 @@ def checksum(data: CheckpointData) -> int:
     return h
 
 
-def _go_json(value: Any) -> str:
-    # encoding/json: compact, UTF-8 kept; <, >, & escaped for HTML safety, U+2028/9 for JavaScript.
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-        text = text.replace(char, escape)
-    return text
-
-
 def encode(data: CheckpointData, *, stored: int | None = None) -> bytes:
     """The file content the kubelet would write for ``data`` (``json.Marshal``); ``stored``
     replaces the computed checksum, to render a value as read back from a file."""
@@ -162,7 +145,7 @@ def encode(data: CheckpointData, *, stored: int | None = None) -> bytes:
         "Data": {"PodDeviceEntries": entries, "RegisteredDevices": registered},
         "Checksum": checksum(data) if stored is None else stored,
     }
-    return _go_json(doc).encode()
+    return gojson.marshal(doc).encode()
 
 
 # -- reading: json.Unmarshal into the kubelet's types, rule for rule -----------------------------
@@ -177,8 +160,6 @@ _UINT = re.compile(r"0|[1-9][0-9]*")
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 _INT_KEY = re.compile(r"[+-]?[0-9]+")  # strconv.ParseInt(s, 10, 64)
 _ENTRY_FIELDS = ("PodUID", "ContainerName", "ResourceName", "DeviceIDs", "AllocResp")
-#: Read no more than this: a real checkpoint holds a few hundred bytes per container.
-MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
 
 
 def _fold(name: str) -> str:
@@ -357,66 +338,10 @@ def decode(blob: bytes, *, source: str = "checkpoint") -> tuple[CheckpointData, 
     return decoder.data, decoder.stored
 
 
-def read_bytes(path: Path, limit: int = MAX_CHECKPOINT_BYTES) -> bytes:
-    """The content of a regular file of at most ``limit`` bytes. A FIFO, a device such as
-    ``/dev/zero`` or a directory is refused before anything is read, so nothing blocks or grows."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointFormatError(f"{path}: not a regular file ({_file_kind(st.st_mode)})")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            raise CheckpointFormatError(f"{path}: larger than {limit} bytes; not a device-manager checkpoint")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return f"mode {stat.filemode(mode)}"
-
-
-def read_checkpoint(path: Path) -> CheckpointData:
-    """Read and verify a checkpoint; raises :class:`CheckpointCorruptError` on a checksum mismatch."""
-    data, stored = decode(read_bytes(path), source=str(path))
+def decode_verified(blob: bytes, *, source: str = "checkpoint") -> CheckpointData:
+    """:func:`decode`, then the kubelet's checksum check: raises :class:`CheckpointCorruptError` on a mismatch."""
+    data, stored = decode(blob, source=source)
     computed = checksum(data)
     if computed != stored:
-        raise CheckpointCorruptError(str(path), stored, computed)
+        raise CheckpointCorruptError(source, stored, computed)
     return data
-
-
-def write_checkpoint(path: Path, data: CheckpointData) -> None:
-    """Write atomically as the kubelet does: temp file in the same dir, fsync, rename."""
-    write_atomically(path, encode(data))
-
-
-def write_atomically(path: Path, blob: bytes) -> None:
-    """The kubelet's checkpoint manager's write: temp file in the same dir, fsync, rename (no partial file
-    is ever seen, a failed write leaves no temp file)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -25,14 +25,8 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-from pytest_devplug.kubeletmodel.checkpoint import (
-    CHECKPOINT_NAME,
-    CheckpointData,
-    CheckpointError,
-    PodDevicesEntry,
-    read_checkpoint,
-    write_checkpoint,
-)
+from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointData, CheckpointError, PodDevicesEntry
+from pytest_devplug.sim.checkpoint import read_checkpoint, write_checkpoint
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
 from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
 from pytest_devplug.sim.model import (

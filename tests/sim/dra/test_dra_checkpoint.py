@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointFormatError
+from pytest_devplug.sim.checkpoint import CheckpointCorruptError, CheckpointFormatError
 from pytest_devplug.sim.dra import checkpoint as cp
 
 CLAIM1 = "067798be-454e-4be4-9047-1aa06aea63f7"

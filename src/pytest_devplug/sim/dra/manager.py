@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_devplug.api.dra import v1_pb2 as pb
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointError
+from pytest_devplug.sim.checkpoint import CheckpointError
 from pytest_devplug.sim.dra import checkpoint as cp
 from pytest_devplug.sim.dra.client import DRAPluginCallError, DRAPluginClient
 from pytest_devplug.sim.dra.health import HealthInfoCache
