@@ -85,8 +85,19 @@ def test_parse_checkpoint_of_a_real_kubelet() -> None:
              "AllocResp": base64.b64encode(b"\x0a\x00").decode()}  # fmt: skip
     cp2 = parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": None}, "Checksum": 1}).encode())
     assert cp2.entries_for("u")[0].all_device_ids == ["a", "b"] and cp2.entries[0].alloc_resp == b"\x0a\x00"
-    with pytest.raises(ValueError, match="not a kubelet device-manager checkpoint"):
-        parse_checkpoint(b"{}")
+    with pytest.raises(ValueError, match="cannot unmarshal array into checkpoint.Data"):
+        parse_checkpoint(b"[]")
+
+
+def test_parse_checkpoint_decodes_as_the_kubelet_does() -> None:
+    """Go's json.Unmarshal: keys match field names case-insensitively, unknown keys are ignored, a missing Data
+    is an empty one (the kubelet's checksum check then refuses it; reading does not judge the checksum)."""
+    raw = b'{"data":{"podDeviceEntries":[{"poduid":"u","CONTAINERNAME":"c","ResourceName":"r/x","DeviceIDs":{"0":["b"]},"Extra":1}]},"Checksum":7}'
+    (entry,) = parse_checkpoint(raw).entries
+    assert (entry.pod_uid, entry.container_name, entry.device_ids, entry.alloc_resp) == ("u", "c", {"0": ("b",)}, b"")
+    assert parse_checkpoint(b"{}").entries == () and parse_checkpoint(b"{}").registered_devices == {}
+    with pytest.raises(ValueError, match="invalid character"):
+        parse_checkpoint(b'\xef\xbb\xbf{"Data":{}}')  # a BOM, which Python's json would skip
 
 
 def test_wait_for_is_bounded_and_keeps_the_last_value() -> None:

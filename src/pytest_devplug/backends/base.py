@@ -9,7 +9,6 @@ document read from and written to the node. Nothing here exposes a sim object.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +20,7 @@ from ..errors import (
     PodRejectedError,
     UnsupportedOperationError,
 )
+from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
 
 __all__ = [
     "Backend",
@@ -194,34 +194,6 @@ class PodResourcesPod:
         return cls(name=p.name, namespace=p.namespace, containers=containers)
 
 
-@dataclass(frozen=True)
-class CheckpointEntry:
-    pod_uid: str
-    container_name: str
-    resource_name: str
-    #: NUMA node (decimal string, ``"-1"`` for none) -> device IDs, as the kubelet writes it.
-    device_ids: Mapping[str, tuple[str, ...]]
-    alloc_resp: bytes
-
-    @property
-    def all_device_ids(self) -> list[str]:
-        return sorted(d for ids in self.device_ids.values() for d in ids)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The kubelet's device-manager checkpoint, decoded (no checksum check: the kubelet does that)."""
-
-    entries: tuple[CheckpointEntry, ...]
-    registered_devices: Mapping[str, tuple[str, ...]]
-    raw: bytes
-
-    def entries_for(self, pod_uid: str, container: str | None = None) -> list[CheckpointEntry]:
-        return [
-            e for e in self.entries if e.pod_uid == pod_uid and (container is None or e.container_name == container)
-        ]
-
-
 def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
     """What the kubelet hands the runtime for a container from its checkpointed Allocate responses
     (one entry per resource): merged and de-duplicated by container path as upstream does."""
@@ -237,30 +209,6 @@ def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
         annotations=dict(opts.annotations),
         cdi_devices=tuple(opts.cdi_devices),
     )
-
-
-def parse_checkpoint(raw: bytes) -> Checkpoint:
-    """Decode ``kubelet_internal_checkpoint`` bytes; raises ``ValueError`` when it is not that format."""
-    import base64
-
-    try:
-        doc = json.loads(raw)
-        data = doc["Data"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a kubelet device-manager checkpoint: {exc}") from exc
-    entries = []
-    for e in data.get("PodDeviceEntries") or []:
-        entries.append(
-            CheckpointEntry(
-                pod_uid=e["PodUID"],
-                container_name=e["ContainerName"],
-                resource_name=e["ResourceName"],
-                device_ids={k: tuple(v or ()) for k, v in (e.get("DeviceIDs") or {}).items()},
-                alloc_resp=base64.b64decode(e.get("AllocResp") or ""),
-            )
-        )
-    registered = {k: tuple(v or ()) for k, v in (data.get("RegisteredDevices") or {}).items()}
-    return Checkpoint(entries=tuple(entries), registered_devices=registered, raw=raw)
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,9 @@ __all__ = [
     "encode",
     "decode",
     "decode_verified",
+    "Checkpoint",
+    "CheckpointEntry",
+    "parse_checkpoint",
 ]
 
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
@@ -41,8 +45,9 @@ class CheckpointError(DevplugError):
     """A checkpoint file could not be used."""
 
 
-class CheckpointFormatError(CheckpointError):
-    """The file is not a device-manager checkpoint (bad JSON or wrong shape)."""
+class CheckpointFormatError(CheckpointError, ValueError):
+    """The file is not a device-manager checkpoint (bad JSON or wrong shape); a ``ValueError`` too, as
+    :func:`parse_checkpoint` raised before it decoded by Go's rules."""
 
 
 class CheckpointCorruptError(CheckpointError):
@@ -345,3 +350,58 @@ def decode_verified(blob: bytes, *, source: str = "checkpoint") -> CheckpointDat
     if computed != stored:
         raise CheckpointCorruptError(source, stored, computed)
     return data
+
+
+# -- the reader's view: what a test asks of a kubelet's checkpoint -------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One container's devices of one resource, as the kubelet recorded them."""
+
+    pod_uid: str
+    container_name: str
+    resource_name: str
+    #: NUMA node (decimal string, ``"-1"`` for none) -> device IDs, as the kubelet writes it.
+    device_ids: Mapping[str, tuple[str, ...]]
+    #: The protobuf-encoded ``ContainerAllocateResponse`` the plugin returned (``b""`` for nil).
+    alloc_resp: bytes
+
+    @property
+    def all_device_ids(self) -> list[str]:
+        return sorted(d for ids in self.device_ids.values() for d in ids)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The kubelet's device-manager checkpoint, decoded as the kubelet decodes it (the checksum is not judged
+    here: ``devplug checkpoint verify`` does that)."""
+
+    entries: tuple[CheckpointEntry, ...]
+    #: resource -> device IDs healthy when the file was written.
+    registered_devices: Mapping[str, tuple[str, ...]]
+    raw: bytes
+
+    def entries_for(self, pod_uid: str, container: str | None = None) -> list[CheckpointEntry]:
+        return [
+            e for e in self.entries if e.pod_uid == pod_uid and (container is None or e.container_name == container)
+        ]
+
+
+def parse_checkpoint(raw: bytes) -> Checkpoint:
+    """Decode ``kubelet_internal_checkpoint`` bytes by the kubelet's rules (:func:`decode`: Go's ``json.Unmarshal``,
+    keys matched case-insensitively, unknown keys ignored); raises :class:`CheckpointFormatError` (a
+    ``ValueError``) where the kubelet's decoding fails."""
+    data, _ = decode(raw, source=CHECKPOINT_NAME)
+    entries = tuple(
+        CheckpointEntry(
+            pod_uid=e.pod_uid,
+            container_name=e.container_name,
+            resource_name=e.resource_name,
+            device_ids={str(node): tuple(ids or ()) for node, ids in (e.device_ids or {}).items()},
+            alloc_resp=e.alloc_resp or b"",
+        )
+        for e in data.pod_device_entries or ()
+    )
+    registered = {k: tuple(v or ()) for k, v in (data.registered_devices or {}).items()}
+    return Checkpoint(entries=entries, registered_devices=registered, raw=raw)
