@@ -220,7 +220,7 @@ def test_run_container_options_merge_like_the_kubelet(caplog: pytest.LogCaptureF
     import logging
 
     from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-    from pytest_devplug.sim.runoptions import run_container_options
+    from pytest_devplug.kubeletmodel.runoptions import run_container_options
 
     a = pb.ContainerAllocateResponse(envs={"X": "1"}, annotations={"k": "a"})
     a.devices.add(container_path="/dev/g0", host_path="/dev/g0", permissions="rw")

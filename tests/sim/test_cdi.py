@@ -16,7 +16,7 @@ from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.plugin import default_plugin_argv
 from pytest_devplug.sim import cdi
-from pytest_devplug.sim.model import DeviceNodeSpec, MountSpec
+from pytest_devplug.kubeletmodel.views import DeviceNodeSpec, MountSpec
 
 SPEC: dict[str, Any] = {
     "cdiVersion": "0.6.0",

@@ -198,7 +198,7 @@ def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
     """What the kubelet hands the runtime for a container from its checkpointed Allocate responses
     (one entry per resource): merged and de-duplicated by container path as upstream does."""
     from ..api.deviceplugin import v1beta1_pb2 as dp
-    from ..sim.runoptions import run_container_options
+    from ..kubeletmodel.runoptions import run_container_options
 
     ordered = sorted(entries, key=lambda e: e.resource_name)
     opts = run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered)

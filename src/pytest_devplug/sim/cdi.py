@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model import DeviceNodeSpec, MountSpec
+from ..kubeletmodel.views import DeviceNodeSpec, MountSpec
 
 __all__ = [
     "CdiEdits",

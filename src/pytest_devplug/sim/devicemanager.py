@@ -29,13 +29,13 @@ from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointDa
 from pytest_devplug.sim.checkpoint import read_checkpoint, write_checkpoint
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
 from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
-from pytest_devplug.sim.model import (
+from pytest_devplug.kubeletmodel.views import (
     ContainerRuntimeOptions,
     ContainerSpec,
     PodSpecView,
 )
 from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, plugin_socket_path
-from pytest_devplug.sim.runoptions import run_container_options
+from pytest_devplug.kubeletmodel.runoptions import run_container_options
 from pytest_devplug.sim.topology import (
     POLICIES,
     TOPOLOGY_AFFINITY_MESSAGE,

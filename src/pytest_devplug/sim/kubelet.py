@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import cdi, errors
 from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
 from .devicemanager import DeviceManager
-from .model import ContainerRuntimeOptions, ContainerSpec, PodSpecView
+from ..kubeletmodel.views import ContainerRuntimeOptions, ContainerSpec, PodSpecView
 from .podresources import PodResourcesServer
 from .launcher import KUBELET_PATHS
 from .process import PluginProcess

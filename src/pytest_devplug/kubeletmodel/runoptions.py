@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-from pytest_devplug.sim.model import ContainerRuntimeOptions, DeviceNodeSpec, MountSpec
+from pytest_devplug.kubeletmodel.views import ContainerRuntimeOptions, DeviceNodeSpec, MountSpec
 
 __all__ = ["run_container_options"]
 
