@@ -237,7 +237,7 @@ def test_run_container_options_merge_like_the_kubelet(caplog: pytest.LogCaptureF
     assert opts.envs == {"X": "1", "Y": "3"} and opts.annotations == {"k": "a"}
     assert [(d.container_path, d.host_path, d.permissions) for d in opts.devices] == [("/dev/g0", "/dev/g0", "rw")]
     assert [(m.container_path, m.host_path) for m in opts.mounts] == [("/m", "/h1")]
-    assert opts.cdi_devices == ["v.io/c=0"]
+    assert opts.cdi_devices == ("v.io/c=0",)
     text = caplog.text
     for needle in ("Environment variable has conflicting", "conflicting mapping host devices", "conflicting mapping host mounts", "Annotation has conflicting"):
         assert needle in text, text

@@ -21,6 +21,8 @@ from ..errors import (
     UnsupportedOperationError,
 )
 from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
+from ..kubeletmodel.runoptions import applied_view
+from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
 __all__ = [
     "Backend",
@@ -126,35 +128,6 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
-class MountView:
-    container_path: str
-    host_path: str
-    read_only: bool
-
-
-@dataclass(frozen=True)
-class DeviceNodeView:
-    container_path: str
-    host_path: str
-    permissions: str
-
-
-@dataclass(frozen=True)
-class ContainerView:
-    """What the container runtime applied to a container from the plugin's Allocate responses."""
-
-    envs: Mapping[str, str]
-    mounts: tuple[MountView, ...]
-    devices: tuple[DeviceNodeView, ...]
-    annotations: Mapping[str, str]
-    cdi_devices: tuple[str, ...]
-
-    @property
-    def empty(self) -> bool:
-        return not (self.envs or self.mounts or self.devices or self.annotations or self.cdi_devices)
-
-
-@dataclass(frozen=True)
 class PodResourcesDevices:
     """One ``ContainerDevices`` of the pod-resources API."""
 
@@ -192,23 +165,6 @@ class PodResourcesPod:
             for c in p.containers
         )
         return cls(name=p.name, namespace=p.namespace, containers=containers)
-
-
-def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
-    """What the kubelet hands the runtime for a container from its checkpointed Allocate responses
-    (one entry per resource): merged and de-duplicated by container path as upstream does."""
-    from ..api.deviceplugin import v1beta1_pb2 as dp
-    from ..kubeletmodel.runoptions import run_container_options
-
-    ordered = sorted(entries, key=lambda e: e.resource_name)
-    opts = run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered)
-    return ContainerView(
-        envs=dict(opts.envs),
-        mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in opts.mounts),
-        devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in opts.devices),
-        annotations=dict(opts.annotations),
-        cdi_devices=tuple(opts.cdi_devices),
-    )
 
 
 @runtime_checkable

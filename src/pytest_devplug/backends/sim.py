@@ -19,7 +19,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -34,9 +34,7 @@ from .base import (
     BackendOptions,
     BackendUnavailableError,
     ContainerView,
-    DeviceNodeView,
     ExecResult,
-    MountView,
     NodeSpec,
     ObjectNotFoundError,
     PluginSpec,
@@ -45,6 +43,10 @@ from .base import (
     PodResourcesPod,
     UnsupportedOperationError,
 )
+
+if TYPE_CHECKING:
+    from ..sim.clusterapi import ClusterApi
+    from ..sim.kubelet import SimNode
 
 __all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
 
@@ -78,7 +80,7 @@ class SimBackend:
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
         self.workdir: Path | None = None
-        self.cluster: Any = None
+        self.cluster: ClusterApi | None = None
         #: The real control plane (``--devplug-control-plane real``), else ``None``.
         self.control_plane: Any = None
         self._api_client: Any = None
@@ -163,12 +165,12 @@ class SimBackend:
         if errors:
             raise BackendError(f"sim teardown: {'; '.join(map(repr, errors))}")
 
-    def _c(self) -> Any:
+    def _c(self) -> ClusterApi:
         if self.cluster is None:
             raise BackendError("sim backend not started")
         return self.cluster
 
-    def _node(self, name: str) -> Any:
+    def _node(self, name: str) -> SimNode:
         from ..sim.errors import NotFoundError
 
         try:
@@ -307,7 +309,8 @@ class SimBackend:
         return list(self._c().list_nodes())
 
     def get_node(self, name: str) -> JSONDict:
-        return dict(self._node(name) and self._c().get_node(name))
+        self._node(name)  # ObjectNotFoundError for an unknown node
+        return dict(self._c().get_node(name))
 
     def restart_kubelet(self, node: str) -> None:
         self._node(node).restart_kubelet()
@@ -390,7 +393,7 @@ class SimBackend:
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
         return list(self._c().events(namespace=namespace, involved_name=involved_name))
 
-    def _container(self, name: str, container: str, namespace: str) -> Any:
+    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
         pod = self.get_pod(name, namespace)
         node = pod.get("spec", {}).get("nodeName")
         if not node:
@@ -402,16 +405,6 @@ class SimBackend:
         except SimError:
             raise BackendError(f"pod {namespace}/{name} has no container {container!r} on {node} (not admitted?)") from None
         return rec.options
-
-    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
-        rec = self._container(name, container, namespace)
-        return ContainerView(
-            envs=dict(rec.envs),
-            mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in rec.mounts),
-            devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in rec.devices),
-            annotations=dict(rec.annotations),
-            cdi_devices=tuple(rec.cdi_devices),
-        )
 
     def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:
         view = self.container_view(name, container, namespace)

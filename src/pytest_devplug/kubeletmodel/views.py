@@ -1,14 +1,17 @@
-"""Data shared by the embedded kubelet's parts: the device manager's view of pods and containers.
+"""What the kubelet's parts see: a pod as admission and the device manager see it, and what the container runtime
+applies to a container (the merge of its Allocate responses, plus CDI edits where the runtime resolves them).
 
-Kept apart from the control plane's Kubernetes-shaped dicts so that the device manager depends on
-nothing but these plain values, as the kubelet's device manager depends only on the pod spec.
+Plain values, kept apart from the control plane's Kubernetes-shaped dicts so that the device manager depends on
+nothing but these, as the kubelet's device manager depends only on the pod spec; the backends hand the same
+:class:`ContainerView` to tests whether it came from the embedded runtime or a real kubelet's checkpoint.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["ContainerSpec", "PodSpecView", "ContainerRuntimeOptions", "MountSpec", "DeviceNodeSpec"]
+__all__ = ["ContainerSpec", "PodSpecView", "ContainerView", "MountView", "DeviceNodeView"]
 
 
 @dataclass(frozen=True)
@@ -39,25 +42,34 @@ class PodSpecView:
 
 
 @dataclass(frozen=True)
-class MountSpec:
+class MountView:
+    """A bind mount: ``host_path`` at ``container_path``."""
+
     container_path: str
     host_path: str
     read_only: bool
 
 
 @dataclass(frozen=True)
-class DeviceNodeSpec:
+class DeviceNodeView:
+    """A device node: ``host_path`` at ``container_path`` with cgroup ``permissions`` (``"rw"``, ``"rwm"``)."""
+
     container_path: str
     host_path: str
     permissions: str
 
 
-@dataclass
-class ContainerRuntimeOptions:
-    """What the runtime applies to a container: the merge of every Allocate response it got."""
+@dataclass(frozen=True)
+class ContainerView:
+    """What the container runtime applied to a container from the plugin's Allocate responses."""
 
-    envs: dict[str, str] = field(default_factory=dict)
-    mounts: list[MountSpec] = field(default_factory=list)
-    devices: list[DeviceNodeSpec] = field(default_factory=list)
-    annotations: dict[str, str] = field(default_factory=dict)
-    cdi_devices: list[str] = field(default_factory=list)
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[MountView, ...] = ()
+    devices: tuple[DeviceNodeView, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Fully qualified CDI device names (``vendor.com/class=name``) the kubelet passed on.
+    cdi_devices: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.envs or self.mounts or self.devices or self.annotations or self.cdi_devices)

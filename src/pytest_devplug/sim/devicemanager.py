@@ -26,16 +26,12 @@ from google.protobuf.message import DecodeError
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointData, CheckpointError, PodDevicesEntry
+from pytest_devplug.kubeletmodel.runoptions import run_container_options
+from pytest_devplug.kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
 from pytest_devplug.sim.checkpoint import read_checkpoint, write_checkpoint
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
 from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
-from pytest_devplug.kubeletmodel.views import (
-    ContainerRuntimeOptions,
-    ContainerSpec,
-    PodSpecView,
-)
 from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, plugin_socket_path
-from pytest_devplug.kubeletmodel.runoptions import run_container_options
 from pytest_devplug.sim.topology import (
     POLICIES,
     TOPOLOGY_AFFINITY_MESSAGE,
@@ -382,7 +378,7 @@ class DeviceManager:
                 for uid, cs in sorted(self._pod_devs.items())
             }
 
-    def container_options(self, pod_uid: str, container_name: str) -> ContainerRuntimeOptions:
+    def container_options(self, pod_uid: str, container_name: str) -> ContainerView:
         """Merge of the container's Allocate responses (``deviceRunContainerOptions``, see ``runoptions``)."""
         with self._lock:
             infos = dict(self._pod_devs.get(pod_uid, {}).get(container_name, {}))

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
 from . import cdi, errors
 from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
 from .devicemanager import DeviceManager
-from ..kubeletmodel.views import ContainerRuntimeOptions, ContainerSpec, PodSpecView
 from .podresources import PodResourcesServer
 from .launcher import KUBELET_PATHS
 from .process import PluginProcess
@@ -94,7 +94,7 @@ class ContainerRecord:
     started_at: str = ""
     finished_at: str = ""
     last_state: dict[str, Any] = field(default_factory=dict)
-    options: ContainerRuntimeOptions = field(default_factory=ContainerRuntimeOptions)
+    options: ContainerView = field(default_factory=ContainerView)
     devices: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -556,7 +556,7 @@ class SimNode:
         self._event(rec.pod, "Normal", "Started", f"Started container {c.name}")
         return True
 
-    def _with_cdi_edits(self, options: ContainerRuntimeOptions) -> ContainerRuntimeOptions:
+    def _with_cdi_edits(self, options: ContainerView) -> ContainerView:
         """What a CDI-enabled runtime applies on top of the kubelet's options: the edits of the CDI devices named
         in ``CDIDevices`` and ``cdi.k8s.io/*`` annotations, from the spec files in the node's CDI directories."""
         names = [*options.cdi_devices, *cdi.names_from_annotations(options.annotations)]
@@ -565,9 +565,9 @@ class SimNode:
         edits = cdi.resolve(names, self.cdi_spec_dirs)
         envs = {**options.envs, **edits.env}
         nodes = {d.container_path for d in edits.device_nodes}
-        devices = [d for d in options.devices if d.container_path not in nodes] + edits.device_nodes
+        devices = (*(d for d in options.devices if d.container_path not in nodes), *edits.device_nodes)
         paths = {m.container_path for m in edits.mounts}
-        mounts = [m for m in options.mounts if m.container_path not in paths] + edits.mounts
+        mounts = (*(m for m in options.mounts if m.container_path not in paths), *edits.mounts)
         return replace(options, envs=envs, devices=devices, mounts=mounts)
 
     def _start_containers(self, rec: _PodRecord) -> None:
