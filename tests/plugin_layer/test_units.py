@@ -127,9 +127,12 @@ def test_pod_factory_manifests() -> None:
     assert c["resources"] == {"limits": {"example.com/w": "2"}} and m["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
     assert m["metadata"]["name"].startswith("test-thing-1-")
     assert f.manifest(requests=1)["spec"]["containers"][0]["resources"] == {"requests": {"example.com/w": "1"}}
-    assert parse_quantity("3") == 3 and parse_quantity(None) == 0
-    with pytest.raises(ValueError):
+    assert parse_quantity("3") == 3 and parse_quantity(None) == 0 and parse_quantity(4) == 4
+    assert parse_quantity("1k") == 1000  # how an API server writes 1000 devices
+    with pytest.raises(ValueError, match="'500m' is not an integer"):
         parse_quantity("500m")
+    with pytest.raises(ValueError, match="'two' is not a quantity"):
+        parse_quantity("two")
 
 
 def test_resource_neutral_names_and_their_gpu_aliases() -> None:

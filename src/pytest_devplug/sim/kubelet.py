@@ -25,7 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
 from . import cdi, errors
-from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
+from ..kubeletmodel.quantity import parse_quantity
+from .apiserver import is_extended_resource, now_rfc3339
 from .devicemanager import DeviceManager
 from .podresources import PodResourcesServer
 from .launcher import KUBELET_PATHS
