@@ -90,11 +90,13 @@ def test_an_invalid_spec_is_ignored_saying_why(tmp_path: Path, change: dict[str,
 def test_unresolvable_names_say_which_and_what_was_seen(tmp_path: Path) -> None:
     write(tmp_path, "example.json", SPEC)
     (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "broken.yaml").write_text("kind: [unclosed")
     with pytest.raises(cdi.UnresolvableCdiDevicesError) as info:
         cdi.resolve(["example.com/gpu=gpu0", "example.com/gpu=gpu7", "other.com/x=y"], [tmp_path])
     text = str(info.value)
     assert text.startswith("unresolvable CDI devices example.com/gpu=gpu7, other.com/x=y; specs seen: "), text
     assert "example.json: example.com/gpu devices ['gpu0', 'gpu1']" in text and "broken.json: ignored (" in text, text
+    assert "broken.yaml: ignored (" in text and "cannot parse: while parsing a flow sequence" in text, text
     with pytest.raises(cdi.UnresolvableCdiDevicesError, match=r"specs seen: .*nowhere: no spec files"):
         cdi.resolve(["example.com/gpu=gpu0"], [tmp_path / "nowhere"])
 

@@ -13,11 +13,12 @@ and ``cat /proc/mounts`` style listing via ``mounts``. Anything else raises
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,17 +148,15 @@ class SimBackend:
 
     def close(self) -> None:
         errors: list[BaseException] = []
-        for node in list(self._plugins):
-            try:
-                self.remove_plugin(node)
-            except Exception as exc:  # noqa: BLE001 - keep tearing down, report at the end
-                errors.append(exc)
+        steps: list[Callable[[], None]] = [functools.partial(self.remove_plugin, node) for node in list(self._plugins)]
         if self.cluster is not None:
+            steps.append(self.cluster.close)
+        for step in steps:
             try:
-                self.cluster.close()
-            except Exception as exc:  # noqa: BLE001
+                step()
+            except Exception as exc:  # noqa: BLE001 - every step must run (no process left behind); all reported below
                 errors.append(exc)
-            self.cluster = None
+        self.cluster = None
         self._stop_control_plane()
         if self.workdir is not None:
             workdir.remove(self.workdir)

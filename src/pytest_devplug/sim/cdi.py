@@ -173,7 +173,10 @@ def _parse(path: Path) -> Any:
         import yaml  # the cluster and kind extras bring PyYAML; a JSON spec needs nothing
     except ImportError:
         raise CdiSpecError(f"{path}: a YAML CDI spec needs PyYAML (pip install pyyaml)") from None
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
 
 
 def _read_spec(path: Path, priority: int) -> _Spec:
@@ -182,8 +185,6 @@ def _read_spec(path: Path, priority: int) -> _Spec:
     except CdiSpecError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - PyYAML's own error types, imported lazily
         raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
     try:
         if not isinstance(raw, dict):
