@@ -15,9 +15,7 @@ kubelet's *memory* (admitted pods; dropped on every restart and rebuilt by re-ad
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +27,7 @@ from ..kubeletmodel.quantity import parse_quantity
 from .apiserver import is_extended_resource, now_rfc3339
 from .devicemanager import DeviceManager
 from .podresources import PodResourcesServer
+from .klog import KlogFormatter, KlogHandler
 from .launcher import KUBELET_PATHS
 from .process import PluginProcess
 from .scheduler import pod_requests, tolerates
@@ -42,40 +41,6 @@ DEFAULT_PODS = "110"
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]  # pod, type, reason, message
 StatusSink = Callable[[str, dict[str, Any]], None]  # pod uid, status
 PodsSource = Callable[[], list[dict[str, Any]]]  # pods bound to this node, as the API server has them
-
-
-class KlogFormatter(logging.Formatter):
-    """klog's header: ``I0102 15:04:05.000000 12345 file.go:123] msg``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        lvl = {"DEBUG": "I", "INFO": "I", "WARNING": "W", "ERROR": "E", "CRITICAL": "F"}.get(record.levelname, "I")
-        t = time.localtime(record.created)
-        micros = int((record.created % 1) * 1_000_000)
-        stamp = time.strftime("%m%d %H:%M:%S", t)
-        return f"{lvl}{stamp}.{micros:06d} {os.getpid():>7} {record.module}.py:{record.lineno}] {record.getMessage()}"
-
-
-class _MemoryHandler(logging.Handler):
-    """Keeps the node's kubelet log in memory (bounded) and appends it to ``kubelet.log``."""
-
-    def __init__(self, path: Path, max_lines: int = 20000) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-        self.max_lines = max_lines
-        self.path = path
-        self.setFormatter(KlogFormatter())
-
-    def emit(self, record: logging.LogRecord) -> None:
-        line = self.format(record)
-        with self.lock or threading.Lock():
-            self.lines.append(line)
-            if len(self.lines) > self.max_lines:
-                del self.lines[: len(self.lines) - self.max_lines]
-            try:
-                with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write(line + "\n")
-            except OSError:
-                pass  # the node dir is being removed: keep the in-memory copy
 
 
 @dataclass
@@ -202,7 +167,7 @@ class SimNode:
         self.logger = logging.getLogger(f"pytest_devplug.sim.kubelet.{name}.{id(self):x}")
         self.logger.setLevel(logging.DEBUG)
         self.logger.propagate = False
-        self._log_handler = _MemoryHandler(self.node_dir / "kubelet.log")
+        self._log_handler = KlogHandler(self.node_dir / "kubelet.log")
         self.logger.addHandler(self._log_handler)
 
     # ------------------------------------------------------------------ paths
@@ -233,7 +198,7 @@ class SimNode:
         return self._dm
 
     def kubelet_log(self) -> str:
-        return "\n".join(self._log_handler.lines) + ("\n" if self._log_handler.lines else "")
+        return self._log_handler.text()
 
     # --------------------------------------------------------------- lifecycle
     def start_kubelet(self) -> None:
