@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -244,3 +245,24 @@ def test_run_container_options_merge_like_the_kubelet(caplog: pytest.LogCaptureF
     text = caplog.text
     for needle in ("Environment variable has conflicting", "conflicting mapping host devices", "conflicting mapping host mounts", "Annotation has conflicting"):
         assert needle in text, text
+
+
+def test_the_kubelet_model_imports_neither_side_of_the_layering() -> None:
+    """kubeletmodel/ holds rules both sim/ and backends/ use; importing either (or anything above them) would
+    tie the layers in a knot."""
+    import ast
+
+    import pytest_devplug.kubeletmodel as km
+
+    allowed = ("pytest_devplug.kubeletmodel", "pytest_devplug.errors", "pytest_devplug.api")
+    package = ["pytest_devplug", "kubeletmodel"]
+    imported = []
+    for path in Path(km.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported += [(path.name, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                imported.append((path.name, ".".join([*base, *([node.module] if node.module else [])])))
+    bad = [f"{f}: {name}" for f, name in imported if name.startswith("pytest_devplug") and not name.startswith(allowed)]
+    assert len(imported) > 10 and bad == []

@@ -11,37 +11,11 @@ import stat
 import tempfile
 from pathlib import Path
 
-from pytest_devplug.kubeletmodel.checkpoint import (
-    CHECKPOINT_NAME,
-    CheckpointCorruptError,
-    CheckpointData,
-    CheckpointError,
-    CheckpointFormatError,
-    PodDevicesEntry,
-    checksum,
-    decode,
-    decode_verified,
-    encode,
-    render,
-)
+from pytest_devplug.kubeletmodel import checkpoint as _format
+from pytest_devplug.kubeletmodel.checkpoint import *  # noqa: F403 - the format's names, importable from here as before
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, CheckpointFormatError, decode_verified, encode
 
-__all__ = [
-    "CHECKPOINT_NAME",
-    "PodDevicesEntry",
-    "CheckpointData",
-    "CheckpointError",
-    "CheckpointFormatError",
-    "CheckpointCorruptError",
-    "render",
-    "checksum",
-    "encode",
-    "decode",
-    "MAX_CHECKPOINT_BYTES",
-    "read_bytes",
-    "read_checkpoint",
-    "write_checkpoint",
-    "write_atomically",
-]
+__all__ = [*_format.__all__, "MAX_CHECKPOINT_BYTES", "read_bytes", "read_checkpoint", "write_checkpoint", "write_atomically"]
 
 #: Read no more than this: a real checkpoint holds a few hundred bytes per container.
 MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
