@@ -15,11 +15,16 @@ from typing import Any
 from ..kubeletmodel.quantity import parse_quantity
 from .apiserver import now_rfc3339
 
-__all__ = ["NodeStatus", "DEFAULT_CPU", "DEFAULT_MEMORY", "DEFAULT_PODS"]
+__all__ = ["NodeStatus", "node_labels", "DEFAULT_CPU", "DEFAULT_MEMORY", "DEFAULT_PODS"]
 
 DEFAULT_CPU = "8"
 DEFAULT_MEMORY = "32Gi"
 DEFAULT_PODS = "110"
+
+
+def node_labels(name: str, labels: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The labels a kubelet puts on its Node (hostname, os, arch), then ``labels`` (``--node-labels``)."""
+    return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", **(labels or {})}
 
 
 class NodeStatus:
@@ -36,12 +41,7 @@ class NodeStatus:
         pods: str = DEFAULT_PODS,
     ) -> None:
         self.name = name
-        self.labels: dict[str, str] = {
-            "kubernetes.io/hostname": name,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            **(labels or {}),
-        }
+        self.labels = node_labels(name, labels)
         self.taints: list[dict[str, Any]] = [dict(t) for t in taints or []]
         self.unschedulable = False
         self.uid = str(uuid.uuid4())
