@@ -46,6 +46,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from ..controlplane import ControlPlane
     from ..sim.clusterapi import ClusterApi
     from ..sim.kubelet import SimNode
 
@@ -83,7 +84,7 @@ class SimBackend:
         self.workdir: Path | None = None
         self.cluster: ClusterApi | None = None
         #: The real control plane (``--devplug-control-plane real``), else ``None``.
-        self.control_plane: Any = None
+        self.control_plane: ControlPlane | None = None
         self._api_client: Any = None
         #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
         self.kept: str | None = None
@@ -113,7 +114,7 @@ class SimBackend:
             self.workdir = None
             raise
 
-    def _start_real(self) -> Any:
+    def _start_real(self) -> ClusterApi:
         """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
         from . import CLUSTER_MODULES, _require
 
