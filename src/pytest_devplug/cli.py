@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
-from .sim.checkpoint import CheckpointData, CheckpointError, checksum, decode, read_bytes
+from .kubeletmodel.checkpoint import CheckpointData, CheckpointError, checksum, decode
+from .sim.checkpoint import read_bytes
 from .sim.dra import checkpoint as dra_checkpoint
 
 __all__ = ["main"]

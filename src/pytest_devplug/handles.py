@@ -31,6 +31,7 @@ from .backends.base import (
     parse_checkpoint,
 )
 from .errors import MockControlsUnavailableError, ObjectNotFoundError
+from .kubeletmodel import quantity
 from .waiting import WaitTimeout, wait_for
 
 __all__ = [
@@ -49,15 +50,14 @@ __all__ = [
 
 
 def parse_quantity(value: str | int | None) -> int:
-    """An extended-resource quantity as an int (they are integers; ``"0"``/missing -> 0)."""
+    """An extended-resource quantity as an int (they are integers; ``"0"``/missing -> 0), in any form the API
+    server writes (``"1k"`` for 1000); raises ``ValueError`` for a fraction or a text that is no quantity."""
     if value is None:
         return 0
-    if isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"extended-resource quantity {value!r} is not an integer") from None
+    q = quantity.parse_quantity(value)
+    if not q.is_integer():
+        raise ValueError(f"extended-resource quantity {value!r} is not an integer")
+    return q.ceil_int()
 
 
 class NodeHandle:

@@ -9,7 +9,6 @@ document read from and written to the node. Nothing here exposes a sim object.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +20,9 @@ from ..errors import (
     PodRejectedError,
     UnsupportedOperationError,
 )
+from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
+from ..kubeletmodel.runoptions import applied_view
+from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
 __all__ = [
     "Backend",
@@ -40,7 +42,6 @@ __all__ = [
     "CheckpointEntry",
     "parse_checkpoint",
     "applied_view",
-    "runtime_view",
     "DEFAULT_RESOURCE_NAME",
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
@@ -129,35 +130,6 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
-class MountView:
-    container_path: str
-    host_path: str
-    read_only: bool
-
-
-@dataclass(frozen=True)
-class DeviceNodeView:
-    container_path: str
-    host_path: str
-    permissions: str
-
-
-@dataclass(frozen=True)
-class ContainerView:
-    """What the container runtime applied to a container from the plugin's Allocate responses."""
-
-    envs: Mapping[str, str]
-    mounts: tuple[MountView, ...]
-    devices: tuple[DeviceNodeView, ...]
-    annotations: Mapping[str, str]
-    cdi_devices: tuple[str, ...]
-
-    @property
-    def empty(self) -> bool:
-        return not (self.envs or self.mounts or self.devices or self.annotations or self.cdi_devices)
-
-
-@dataclass(frozen=True)
 class PodResourcesDevices:
     """One ``ContainerDevices`` of the pod-resources API."""
 
@@ -195,79 +167,6 @@ class PodResourcesPod:
             for c in p.containers
         )
         return cls(name=p.name, namespace=p.namespace, containers=containers)
-
-
-@dataclass(frozen=True)
-class CheckpointEntry:
-    pod_uid: str
-    container_name: str
-    resource_name: str
-    #: NUMA node (decimal string, ``"-1"`` for none) -> device IDs, as the kubelet writes it.
-    device_ids: Mapping[str, tuple[str, ...]]
-    alloc_resp: bytes
-
-    @property
-    def all_device_ids(self) -> list[str]:
-        return sorted(d for ids in self.device_ids.values() for d in ids)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The kubelet's device-manager checkpoint, decoded (no checksum check: the kubelet does that)."""
-
-    entries: tuple[CheckpointEntry, ...]
-    registered_devices: Mapping[str, tuple[str, ...]]
-    raw: bytes
-
-    def entries_for(self, pod_uid: str, container: str | None = None) -> list[CheckpointEntry]:
-        return [
-            e for e in self.entries if e.pod_uid == pod_uid and (container is None or e.container_name == container)
-        ]
-
-
-def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
-    """What the kubelet hands the runtime for a container from its checkpointed Allocate responses
-    (one entry per resource): merged and de-duplicated by container path as upstream does."""
-    from ..api.deviceplugin import v1beta1_pb2 as dp
-    from ..sim.runoptions import run_container_options
-
-    ordered = sorted(entries, key=lambda e: e.resource_name)
-    return runtime_view(run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered))
-
-
-def runtime_view(opts: Any) -> ContainerView:
-    """The embedded kubelet's ``ContainerRuntimeOptions`` (what it hands the runtime) as a ``ContainerView``."""
-    return ContainerView(
-        envs=dict(opts.envs),
-        mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in opts.mounts),
-        devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in opts.devices),
-        annotations=dict(opts.annotations),
-        cdi_devices=tuple(opts.cdi_devices),
-    )
-
-
-def parse_checkpoint(raw: bytes) -> Checkpoint:
-    """Decode ``kubelet_internal_checkpoint`` bytes; raises ``ValueError`` when it is not that format."""
-    import base64
-
-    try:
-        doc = json.loads(raw)
-        data = doc["Data"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a kubelet device-manager checkpoint: {exc}") from exc
-    entries = []
-    for e in data.get("PodDeviceEntries") or []:
-        entries.append(
-            CheckpointEntry(
-                pod_uid=e["PodUID"],
-                container_name=e["ContainerName"],
-                resource_name=e["ResourceName"],
-                device_ids={k: tuple(v or ()) for k, v in (e.get("DeviceIDs") or {}).items()},
-                alloc_resp=base64.b64decode(e.get("AllocResp") or ""),
-            )
-        )
-    registered = {k: tuple(v or ()) for k, v in (data.get("RegisteredDevices") or {}).items()}
-    return Checkpoint(entries=tuple(entries), registered_devices=registered, raw=raw)
 
 
 @runtime_checkable

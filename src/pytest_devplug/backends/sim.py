@@ -13,13 +13,14 @@ and ``cat /proc/mounts`` style listing via ``mounts``. Anything else raises
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -42,8 +43,12 @@ from .base import (
     PodResourcesDevices,
     PodResourcesPod,
     UnsupportedOperationError,
-    runtime_view,
 )
+
+if TYPE_CHECKING:
+    from ..controlplane import ControlPlane
+    from ..sim.clusterapi import ClusterApi
+    from ..sim.kubelet import SimNode
 
 __all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
 
@@ -77,9 +82,9 @@ class SimBackend:
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
         self.workdir: Path | None = None
-        self.cluster: Any = None
+        self.cluster: ClusterApi | None = None
         #: The real control plane (``--devplug-control-plane real``), else ``None``.
-        self.control_plane: Any = None
+        self.control_plane: ControlPlane | None = None
         self._api_client: Any = None
         #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
         self.kept: str | None = None
@@ -109,7 +114,7 @@ class SimBackend:
             self.workdir = None
             raise
 
-    def _start_real(self) -> Any:
+    def _start_real(self) -> ClusterApi:
         """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
         from . import CLUSTER_MODULES, _require
 
@@ -144,17 +149,15 @@ class SimBackend:
 
     def close(self) -> None:
         errors: list[BaseException] = []
-        for node in list(self._plugins):
-            try:
-                self.remove_plugin(node)
-            except Exception as exc:  # noqa: BLE001 - keep tearing down, report at the end
-                errors.append(exc)
+        steps: list[Callable[[], None]] = [functools.partial(self.remove_plugin, node) for node in list(self._plugins)]
         if self.cluster is not None:
+            steps.append(self.cluster.close)
+        for step in steps:
             try:
-                self.cluster.close()
-            except Exception as exc:  # noqa: BLE001
+                step()
+            except Exception as exc:  # noqa: BLE001 - every step must run (no process left behind); all reported below
                 errors.append(exc)
-            self.cluster = None
+        self.cluster = None
         self._stop_control_plane()
         if self.workdir is not None:
             workdir.remove(self.workdir)
@@ -162,12 +165,12 @@ class SimBackend:
         if errors:
             raise BackendError(f"sim teardown: {'; '.join(map(repr, errors))}")
 
-    def _c(self) -> Any:
+    def _c(self) -> ClusterApi:
         if self.cluster is None:
             raise BackendError("sim backend not started")
         return self.cluster
 
-    def _node(self, name: str) -> Any:
+    def _node(self, name: str) -> SimNode:
         from ..sim.errors import NotFoundError
 
         try:
@@ -310,7 +313,8 @@ class SimBackend:
         return list(self._c().list_nodes())
 
     def get_node(self, name: str) -> JSONDict:
-        return dict(self._node(name) and self._c().get_node(name))
+        self._node(name)  # ObjectNotFoundError for an unknown node
+        return dict(self._c().get_node(name))
 
     def restart_kubelet(self, node: str) -> None:
         self._node(node).restart_kubelet()
@@ -393,7 +397,7 @@ class SimBackend:
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
         return list(self._c().events(namespace=namespace, involved_name=involved_name))
 
-    def _container(self, name: str, container: str, namespace: str) -> Any:
+    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
         pod = self.get_pod(name, namespace)
         node = pod.get("spec", {}).get("nodeName")
         if not node:
@@ -406,9 +410,6 @@ class SimBackend:
             raise BackendError(f"pod {namespace}/{name} has no container {container!r} on {node} (not admitted?)") from None
         return rec.options
 
-    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
-        return runtime_view(self._container(name, container, namespace))
-
     def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
         """One ``Allocate`` of the registered plugin, a container request per device; each answer as the runtime
         sees it, the edits of the CDI devices it names added."""
@@ -416,7 +417,8 @@ class SimBackend:
         from ..api.deviceplugin import v1beta1_pb2_grpc as dpg
         from ..sim import cdi
         from ..sim.endpoint import go_rpc_error
-        from ..sim.runoptions import run_container_options
+        from ..kubeletmodel.runoptions import run_container_options
+        from ..sim.runtime import with_cdi_edits
 
         n = self._node(node)
         dm = n.device_manager
@@ -434,16 +436,10 @@ class SimBackend:
             raise BackendError(f"Allocate of {resource} answered {len(resp.container_responses)} container responses to {len(ids)} requests")
         out: dict[str, ContainerView] = {}
         for device_id, answer in zip(ids, resp.container_responses, strict=True):
-            opts = run_container_options([answer])
-            names = [*opts.cdi_devices, *cdi.names_from_annotations(opts.annotations)]
             try:
-                edits = cdi.resolve(names, n.cdi_spec_dirs) if names else cdi.CdiEdits()
+                out[device_id] = with_cdi_edits(run_container_options([answer]), n.cdi_spec_dirs)
             except cdi.UnresolvableCdiDevicesError as exc:
                 raise BackendError(f"Allocate of {resource} for {device_id!r} names CDI devices no spec resolves: {exc}") from None
-            opts.envs.update({k: v for k, v in edits.env.items() if k not in opts.envs})
-            opts.devices.extend(edits.device_nodes)
-            opts.mounts.extend(edits.mounts)
-            out[device_id] = runtime_view(opts)
         return out
 
     def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:

@@ -41,6 +41,7 @@ from . import errors
 from .apiserver import now_rfc3339
 from .clusterapi import ClusterApi
 from .kubelet import SimNode
+from .nodestatus import node_labels
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
 
@@ -171,8 +172,8 @@ class ApiCluster:
         topology_policy: str = "none",
     ) -> SimNode:
         """Register the Node (the API server validates the name first), then start its kubelet."""
-        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", **(labels or {})}
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}, "spec": {}}
+        own_labels = node_labels(name, labels)
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": own_labels}, "spec": {}}
         if taints:
             body["spec"]["taints"] = [dict(t) for t in taints]
         try:
@@ -182,7 +183,7 @@ class ApiCluster:
         node = SimNode(
             name,
             self.workdir / name,
-            labels=node_labels,
+            labels=own_labels,
             taints=taints,
             numa_nodes=numa_nodes,
             topology_policy=topology_policy,

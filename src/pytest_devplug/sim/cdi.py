@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model import DeviceNodeSpec, MountSpec
+from ..kubeletmodel.views import DeviceNodeView, MountView
 
 __all__ = [
     "CdiEdits",
@@ -72,8 +72,8 @@ class CdiEdits:
     """The edits a container gets from its CDI devices, in the order the runtime applies them."""
 
     env: dict[str, str] = field(default_factory=dict)
-    device_nodes: list[DeviceNodeSpec] = field(default_factory=list)
-    mounts: list[MountSpec] = field(default_factory=list)
+    device_nodes: list[DeviceNodeView] = field(default_factory=list)
+    mounts: list[MountView] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)  # "hookName path"; the sim runs none
 
     def add(self, raw: Mapping[str, Any]) -> None:
@@ -82,10 +82,10 @@ class CdiEdits:
             self.env[name] = value  # a later value wins, as in the OCI spec's process env
         for d in raw.get("deviceNodes") or ():
             perms = str(d.get("permissions") or "rwm")
-            node = DeviceNodeSpec(str(d["path"]), str(d.get("hostPath") or d["path"]), "" if perms == "none" else perms)
+            node = DeviceNodeView(str(d["path"]), str(d.get("hostPath") or d["path"]), "" if perms == "none" else perms)
             self.device_nodes = [n for n in self.device_nodes if n.container_path != node.container_path] + [node]
         for m in raw.get("mounts") or ():
-            mount = MountSpec(str(m["containerPath"]), str(m["hostPath"]), "ro" in (m.get("options") or ()))
+            mount = MountView(str(m["containerPath"]), str(m["hostPath"]), "ro" in (m.get("options") or ()))
             self.mounts = [x for x in self.mounts if x.container_path != mount.container_path] + [mount]
         self.hooks += [f"{h['hookName']} {h['path']}" for h in raw.get("hooks") or ()]
 
@@ -173,7 +173,10 @@ def _parse(path: Path) -> Any:
         import yaml  # the cluster and kind extras bring PyYAML; a JSON spec needs nothing
     except ImportError:
         raise CdiSpecError(f"{path}: a YAML CDI spec needs PyYAML (pip install pyyaml)") from None
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
 
 
 def _read_spec(path: Path, priority: int) -> _Spec:
@@ -182,8 +185,6 @@ def _read_spec(path: Path, priority: int) -> _Spec:
     except CdiSpecError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - PyYAML's own error types, imported lazily
         raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
     try:
         if not isinstance(raw, dict):
