@@ -85,6 +85,8 @@ class SimBackend:
         #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
         self.kept: str | None = None
         self._plugins: dict[str, _Deployed] = {}
+        #: The DRA side (``backends/sim_dra.py``), with the real control plane only: DRA drivers need its API server.
+        self.dra: Any = None
         self._device_nodes: dict[str, tuple[str, ...]] = {}  # node -> its declared device nodes (NodeSpec)
         self._serial = 0
         self._lock = threading.Lock()
@@ -125,6 +127,9 @@ class SimBackend:
         except ControlPlaneError as exc:
             raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
         self._api_client = self.control_plane.client()
+        from .sim_dra import SimDRA
+
+        self.dra = SimDRA(self, self._api_client)
         assert self.workdir is not None
         return ApiCluster(
             self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
@@ -145,6 +150,12 @@ class SimBackend:
 
     def close(self) -> None:
         errors: list[BaseException] = []
+        if self.dra is not None:
+            try:
+                self.dra.close()
+            except Exception as exc:  # noqa: BLE001 - keep tearing down, report at the end
+                errors.append(exc)
+            self.dra = None
         for node in list(self._plugins):
             try:
                 self.remove_plugin(node)
@@ -209,21 +220,25 @@ class SimBackend:
         argv = [fill(a) for a in spec.argv]
         env = {k: fill(v) for k, v in spec.env.items()}
         if mock_path is not None:
-            env = {**_mock_nvml_env(mock_path), **env}
+            env = {**self.mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
         dep.proc = n.start_plugin(
             argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(),
-            extra_binds=self._node_files(node, spec),
+            extra_binds=self.node_files(node, mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes),
         )  # fmt: skip
 
-    def _node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
+    @staticmethod
+    def mock_nvml_env(mock_path: Path) -> dict[str, str]:
+        return _mock_nvml_env(mock_path)
+
+    def node_files(self, node: str, *, mock: bool, gpus: int, numa_nodes: int) -> list[tuple[Path, str]]:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
         device nodes and a stub driver root (``sim/gpunode.py``), for the plugin's private mount namespace."""
         nodes = list(self._device_nodes.get(node, ()))
         version, nvml = None, None
-        if spec.mock:
-            minors = [int(g["minor"]) for g in mockstate.initial_state(spec.gpus, spec.numa_nodes)["gpus"]]
+        if mock:
+            minors = [int(g["minor"]) for g in mockstate.initial_state(gpus, numa_nodes)["gpus"]]
             nodes += [d for d in gpu_device_nodes(minors) if d not in nodes]
             version = MOCK_DRIVER_VERSION
             try:

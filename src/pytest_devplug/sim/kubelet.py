@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import cdi, errors
 from .apiserver import is_extended_resource, now_rfc3339, parse_quantity
 from .devicemanager import DeviceManager
+from .dra.node import NodeDRA
 from .model import ContainerRuntimeOptions, ContainerSpec, PodSpecView
 from .podresources import PodResourcesServer
 from .launcher import KUBELET_PATHS
@@ -198,6 +199,8 @@ class SimNode:
         self._running = False
         self._dm: DeviceManager | None = None
         self._podres: PodResourcesServer | None = None
+        #: The kubelet's DRA side (``sim/dra/node.py``), set by a cluster with an API server to read claims from.
+        self.dra: NodeDRA | None = None
         self.logger = logging.getLogger(f"pytest_devplug.sim.kubelet.{name}.{id(self):x}")
         self.logger.setLevel(logging.DEBUG)
         self.logger.propagate = False
@@ -242,6 +245,8 @@ class SimNode:
             if self._running:
                 return
             self.logger.info('"Starting kubelet" node="%s"', self.name)
+            if self.dra is not None:
+                self.dra.start()
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
             self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
             dm = DeviceManager(
@@ -261,6 +266,8 @@ class SimNode:
             self.refresh_status()
             self._readmit_existing()
             dm.sources_ready = True
+            if self.dra is not None:
+                self.dra.sources_ready(self.active_pod_uids)
         self._notify_node_change()
 
     def stop_kubelet(self) -> None:
@@ -277,6 +284,8 @@ class SimNode:
                 podres.stop()
             if dm is not None:
                 dm.stop()
+            if self.dra is not None:
+                self.dra.stop()
         self._notify_node_change()
 
     def restart_kubelet(self) -> None:
@@ -472,10 +481,24 @@ class SimNode:
             return
         with self._lock:
             self._pods[uid] = rec
+        if self.dra is not None and not self.dra.sync_pod(pod, running=bool(running), start=lambda: self._start_prepared(uid)):
+            with self._lock:  # ContainerCreating until its claims are prepared
+                self._runtime.setdefault(uid, {s.name: ContainerRecord(s.name, "", s.init, s.sidecar) for s in view.containers})
+            return
         if restarting and runtime:
             self._resume_containers(rec)
         else:
             self._start_containers(rec)
+
+    def _start_prepared(self, uid: str) -> None:
+        """DRA: the pod's claims are prepared, its containers start (unless it went away meanwhile)."""
+        with self._admit_lock:
+            with self._lock:
+                rec = self._pods.get(uid)
+            if rec is None or rec.terminal or not self._running:
+                return
+            self._start_containers(rec)
+        self._publish(uid)
 
     def _predicate(self, pod: Mapping[str, Any], others: Sequence[_PodRecord]) -> None:
         """``predicateAdmitHandler``: node affinity, NoExecute taints, resources (first failure)."""
@@ -533,6 +556,8 @@ class SimNode:
         try:
             dm.pre_start_container(rec.view, spec)
             options = dm.container_options(rec.uid, c.name)
+            if self.dra is not None:
+                options = replace(options, cdi_devices=[*options.cdi_devices, *self.dra.cdi_devices(rec.pod, c.name)])
         except errors.SimError as e:
             c.state, c.reason, c.message = "waiting", "CreateContainerConfigError", str(e)
             self.logger.error('"Error starting container" pod="%s" container="%s" err="%s"', _key(rec.pod), c.name, e)
@@ -679,6 +704,8 @@ class SimNode:
                 c.reason = "Completed" if exit_code == 0 else "Error"
             self._update_phase(rec)
             self.logger.info('"Container exited" pod="%s" container="%s" exitCode=%d phase="%s"', _key(rec.pod), container, exit_code, rec.phase)
+        if rec.terminal and self.dra is not None:
+            self.dra.pods_changed()
         self._publish(uid)
 
     def kill_pod(self, uid: str) -> None:
@@ -692,6 +719,8 @@ class SimNode:
                 self._runtime.pop(uid, None)
             if rec is not None:
                 self.logger.info('"Killing pod" pod="%s"', _key(rec.pod))
+        if self.dra is not None:
+            self.dra.pods_changed()
 
     def container(self, uid: str, name: str) -> ContainerRecord:
         """What the runtime holds for a container (a copy)."""
@@ -741,6 +770,8 @@ class SimNode:
                     {"name": res, "resources": [{"resourceID": i, "health": "Healthy" if health(res).get(i, "Healthy") == "Healthy" else "Unhealthy"} for i in sorted(ids)]}
                     for res, ids in sorted(c.devices.items())
                 ]
+            if not spec.init and self.dra is not None and (claims := self.dra.resources_status(rec.pod, spec.name)):
+                st["allocatedResourcesStatus"] = [*st.get("allocatedResourcesStatus", []), *claims]
             (init_statuses if spec.init else app_statuses).append(st)
         if init_statuses:
             status["initContainerStatuses"] = init_statuses

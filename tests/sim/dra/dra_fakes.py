@@ -66,6 +66,8 @@ class FakeDriver:
         self.claim_errors: dict[str, str] = {}
         #: Claims left out of the response (answered with nothing).
         self.skip: set[str] = set()
+        #: claim uid -> per-claim error NodeUnprepareResources answers
+        self.unprepare_errors: dict[str, str] = {}
         #: Fail GetInfo this many times before answering.
         self.get_info_failures = 0
         self.prepared: set[str] = set()
@@ -182,6 +184,9 @@ class _DRA:
             self.d.calls.dra.append((self.version, "unprepare", uids))
             resp = self.pb.NodeUnprepareResourcesResponse()
             for uid in uids:
+                if uid in self.d.unprepare_errors:
+                    resp.claims[uid].error = self.d.unprepare_errors[uid]
+                    continue
                 self.d.prepared.discard(uid)
                 resp.claims[uid].SetInParent()
             return resp
