@@ -198,22 +198,14 @@ def _entries(cp: DRACheckpoint | None) -> dict[str, tuple[str, str, frozenset[st
 
 
 def assert_driver_reregisters_after_kubelet_restart(driver: DriverHandle, timeout: float | None = None) -> None:
-    """Restart the kubelet: the driver registers again (new plugin watcher, sockets kept) and its slices, which the
-    kubelet deletes on start, are published again."""
+    """Restart the kubelet: the new kubelet's plugin watcher registers the driver again from its socket and connects
+    to it. (The kubelet also deletes the node's ResourceSlices on start; drivers on upstream's ``kubeletplugin``
+    helper publish them again after its 30 s sync delay: ``assert_slices_published`` with a timeout above that
+    judges it.)"""
     __tracebackhide__ = True
     node = driver.node
-    before = driver.devices()
     node.restart_kubelet()
     assert_driver_registered(driver, node.reregistration_timeout if timeout is None else timeout)
-    try:
-        wait_for(driver.devices, lambda now: now == before, timeout=node.reregistration_timeout if timeout is None else timeout,
-                 what=f"{driver.name}'s slices published again after the kubelet deleted them on start", give_up=driver.crashed)  # fmt: skip
-    except WaitTimeout as exc:
-        raise _fail(
-            f"after a kubelet restart (which deletes the node's ResourceSlices) expected {driver.name} to publish its devices "
-            f"again: {before}; saw {exc.last}" + (f"; {exc.reason}" if exc.reason else ""),
-            driver,
-        ) from None
 
 
 def assert_dra_checkpoint_survives_kubelet_restart(driver: DriverHandle, pods: Sequence[ClaimPodHandle]) -> DRACheckpoint:
@@ -231,7 +223,7 @@ def assert_dra_checkpoint_survives_kubelet_restart(driver: DriverHandle, pods: S
     assert_driver_reregisters_after_kubelet_restart(driver)
 
     def prepared_again() -> set[str]:
-        calls = node.dra_calls("NodePrepareResources", driver=driver.name)[calls_before:]
+        calls = node.dra_calls("NodePrepareResources", driver=driver.name, since=calls_before)
         return {u for c in calls if not c.error for u in c.claim_uids}
 
     try:

@@ -51,9 +51,11 @@ class DRANodeHandle(NodeHandle):
     def registration_events(self) -> list[RegistrationRecord]:
         return self.dra.registration_events(self.name)
 
-    def dra_calls(self, method: str | None = None, *, driver: str | None = None) -> list[DRACallRecord]:
-        """The kubelet's NodePrepareResources / NodeUnprepareResources calls on this node, oldest first."""
-        return [c for c in self.dra.dra_calls(self.name) if method in (None, c.method) and driver in (None, c.driver)]
+    def dra_calls(self, method: str | None = None, *, driver: str | None = None, since: int = 0) -> list[DRACallRecord]:
+        """The kubelet's NodePrepareResources / NodeUnprepareResources calls on this node, oldest first, from its
+        ``since``-th call on (``len(node.dra_calls())`` taken before a step counts the calls after it)."""
+        calls = self.dra.dra_calls(self.name)[since:]
+        return [c for c in calls if method in (None, c.method) and driver in (None, c.driver)]
 
     def dra_checkpoint(self) -> DRACheckpoint | None:
         raw = self.dra.read_dra_checkpoint(self.name)

@@ -10,6 +10,8 @@ Fixtures, from widest to narrowest:
 - ``devplug_claims`` (function): makes DeviceClasses, ResourceClaims, templates and pods using them; deletes them
   after the test.
 - ``devplug_dra_faults`` (function): the driver's :class:`~pytest_devplug.dra.faults.DRAFaultInjector`.
+- ``devplug_dra_resync`` (session): a second copy of the driver on a node of its own whose kubelet restarts once, for
+  the check of the slices published again after a kubelet start (started with the first test when it is collected).
 
 DRA needs the API server: run with ``--devplug-control-plane real`` (``devplug conformance --dra`` does);
 without it the DRA fixtures skip saying so.
@@ -32,6 +34,7 @@ from ..plugin import NODE_NAME, DevplugSettings, _opt, get_settings, included_pl
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults
 from .handles import ClaimFactory, DRANodeHandle, DriverHandle
+from .resync import RESYNC_MARKER, ResyncWatch
 
 __all__ = ["DRASettings", "default_driver_argv", "get_dra_settings"]
 
@@ -104,6 +107,19 @@ def pytest_configure(config: pytest.Config) -> None:
     """Parse the DRA options once: a bad value stops the run here as a usage error."""
     if not config.getoption("help", default=False):
         get_dra_settings(config)
+    config.addinivalue_line(
+        "markers",
+        f"{RESYNC_MARKER}: the verdict on a driver's slices after a kubelet start; runs last, its node's kubelet restarts "
+        "when the first DRA check begins (overlapped with the suite)",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The resync verdict runs last, so the driver's resync delay overlaps every other check."""
+    last = [i for i in items if i.get_closest_marker(RESYNC_MARKER) is not None]
+    if last:
+        items[:] = [i for i in items if i.get_closest_marker(RESYNC_MARKER) is None] + last
 
 
 # -- fixtures --------------------------------------------------------------------------------------
@@ -141,6 +157,8 @@ class _DriverDeployment:
         self.failure: AssertionError | None = None
         self.failed_in = ""
         self.ready = False
+        #: The devices the driver published when it came up.
+        self.baseline: list[tuple[str, str]] = []
         self._changes = PluginChanges()
 
     def started(self) -> DriverHandle:
@@ -164,6 +182,7 @@ class _DriverDeployment:
                 self.failure, self.failed_in = exc, test
                 raise
             self.ready = True
+            self.baseline = handle.devices()
         return handle
 
     def reset_if_needed(self) -> None:
@@ -172,8 +191,10 @@ class _DriverDeployment:
             return
         if not self.node.kubelet_running:
             self.node.start_kubelet()  # a test that failed between stopping and starting it
-        if not self._changes.touched and h.running:
+        if not self._changes.touched and h.running and h.devices() == self.baseline:
             return
+        # A kubelet restart deletes the node's slices; a driver publishes them again at once when it starts (its
+        # resync after a deletion may take 30 s), so a restart also restores them for the next test.
         if self._changes.devices or not self._restarted(h):
             self.node.dra.remove_driver(self.node.name)
             self.handle = None
@@ -181,6 +202,8 @@ class _DriverDeployment:
         self._changes.clear()
 
     def _restarted(self, h: DriverHandle) -> bool:
+        if h.running and h.devices() != self.baseline:
+            h.stop()
         if not h.running:
             h.start()
         try:
@@ -188,7 +211,7 @@ class _DriverDeployment:
             assert_slices_published(h)
         except AssertionError:
             return False
-        return True
+        return h.devices() == self.baseline
 
 
 @pytest.fixture(scope="session")
@@ -214,6 +237,25 @@ def devplug_driver_started(request: pytest.FixtureRequest, _devplug_driver_deplo
     yield handle
     _devplug_driver_deployment.ready = _devplug_driver_deployment.ready or handle.usable
     _devplug_driver_deployment.reset_if_needed()
+
+
+@pytest.fixture(scope="session")
+def devplug_dra_resync(devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> Iterator[ResyncWatch]:
+    """A second copy of the driver on a node of its own (a ResyncWatch), for the whole session: its kubelet restarts
+    once, when the first DRA check begins; ``.verdict()`` judges the slices the driver published again since."""
+    watch = ResyncWatch(devplug_cluster, devplug_driver_spec, devplug_dra_node.name)
+    try:
+        watch.start()
+        yield watch
+    finally:
+        watch.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _devplug_dra_resync_early(request: pytest.FixtureRequest) -> None:
+    """Start the resync watch with the session's first test when its verdict is collected."""
+    if any(i.get_closest_marker(RESYNC_MARKER) is not None for i in request.session.items):
+        request.getfixturevalue("devplug_dra_resync")
 
 
 @pytest.fixture

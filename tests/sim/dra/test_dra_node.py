@@ -177,3 +177,22 @@ def test_refused_registration_is_retried(world: World, dra_drivers: Callable[...
     failed = [e for e in world.dra.registration_events() if e.kind == "failed"]
     assert [e.detail for e in failed] == ["RegisterPlugin error -- plugin validation failed with err: refused on purpose"]
     assert driver.calls.statuses[0] == (False, failed[0].detail) and driver.calls.statuses[-1] == (True, "")
+
+
+def test_blocked_prepare_keeps_the_pod_pending(world: World, driver: FakeDriver) -> None:
+    """Upstream "must keep pod in pending state if NodePrepareResources times out": while the driver does not answer,
+    the pod stays Pending (the other pods of the node are admitted meanwhile); it runs once the driver answers."""
+    driver.prepare_gate.clear()
+    try:
+        world.node.admit(world.pod_with_claim(driver))
+        other = pod("q", "pod-uid-2")
+        other["spec"] = {"containers": [{"name": "ctr"}]}
+        world.bound["pod-uid-2"] = other
+        world.node.admit(other)
+        assert world.running("pod-uid-2"), "a pod without claims waited for another pod's prepare"
+        wait_until("the prepare in flight", lambda: "pod-uid-1" in world.dra.pending())
+        status = world.node.pod_status("pod-uid-1")
+        assert status is not None and status["phase"] == "Pending"
+    finally:
+        driver.prepare_gate.set()
+    wait_until("the pod running once the driver answered", lambda: world.running("pod-uid-1"))

@@ -53,8 +53,9 @@ def claim_ref(claim: ClaimHandle) -> dict[str, str]:
 
 
 def succeeded(driver: DriverHandle, method: str, uid: str, since: int = 0) -> list[Any]:
-    """The kubelet's calls of ``method`` to the driver carrying claim ``uid`` that succeeded, from call ``since`` on."""
-    return [c for c in driver.node.dra_calls(method, driver=driver.name)[since:] if uid in c.claim_uids and not c.error]
+    """The kubelet's calls of ``method`` to the driver carrying claim ``uid`` that succeeded, from its ``since``-th call
+    on the node (``len(node.dra_calls())`` before the step being judged)."""
+    return [c for c in driver.node.dra_calls(method, driver=driver.name, since=since) if uid in c.claim_uids and not c.error]
 
 
 def waited(probe: Callable[[], T], ok: Callable[[T], bool], what: str, *, driver: DriverHandle, timeout: float | None = None) -> T:

@@ -68,7 +68,7 @@ def _failing_unprepare(claims: ClaimFactory, driver: DriverHandle, faults: DRAFa
         faults.fail_unprepare()
     uid, since = claim.uid, len(driver.node.dra_calls())
     pod.delete()
-    failed = waited(lambda: [c for c in driver.node.dra_calls("NodeUnprepareResources")[since:] if uid in c.claim_uids], bool,
+    failed = waited(lambda: [c for c in driver.node.dra_calls("NodeUnprepareResources", since=since) if uid in c.claim_uids], bool,
                     "a NodeUnprepareResources call for the deleted pod's claim", driver=driver)  # fmt: skip
     assert claim.prepared() is not None, f"the claim left dra_manager_state though its unprepare failed ({failed})"
     return uid, since

@@ -37,7 +37,7 @@ def test_driver_registers_with_the_kubelet(devplug_driver_started: DriverHandle)
 @pytest.mark.devplug_disruptive
 def test_reregisters_after_kubelet_restart(devplug_driver: DriverHandle) -> None:
     """Upstream "must register after Kubelet restart": the new kubelet's watcher registers the driver again from its
-    socket, and the driver publishes again the slices the kubelet deleted on start."""
+    socket and connects to it (the slices the new kubelet deletes: ``test_node_slices_removed_on_kubelet_start_...``)."""
     assert_driver_reregisters_after_kubelet_restart(devplug_driver)
 
 

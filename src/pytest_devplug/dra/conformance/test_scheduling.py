@@ -52,7 +52,7 @@ def test_shared_claim(devplug_claims: ClaimFactory, devplug_driver: DriverHandle
     first.delete()
     waited(lambda: claim.prepared(), lambda p: p is not None and p.pod_uids == {second.uid},
            f"only pod {second.uid} left in the claim's checkpoint entry", driver=devplug_driver)  # fmt: skip
-    unprepared = [c for c in node.dra_calls("NodeUnprepareResources")[since:] if uid in c.claim_uids]
+    unprepared = [c for c in node.dra_calls("NodeUnprepareResources", since=since) if uid in c.claim_uids]
     assert not unprepared, f"the claim was unprepared while pod {second.name} still uses it: {unprepared}"
     second.delete()
     waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
