@@ -71,7 +71,8 @@ class KubeRest:
             headers["Content-Type"] = content_type
         try:
             m, url, hdrs, data, _ = self.client.param_serialize(
-                method, path, header_params=headers, body=body, query_params=list((query or {}).items())
+                method, path, header_params=headers, body=body, query_params=list((query or {}).items()),
+                auth_settings=["BearerToken"],  # a token kubeconfig's; client certificates need none
             )
             resp = self.client.call_api(m, url, header_params=hdrs, body=data, _request_timeout=self.timeout)
             raw = resp.read()

@@ -67,7 +67,8 @@ api = kubernetes.client.ApiClient()
 
 
 def request(method, path, body=None):
-    m, url, headers, data, _ = api.param_serialize(method, path, header_params={"Content-Type": "application/json", "Accept": "application/json"}, body=body)
+    m, url, headers, data, _ = api.param_serialize(method, path, header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                                                   body=body, auth_settings=["BearerToken"])
     resp = api.call_api(m, url, header_params=headers, body=data, _request_timeout=10)
     raw = resp.read()
     if not 200 <= resp.status < 300:
