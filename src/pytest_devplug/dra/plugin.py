@@ -30,7 +30,7 @@ from ..backends.base import NodeSpec, UnsupportedOperationError
 from ..backends.dra import DEFAULT_DRIVER_NAME, DriverSpec, dra_of
 from ..evidence import DevplugAssertionError
 from ..handles import ClusterHandle, PluginChanges
-from ..plugin import NODE_NAME, DevplugSettings, _opt, get_settings, included_plugin_installed
+from ..plugin import NODE_NAME, DevplugSettings, _opt, _say, get_settings, included_plugin_installed
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults
 from .handles import ClaimFactory, DRANodeHandle, DriverHandle
@@ -215,7 +215,9 @@ class _DriverDeployment:
 
 
 @pytest.fixture(scope="session")
-def _devplug_driver_deployment(devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> _DriverDeployment:
+def _devplug_driver_deployment(pytestconfig: pytest.Config, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> _DriverDeployment:
+    how = "at the kubelet's standard paths" if devplug_driver_spec.uses_standard_paths() else "with the node's paths as flags"
+    _say(pytestconfig, f"devplug: DRA driver under test: {devplug_driver_spec.driver_name}: {shlex.join(devplug_driver_spec.argv)} ({how})")
     return _DriverDeployment(devplug_dra_node, devplug_driver_spec)
 
 
