@@ -21,14 +21,15 @@ import pytest
 from pytest_devplug.backends.base import BackendOptions, NodeSpec
 from pytest_devplug.backends.dra import DriverSpec, dra_of
 from pytest_devplug.backends.sim import SimBackend
-from pytest_devplug.controlplane import BinariesNotFoundError, resolve
-from pytest_devplug.controlplane.binaries import build, cache_root
+from pytest_devplug.controlplane.binaries import cache_root
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
 from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_slices
 from pytest_devplug.dra.handles import ClaimFactory, DRANodeHandle, DriverHandle
 from pytest_devplug.dra.plugin import _DriverDeployment
 from pytest_devplug.dra.resync import ResyncWatch
 from pytest_devplug.handles import ClusterHandle
+
+from ..support import control_plane_bin_dir
 
 pytest_plugins = ["pytester"]
 
@@ -89,12 +90,7 @@ def real_cache() -> Path:
 
 @pytest.fixture(scope="module")
 def k8s_bin_dir() -> Path:
-    """The control plane's binaries (the cache; built there when missing, as nox -s tests does)."""
-    try:
-        found = resolve(download=False)
-    except BinariesNotFoundError:
-        found = build()
-    return found["kube-apiserver"].parent
+    return control_plane_bin_dir()
 
 
 def _junit(path: Path) -> dict[str, str]:

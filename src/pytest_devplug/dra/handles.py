@@ -13,9 +13,8 @@ from typing import Any
 
 from ..backends.base import DEFAULT_IMAGE, Backend
 from ..backends.dra import DRABackend, DRACallRecord, DriverSpec, RegistrationRecord
-from ..crash import fatal_lines, last_error_line
 from ..errors import ObjectNotFoundError
-from ..handles import NodeHandle, PluginChanges, PodHandle
+from ..handles import NodeHandle, PluginChanges, PodHandle, exit_report
 from ..kuberest import KubeRest, RestError
 from ..waiting import wait_for
 from .objects import (
@@ -130,15 +129,7 @@ class DriverHandle:
     def exited(self, log_lines: int = 12) -> str | None:
         """How the driver process ended and its last log lines; ``None`` while it runs or may still start."""
         how = self.dra.driver_exit(self.node.name)
-        if how is None:
-            return None
-        log = self.log()
-        fatal = fatal_lines(log)
-        cause = "fatal: " + " | ".join(fatal) if fatal else (f"last error: {e}" if (e := last_error_line(log)) else "")
-        tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
-        return f"the driver process {how}; " + (f"{cause}; " if cause else "") + (
-            "last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty"
-        )
+        return None if how is None else exit_report("driver", how, self.log(), log_lines)
 
     def crashed(self) -> str | None:
         """:meth:`exited`, unless the test stopped or killed the driver itself (a wait's ``give_up``)."""

@@ -23,6 +23,7 @@ import shlex
 import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ from ..backends.base import NodeSpec, UnsupportedOperationError
 from ..backends.dra import DEFAULT_DRIVER_NAME, DriverSpec, dra_of
 from ..evidence import DevplugAssertionError
 from ..handles import ClusterHandle, PluginChanges
-from ..plugin import NODE_NAME, DevplugSettings, _opt, _say, get_settings, included_plugin_installed
+from ..plugin import NODE_NAME, DevplugSettings, _opt, _say, add_options, get_settings, included_plugin_installed
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults
 from .handles import ClaimFactory, DRANodeHandle, DriverHandle
@@ -55,26 +56,21 @@ def default_driver_argv(driver_name: str) -> list[str]:
             "--nvml", "mock", "--mock-state", "{mock_state}"]  # fmt: skip
 
 
-_OPTIONS = [
+_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "driver-cmd",
         "command line of the DRA driver under test (sim, --devplug-control-plane real); placeholders {plugins_registry}, "
         "{plugins_dir}, {cdi_root}, {node_name}, {kubeconfig}, {mock_state}, {python}. Without a directory placeholder it "
         "runs as its DaemonSet would: at the kubelet's standard paths, NODE_NAME set, in-cluster API credentials. "
         "Default: the included GPU plugin's DRA mode (devplug-gpu-plugin --dra)",
-        None,
+        {},
     ),
-    ("driver-name", "the DRA driver's name (what it registers and publishes ResourceSlices under)", DEFAULT_DRIVER_NAME),
+    ("driver-name", "the DRA driver's name (what it registers and publishes ResourceSlices under)", {"default": DEFAULT_DRIVER_NAME}),
 ]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("devplug", "device-plugin end-to-end tests (pytest-devplug)")
-    for name, help_text, default in _OPTIONS:
-        dest = "devplug_" + name.replace("-", "_")
-        text = help_text if default is None else f"{help_text} (default {default})"
-        group.addoption(f"--devplug-{name}", dest=dest, default=None, help=text)
-        parser.addini(dest, text, default=default)
+    add_options(parser, _OPTIONS)
 
 
 def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DRASettings:
@@ -103,8 +99,9 @@ def get_dra_settings(config: pytest.Config) -> DRASettings:
     return settings
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Parse the DRA options once: a bad value stops the run here as a usage error."""
+    """Parse the DRA options once, after the device-plugin ones they build on: a bad value stops the run here."""
     if not config.getoption("help", default=False):
         get_dra_settings(config)
     config.addinivalue_line(
