@@ -220,25 +220,21 @@ class SimBackend:
         argv = [fill(a) for a in spec.argv]
         env = {k: fill(v) for k, v in spec.env.items()}
         if mock_path is not None:
-            env = {**self.mock_nvml_env(mock_path), **env}
+            env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
         dep.proc = n.start_plugin(
             argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(),
-            extra_binds=self.node_files(node, mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes),
+            extra_binds=self._node_files(node, spec),
         )  # fmt: skip
 
-    @staticmethod
-    def mock_nvml_env(mock_path: Path) -> dict[str, str]:
-        return _mock_nvml_env(mock_path)
-
-    def node_files(self, node: str, *, mock: bool, gpus: int, numa_nodes: int) -> list[tuple[Path, str]]:
+    def _node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
         device nodes and a stub driver root (``sim/gpunode.py``), for the plugin's private mount namespace."""
         nodes = list(self._device_nodes.get(node, ()))
         version, nvml = None, None
-        if mock:
-            minors = [int(g["minor"]) for g in mockstate.initial_state(gpus, numa_nodes)["gpus"]]
+        if spec.mock:
+            minors = [int(g["minor"]) for g in mockstate.initial_state(spec.gpus, spec.numa_nodes)["gpus"]]
             nodes += [d for d in gpu_device_nodes(minors) if d not in nodes]
             version = MOCK_DRIVER_VERSION
             try:

@@ -28,11 +28,17 @@ from ..sim.endpoint import go_rpc_error
 from ..sim.dra.incluster import SERVICE_ACCOUNT_DIR, DriverCredentials, driver_credentials
 from ..waiting import wait_for
 from . import mockstate
-from .base import BackendError, BackendUnavailableError, UnsupportedOperationError
+from .base import BackendError, BackendUnavailableError, PluginSpec, UnsupportedOperationError
 from .dra import DRACallRecord, DriverSpec, RegistrationRecord
 
 if TYPE_CHECKING:
     from .sim import SimBackend
+
+
+def _mock_nvml_env(mock_path: Path) -> dict[str, str]:
+    from .sim import _mock_nvml_env as env
+
+    return env(mock_path)
 
 __all__ = ["SimDRA"]
 
@@ -109,10 +115,11 @@ class SimDRA:
 
         env = {"NODE_NAME": node, **creds.env, **{k: fill(v) for k, v in spec.env.items()}}
         if mock_path is not None:
-            env = {**self._backend.mock_nvml_env(mock_path), **env}
+            env = {**_mock_nvml_env(mock_path), **env}
         standard = spec.uses_standard_paths()
         binds = [(creds.directory, SERVICE_ACCOUNT_DIR)] if standard else []
-        binds += self._backend.node_files(node, mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes)
+        # the mock GPU node's files, as for a device plugin on the mock NVML
+        binds += self._backend._node_files(node, PluginSpec(mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes))
         self._serial += 1
         proc = n.start_plugin([fill(a) for a in spec.argv], name=f"dra-driver-{self._serial}", env=env,
                               standard_paths=standard, extra_binds=binds)  # fmt: skip
