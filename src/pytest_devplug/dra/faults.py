@@ -16,7 +16,7 @@ from ..backends import mockstate
 from ..errors import FaultNotSupportedError
 from .handles import DriverHandle
 
-__all__ = ["DRA_CONTRACT", "DRAFaultInjector", "DRAMockNvmlFaults", "FaultNotSupportedError"]
+__all__ = ["DRA_CONTRACT", "DRAFaultInjector", "DRAMockNvmlFaults", "DRANvmlXidFaults", "FaultNotSupportedError"]
 
 #: What a ``devplug_dra_faults`` fixture must return, in one line (quoted by skips and errors).
 DRA_CONTRACT = (
@@ -52,14 +52,9 @@ class DRAFaultInjector(Protocol):
         ...
 
 
-class DRAMockNvmlFaults:
-    """The contract for a driver on the mock NVML (the included GPU plugin's DRA mode): only what NVML expresses.
-
-    A device is mapped to its GPU by the ``uuid`` attribute the driver publishes for it; Unhealthy is a critical
-    Xid (79) of that GPU, delivered through the mock-NVML state file. NVML has no event for a GPU that recovered
-    (an Xid stays until the driver restarts) and no notion of a failing prepare, so those raise
-    :class:`FaultNotSupportedError`.
-    """
+class _OnMockState:
+    """An injector acting through the driver's mock-NVML state; a device is mapped to its GPU by the ``uuid``
+    attribute the driver publishes for it."""
 
     def __init__(self, driver: DriverHandle, read_state: Callable[[], dict[str, Any]], write_state: Callable[[dict[str, Any]], None]) -> None:
         self._driver = driver
@@ -80,20 +75,52 @@ class DRAMockNvmlFaults:
                 raise FaultNotSupportedError(f"device {pool}/{device} publishes no uuid attribute to find its mock GPU by")
         raise FaultNotSupportedError(f"the driver publishes no device {pool}/{device}")
 
+    def _edit(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self._driver.mark_changed(devices=True)
+        self._write(change(self._read()))
+
+    def fail_unprepare(self, fail: bool = True) -> None:
+        raise FaultNotSupportedError("a failing NodeUnprepareResources has no meaning in the mock-NVML state")
+
+
+class DRAMockNvmlFaults(_OnMockState):
+    """The contract for the included GPU plugin's DRA mode, through the meanings its mock-NVML state has for it:
+    Unhealthy is a lost GPU (so that :meth:`set_healthy` can undo it: a GPU answering again is Healthy), a failing
+    prepare is ``fail_allocate`` on every GPU. NVML has no notion of a failing unprepare."""
+
     def set_unhealthy(self, pool: str, device: str) -> None:
         uuid = self._uuid(pool, device)
-        self._driver.mark_changed(devices=True)
-        self._write(mockstate.with_xid(self._read(), uuid, 79))
+        self._edit(lambda st: mockstate.with_lost(st, uuid, True))
+
+    def set_healthy(self, pool: str, device: str) -> None:
+        uuid = self._uuid(pool, device)
+        self._edit(lambda st: mockstate.with_lost(st, uuid, False))
+
+    def fail_prepare(self, fail: bool = True) -> None:
+        def change(st: dict[str, Any]) -> dict[str, Any]:
+            for gpu in st["gpus"]:
+                st = mockstate.with_fail_allocate(st, str(gpu["uuid"]), fail)
+            return st
+
+        self._edit(change)
+
+
+class DRANvmlXidFaults(_OnMockState):
+    """The contract for someone else's driver on the mock NVML: only what NVML itself says. Unhealthy is a critical
+    Xid (79); NVML has no event for a GPU that recovered (an Xid stays until the driver restarts) and no notion of a
+    failing prepare, so those raise :class:`FaultNotSupportedError`."""
+
+    def set_unhealthy(self, pool: str, device: str) -> None:
+        uuid = self._uuid(pool, device)
+        self._edit(lambda st: mockstate.with_xid(st, uuid, 79))
 
     def set_healthy(self, pool: str, device: str) -> None:
         raise FaultNotSupportedError("NVML has no event for a GPU that recovered: after a critical Xid the GPU stays Unhealthy until the driver restarts")
 
     def fail_prepare(self, fail: bool = True) -> None:
-        raise FaultNotSupportedError("a failing NodePrepareResources has no NVML meaning")
-
-    def fail_unprepare(self, fail: bool = True) -> None:
-        raise FaultNotSupportedError("a failing NodeUnprepareResources has no NVML meaning")
+        raise FaultNotSupportedError("a failing NodePrepareResources has no NVML meaning (fail_allocate is read by the included driver only)")
 
 
 # Conformance stated where a type checker sees it.
 _: type[DRAFaultInjector] = DRAMockNvmlFaults
+_xid: type[DRAFaultInjector] = DRANvmlXidFaults

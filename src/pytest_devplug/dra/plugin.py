@@ -33,7 +33,7 @@ from ..evidence import DevplugAssertionError
 from ..handles import ClusterHandle, PluginChanges
 from ..plugin import NODE_NAME, DevplugSettings, _opt, _say, add_options, get_settings, included_plugin_installed
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
-from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults
+from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults, DRANvmlXidFaults
 from .handles import ClaimFactory, DRANodeHandle, DriverHandle
 from .resync import RESYNC_MARKER, ResyncWatch
 
@@ -272,12 +272,13 @@ def devplug_claims(request: pytest.FixtureRequest, devplug_cluster: ClusterHandl
 @pytest.fixture
 def devplug_dra_faults(pytestconfig: pytest.Config, devplug_driver: DriverHandle) -> DRAFaultInjector:
     """How the DRA fault checks make the driver fail (a DRAFaultInjector), for one test; the driver is redeployed
-    after it. Default: the mock NVML for a driver deployed with it (what NVML expresses: a critical Xid); otherwise
-    override this fixture in your conftest.py. Without an injector a check needing it skips
-    (``--devplug-missing-faults=fail``: fails)."""
+    after it. Default: the mock NVML for a driver deployed with it (the included driver: a lost GPU, ``fail_allocate``;
+    another driver: what NVML expresses, a critical Xid); otherwise override this fixture in your conftest.py.
+    Without an injector a check needing it skips (``--devplug-missing-faults=fail``: fails)."""
     if devplug_driver.spec.mock:
         node, dra = devplug_driver.node.name, devplug_driver.dra
-        return DRAMockNvmlFaults(devplug_driver, lambda: dra.read_driver_mock_state(node), lambda s: dra.write_driver_mock_state(node, s))
+        kind = DRAMockNvmlFaults if get_dra_settings(pytestconfig).included else DRANvmlXidFaults
+        return kind(devplug_driver, lambda: dra.read_driver_mock_state(node), lambda s: dra.write_driver_mock_state(node, s))
     reason = f"needs a fault injector: the DRA driver under test ({devplug_driver.name}) does not read the mock-NVML state and no conftest overrides the devplug_dra_faults fixture to return a {DRA_CONTRACT}"
     if get_settings(pytestconfig).missing_faults == "fail":
         pytest.fail(reason, pytrace=False)
