@@ -108,6 +108,10 @@ class DRABackend(Protocol):
 
     def driver_log(self, node: str) -> str: ...
 
+    def driver_restarts(self, node: str) -> int:
+        """How many times the node restarted the driver's process on its own since it was started (a DaemonSet
+        pod's ``restartCount``)."""
+
     # -- the kubelet's view ----------------------------------------------------------------------
     def kubelet_running(self, node: str) -> bool: ...
 

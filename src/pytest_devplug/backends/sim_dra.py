@@ -163,12 +163,22 @@ class SimDRA:
         d = self._drivers.get(node)
         return bool(d is not None and d.proc.running)
 
+    # A node that restarts its plugins as a DaemonSet's pods (a supervisor with ``exit_reason()`` and ``restarts``)
+    # answers these itself; a plain process is down once it exited and is never restarted.
     def driver_exit(self, node: str) -> str | None:
         d = self._drivers.get(node)
-        rc = d.proc.returncode if d is not None else None
+        if d is None:
+            return None
+        if hasattr(d.proc, "exit_reason"):
+            reason = d.proc.exit_reason()
+            return None if reason is None else str(reason)
+        rc = d.proc.returncode
         if rc is None:
             return None
         return f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
+
+    def driver_restarts(self, node: str) -> int:
+        return int(getattr(self._driver(node).proc, "restarts", 0))
 
     def driver_log(self, node: str) -> str:
         return str(self._driver(node).proc.log())

@@ -105,6 +105,11 @@ class DriverHandle:
     def log(self) -> str:
         return self.dra.driver_log(self.node.name)
 
+    @property
+    def restarts(self) -> int:
+        """How many times the node restarted the driver's process on its own (``restartCount``)."""
+        return self.dra.driver_restarts(self.node.name)
+
     def stop(self) -> None:
         """SIGTERM; returns once the kubelet has seen the driver go."""
         self.mark_changed()

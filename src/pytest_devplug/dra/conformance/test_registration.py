@@ -73,6 +73,7 @@ def test_recovers_after_refused_registration(devplug_driver: DriverHandle) -> No
     must keep its registration socket serving and stay up, so the retry registers it."""
     node, driver = devplug_driver.node, devplug_driver
     reason = "devplug: this registration attempt is refused on purpose"
+    restarts = driver.restarts
     node.stop_kubelet()
     try:
         node.refuse_next_registration(reason)
@@ -81,4 +82,6 @@ def test_recovers_after_refused_registration(devplug_driver: DriverHandle) -> No
     waited(lambda: [e for e in node.registration_events() if e.kind == "failed" and reason in e.detail], bool,
            "the kubelet refusing the driver's registration once", driver=driver)  # fmt: skip
     assert_driver_registered(driver, node.reregistration_timeout)
-    assert driver.running, f"the driver exited after the refused registration: {driver.exited()}"
+    assert driver.running and driver.restarts == restarts, (
+        f"the driver exited after the refused registration (restarted {driver.restarts - restarts} times since): {driver.log()[-2000:]}"
+    )
