@@ -110,19 +110,27 @@ def test_downstream_project_runs_the_suite_with_its_driver_and_injector(
     check and a fault check, selected: every check runs on the widget below, on one control plane)."""
     monkeypatch.setenv("DEVPLUG_CACHE_DIR", str(real_cache))
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_dra_conformance="from pytest_devplug.dra.conformance.suite import *  # noqa: F403\n")
+    pytester.makepyfile(
+        test_dra_conformance="from pytest_devplug.dra.conformance.suite import *  # noqa: F403\n",
+        test_own="def test_own_check_fails(devplug_driver):\n    assert not devplug_driver.devices(), 'a failure of its own'\n",
+    )
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--devplug-control-plane", "real", f"--devplug-k8s-bin-dir={k8s_bin_dir}",
-        f"--junitxml={junit}", "-rfEs", "-k", "test_driver_registers_with_the_kubelet or test_failed_prepare_keeps_pod_pending",
+        f"--junitxml={junit}", "-rfEs", "-k", "test_driver_registers_with_the_kubelet or test_failed_prepare_keeps_pod_pending or test_own_check_fails",
         timeout=SUITE_TIMEOUT_S,
     )  # fmt: skip
     output = "\n".join(result.outlines[-80:])
     assert junit.exists(), output
     verdicts = _junit(junit)
-    assert verdicts == {"test_driver_registers_with_the_kubelet": "passed", "test_failed_prepare_keeps_pod_pending_then_runs": "passed"}, (
-        f"{json.dumps(verdicts, indent=1)}\n{output}"
-    )
+    assert verdicts == {
+        "test_driver_registers_with_the_kubelet": "passed", "test_failed_prepare_keeps_pod_pending_then_runs": "passed",
+        "test_own_check_fails": verdicts.get("test_own_check_fails", "missing"),
+    } and verdicts["test_own_check_fails"].startswith("FAILED"), f"{json.dumps(verdicts, indent=1)}\n{output}"  # fmt: skip
+    # a check of its own that fails with a plain assert gets the driver's evidence in its report
+    text = result.stdout.str()
+    for section in ("devplug: driver log", "devplug: kubelet DRA calls", "devplug: resource slices", "devplug: dra_manager_state"):
+        assert section in text, f"no {section!r} section in the failure report:\n{text[-4000:]}"
 
 
 # -- broken drivers, one check each, on one control plane -----------------------------------------
