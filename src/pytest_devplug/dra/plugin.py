@@ -45,6 +45,8 @@ _DRIVER_KEY = pytest.StashKey["tuple[DriverHandle, ClaimFactory | None]"]()
 
 @dataclass(frozen=True)
 class DRASettings:
+    """The DRA options as parsed once (``pytest_configure``)."""
+
     driver: DriverSpec
     #: No driver option given: the included GPU plugin's DRA mode is the driver under test.
     included: bool
