@@ -96,7 +96,7 @@ def tests_lowest(session: nox.Session) -> None:
     # (about 20 minutes, the same verdicts as in `nox -s tests`).
     session.run(
         "pytest", "-m", "not kind", "--ignore=tests/test_proto_stubs.py", "--ignore=tests/distribution",
-        "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py",
+        "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py", "--ignore=tests/dra",
         *session.posargs,
     )  # fmt: skip
 

@@ -7,11 +7,12 @@ helpers are imported relatively (``from ..support import wait_until``), never ``
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-__all__ = ["RESOURCE", "WAIT", "wait_until"]
+__all__ = ["RESOURCE", "WAIT", "control_plane_bin_dir", "wait_until"]
 
 T = TypeVar("T")
 
@@ -39,3 +40,15 @@ def wait_until(
     except WaitTimeout as exc:
         seen: Any = exc.last if exc.last_error is None else exc.last_error
         raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last seen: {seen!r}") from None
+
+
+def control_plane_bin_dir() -> Path:
+    """The directory of the real control plane's binaries (the cache; built there when missing, as nox -s tests does)."""
+    from pytest_devplug.controlplane import BinariesNotFoundError, resolve
+    from pytest_devplug.controlplane.binaries import build
+
+    try:
+        found = resolve(download=False)
+    except BinariesNotFoundError:
+        found = build()
+    return found["kube-apiserver"].parent

@@ -342,16 +342,7 @@ class PluginHandle:
         """``None`` while the plugin runs or may still start; else how it ended (the backend's
         ``plugin_exit``) and the last lines of its log: the reason a wait for it can stop at once."""
         how = self.backend.plugin_exit(self.node.name)
-        if how is None:
-            return None
-        log = self.log()
-        cause = _exit_cause(log)
-        tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
-        return (
-            f"the plugin process {how}; "
-            + (f"{cause}; " if cause else "")
-            + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
-        )
+        return None if how is None else exit_report("plugin", how, self.log(), log_lines)
 
     def exit_cause(self) -> str | None:
         """What the exited plugin said about why (its fatal lines, else its last error line); ``None`` while it
@@ -415,6 +406,17 @@ class PluginHandle:
                 f"plugin for {self.resource_name} on node {self.node.name} lists no allocatable device backed by the "
                 f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)", exc
             ) from None
+
+
+def exit_report(what: str, how: str, log: str, log_lines: int = 12) -> str:
+    """How a plugin (or DRA driver) process ended, what it said about why, and its last log lines."""
+    cause = _exit_cause(log)
+    tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
+    return (
+        f"the {what} process {how}; "
+        + (f"{cause}; " if cause else "")
+        + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
+    )
 
 
 def _exit_cause(log: str) -> str | None:

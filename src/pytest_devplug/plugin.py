@@ -258,13 +258,10 @@ _KIND_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    if importlib.util.find_spec("pytest_kind") is None:
-        kind = parser.getgroup("kind", "kind cluster (pytest-devplug; pip install 'pytest-devplug[kind]')")
-        for flag, help_text, kw in _KIND_OPTIONS:
-            kind.addoption(flag, default=None, help=help_text, **kw)
+def add_options(parser: pytest.Parser, options: list[tuple[str, str, dict[str, Any]]]) -> Any:
+    """Add ``--devplug-<name>`` options, each with an ini key ``devplug_<name>``, to the devplug group (returned)."""
     group = parser.getgroup("devplug", "device-plugin end-to-end tests (pytest-devplug)")
-    for name, help_text, kw in _OPTIONS:
+    for name, help_text, kw in options:
         dest = "devplug_" + name.replace("-", "_")
         default = kw.get("default")
         # The default lives in the ini key only (getoption None -> getini), so it is declared once, here.
@@ -272,6 +269,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             else f"{help_text} (default {default})"
         group.addoption(f"--devplug-{name}", dest=dest, default=None, help=text, **{k: v for k, v in kw.items() if k != "default"})
         parser.addini(dest, text, default=None if default is None else str(default))
+    return group
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    if importlib.util.find_spec("pytest_kind") is None:
+        kind = parser.getgroup("kind", "kind cluster (pytest-devplug; pip install 'pytest-devplug[kind]')")
+        for flag, help_text, kw in _KIND_OPTIONS:
+            kind.addoption(flag, default=None, help=help_text, **kw)
+    group = add_options(parser, _OPTIONS)
     group.addoption(
         "--devplug-mock",
         dest="devplug_mock",

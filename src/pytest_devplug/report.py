@@ -35,7 +35,7 @@ __all__ = [
 #: Report groups, in order, and the markers or fixtures that put a check in one (the first that matches wins).
 GROUPS: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("conventions", "Conventions (opt-in)", frozenset({"devplug_convention"})),
-    ("faults", "Fault injection", frozenset({"devplug_faults", "devplug_mock"})),
+    ("faults", "Fault injection", frozenset({"devplug_faults", "devplug_dra_faults", "devplug_mock"})),
     ("core", "Core: what the kubelet requires", frozenset()),
 )
 _ORDER = ("core", "conventions", "faults")

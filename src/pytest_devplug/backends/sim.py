@@ -89,6 +89,8 @@ class SimBackend:
         #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
         self.kept: str | None = None
         self._plugins: dict[str, _Deployed] = {}
+        #: The DRA side (``backends/sim_dra.py``), with the real control plane only: DRA drivers need its API server.
+        self.dra: Any = None
         self._device_nodes: dict[str, tuple[str, ...]] = {}  # node -> its declared device nodes (NodeSpec)
         self._serial = 0
         self._lock = threading.Lock()
@@ -129,6 +131,9 @@ class SimBackend:
         except ControlPlaneError as exc:
             raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
         self._api_client = self.control_plane.client()
+        from .sim_dra import SimDRA
+
+        self.dra = SimDRA(self, self._api_client)
         assert self.workdir is not None
         return ApiCluster(
             self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
@@ -149,7 +154,10 @@ class SimBackend:
 
     def close(self) -> None:
         errors: list[BaseException] = []
-        steps: list[Callable[[], None]] = [functools.partial(self.remove_plugin, node) for node in list(self._plugins)]
+        steps: list[Callable[[], None]] = []
+        if self.dra is not None:
+            steps.append(self.dra.close)
+        steps += [functools.partial(self.remove_plugin, node) for node in list(self._plugins)]
         if self.cluster is not None:
             steps.append(self.cluster.close)
         for step in steps:

@@ -36,11 +36,15 @@ import kubernetes
 import urllib3
 from kubernetes.client import ApiException
 
+from ..kuberest import KubeRest
 from ..waiting import WaitTimeout, wait_for
 from . import errors
 from .apiserver import now_rfc3339
 from .clusterapi import ClusterApi
+from .dra.api import KubeletDRAApi
+from .dra.node import DRATimings, NodeDRA
 from .kubelet import SimNode
+from .launcher import KUBELET_PATHS
 from .nodestatus import node_labels
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
@@ -118,6 +122,8 @@ class ApiCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.grace_period = grace_period
         self.timeout = timeout
+        #: The DRA periods every kubelet starts with (``set_dra_timings`` changes them for all).
+        self.dra_timings = DRATimings()
         self._client = client
         self._core: Any = kubernetes.client.CoreV1Api(client)
         self._coord: Any = kubernetes.client.CoordinationV1Api(client)
@@ -194,6 +200,12 @@ class ApiCluster:
             event_sink=lambda pod, type_, reason, message: self._emit(name, pod, type_, reason, message),
             on_node_change=self._kick.set,
         )
+        node.dra = NodeDRA(
+            name, node.node_dir, KubeletDRAApi(KubeRest(self._client, self.timeout)),
+            endpoint_paths={KUBELET_PATHS[d]: node.node_dir / d for d in ("plugins_registry", "plugins")},
+            event_sink=lambda pod, type_, reason, message: self._emit(name, pod, type_, reason, message),
+            on_change=self._kick.set, timings=DRATimings(**vars(self.dra_timings)), logger=node.logger,
+        )  # fmt: skip
         agent = _NodeAgent(node)
         with self._lock:
             self._agents[name] = agent
@@ -203,6 +215,18 @@ class ApiCluster:
         self._wait_schedulable(name)
         self._hand_over_bound(name)
         return node
+
+    def set_dra_timings(self, **seconds: float) -> None:
+        """Change DRA periods (``wiping_delay``, ``retry_period``, ``reconcile_period``) of every kubelet, now and
+        after its restarts, and of nodes added later."""
+        for key, value in seconds.items():
+            setattr(self.dra_timings, key, float(value))
+        for node in self.nodes:
+            if node.dra is not None:
+                for key, value in seconds.items():
+                    setattr(node.dra.timings, key, float(value))
+                if "wiping_delay" in seconds:
+                    node.dra.set_wiping_delay(float(seconds["wiping_delay"]))
 
     def _wait_schedulable(self, name: str) -> None:
         """Return once the node lifecycle controller lifted the ``not-ready`` taint the API server put on the new

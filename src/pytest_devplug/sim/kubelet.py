@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -32,6 +33,7 @@ from . import cdi, errors
 from .admission import pod_spec_view, predicate_admit
 from .apiserver import now_rfc3339
 from .devicemanager import DeviceManager
+from .dra.node import NodeDRA
 from .klog import KlogFormatter, KlogHandler
 from .launcher import KUBELET_PATHS
 from .daemon import KUBELET_BACKOFF, BackOffPolicy, PluginDaemon
@@ -101,6 +103,8 @@ class SimNode:
         self._running = False
         self._dm: DeviceManager | None = None
         self._podres: PodResourcesServer | None = None
+        #: The kubelet's DRA side (``sim/dra/node.py``), set by a cluster with an API server to read claims from.
+        self.dra: NodeDRA | None = None
         self.logger = logging.getLogger(f"pytest_devplug.sim.kubelet.{name}.{id(self):x}")
         self.logger.setLevel(logging.DEBUG)
         self.logger.propagate = False
@@ -145,6 +149,8 @@ class SimNode:
             if self._running:
                 return
             self.logger.info('"Starting kubelet" node="%s"', self.name)
+            if self.dra is not None:
+                self.dra.start()
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
             self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
             dm = DeviceManager(
@@ -164,6 +170,8 @@ class SimNode:
             self.refresh_status()
             self._readmit_existing()
             dm.sources_ready = True
+            if self.dra is not None:
+                self.dra.sources_ready(self.active_pod_uids)
         self._notify_node_change()
 
     def stop_kubelet(self) -> None:
@@ -180,6 +188,8 @@ class SimNode:
                 podres.stop()
             if dm is not None:
                 dm.stop()
+            if self.dra is not None:
+                self.dra.stop()
         self._notify_node_change()
 
     def restart_kubelet(self) -> None:
@@ -384,10 +394,24 @@ class SimNode:
             return
         with self._lock:
             self._pods[uid] = rec
+        if self.dra is not None and not self.dra.sync_pod(pod, running=bool(running), start=lambda: self._start_prepared(uid)):
+            with self._lock:  # ContainerCreating until its claims are prepared
+                self._runtime.adopt(view, pod)
+            return
         if restarting and runtime:
             self._resume_containers(rec)
         else:
             self._start_containers(rec)
+
+    def _start_prepared(self, uid: str) -> None:
+        """DRA: the pod's claims are prepared, its containers start (unless it went away meanwhile)."""
+        with self._admit_lock:
+            with self._lock:
+                rec = self._pods.get(uid)
+            if rec is None or rec.terminal or not self._running:
+                return
+            self._start_containers(rec)
+        self._publish(uid)
 
     def _predicate(self, pod: Mapping[str, Any], others: Sequence[PodRecord]) -> None:
         """``predicateAdmitHandler`` (see :mod:`~pytest_devplug.sim.admission`) with the devices the device manager
@@ -421,6 +445,8 @@ class SimNode:
         try:
             dm.pre_start_container(rec.view, spec)
             options = dm.container_options(rec.uid, c.name)
+            if self.dra is not None:
+                options = replace(options, cdi_devices=(*options.cdi_devices, *self.dra.cdi_devices(rec.pod, c.name)))
         except errors.SimError as e:
             c.wait("CreateContainerConfigError", str(e))
             self.logger.error('"Error starting container" pod="%s" container="%s" err="%s"', _key(rec.pod), c.name, e)
@@ -531,6 +557,8 @@ class SimNode:
                 c.terminate(exit_code)
             self._update_phase(rec)
             self.logger.info('"Container exited" pod="%s" container="%s" exitCode=%d phase="%s"', _key(rec.pod), container, exit_code, rec.phase)
+        if rec.terminal and self.dra is not None:
+            self.dra.pods_changed()
         self._publish(uid)
 
     def kill_pod(self, uid: str) -> None:
@@ -544,6 +572,8 @@ class SimNode:
                 self._runtime.remove(uid)
             if rec is not None:
                 self.logger.info('"Killing pod" pod="%s"', _key(rec.pod))
+        if self.dra is not None:
+            self.dra.pods_changed()
 
     def container(self, uid: str, name: str) -> ContainerRecord:
         """What the runtime holds for a container (a copy)."""
@@ -566,7 +596,9 @@ class SimNode:
             dm = self._dm
         if rec is None:
             return None
-        return pod_status(rec, records, lambda res: dm.device_health(res) if dm is not None else {})
+        dra = self.dra
+        claims = (lambda container: dra.resources_status(rec.pod, container)) if dra is not None else None
+        return pod_status(rec, records, lambda res: dm.device_health(res) if dm is not None else {}, claims)
 
     def _publish(self, uid: str) -> None:
         if self._status_sink is None:

@@ -18,6 +18,8 @@ __all__ = ["PodRecord", "pod_phase", "pod_status", "container_status"]
 
 #: resource -> (device ID -> "Healthy" | "Unhealthy"), as the device manager reports it now.
 DeviceHealth = Callable[[str], Mapping[str, str]]
+#: container name -> the DRA manager's ``allocatedResourcesStatus`` entries for that container's claims.
+ClaimsStatus = Callable[[str], list[dict[str, Any]]]
 
 
 @dataclass
@@ -61,8 +63,14 @@ def pod_phase(records: Iterable[ContainerRecord]) -> str:
     return "Pending"
 
 
-def pod_status(rec: PodRecord, records: Mapping[str, ContainerRecord], health: DeviceHealth) -> dict[str, Any]:
-    """The status the kubelet would post now for ``rec`` with its containers ``records``."""
+def pod_status(
+    rec: PodRecord,
+    records: Mapping[str, ContainerRecord],
+    health: DeviceHealth,
+    claims_status: ClaimsStatus | None = None,
+) -> dict[str, Any]:
+    """The status the kubelet would post now for ``rec`` with its containers ``records``; ``claims_status`` adds
+    the DRA entries (``claim:<name>[/<request>]``) of an app container's ``allocatedResourcesStatus``."""
     status: dict[str, Any] = {"phase": rec.phase}
     if rec.reason:
         status["reason"] = rec.reason
@@ -96,6 +104,8 @@ def pod_status(rec: PodRecord, records: Mapping[str, ContainerRecord], health: D
                 }
                 for res, ids in sorted(c.devices.items())
             ]
+        if not spec.init and claims_status is not None and (claims := claims_status(spec.name)):
+            st["allocatedResourcesStatus"] = [*st.get("allocatedResourcesStatus", []), *claims]
         (init_statuses if spec.init else app_statuses).append(st)
     if init_statuses:
         status["initContainerStatuses"] = init_statuses
