@@ -85,7 +85,7 @@ def test_pod_starts_once_its_claim_is_prepared_with_the_cdi_edits(world: World, 
     world.node.admit(p)
     wait_until("the pod running", lambda: world.running("pod-uid-1"))
     rec = world.node.container("pod-uid-1", "ctr")
-    assert rec.options.cdi_devices == [CDI_ID]
+    assert rec.options.cdi_devices == (CDI_ID,)
     assert rec.options.envs["GPU_DEVICE_0"] == "gpu-0"
     (info,) = world.dra.claim_infos()
     assert (info.claim_name, info.pod_uids) == ("c1", {"pod-uid-1"})
