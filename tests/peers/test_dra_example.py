@@ -9,14 +9,11 @@ fails on no command) or a health service (v0.2.1 serves no ``v1alpha1.DRAResourc
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .test_peers import _parse_junit
+from ..support import run_conformance
 
 DRIVER = "gpu.example.com"
 #: What the example driver may be skipped for, and nothing else.
@@ -37,16 +34,9 @@ SUITE_TIMEOUT_S = 600
 
 def test_dra_suite_passes_on_the_example_driver(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     binary = peer_binary("dra-example-kubeletplugin")
-    junit = tmp_path / "junit.xml"
-    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
-    argv = [devplug, "conformance", "--dra", "--driver-cmd", str(binary), "--driver-name", DRIVER,
-            "--", "-p", "no:randomly", f"--junitxml={junit}"]  # fmt: skip
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
-    output = (done.stdout + done.stderr)[-8000:]
-    assert junit.exists(), f"devplug conformance --dra exited {done.returncode} without a junit report:\n{output}"
-    result = _parse_junit(junit)
-    assert not result.failed, f"dra-example-driver: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + output
-    assert done.returncode == 0, f"devplug conformance --dra exited {done.returncode}:\n{output}"
+    result = run_conformance(["--dra", "--driver-cmd", str(binary), "--driver-name", DRIVER], [], tmp_path, timeout=SUITE_TIMEOUT_S)
+    assert not result.failed, f"dra-example-driver: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert result.returncode == 0, f"devplug conformance --dra exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in ALLOWED_SKIPS)}
     assert not unexplained, f"dra-example-driver: skips without a reason that fits the driver: {unexplained}"
     missing = [t for t in MUST_PASS if t not in result.passed]

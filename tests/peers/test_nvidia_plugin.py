@@ -13,15 +13,14 @@ test (``nox -s e2e``) runs the same on a kind cluster, the plugin as the DaemonS
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from ..support import run_conformance
 
 SUITE_TIMEOUT_S = 900
 #: Cluster creation, image loads and the kind kubelet's restarts: about 4 min at a load of ~10 on 2 cores.
@@ -220,33 +219,16 @@ def _assert_suite_verdict(
     ``must_fail`` (each message matching its pattern; none by default), 0 errors, the other MUST_PASS tests
     passed, every skip named by ALLOWED_SKIPS (read from its junit report)."""
     must_fail = dict(must_fail or {})
-    expected_failures = set(must_fail)
-    junit = tmp_path / "junit.xml"
-    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
-    argv = [
-        devplug, "conformance", *options,
-        "--", "-p", "no:randomly", "--devplug-conventions", conventions, f"--junitxml={junit}", *pytest_args,
-    ]  # fmt: skip
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout, check=False)
-    output = (done.stdout + done.stderr)[-8000:]
-    assert junit.exists(), f"devplug conformance exited {done.returncode} without a junit report:\n{output}"
-    passed, failed, skipped = [], [], {}
-    for case in ET.parse(junit).iter("testcase"):
-        name = case.get("name", "?")
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        skip = case.find("skipped")
-        if bad is not None and case.find("failure") is not None and name in must_fail:
-            message = bad.get("message", "")
-            assert must_fail.pop(name).search(message), f"{name} failed, but not as expected: {message}"
-        elif bad is not None:
-            failed.append(f"{name}: {bad.get('message', '')}")
-        elif skip is not None:
-            skipped[name] = skip.get("message", "")
-        else:
-            passed.append(name)
+    result = run_conformance(options, ["--devplug-conventions", conventions, *pytest_args], tmp_path, timeout=timeout)
+    output, passed, skipped = result.output, result.passed, result.skipped
+    for name, message in result.failures.items():
+        if name in must_fail:
+            assert must_fail[name].search(message), f"{name} failed, but not as expected: {message}"
+    failed = [f"{n}: {m}" for n, m in {**result.failures, **result.errors}.items() if n not in must_fail or n in result.errors]
     assert not failed, "NVIDIA's plugin: failed/errors:\n" + "\n".join(failed) + "\n" + output
-    assert not must_fail, f"expected to fail: {sorted(must_fail)}; passed: {passed}; skipped: {skipped}"
-    assert done.returncode == (1 if expected_failures else 0), output
+    not_failed = sorted(set(must_fail) - set(result.failures))
+    assert not not_failed, f"expected to fail: {not_failed}; passed: {passed}; skipped: {skipped}"
+    assert result.returncode == (1 if must_fail else 0), output
     missing = [t for t in must_pass if t not in passed]
     assert not missing, f"expected to run and pass: {missing}; skipped: {skipped}"
     unexplained = {
@@ -254,4 +236,4 @@ def _assert_suite_verdict(
         if not ALLOWED_SKIPS.search(r) and not (backend_limits and backend_limits.search(r))
     }  # fmt: skip
     assert not unexplained, f"skips that name no difference of NVIDIA's plugin: {unexplained}"
-    return {**{t: "passed" for t in passed}, **{t: "skipped" for t in skipped}}
+    return {t: v for t, v in result.verdicts().items() if t not in must_fail}
