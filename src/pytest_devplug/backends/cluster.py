@@ -23,6 +23,7 @@ class KubeconfigProvider:
     """The cluster of a kubeconfig (``--kubeconfig``, ``--kube-context``), as it is."""
 
     name = "cluster"
+    nodes_are_containers = False
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options

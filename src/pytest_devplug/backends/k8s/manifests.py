@@ -8,6 +8,7 @@ mock library and its state from the node's ``/var/lib/devplug`` (hostPath).
 from __future__ import annotations
 
 import copy
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "PLUGIN_SRC",
     "GPU_LABEL",
     "STOP_LABEL",
+    "NODE_KEY_LABEL",
     "MOCK_DIR",
     "MOCK_LIB_DIR",
     "selector_of",
@@ -37,6 +39,8 @@ DEFAULT_MANIFEST = PLUGIN_SRC / "deploy" / "daemonset.yaml" if PLUGIN_SRC else N
 GPU_LABEL = ("devplug.io/gpu", "true")
 #: nodeSelector key the backend adds to stop the plugin (its pods go away) and removes to start it again.
 STOP_LABEL = "devplug.io/plugin-stopped"
+#: Label of a deployed plugin's pods (and its DaemonSet's selector): a key of the node it is pinned to.
+NODE_KEY_LABEL = "devplug.io/plugin-node"
 #: On the node (hostPath), for plugins deployed with mock NVML: the state file and the mock library.
 MOCK_DIR = "/var/lib/devplug"
 MOCK_LIB_DIR = f"{MOCK_DIR}/lib"
@@ -125,10 +129,16 @@ def own_daemonset(ds: dict[str, Any], namespace: str, node: str, labels: dict[st
 
     The manifest's own node selection (the included one's kind label) gives way to the node's hostname:
     a real node may lack the label, and on a cluster shared by several runs each plugin stays on its node.
+    A run may deploy on two nodes (the soak's copy): the name and the pod selector carry the node's key, so
+    the two DaemonSets neither replace nor adopt each other.
     """
+    key = hashlib.sha256(node.encode()).hexdigest()[:8]
     meta = ds["metadata"]
     meta["namespace"] = namespace
+    meta["name"] = f"{meta['name']}-{key}"
     meta.setdefault("labels", {}).update(labels)
+    ds["spec"].setdefault("selector", {}).setdefault("matchLabels", {})[NODE_KEY_LABEL] = key
+    ds["spec"]["template"].setdefault("metadata", {}).setdefault("labels", {})[NODE_KEY_LABEL] = key
     pod = ds["spec"]["template"]["spec"]
     selector = dict(pod.get("nodeSelector") or {})
     selector.pop(GPU_LABEL[0], None)

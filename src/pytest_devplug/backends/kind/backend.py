@@ -28,6 +28,7 @@ class KindProvider:
     """A kind cluster for the session, images loaded into it, nodes reached through their containers."""
 
     name = "kind"
+    nodes_are_containers = True
 
     def __init__(self, options: BackendOptions, *, config: str | None = None) -> None:
         """``config``: a kind config (path or file name in kind-config/); default ``$DEVPLUG_KIND_CONFIG`` or single-node."""
