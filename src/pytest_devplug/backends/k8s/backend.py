@@ -504,7 +504,12 @@ class KubeBackend:
             return
         assert image is not None
         labels = {MANAGED_BY[0]: MANAGED_BY[1]}
-        daemonsets = [own_daemonset(ds, self.namespace, node, labels) for ds in render_daemonsets(spec, image)]
+        # The second node is the user's choice, as it is: its taints are tolerated (the node under test's are not:
+        # the test pods would not tolerate them either).
+        taints = (self.get_node(node).get("spec", {}).get("taints") or []) if node == self.options.second_node else []
+        daemonsets = [
+            own_daemonset(ds, self.namespace, node, labels, tolerate=taints) for ds in render_daemonsets(spec, image)
+        ]
         for ds in daemonsets:
             self.api.apply_daemonset(ds)
         self._plugins[node] = _Deployed(spec, daemonsets, image)
