@@ -131,11 +131,12 @@ def bench(session: nox.Session) -> None:
 def e2e(session: nox.Session) -> None:
     """The kind tier on one shared multi-node kind cluster (kind-config/e2e.yaml), made with kind's CLI.
 
-    First, alone (they assert cluster-wide facts): ``tests/kind`` (smoke, leftovers after SIGTERM, multi-node
-    scheduling) on the GPU worker. Then four lanes at once, each on a node of its own
-    (tools/e2e-lanes.sh): the conformance suite through the cluster backend (kubeconfig only, the plugin
-    image loaded as a user pushes a release), its grace-period test, NVIDIA's plugin under the suite and the
-    sim-vs-kind differentials (kind backend). Every backend run works in a namespace of its own.
+    The images first (the included plugin's, NVIDIA's; cached by their inputs), loaded into every node at once;
+    then every lane at once, each on nodes of its own (tools/e2e-lanes.sh): tests/kind (on a resource of its
+    own, so its cluster-wide checks hold meanwhile), the conformance suite through the cluster backend
+    (kubeconfig only, the plugin image loaded as a user pushes a release) and its grace-period test, NVIDIA's
+    plugin under the suite in three configurations, the sim-vs-kind differentials and the checks only the kind
+    backend runs. Every backend run works in a namespace of its own.
 
     Where no container registry answers, kind-config/offline/build-all.sh builds the node and Python base
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test
@@ -155,11 +156,13 @@ def e2e(session: nox.Session) -> None:
     env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", ""), **offline, "DEVPLUG_KIND_CLUSTER": name}
     python_base = offline.get("DEVPLUG_PYTHON_BASE")
     with tempfile.TemporaryDirectory(prefix="devplug-e2e-") as tmp:
+        image = _last_line(session.run("python", "tools/plugin-image.py", tmp, silent=True))
+        nvidia = _last_line(session.run("bash", "peers/nvidia/build-image.sh", env=env, external=True, silent=True))
         try:
             kubeconfig = _create_kind_cluster(session, kind, name, Path(tmp), offline.get("DEVPLUG_KIND_NODE_IMAGE"))
-            session.run("pytest", "-m", "kind", "tests/kind", "--keep-cluster", *session.posargs, env=env)
-            image = _last_line(session.run("python", "tools/plugin-image.py", tmp, silent=True))
-            session.run(kind, "load", "docker-image", "--name", name, image, *([python_base] if python_base else []), external=True)
+            # Once into every node; each run's own `kind load` then finds them there.
+            images = [image, nvidia, *([python_base] if python_base else [])]
+            session.run(kind, "load", "docker-image", "--name", name, *images, external=True)
             session.run("bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=env, external=True)
         finally:
             session.run(kind, "delete", "cluster", "--name", name, external=True)
