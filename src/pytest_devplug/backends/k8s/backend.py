@@ -438,13 +438,7 @@ class KubeBackend:
         self.nodeops.stop_kubelet(node)
         try:
             if dep is not None:
-                self._set_stopped(node, True)
-                for p in self._plugin_pods(node):
-                    try:
-                        self.api.delete_pod(p["metadata"]["name"], p["metadata"]["namespace"], grace=0)
-                    except ObjectNotFoundError:
-                        pass
-                self._wait_no_plugin_pods(node, f"plugin pod on {node} removed for the reboot")
+                self._force_remove_plugin_pods(node, "removed for the reboot")
             self.nodeops.remove_pod_sandboxes(node)
         finally:
             self.nodeops.start_kubelet(node)
@@ -604,14 +598,18 @@ class KubeBackend:
         """Abrupt stop: the pod is force-deleted (SIGKILL, no grace) and not recreated until ``start_plugin``."""
         self._not_adopted("kill")
         self._snapshot_logs(node)
+        self._force_remove_plugin_pods(node, "killed")
+        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
+
+    def _force_remove_plugin_pods(self, node: str, what: str) -> None:
+        """The DaemonSet stops selecting the node and its pods there are deleted with grace period 0 (SIGKILL)."""
         self._set_stopped(node, True)
         for p in self._plugin_pods(node):
             try:
                 self.api.delete_pod(p["metadata"]["name"], p["metadata"]["namespace"], grace=0)
             except ObjectNotFoundError:
                 pass
-        self._wait_no_plugin_pods(node, f"plugin pod on {node} killed")
-        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
+        self._wait_no_plugin_pods(node, f"plugin pod on {node} {what}")
 
     def start_plugin(self, node: str) -> None:
         self._not_adopted("start")
