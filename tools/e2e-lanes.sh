@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The lanes of `nox -s e2e`, all at once on the shared kind cluster (kind-config/e2e.yaml), each on nodes of its
-# own, each backend run in a namespace of its own:
+# The lanes of `nox -s e2e`, all at once on the shared six-node kind cluster (kind-config/e2e.yaml), each on nodes
+# of its own, each backend run in a namespace of its own (one after the other where a lane has several):
 #   kind          tests/kind (smoke, SIGTERM leftovers, multi-node) on <cluster>-worker, the GPU worker; its plugin
 #                 advertises a resource of its own (devplug.io/kind-gpu), so its cluster-wide checks hold meanwhile
-#   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test; the soak's
-#                 second node is the control plane (its taint tolerated)
-#   grace         the grace-period test (5 min on a real kubelet) on -worker3, the longest lane
-#   nvidia        NVIDIA's k8s-device-plugin under the suite (kind backend): its plain command line on -worker4 (the
-#                 soak on -worker5), time-slicing on -worker6, cdi-cri on -worker7
-#   differential  sim-vs-kind differentials (kind backend) on -worker8, then the checks only the kind backend can
-#                 run against the included plugin (kubelet kept down, reboot, the soak on -worker9)
+#   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test and the
+#                 soak (no node left for its copy: it runs in the differential lane); then NVIDIA's plugin with
+#                 time-slicing (the checks its replicas concern) on the same node
+#   grace         the grace-period test (5 min on a real kubelet) on -worker3
+#   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4
+#   differential  sim-vs-kind differentials (kind backend) on -worker5; then the checks only the kind backend runs
+#                 (kubelet kept down, reboot, the soak with its copy on the control plane) against the included
+#                 plugin; then NVIDIA's plugin with cdi-cri (the allocation checks) on the same node
+# Why six nodes: each kind node holds ~14 inotify instances of the host user's fs.inotify.max_user_instances (128
+# by default), shared with every other process of that user; ten nodes ran out.
 # Each lane's output is printed when it ends, then one summary line per lane; exits non-zero if any lane failed.
 # SIGINT/SIGTERM: passed on to the lanes as SIGTERM (each pytest run then cleans up its namespace), then waited for.
 #
@@ -61,12 +64,6 @@ if [ -n "$workload" ]; then
   kind_backend+=(--devplug-workload-image "$workload")
 fi
 
-# NVIDIA's test runs `devplug conformance` itself; PYTEST_ADDOPTS reaches that inner pytest run.
-nvidia() {  # CONFIG NODE [SECOND_NODE]
-  local addopts="--devplug-node=$2${3:+ --devplug-second-node=$3}"
-  PYTEST_ADDOPTS="$addopts" exec pytest -m kind tests/peers/test_nvidia_plugin.py -k "on_kind and $1" -p no:cacheprovider
-}
-
 child() {  # COMMAND...: run COMMAND in this lane, passing SIGTERM on to it; its exit status
   "$@" &
   local pid=$! rc
@@ -78,20 +75,29 @@ child() {  # COMMAND...: run COMMAND in this lane, passing SIGTERM on to it; its
   return "$rc"
 }
 
-# sim vs kind, then the kind-only checks of the suite on the included plugin, on one node (one after the other)
+# NVIDIA's test runs `devplug conformance` itself; PYTEST_ADDOPTS reaches that inner pytest run.
+nvidia() {  # CONFIG NODE
+  PYTEST_ADDOPTS="--devplug-node=$2" child pytest -m kind tests/peers/test_nvidia_plugin.py -k "on_kind and $1" \
+    -p no:cacheprovider
+}
+
+conformance() {
+  child pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak" \
+    || return
+  nvidia time-slicing "$(node worker2)"
+}
+
 differential() {
-  child pytest -m kind tests/differential "${kind_backend[@]}" --devplug-node "$(node worker8)" || return
-  child pytest --pyargs pytest_devplug.conformance "${kind_backend[@]}" --devplug-node "$(node worker8)" \
-    --devplug-second-node "$(node worker9)" -k "kubelet_down or node_reboot or soak"
+  child pytest -m kind tests/differential "${kind_backend[@]}" --devplug-node "$(node worker5)" || return
+  child pytest --pyargs pytest_devplug.conformance "${kind_backend[@]}" --devplug-node "$(node worker5)" \
+    --devplug-second-node "$(node control-plane)" -k "kubelet_down or node_reboot or soak" || return
+  nvidia cdi-cri "$(node worker5)"
 }
 
 lane kind pytest -m kind tests/kind --keep-cluster -p no:cacheprovider
-lane conformance pytest "${suite[@]}" --devplug-node "$(node worker2)" --devplug-second-node "$(node control-plane)" \
-  -m "not devplug_grace_period"
+lane conformance conformance
 lane grace pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q
-lane nvidia nvidia envvar "$(node worker4)" "$(node worker5)"
-lane nvidia-ts nvidia time-slicing "$(node worker6)"
-lane nvidia-cdi nvidia cdi-cri "$(node worker7)"
+lane nvidia nvidia envvar "$(node worker4)"
 lane differential differential
 
 failed=0

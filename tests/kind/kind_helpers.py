@@ -91,8 +91,10 @@ class KindCluster:
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
-    def load_image(self, image: str) -> None:
-        run([self.kind, "load", "docker-image", "--name", self.name, image], timeout=600)
+    def load_image(self, image: str, node: str | None = None) -> None:
+        """Into ``node`` (default: every node)."""
+        only = ["--nodes", node] if node else []
+        run([self.kind, "load", "docker-image", "--name", self.name, *only, image], timeout=600)
 
     def write_node_file(self, node: str, path: str, content: str) -> None:
         """Replace a file on a node atomically (temp file in the same dir, then rename)."""

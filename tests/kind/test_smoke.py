@@ -107,9 +107,8 @@ def test_plugin_advertises_mock_gpus(kind_cluster: KindCluster, tmp_path: Path) 
         unavailable(f"the included plugin's image cannot be built: {exc}")
         raise
     print(f"\nplugin image {image} in {time.monotonic() - t0:.1f}s")
-    kind_cluster.load_image(image)
-
     node = kind_cluster.node_container(GPU_LABEL)
+    kind_cluster.load_image(image, node)
     n_gpus = int(os.environ.get("DEVPLUG_KIND_GPUS", "4"))
     kind_cluster.write_node_file(node, MOCK_STATE, _mock_state(n_gpus))
     # The included plugin's --nvml mock loads the harness's mock libnvidia-ml.so.1 from the node (the

@@ -88,12 +88,13 @@ class ClusterProvider(Protocol):
         """The node transport; ``node_image`` gives an image for node pods where the transport needs one."""
         ...
 
-    def plugin_image(self, spec: PluginSpec) -> str:
-        """The plugin's image, present for the nodes (built and loaded, or the user's pullable one)."""
+    def plugin_image(self, spec: PluginSpec, node: str) -> str:
+        """The plugin's image, present for ``node`` (built and loaded, or the user's pullable one)."""
         ...
 
-    def workload_image(self, image: str) -> str | None:
-        """What test pods asking for ``image`` run instead (a cluster with no registry), or ``None``."""
+    def workload_image(self, image: str, node: str | None) -> str | None:
+        """What test pods asking for ``image`` run instead on ``node`` (``None``: any node) where the cluster has no
+        registry, present there; or ``None``."""
         ...
 
     def disposes_cluster(self) -> bool:
@@ -476,7 +477,7 @@ class KubeBackend:
                 dep.refs += 1  # the same plugin again (e.g. the Topology Manager fixture): shared
                 return
             raise BackendError(f"a different plugin is already deployed on {node}; remove it first")
-        image = None if self._adopted() else self.provider.plugin_image(spec)
+        image = None if self._adopted() else self.provider.plugin_image(spec, node)
         self._node_image = self._node_image or image
         if spec.mock:
             # Before the DaemonSet: the plugin reads the state and loads the library at start.
@@ -648,8 +649,9 @@ class KubeBackend:
     def create_pod(self, manifest: JSONDict) -> JSONDict:
         body = json.loads(json.dumps(manifest))
         spec = body.get("spec", {})
+        node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
         for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-            if c.get("image") == DEFAULT_IMAGE and (local := self.provider.workload_image(DEFAULT_IMAGE)):
+            if c.get("image") == DEFAULT_IMAGE and (local := self.provider.workload_image(DEFAULT_IMAGE, node)):
                 c["image"] = local
                 c.setdefault("imagePullPolicy", "IfNotPresent")
         return self.api.create_pod(body)
