@@ -4,9 +4,9 @@
 #   kind          tests/kind (smoke, SIGTERM leftovers, multi-node) on <cluster>-worker, the GPU worker; its plugin
 #                 advertises a resource of its own (devplug.io/kind-gpu), so its cluster-wide checks hold meanwhile
 #   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test and the
-#                 soak (no node left for its copy: it runs in the differential lane); then NVIDIA's plugin with
+#                 soak (no node left for its copy: it runs in the differential lane)
+#   grace         the grace-period test (5 min on a real kubelet) on -worker3; then NVIDIA's plugin with
 #                 time-slicing (the checks its replicas concern) on the same node
-#   grace         the grace-period test (5 min on a real kubelet) on -worker3
 #   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4
 #   differential  sim-vs-kind differentials (kind backend) on -worker5; then the checks only the kind backend runs
 #                 (kubelet kept down, reboot, the soak with its copy on the control plane) against the included
@@ -81,10 +81,9 @@ nvidia() {  # CONFIG NODE
     -p no:cacheprovider
 }
 
-conformance() {
-  child pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak" \
-    || return
-  nvidia time-slicing "$(node worker2)"
+grace() {
+  child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return
+  nvidia time-slicing "$(node worker3)"
 }
 
 differential() {
@@ -95,8 +94,8 @@ differential() {
 }
 
 lane kind pytest -m kind tests/kind --keep-cluster -p no:cacheprovider
-lane conformance conformance
-lane grace pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q
+lane conformance pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak"
+lane grace grace
 lane nvidia nvidia envvar "$(node worker4)"
 lane differential differential
 
