@@ -78,7 +78,7 @@ child() {  # COMMAND...: run COMMAND in this lane, passing SIGTERM on to it; its
 # NVIDIA's test runs `devplug conformance` itself; PYTEST_ADDOPTS reaches that inner pytest run.
 nvidia() {  # CONFIG NODE
   PYTEST_ADDOPTS="--devplug-node=$2" child pytest -m kind tests/peers/test_nvidia_plugin.py -k "on_kind and $1" \
-    -p no:cacheprovider
+    -p no:cacheprovider -rP
 }
 
 grace() {

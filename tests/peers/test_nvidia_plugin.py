@@ -215,4 +215,5 @@ def _assert_suite_verdict(
     assert not missing, f"expected to run and pass: {missing}; skipped: {skipped}"
     unexplained = {t: r for t, r in skipped.items() if not ALLOWED_SKIPS.search(r)}
     assert not unexplained, f"skips that name no difference of NVIDIA's plugin: {unexplained}"
+    print(f"verdict: {len(passed)} passed, {len(expected_failures)} failed as expected, {len(skipped)} skipped, 0 errors")
     return {**{t: "passed" for t in passed}, **{t: "skipped" for t in skipped}}
