@@ -378,7 +378,8 @@ def assert_allocate_injections(
     """What the plugin's Allocate put into the container, as the container sees it.
 
     Always: the pod runs, it was assigned devices, something was injected, device-node permissions
-    use only ``r``/``w``/``m`` and CDI names are fully qualified (``vendor/class=name``). With
+    use only ``r``/``w``/``m``, CDI names are fully qualified (``vendor/class=name``) and the view's device
+    nodes and mounts (its CDI devices' edits included) are in the container (``exec ls -d``). With
     ``ids_visible`` every assigned device ID must also appear in some injection (env value, annotation,
     mount or device path, CDI name): a convention of plugins whose IDs name the device (GPU UUIDs),
     not a kubelet rule, hence off by default (IDs may be opaque: a hash, ``card0-0``). ``env`` is
@@ -403,6 +404,14 @@ def assert_allocate_injections(
     for name in view.cdi_devices:
         if not re.fullmatch(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+=[a-zA-Z0-9._:-]+", name):
             problems.append(f"CDI device {name!r} is not a fully qualified name vendor/class=name")
+    if view.devices or view.mounts:
+        wanted = sorted({d.container_path for d in view.devices} | {m.container_path for m in view.mounts})
+        listed = set(pod.exec("ls", "-d", *wanted).stdout.split())
+        if absent := [p for p in wanted if p not in listed]:
+            problems.append(
+                f"{absent} were injected (device nodes and mounts, its CDI devices' edits included) but the container "
+                "has nothing there: the runtime did not apply them (does it resolve CDI names?)"
+            )
     if env:
         out = pod.exec("env")
         seen_env = dict(ln.split("=", 1) for ln in out.stdout.splitlines() if "=" in ln)

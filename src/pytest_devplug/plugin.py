@@ -164,6 +164,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     (
+        "second-node",
+        "kind, cluster: a node beside --devplug-node where a check that needs a second node runs a copy of the "
+        "plugin (the soak); without it that check skips saying so",
+        {},
+    ),
+    (
         "plugin-daemonset",
         "cluster: NAMESPACE/NAME of a running plugin DaemonSet to test as it is, instead of deploying one",
         {},
@@ -410,6 +416,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         kind_config=_opt(config, "devplug_kind_config"),
         kube_context=_opt(config, "devplug_kube_context"),
         node=_opt(config, "devplug_node"),
+        second_node=_opt(config, "devplug_second_node"),
         plugin_daemonset=_opt(config, "devplug_plugin_daemonset"),
         node_image=_opt(config, "devplug_node_image") or image,
         workload_image=_opt(config, "devplug_workload_image"),

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec, PodFactory
-from pytest_devplug.backends.base import BackendOptions
+from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec, PodFactory, assert_allocate_injections
+from pytest_devplug.backends.base import BackendOptions, ExecResult
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.plugin import default_plugin_argv
 from pytest_devplug.sim import cdi
@@ -147,3 +147,18 @@ def test_a_name_no_spec_resolves_refuses_the_container(cdi_plugin: tuple[Cluster
     text = str(info.value)
     assert "the runtime refused to create container" in text and "unresolvable CDI devices nvidia.com/gpu=GPU-" in text, text
     assert f"specs seen: {spec_dir.parent / 'cdi'}: no spec files" in text, text
+
+
+def test_a_runtime_that_does_not_apply_cdi_edits_fails_the_injection_check(
+    cdi_plugin: tuple[ClusterHandle, PodFactory, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a CDI name should bring (the spec's device nodes) must be in the container: a runtime without CDI
+    (containerd 1.6 ignores CRI's CDIDevices) starts the container without them, and the check says so."""
+    _, pods, _ = cdi_plugin
+    pod = pods(gpus=1, wait=True)
+    assert_allocate_injections(pod)
+    bare = ExecResult(2, "", "ls: cannot access '/dev/nvidiactl': No such file or directory\n")
+    monkeypatch.setattr(SimBackend, "exec_pod", lambda *a, **kw: bare)
+    with pytest.raises(AssertionError, match=r"\['/dev/nvidia-uvm', '/dev/nvidia\d', '/dev/nvidiactl'\] were injected .* the "
+                       r"container has nothing there: the runtime did not apply them \(does it resolve CDI names\?\)"):
+        assert_allocate_injections(pod)

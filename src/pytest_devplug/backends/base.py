@@ -80,6 +80,10 @@ class NodeSpec:
     #: Device nodes the node has (``/dev/ttyS0``, ...), for plugins that scan ``/dev``: sim makes stub files at
     #: these paths in the private mount namespace of a plugin started without ``{plugin_dir}``.
     device_nodes: tuple[str, ...] = ()
+    #: A node other than this one (the node under test), for a second copy of the plugin (the soak's): the sim
+    #: creates one; kind and cluster take ``--devplug-second-node`` and raise ``UnsupportedOperationError``
+    #: without it.
+    beside: str | None = None
 
 
 @dataclass(frozen=True)
@@ -326,6 +330,8 @@ class BackendOptions:
     kube_context: str | None = None
     #: The node to test on (``None``: the first node advertising the resource).
     node: str | None = None
+    #: A node beside ``node`` for checks that need a second one (the soak's copy of the plugin); ``None``: none.
+    second_node: str | None = None
     #: ``NAMESPACE/NAME`` of a running plugin DaemonSet to adopt instead of deploying one.
     plugin_daemonset: str | None = None
     #: Image of the privileged node-operations pod (sh, nsenter, python3 + grpcio); ``None``: the plugin image.

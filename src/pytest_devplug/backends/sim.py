@@ -426,7 +426,7 @@ class SimBackend:
         from ..sim import cdi
         from ..sim.endpoint import go_rpc_error
         from ..kubeletmodel.runoptions import run_container_options
-        from ..sim.runtime import with_cdi_edits
+        from ..sim.cdi import apply_edits
 
         n = self._node(node)
         dm = n.device_manager
@@ -445,7 +445,7 @@ class SimBackend:
         out: dict[str, ContainerView] = {}
         for device_id, answer in zip(ids, resp.container_responses, strict=True):
             try:
-                out[device_id] = with_cdi_edits(run_container_options([answer]), n.cdi_spec_dirs)
+                out[device_id] = apply_edits(run_container_options([answer]), n.cdi_spec_dirs)
             except cdi.UnresolvableCdiDevicesError as exc:
                 raise BackendError(f"Allocate of {resource} for {device_id!r} names CDI devices no spec resolves: {exc}") from None
         return out

@@ -17,19 +17,20 @@ follows ``tags.cncf.io/container-device-interface`` (``pkg/cdi``, ``pkg/parser``
   ``b c u p`` or none, no negative major/minor, permissions of ``rwm`` (or ``none``), ``mounts`` with
   both paths, ``hooks`` with a known ``hookName`` and a ``path``.
 
-``resolve(names, spec_dirs)`` is the one entry point: the sim's runtime calls it when it starts a
-container, and the DRA driver side can call it the same way.
+``resolve(names, spec_dirs)`` resolves names; ``apply_edits(view, spec_dirs)`` is what the runtime makes of a
+container's options with them (the sim's runtime when it starts a container, the real-cluster backends' view of
+what a container should have).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..kubeletmodel.views import DeviceNodeView, MountView
+from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
 __all__ = [
     "CdiEdits",
@@ -38,6 +39,7 @@ __all__ = [
     "CdiRegistry",
     "load_specs",
     "resolve",
+    "apply_edits",
     "names_from_annotations",
 ]
 
@@ -284,3 +286,23 @@ def resolve(names: Iterable[str], spec_dirs: Sequence[Path]) -> CdiEdits:
             edits.add(spec.edits)
         edits.add(device_edits)
     return edits
+
+
+def apply_edits(view: ContainerView, spec_dirs: Sequence[Path]) -> ContainerView:
+    """What a CDI-enabled runtime applies on top of the kubelet's options: the edits of the CDI devices named in
+    ``CDIDevices`` and ``cdi.k8s.io/*`` annotations, from the spec files in ``spec_dirs`` (later ones win): their
+    env over the options' env, their device nodes and mounts replacing the options' at the same container path.
+
+    Raises :class:`UnresolvableCdiDevicesError` for a name no spec resolves (the runtime refuses the container)."""
+    names = [*view.cdi_devices, *names_from_annotations(view.annotations)]
+    if not names:
+        return view
+    edits = resolve(names, spec_dirs)
+    nodes = {d.container_path for d in edits.device_nodes}
+    paths = {m.container_path for m in edits.mounts}
+    return replace(
+        view,
+        envs={**view.envs, **edits.env},
+        devices=(*(d for d in view.devices if d.container_path not in nodes), *edits.device_nodes),
+        mounts=(*(m for m in view.mounts if m.container_path not in paths), *edits.mounts),
+    )

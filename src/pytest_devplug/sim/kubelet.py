@@ -41,7 +41,7 @@ from .nodestatus import DEFAULT_CPU, DEFAULT_MEMORY, DEFAULT_PODS, NodeStatus
 from .podresources import PodResourcesServer
 from .podstatus import PodRecord, pod_phase, pod_status
 from .process import PluginProcess
-from .runtime import ContainerRecord, ContainerRuntime, with_cdi_edits
+from .runtime import ContainerRecord, ContainerRuntime
 
 __all__ = ["SimNode", "ContainerRecord", "pod_spec_view", "KlogFormatter"]
 
@@ -453,7 +453,7 @@ class SimNode:
             self._event(rec.pod, "Warning", "Failed", f"Error: {e}")
             return False
         try:
-            options = with_cdi_edits(options, self.cdi_spec_dirs)
+            options = cdi.apply_edits(options, self.cdi_spec_dirs)
         except cdi.UnresolvableCdiDevicesError as e:
             # containerd refuses to create the container; the kubelet retries with back-off, reporting the same.
             msg = f"failed to create containerd container: CDI device injection failed: {e}"

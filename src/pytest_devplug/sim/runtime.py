@@ -3,7 +3,7 @@
 Containers outlive a kubelet restart (the kubelet adopts the running ones when it starts again), not a reboot.
 Nothing runs: a container is a record of its state and of the options applied to it, which the sim backend's
 ``exec`` answers from. A CDI-enabled runtime adds the edits of the CDI devices the kubelet names
-(:func:`with_cdi_edits`).
+(:func:`pytest_devplug.sim.cdi.apply_edits`).
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from ..kubeletmodel.views import ContainerView, PodSpecView
-from . import cdi
 from .apiserver import now_rfc3339
 
-__all__ = ["ContainerRecord", "ContainerRuntime", "with_cdi_edits"]
+__all__ = ["ContainerRecord", "ContainerRuntime"]
 
 
 @dataclass
@@ -117,20 +115,3 @@ class ContainerRuntime:
     def clear(self) -> None:
         """A reboot: every container is gone."""
         self._pods.clear()
-
-
-def with_cdi_edits(options: ContainerView, spec_dirs: list[Path]) -> ContainerView:
-    """What a CDI-enabled runtime applies on top of the kubelet's options: the edits of the CDI devices named in
-    ``CDIDevices`` and ``cdi.k8s.io/*`` annotations, from the spec files in ``spec_dirs`` (later ones win).
-
-    Raises :class:`~pytest_devplug.sim.cdi.UnresolvableCdiDevicesError` for a name no spec resolves."""
-    names = [*options.cdi_devices, *cdi.names_from_annotations(options.annotations)]
-    if not names:
-        return options
-    edits = cdi.resolve(names, spec_dirs)
-    envs = {**options.envs, **edits.env}
-    nodes = {d.container_path for d in edits.device_nodes}
-    devices = (*(d for d in options.devices if d.container_path not in nodes), *edits.device_nodes)
-    paths = {m.container_path for m in edits.mounts}
-    mounts = (*(m for m in options.mounts if m.container_path not in paths), *edits.mounts)
-    return replace(options, envs=envs, devices=devices, mounts=mounts)
