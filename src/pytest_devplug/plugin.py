@@ -374,7 +374,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
             raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: {exc}") from None
         if not words:
             raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: empty command line")
-        argv = [a.replace("{python}", sys.executable) for a in words]
+        argv = words  # placeholders are filled when the plugin starts (PluginSpec.command)
     else:
         argv = default_plugin_argv(resource, pre_start_required=pre_start)
     spec = PluginSpec(

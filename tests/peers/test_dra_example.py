@@ -65,7 +65,6 @@ def example_driver(peer_binary: Callable[[str], Path], node_root: Path) -> Itera
     watcher.start()
     proc = PluginProcess(
         [str(binary), "--node-name", "node-1", "--kubeconfig", str(node_root / "kubeconfig"), "-v", "4"],
-        plugin_dir=dirs["plugins"],
         log_path=node_root / "driver.log",
         binds=[(dirs["plugins_registry"], f"{KUBELET}/plugins_registry"), (dirs["plugins"], f"{KUBELET}/plugins"), (dirs["cdi"], "/etc/cdi")],
     )
@@ -78,13 +77,15 @@ def example_driver(peer_binary: Callable[[str], Path], node_root: Path) -> Itera
         plugins.stop()
 
 
-def test_example_driver_registers_with_its_plain_command_line(example_driver: tuple[PluginProcess, DRAPluginManager, PluginWatcher]) -> None:
+def test_example_driver_registers_with_its_plain_command_line(
+    example_driver: tuple[PluginProcess, DRAPluginManager, PluginWatcher], node_root: Path
+) -> None:
     proc, plugins, watcher = example_driver
     registered = wait_for(
         lambda: plugins.registered().get(DRIVER, []), bool, timeout=30.0, what=f"{DRIVER} registered",
         give_up=lambda: None if proc.running else f"the driver exited {proc.returncode}; its log:\n{proc.log()[-3000:]}",
     )
-    assert registered == [str(proc.plugin_dir / DRIVER / "dra.sock")], proc.log()[-3000:]
+    assert registered == [str(node_root / "plugins" / DRIVER / "dra.sock")], proc.log()[-3000:]
     plugin = plugins.get_plugin(DRIVER)
     assert plugin.chosen_service == "v1.DRAPlugin"
     wait_for(lambda: plugins.usable(DRIVER), bool, timeout=10.0, what="the DRA socket connected")

@@ -9,6 +9,9 @@ document read from and written to the node. Nothing here exposes a sim object.
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -65,6 +68,8 @@ DEFAULT_GRACE_PERIOD = 300.0
 DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
+#: The placeholders of a plugin's command line (:meth:`PluginSpec.command`), filled in one pass.
+_PLACEHOLDER = re.compile(r"\{(plugin_dir|mock_state|python)\}")
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,9 @@ class NodeSpec:
 class PluginSpec:
     """How to deploy the plugin under test on a node.
 
-    ``argv`` (sim) may hold ``{plugin_dir}`` and ``{mock_state}`` placeholders; ``image`` and
-    ``manifest`` are what kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
+    ``argv`` and ``env`` values (sim) may hold the placeholders ``{plugin_dir}``, ``{mock_state}`` and
+    ``{python}``, filled by :meth:`command` when the plugin is started; ``image`` and ``manifest`` are what
+    kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
     the fault controls (Xid, lost, add/remove, fail_allocate) work; ``gpus``/``numa_nodes`` shape the
     initial mock state.
     """
@@ -118,6 +124,17 @@ class PluginSpec:
         if self.standard_paths is not None:
             return self.standard_paths
         return not any("{plugin_dir}" in a for a in [*self.argv, *self.env.values()])
+
+    def command(self, *, plugin_dir: str | os.PathLike[str], mock_state: str | os.PathLike[str] | None) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
+        directory, ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter.
+        The one place the placeholders are filled."""
+        values = {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or ""), "python": sys.executable}
+
+        def fill(text: str) -> str:
+            return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+        return [fill(a) for a in self.argv], {k: fill(v) for k, v in self.env.items()}
 
 
 @dataclass(frozen=True)

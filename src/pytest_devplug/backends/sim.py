@@ -204,12 +204,7 @@ class SimBackend:
         with self._lock:
             self._serial += 1
             name = f"plugin-{self._serial}"
-
-        def fill(text: str) -> str:
-            return text.replace("{plugin_dir}", str(n.plugin_dir)).replace("{mock_state}", str(mock_path or ""))
-
-        argv = [fill(a) for a in spec.argv]
-        env = {k: fill(v) for k, v in spec.env.items()}
+        argv, env = spec.command(plugin_dir=n.plugin_dir, mock_state=mock_path)
         if mock_path is not None:
             env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)

@@ -219,7 +219,8 @@ class SimNode:
         extra_binds: Sequence[tuple[Path, str]] = (),
         backoff: BackOffPolicy = KUBELET_BACKOFF,
     ) -> PluginDaemon:
-        """Start a device plugin subprocess; ``{plugin_dir}`` in ``argv`` becomes this node's dir.
+        """Start a device plugin subprocess running ``argv`` as given (the harness fills its placeholders:
+        ``PluginSpec.command``); a plugin that takes its directory as a flag is given :attr:`plugin_dir`.
 
         The kubelet keeps it running as a DaemonSet pod's container (:mod:`~pytest_devplug.sim.daemon`: an exit
         of its own is restarted with ``backoff``). With ``standard_paths`` the plugin runs in a private mount
@@ -231,10 +232,9 @@ class SimNode:
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        args = [a.replace("{plugin_dir}", str(self.plugin_dir)) for a in argv]
         binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] + list(extra_binds) if standard_paths else []
         proc = PluginProcess(
-            args, plugin_dir=self.plugin_dir, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
+            argv, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
         )
         daemon = PluginDaemon(proc, name=name, kubelet=lambda: self._dm, logger=self.logger, policy=backoff)
         daemon.start()
