@@ -34,6 +34,7 @@ __all__ = [
     "UnsupportedOperationError",
     "NodeSpec",
     "PluginSpec",
+    "PluginRestarts",
     "ExecResult",
     "ContainerView",
     "MountView",
@@ -138,6 +139,16 @@ class PluginSpec:
 
 
 @dataclass(frozen=True)
+class PluginRestarts:
+    """The kubelet's restarts of the plugin's container since the harness last started it (``restartCount``: a
+    plugin that exits by itself is restarted, as its DaemonSet's pod would be) and, while the kubelet holds the next
+    restart back (``CrashLoopBackOff``), how it crash-loops."""
+
+    count: int = 0
+    crash_loop: str | None = None
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """What an ``exec`` in a container returned."""
 
@@ -230,6 +241,10 @@ class Backend(Protocol):
         kubelet is about to start it again. Waits for the plugin stop at once on it."""
 
     def plugin_log(self, node: str) -> str: ...
+
+    def plugin_restarts(self, node: str) -> PluginRestarts:
+        """How often the kubelet restarted the plugin on ``node`` since the harness started it, and whether it
+        crash-loops (for reports and evidence; nothing waits on it). No plugin deployed: ``PluginRestarts()``."""
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]: ...
