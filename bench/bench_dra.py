@@ -52,7 +52,7 @@ def one_run(binary: str) -> float:
         watcher.start()
         proc = PluginProcess(
             [binary, "--node-name", "node-1", "--kubeconfig", str(root / "kubeconfig")],
-            plugin_dir=dirs["plugins"], log_path=root / "driver.log",
+            log_path=root / "driver.log",
             binds=[(dirs["plugins_registry"], f"{KUBELET}/plugins_registry"), (dirs["plugins"], f"{KUBELET}/plugins"), (dirs["cdi"], "/etc/cdi")],
         )
         t0 = time.monotonic()

@@ -47,7 +47,7 @@ from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
-from .report import ReportWriter, note_run
+from .report import ReportWriter, note_plugin, note_run
 from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
@@ -386,7 +386,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
             raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: {exc}") from None
         if not words:
             raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: empty command line")
-        argv = [a.replace("{python}", sys.executable) for a in words]
+        argv = words  # placeholders are filled when the plugin starts (PluginSpec.command)
     else:
         argv = default_plugin_argv(resource, pre_start_required=pre_start)
     spec = PluginSpec(
@@ -901,8 +901,12 @@ def _labelled_skip(item: pytest.Item, longrepr: tuple[str, int, str]) -> tuple[s
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Attach the cluster's evidence to a failed test's report (before teardown changes it)."""
+    """Attach the cluster's evidence to a failed test's report (before teardown changes it); tell the report how
+    often the plugin was restarted."""
     report = yield
+    state = item.stash.get(_STATE_KEY, None)
+    if state is not None and state.backend is not None and state.node is not None:
+        note_plugin(item.config, item.nodeid, state.backend, state.node)
     if _backend_cannot(report, call) and _uses_devplug(item):
         # No verdict is possible where the backend lacks the ability (e.g. stopping an adopted plugin on
         # the cluster backend): a skip quoting why, not an error blamed on the plugin.
@@ -915,7 +919,6 @@ def pytest_runtest_makereport(
         return report
     evidence: list[Evidence] = []
     exc = call.excinfo.value
-    state = item.stash.get(_STATE_KEY, None)
     pods = list(state.pods.created) if state is not None and state.pods else []
     if isinstance(exc, DevplugAssertionError):
         evidence = list(exc.evidence)

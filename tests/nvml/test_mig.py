@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.backends import mockstate
-from pytest_devplug.nvml.probe import Handle, Nvml, NvmlError
+from pytest_devplug.nvml.probe import Handle, Nvml, NvmlError, format_report, probe
 
 from .nvml_helpers import StateFile
 
@@ -171,6 +171,23 @@ def test_the_profiles_nvidias_mixed_strategy_turns_into_resources(mig: Nvml) -> 
     assert seen == GI_PROFILES
     assert _code(mig.call, "nvmlDeviceGetGpuInstanceProfileInfo", gpu, ctypes.c_uint(17), ctypes.byref(GiProfileInfo())) == INVALID_ARGUMENT
     assert _code(mig.call, "nvmlDeviceGetGpuInstanceProfileInfo", mig.handles()[2], ctypes.c_uint(0), ctypes.byref(GiProfileInfo())) == NOT_SUPPORTED
+
+
+def test_probe_lists_the_mig_devices_of_each_mig_enabled_gpu(mig: Nvml, mock_lib_path: Path) -> None:
+    """``devplug nvml probe``: each MIG device of a MIG-enabled GPU, by its UUID, name (with the profile) and
+    instances; none for a GPU with MIG disabled or not supported."""
+    report = probe(str(mock_lib_path))
+    assert [d["MIG mode"] for d in report.devices] == ["enabled", "disabled", "n/a (Not Supported)"]
+    assert report.devices[0]["MIG devices"] == str(len(PROFILES))
+    assert "MIG devices" not in report.devices[1] and "MIG devices" not in report.devices[2]
+    seen = [(m["gpu"], m["index"], m["uuid"], m["name"], m["GPU instance"], m["compute instance"]) for m in report.mig_devices]
+    assert seen == [
+        ("0", str(i), mockstate.mig_uuid(0, i), f"NVIDIA A100-SXM4-40GB MIG {p}", str(i + 1), "0") for i, p in enumerate(PROFILES)
+    ]
+    assert [m["memory MiB"] for m in report.mig_devices] == ["5120", "10240", "5120"]  # eighths of the GPU's 40960
+    text = format_report(report)
+    assert f"    MIG devices: 3\n    MIG device 0:\n      uuid: {mockstate.mig_uuid(0, 0)}\n" in text, text
+    assert text.index("MIG device 2:") < text.index("  GPU 1:"), text  # under the GPU it is on
 
 
 def test_compute_instance_profiles_fit_their_gpu_instance(mig: Nvml) -> None:

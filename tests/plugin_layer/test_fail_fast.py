@@ -130,6 +130,10 @@ def test_a_crash_quotes_its_fatal_line_not_only_the_tail(cluster: ClusterHandle)
     assert "; fatal: panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: address already in use" \
         in text, text
     assert "never reached kubelet.sock" not in text, text
+    # The evidence has the restart count as a field of its own, and the crash loop.
+    restarts = {e.title: e.text for e in info.value.evidence}["plugin restarts"]  # type: ignore[attr-defined]
+    assert restarts.startswith("restarted 1 time by the kubelet since the harness started it"), restarts
+    assert "\ncrash-looping: exited with status 2 and is crash-looping (CrashLoopBackOff)" in restarts, restarts
 
 
 def test_every_wait_gives_up_when_the_plugin_crashed_but_not_when_stopped(cluster: ClusterHandle) -> None:

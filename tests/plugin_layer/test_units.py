@@ -159,11 +159,14 @@ def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ndevplug_resource_name = example.com/ini\ndevplug_plugin_cmd = {python} p.py {plugin_dir}\n")
     pytester.makepyfile(
         test_s="""
+        import sys
+
         def test_settings(devplug_settings):
             s = devplug_settings
             assert s.plugin.resource_name == "example.com/cli"  # the command line beats the ini file
-            assert s.plugin.argv[1:] == ("p.py", "{plugin_dir}")
-            assert "python" in s.plugin.argv[0]  # {python} became this interpreter
+            assert s.plugin.argv == ("{python}", "p.py", "{plugin_dir}")  # filled when it starts, on its node
+            argv, _ = s.plugin.command(plugin_dir="/dp", mock_state=None)
+            assert argv == [sys.executable, "p.py", "/dp"]
             assert s.plugin.mock is False and s.plugin.pre_start_required is False
             assert s.backend_options.timeout == 7.5 and s.backend_options.cluster_name == "mine"
         """

@@ -79,7 +79,7 @@ def daemons() -> Iterator[list[PluginDaemon]]:
 
 
 def daemon(made: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet, argv: list[str], policy: BackOffPolicy) -> PluginDaemon:
-    proc = PluginProcess(argv, plugin_dir=tmp_path, log_path=tmp_path / f"p{len(made)}.log")
+    proc = PluginProcess(argv, log_path=tmp_path / f"p{len(made)}.log")
     d = PluginDaemon(proc, name=f"p{len(made)}", kubelet=kubelet, logger=logging.getLogger("test-daemon"), policy=policy, relist=0.02)
     made.append(d)
     d.start()

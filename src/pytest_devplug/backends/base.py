@@ -9,6 +9,9 @@ document read from and written to the node. Nothing here exposes a sim object.
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -31,6 +34,7 @@ __all__ = [
     "UnsupportedOperationError",
     "NodeSpec",
     "PluginSpec",
+    "PluginRestarts",
     "ExecResult",
     "ContainerView",
     "MountView",
@@ -65,6 +69,8 @@ DEFAULT_GRACE_PERIOD = 300.0
 DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
+#: The placeholders of a plugin's command line (:meth:`PluginSpec.command`), filled in one pass.
+_PLACEHOLDER = re.compile(r"\{(plugin_dir|mock_state|python)\}")
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,9 @@ class NodeSpec:
 class PluginSpec:
     """How to deploy the plugin under test on a node.
 
-    ``argv`` (sim) may hold ``{plugin_dir}`` and ``{mock_state}`` placeholders; ``image`` and
-    ``manifest`` are what kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
+    ``argv`` and ``env`` values (sim) may hold the placeholders ``{plugin_dir}``, ``{mock_state}`` and
+    ``{python}``, filled by :meth:`command` when the plugin is started; ``image`` and ``manifest`` are what
+    kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
     the fault controls (Xid, lost, add/remove, fail_allocate) work; ``gpus``/``numa_nodes`` shape the
     initial mock state.
     """
@@ -122,6 +129,27 @@ class PluginSpec:
         if self.standard_paths is not None:
             return self.standard_paths
         return not any("{plugin_dir}" in a for a in [*self.argv, *self.env.values()])
+
+    def command(self, *, plugin_dir: str | os.PathLike[str], mock_state: str | os.PathLike[str] | None) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
+        directory, ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter.
+        The one place the placeholders are filled."""
+        values = {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or ""), "python": sys.executable}
+
+        def fill(text: str) -> str:
+            return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+        return [fill(a) for a in self.argv], {k: fill(v) for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class PluginRestarts:
+    """The kubelet's restarts of the plugin's container since the harness last started it (``restartCount``: a
+    plugin that exits by itself is restarted, as its DaemonSet's pod would be) and, while the kubelet holds the next
+    restart back (``CrashLoopBackOff``), how it crash-loops."""
+
+    count: int = 0
+    crash_loop: str | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +245,10 @@ class Backend(Protocol):
         kubelet is about to start it again. Waits for the plugin stop at once on it."""
 
     def plugin_log(self, node: str) -> str: ...
+
+    def plugin_restarts(self, node: str) -> PluginRestarts:
+        """How often the kubelet restarted the plugin on ``node`` since the harness started it, and whether it
+        crash-loops (for reports and evidence; nothing waits on it). No plugin deployed: ``PluginRestarts()``."""
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]: ...

@@ -38,6 +38,7 @@ from .base import (
     ExecResult,
     NodeSpec,
     ObjectNotFoundError,
+    PluginRestarts,
     PluginSpec,
     PodRejectedError,
     PodResourcesDevices,
@@ -48,6 +49,7 @@ from .base import (
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
     from ..sim.clusterapi import ClusterApi
+    from ..sim.daemon import PluginDaemon
     from ..sim.kubelet import SimNode
 
 __all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
@@ -70,7 +72,7 @@ def _mock_nvml_env(mock_path: Path) -> dict[str, str]:
 class _Deployed:
     def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
-        self.proc: Any = None
+        self.proc: PluginDaemon | None = None
 
 
 class SimBackend:
@@ -212,12 +214,7 @@ class SimBackend:
         with self._lock:
             self._serial += 1
             name = f"plugin-{self._serial}"
-
-        def fill(text: str) -> str:
-            return text.replace("{plugin_dir}", str(n.plugin_dir)).replace("{mock_state}", str(mock_path or ""))
-
-        argv = [fill(a) for a in spec.argv]
-        env = {k: fill(v) for k, v in spec.env.items()}
+        argv, env = spec.command(plugin_dir=n.plugin_dir, mock_state=mock_path)
         if mock_path is not None:
             env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
@@ -257,6 +254,12 @@ class SimBackend:
         except KeyError:
             raise BackendError(f"no plugin deployed on node {node}") from None
 
+    def _proc(self, node: str) -> PluginDaemon:
+        proc = self._dep(node).proc
+        if proc is None:
+            raise BackendError(f"the plugin on node {node} never started (its deploy failed)")
+        return proc
+
     def remove_plugin(self, node: str) -> None:
         dep = self._plugins.pop(node, None)
         if dep is None or dep.proc is None:
@@ -267,7 +270,7 @@ class SimBackend:
             self._wait_plugin_seen_gone(node, dep.spec.resource_name)
 
     def stop_plugin(self, node: str) -> None:
-        proc = self._dep(node).proc
+        proc = self._proc(node)
         running = proc.running
         proc.stop(timeout=5.0)  # held down until start_plugin, even between two crashes
         if running:
@@ -276,7 +279,7 @@ class SimBackend:
     def kill_plugin(self, node: str) -> None:
         import signal
 
-        proc = self._dep(node).proc
+        proc = self._proc(node)
         running = proc.running
         proc.kill(signal.SIGKILL)  # held down until start_plugin, even between two crashes
         if running:
@@ -297,10 +300,10 @@ class SimBackend:
         wait_for(healthy, lambda n: n == 0, timeout=self.options.timeout, what=f"the kubelet on {node} seeing the {res} plugin stop")
 
     def start_plugin(self, node: str) -> None:
-        dep = self._dep(node)
-        if dep.proc is not None and dep.proc.running:
+        proc = self._proc(node)
+        if proc.running:
             return
-        dep.proc.start()  # appends to the same log file: plugin_log has every run once
+        proc.start()  # appends to the same log file: plugin_log has every run once
 
     def plugin_running(self, node: str) -> bool:
         dep = self._plugins.get(node)
@@ -315,6 +318,12 @@ class SimBackend:
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
         return str(dep.proc.log()) if dep.proc is not None else ""
+
+    def plugin_restarts(self, node: str) -> PluginRestarts:
+        dep = self._plugins.get(node)
+        if dep is None or dep.proc is None:
+            return PluginRestarts()
+        return PluginRestarts(dep.proc.restarts, dep.proc.crash_loop())
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]:

@@ -261,19 +261,31 @@ class PluginDaemon:
             rc = self.proc.returncode
             if rc is None:
                 return None
-            how = f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
-            if self._held:
-                return how
-            if self._see_kubelet() is None:
-                return None
-            now = time.monotonic()
-            finished = now if self._finished is None else self._finished
-            if not self._backoff.in_backoff_since(finished, now):
-                return None
-            left = max(self._backoff.due(finished) - now, 0.0)
-            times = "time" if self._restarts == 1 else "times"
-            return (
-                f"{how} and is crash-looping (CrashLoopBackOff): restarted {self._restarts} {times} by the kubelet, "
-                f"back-off {self._backoff.delay:g} s (next start in {left:.0f} s)"
-            )
+            return _how(rc) if self._held else self._crash_loop(rc)
+
+    def crash_loop(self) -> str | None:
+        """How the plugin crash-loops while the kubelet holds its next restart back (``CrashLoopBackOff``), else
+        ``None`` (it runs, is about to be restarted, or is down by the harness's hand)."""
+        with self._cond:
+            rc = self.proc.returncode
+            return None if rc is None or self._held else self._crash_loop(rc)
+
+    def _crash_loop(self, rc: int) -> str | None:
+        """``_cond`` held; ``rc``: the exit status of the process, which the harness did not stop."""
+        if self._see_kubelet() is None:
+            return None
+        now = time.monotonic()
+        finished = now if self._finished is None else self._finished
+        if not self._backoff.in_backoff_since(finished, now):
+            return None
+        left = max(self._backoff.due(finished) - now, 0.0)
+        times = "time" if self._restarts == 1 else "times"
+        return (
+            f"{_how(rc)} and is crash-looping (CrashLoopBackOff): restarted {self._restarts} {times} by the kubelet, "
+            f"back-off {self._backoff.delay:g} s (next start in {left:.0f} s)"
+        )
+
+
+def _how(rc: int) -> str:
+    return f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
 

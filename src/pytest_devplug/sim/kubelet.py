@@ -27,7 +27,7 @@ import logging
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from . import cdi, errors
 from .admission import pod_spec_view, predicate_admit
@@ -43,20 +43,38 @@ from .podstatus import PodRecord, pod_phase, pod_status
 from .process import PluginProcess
 from .runtime import ContainerRecord, ContainerRuntime
 
-__all__ = ["SimNode", "ContainerRecord", "pod_spec_view", "KlogFormatter"]
+__all__ = ["SimNode", "ControlPlaneLink", "ContainerRecord", "pod_spec_view", "KlogFormatter"]
 
-EventSink = Callable[[Mapping[str, Any], str, str, str], None]  # pod, type, reason, message
-StatusSink = Callable[[str, dict[str, Any]], None]  # pod uid, status
-PodsSource = Callable[[], list[dict[str, Any]]]  # pods bound to this node, as the API server has them
+
+class ControlPlaneLink(Protocol):
+    """What a node's kubelet needs from the control plane it is a node of (``SimCluster``, ``ApiCluster``): its
+    pod source, its status manager, its event recorder and the node-status update. ``node`` is the asking node."""
+
+    def pods_bound_to(self, node: str) -> list[dict[str, Any]]:
+        """The pods bound to ``node``, as the API server has them (re-admitted after a kubelet restart)."""
+        ...
+
+    def pod_bound(self, uid: str, node: str) -> bool:
+        """Whether pod ``uid`` is still bound to ``node`` in the API: a deleted one is never admitted."""
+        ...
+
+    def set_pod_status(self, node: str, uid: str, status: dict[str, Any]) -> None:
+        """The kubelet's status of pod ``uid`` changed (upstream's status manager)."""
+        ...
+
+    def record_event(self, node: str, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """An event about ``pod`` from the kubelet of ``node``."""
+        ...
+
+    def node_changed(self, node: str) -> None:
+        """``node``'s capacity, allocatable or readiness changed: the scheduler may place pods again."""
+        ...
 
 
 class SimNode:
     """One node's kubelet around a real device manager, pod-resources server and plugin processes.
 
-    Created by ``SimCluster.add_node``; the callbacks connect it to the control plane: ``pods_source``
-    lists the pods bound here (for re-admission after a restart), ``pod_bound`` says whether a pod
-    (by UID) is still bound here in the API (never admit a deleted one), ``status_sink`` and ``event_sink``
-    publish pod statuses and events, ``on_node_change`` tells the scheduler capacity changed.
+    Created by the cluster's ``add_node``, which passes itself as the ``control_plane`` it talks to.
     """
 
     def __init__(
@@ -72,11 +90,7 @@ class SimNode:
         cpu: str = DEFAULT_CPU,
         memory: str = DEFAULT_MEMORY,
         pods: str = DEFAULT_PODS,
-        pods_source: PodsSource | None = None,
-        pod_bound: Callable[[str], bool] | None = None,
-        status_sink: StatusSink | None = None,
-        event_sink: EventSink | None = None,
-        on_node_change: Callable[[], None] | None = None,
+        control_plane: ControlPlaneLink,
     ) -> None:
         self.name = name
         self.node_dir = Path(node_dir)
@@ -85,11 +99,7 @@ class SimNode:
         self.topology_policy = topology_policy
         self.grace_period = grace_period
         self._status = NodeStatus(name, labels=labels, taints=taints, cpu=cpu, memory=memory, pods=pods)
-        self._pods_source = pods_source or (lambda: [])
-        self._pod_bound = pod_bound or (lambda uid: True)
-        self._status_sink = status_sink
-        self._event_sink = event_sink
-        self._on_node_change = on_node_change
+        self._control_plane = control_plane
         #: Guards the kubelet's memory (``_pods``), the runtime and the running device manager.
         self._lock = threading.RLock()
         #: One pod addition, kill or container change at a time, like the kubelet's syncLoop.
@@ -229,7 +239,8 @@ class SimNode:
         extra_binds: Sequence[tuple[Path, str]] = (),
         backoff: BackOffPolicy = KUBELET_BACKOFF,
     ) -> PluginDaemon:
-        """Start a device plugin subprocess; ``{plugin_dir}`` in ``argv`` becomes this node's dir.
+        """Start a device plugin subprocess running ``argv`` as given (the harness fills its placeholders:
+        ``PluginSpec.command``); a plugin that takes its directory as a flag is given :attr:`plugin_dir`.
 
         The kubelet keeps it running as a DaemonSet pod's container (:mod:`~pytest_devplug.sim.daemon`: an exit
         of its own is restarted with ``backoff``). With ``standard_paths`` the plugin runs in a private mount
@@ -241,10 +252,9 @@ class SimNode:
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        args = [a.replace("{plugin_dir}", str(self.plugin_dir)) for a in argv]
         binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] + list(extra_binds) if standard_paths else []
         proc = PluginProcess(
-            args, plugin_dir=self.plugin_dir, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
+            argv, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
         )
         daemon = PluginDaemon(proc, name=name, kubelet=lambda: self._dm, logger=self.logger, policy=backoff)
         daemon.start()
@@ -305,8 +315,7 @@ class SimNode:
         self._notify_node_change()
 
     def _notify_node_change(self) -> None:
-        if self._on_node_change is not None:
-            self._on_node_change()
+        self._control_plane.node_changed(self.name)
 
     def refresh_status(self) -> None:
         """Re-read capacity/allocatable from the device manager (see :mod:`~pytest_devplug.sim.nodestatus`)."""
@@ -359,7 +368,7 @@ class SimNode:
             if not self._running:
                 self.logger.info('"Kubelet not running, pod admission deferred" pod="%s"', _key(pod))
                 return
-            if not self._pod_bound(pod["metadata"]["uid"]):
+            if not self._control_plane.pod_bound(pod["metadata"]["uid"], self.name):
                 self.logger.info('"Pod was deleted before admission, not admitting" pod="%s"', _key(pod))
                 return
             self._admit(dict(pod), restarting=False)
@@ -499,7 +508,7 @@ class SimNode:
 
     def _readmit_existing(self) -> None:
         """Startup: admit bound pods oldest first, skip terminal ones, remove orphaned containers."""
-        pods = sorted(self._pods_source(), key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        pods = sorted(self._control_plane.pods_bound_to(self.name), key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
         known = {p["metadata"]["uid"] for p in pods}
         with self._lock:
             for uid in [u for u in self._runtime.pod_uids() if u not in known]:
@@ -601,15 +610,12 @@ class SimNode:
         return pod_status(rec, records, lambda res: dm.device_health(res) if dm is not None else {}, claims)
 
     def _publish(self, uid: str) -> None:
-        if self._status_sink is None:
-            return
         st = self.pod_status(uid)
         if st is not None:
-            self._status_sink(uid, st)
+            self._control_plane.set_pod_status(self.name, uid, st)
 
     def _event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        if self._event_sink is not None:
-            self._event_sink(pod, type_, reason, message)
+        self._control_plane.record_event(self.name, pod, type_, reason, message)
 
 
 def _key(pod: Mapping[str, Any]) -> str:

@@ -5,7 +5,7 @@ upstream's event, claims are unprepared when pods go (also while the kubelet was
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ class World:
         self.api = FakeApi()
         self.bound: dict[str, dict[str, Any]] = {}
         self.events: list[tuple[str, str, str]] = []
-        self.node = SimNode("node-1", root, pods_source=lambda: list(self.bound.values()), pod_bound=lambda uid: uid in self.bound)
+        self.node = SimNode("node-1", root, control_plane=self)
         self.node.dra = NodeDRA(
             "node-1", root, self.api, endpoint_paths={}, on_change=lambda: None,
             event_sink=lambda p, t, r, m: self.events.append((p["metadata"]["name"], r, m)),
@@ -48,6 +48,22 @@ class World:
                 "devices": [{"name": "gpu-0", "containerEdits": {"env": ["GPU_DEVICE_0=gpu-0"]}}]}  # fmt: skip
         (cdi / "k8s.gpu.example.com-gpu.json").write_text(json.dumps(spec))
         self.node.start_kubelet()
+
+    # the node's control plane (sim.kubelet.ControlPlaneLink): the pods in ``bound``, nothing published
+    def pods_bound_to(self, node: str) -> list[dict[str, Any]]:
+        return list(self.bound.values())
+
+    def pod_bound(self, uid: str, node: str) -> bool:
+        return uid in self.bound
+
+    def set_pod_status(self, node: str, uid: str, status: dict[str, Any]) -> None:
+        pass
+
+    def record_event(self, node: str, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        pass
+
+    def node_changed(self, node: str) -> None:
+        pass
 
     @property
     def dra(self) -> NodeDRA:

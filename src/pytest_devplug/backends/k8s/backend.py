@@ -37,6 +37,7 @@ from ..base import (
     ExecResult,
     NodeSpec,
     ObjectNotFoundError,
+    PluginRestarts,
     PluginSpec,
     PodResourcesDevices,
     PodResourcesPod,
@@ -66,6 +67,12 @@ _CLUSTER_PACE_S = 60.0
 _HOPELESS_WAITING = frozenset(
     {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
 )
+
+
+def _waiting_reason(status: JSONDict) -> str | None:
+    """A container status's ``state.waiting.reason`` (``None`` while it runs or has terminated)."""
+    reason = ((status.get("state") or {}).get("waiting") or {}).get("reason")
+    return str(reason) if reason else None
 
 
 class ClusterProvider(Protocol):
@@ -632,16 +639,32 @@ class KubeBackend:
 
     def plugin_exit(self, node: str) -> str | None:
         """A plugin container the kubelet keeps failing to run: it will not come up by itself."""
-        if node not in self._plugins:
-            return None
-        for p in self._plugin_pods(node):
-            for st in p.get("status", {}).get("containerStatuses") or []:
-                waiting = (st.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") in _HOPELESS_WAITING:
-                    last = ((st.get("lastState") or {}).get("terminated")) or {}
-                    code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
-                    return f"container {st.get('name')} of pod {p['metadata']['name']} is {waiting['reason']}{code}"
+        for pod, st in self._plugin_container_statuses(node):
+            if (reason := _waiting_reason(st)) in _HOPELESS_WAITING:
+                last = ((st.get("lastState") or {}).get("terminated")) or {}
+                code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
+                return f"container {st.get('name')} of pod {pod} is {reason}{code}"
         return None
+
+    def plugin_restarts(self, node: str) -> PluginRestarts:
+        """The plugin pods' containers' ``restartCount`` (a pod the harness deletes takes its count with it)."""
+        count, loop = 0, None
+        for pod, st in self._plugin_container_statuses(node):
+            count += int(st.get("restartCount") or 0)
+            if _waiting_reason(st) == "CrashLoopBackOff":
+                message = ((st.get("state") or {}).get("waiting") or {}).get("message") or "CrashLoopBackOff"
+                loop = f"container {st.get('name')} of pod {pod} is crash-looping: {message}"
+        return PluginRestarts(count, loop)
+
+    def _plugin_container_statuses(self, node: str) -> list[tuple[str, JSONDict]]:
+        """(pod name, container status) of the plugin's pods on ``node``; none while no plugin is deployed there."""
+        if node not in self._plugins:
+            return []
+        return [
+            (p["metadata"]["name"], st)
+            for p in self._plugin_pods(node)
+            for st in p.get("status", {}).get("containerStatuses") or []
+        ]
 
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
