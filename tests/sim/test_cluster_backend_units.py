@@ -43,7 +43,7 @@ class LocalTransport:
         p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout)
         return ExecResult(p.returncode, p.stdout, p.stderr)
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
+    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
         raise AssertionError("not called")
 
     def close(self) -> None:

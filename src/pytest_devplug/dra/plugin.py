@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("driver-name", "the DRA driver's name (what it registers and publishes ResourceSlices under)", {"default": DEFAULT_DRIVER_NAME}),
+    (
+        "driver-manifest",
+        "kind, cluster: the DRA driver's manifest (its ServiceAccount, RBAC and DaemonSet, as `helm template` renders "
+        "them); default: the included driver's (plugin_under_test/deploy/dra-driver.yaml)",
+        {},
+    ),
+    ("driver-image", "kind, cluster: the image the driver's containers run (default: the manifest's; the included driver's is built here)", {}),
 ]
 
 
@@ -78,6 +86,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DRASettings:
     name = str(_opt(config, "devplug_driver_name"))
     cmd = _opt(config, "devplug_driver_cmd")
+    manifest = _opt(config, "devplug_driver_manifest")
+    image = _opt(config, "devplug_driver_image")
+    if manifest and not Path(str(manifest)).is_file():
+        raise pytest.UsageError(f"--devplug-driver-manifest (ini devplug_driver_manifest) = {manifest!r}: no such file")
+    included = not (cmd or manifest or image)
+    argv: list[str] = []
     if cmd:
         try:
             words = shlex.split(str(cmd))
@@ -86,12 +100,13 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
         if not words:
             raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: empty command line")
         argv = [w.replace("{python}", sys.executable) for w in words]
-    else:
+    elif included:
         argv = default_driver_argv(name)
     explicit_mock = _opt(config, "devplug_mock")
-    mock = (not cmd) if explicit_mock is None else bool(explicit_mock)
-    spec = DriverSpec(driver_name=name, argv=tuple(argv), mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes)
-    return DRASettings(spec, included=not cmd)
+    mock = included if explicit_mock is None else bool(explicit_mock)
+    spec = DriverSpec(driver_name=name, argv=tuple(argv), image=str(image) if image else None, manifest=str(manifest) if manifest else None,
+                      mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes)  # fmt: skip
+    return DRASettings(spec, included=included)
 
 
 def get_dra_settings(config: pytest.Config) -> DRASettings:
@@ -215,9 +230,14 @@ class _DriverDeployment:
 
 @pytest.fixture(scope="session")
 def _devplug_driver_deployment(pytestconfig: pytest.Config, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> _DriverDeployment:
-    how = "at the kubelet's standard paths" if devplug_driver_spec.uses_standard_paths() else "with the node's paths as flags"
-    _say(pytestconfig, f"devplug: DRA driver under test: {devplug_driver_spec.driver_name}: {shlex.join(devplug_driver_spec.argv)} ({how})")
-    return _DriverDeployment(devplug_dra_node, devplug_driver_spec)
+    spec = devplug_driver_spec
+    if devplug_dra_node.backend.name == "sim":
+        how = "at the kubelet's standard paths" if spec.uses_standard_paths() else "with the node's paths as flags"
+        what = f"{shlex.join(spec.argv)} ({how})"
+    else:
+        what = f"a DaemonSet from {spec.manifest or 'the included manifest'}, image {spec.image or ('built here' if spec.manifest is None else 'as in the manifest')}"
+    _say(pytestconfig, f"devplug: DRA driver under test: {spec.driver_name}: {what}")
+    return _DriverDeployment(devplug_dra_node, spec)
 
 
 @pytest.fixture
