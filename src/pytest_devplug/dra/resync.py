@@ -96,6 +96,23 @@ class ResyncWatch:
             self.failed_start = str(exc).splitlines()[0]
             return
 
+    @staticmethod
+    def _fresh(driver: DriverHandle) -> None:
+        """The driver as the second copy is when its kubelet restarts: started on a node without its slices, so it
+        made them itself. (A driver that found its slices and rewrote them in place just before, as one restarted
+        by an earlier check may have, meets the kubelet's deletion in another state: ``kubeletplugin``'s mutation
+        cache then hides the deletion for a minute and, v0.34, schedules no resync after it.)"""
+        driver.stop()
+        for s in driver.slices():
+            try:
+                driver.dra.rest.delete(f"{RESOURCE_API}/resourceslices/{s.name}")
+            except RestError as exc:
+                if not exc.not_found:
+                    raise
+        driver.start()
+        assert_driver_registered(driver)
+        assert_slices_published(driver)
+
     def _restart_around_stale_slices(self, driver: DriverHandle) -> None:
         """Note the driver's devices, then restart its node's kubelet with two stale slices planted meanwhile."""
         node, rest = driver.node, driver.dra.rest
@@ -121,9 +138,10 @@ class ResyncWatch:
             main.mark_changed()  # its slices go with the kubelet start: the session's driver is restarted after
             self.driver, self.node_name = main, main.node.name  # planted slices named after the node: one run's each
             try:
+                self._fresh(main)
                 self._restart_around_stale_slices(main)
             except RestError as exc:
-                raise AssertionError(f"planting the stale slices on {main.node.name} failed: {exc}") from None
+                raise AssertionError(f"preparing the kubelet start on {main.node.name} failed: {exc}") from None
         driver = self.driver
         if driver is None or self.wiped_at is None:
             raise AssertionError(f"the driver's copy on {self.node_name} did not come up: {self.failed_start}")
