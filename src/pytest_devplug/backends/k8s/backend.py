@@ -138,8 +138,7 @@ class KubeBackend:
         self._kubelet_down: set[str] = set()  # nodes whose kubelet stop_kubelet stopped
         self._gpu_node_files: dict[str, list[str]] = {}  # node -> what we made of a mock GPU node there (removed at the end)
         self._signals = SignalGuard()
-        #: The DRA side (:class:`~.dra.KubeDRA`), once started.
-        self.dra: Any = None
+        self._dra: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -150,9 +149,6 @@ class KubeBackend:
             self._create_namespace()
             transport = self.provider.transport(self._api, self.namespace, self._node_pod_image)
             self._nodeops = NodeOps(transport, self.options.timeout)
-            from .dra import KubeDRA
-
-            self.dra = KubeDRA(self)
         except BaseException:
             self.close()
             raise
@@ -192,8 +188,8 @@ class KubeBackend:
 
     def _clean_cluster(self) -> list[str]:
         errors: list[str] = []
-        if self.dra is not None:
-            errors += self.dra.close()
+        if self._dra is not None:
+            errors += self._dra.close()
         for node in sorted(self._kubelet_down):  # a test ended between stop_kubelet and start_kubelet
             try:
                 self.nodeops.start_kubelet(node)
@@ -227,6 +223,15 @@ class KubeBackend:
         except BackendError as exc:
             errors.append(str(exc))
         return errors
+
+    @property
+    def dra(self) -> Any:
+        """The DRA side (:class:`~.dra.KubeDRA`), made at first use; ``None`` before the backend started."""
+        if self._dra is None and self._api is not None and self._nodeops is not None:
+            from .dra import KubeDRA
+
+            self._dra = KubeDRA(self)
+        return self._dra
 
     @property
     def api(self) -> KubeApi:
