@@ -188,14 +188,14 @@ class KubeBackend:
 
     def _clean_cluster(self) -> list[str]:
         errors: list[str] = []
-        if self._dra is not None:
-            errors += self._dra.close()
         for node in sorted(self._kubelet_down):  # a test ended between stop_kubelet and start_kubelet
             try:
                 self.nodeops.start_kubelet(node)
                 self._kubelet_down.discard(node)
             except BackendError as exc:
                 errors.append(f"starting the kubelet on {node} again: {exc}")
+        if self._dra is not None:  # its pods go only through a running kubelet
+            errors += self._dra.close()
         for node in list(self._plugins):
             try:
                 self._plugins[node].refs = 1
