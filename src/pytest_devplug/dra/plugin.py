@@ -85,7 +85,7 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
             raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: {exc}") from None
         if not words:
             raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: empty command line")
-        argv = [w.replace("{python}", sys.executable) for w in words]
+        argv = words  # placeholders stay: DriverSpec.command fills them on the driver's node
     else:
         argv = default_driver_argv(name)
     explicit_mock = _opt(config, "devplug_mock")
