@@ -61,33 +61,24 @@ class KubeRest:
         self.client = client
         self.timeout = timeout
 
-    def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> tuple[int, str, bytes]:
-        """One request as it went: the HTTP status, its reason and the body, whatever the status. Raises
-        :class:`RestError` (status 0) when no answer came (connection refused, timeout, TLS)."""
+    def send(self, method: str, path: str, data: bytes | None = None, content_type: str = "application/json") -> tuple[int, str, bytes]:
+        """One HTTP request of ``path`` (its query included) with ``data`` as the body: the status, its reason and the
+        answer's body, whatever the status. Raises :class:`RestError` (status 0) when no answer came (connection
+        refused, timeout, TLS)."""
         import urllib3
 
         config = self.client.configuration
-        url = config.host.rstrip("/") + path + (f"?{urlencode(list(query.items()))}" if query else "")
         headers = {**self.client.default_headers, "Accept": "application/json"}
         for auth in config.auth_settings().values():  # the bearer token (a kubeconfig's, refreshed by its hook)
             if auth.get("in") == "header" and auth.get("value"):
                 headers[auth["key"]] = auth["value"]
-        data = None
-        if body is not None:
+        if data is not None:
             headers["Content-Type"] = content_type
-            data = json.dumps(body).encode()
         try:
             resp = self.client.rest_client.pool_manager.urlopen(
-                method, url, body=data, headers=headers, timeout=urllib3.Timeout(total=self.timeout), preload_content=True
-            )
+                method, config.host.rstrip("/") + path, body=data, headers=headers,
+                timeout=urllib3.Timeout(total=self.timeout), preload_content=True,
+            )  # fmt: skip
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise RestError(0, "ConnectionError", f"{method} {path}: {exc}") from None
         return int(resp.status), str(resp.reason or ""), bytes(resp.data or b"")
@@ -101,9 +92,11 @@ class KubeRest:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        """One request; the decoded answer (``{}`` for an empty one). Raises :class:`RestError` for any status >= 300
-        and for a connection that fails (status 0)."""
-        status, reason, raw = self.send(method, path, body=body, query=query, content_type=content_type)
+        """One request with ``body`` as JSON; the decoded answer (``{}`` for an empty one). Raises :class:`RestError`
+        for any status >= 300 and for a connection that fails (status 0)."""
+        target = path + (f"?{urlencode(list(query.items()))}" if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        status, reason, raw = self.send(method, target, data, content_type)
         if not 200 <= status < 300:
             raise _error(status, reason, raw)
         return dict(json.loads(raw)) if raw else {}
