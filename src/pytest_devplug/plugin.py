@@ -26,7 +26,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -47,7 +47,7 @@ from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
-from .report import ReportWriter, note_plugin, note_run
+from .report import ReportWriter, is_dra_run, note_plugin, note_run
 from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
@@ -84,6 +84,7 @@ CONVENTIONS: dict[str, str] = {
 #: Values of ``--devplug-control-plane``.
 CONTROL_PLANES = ("embedded", "real")
 
+S = TypeVar("S")
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The options as parsed once, in ``pytest_configure``.
 _SETTINGS_KEY = pytest.StashKey["DevplugSettings"]()
@@ -522,30 +523,41 @@ def _describe(backend: str, spec: PluginSpec) -> str:
     return f"resource={spec.resource_name} mock={spec.mock} plugin: {what}"
 
 
-def _spec_overrides(config: pytest.Config) -> list[str]:
-    """Loaded conftests (or plugins) that define their own ``devplug_plugin_spec``, as paths from the rootdir."""
+def _fixture_overrides(config: pytest.Config, name: str, ours: object) -> list[str]:
+    """Loaded conftests (or plugins) that define their own fixture ``name`` (``ours``: the harness's), as paths from
+    the rootdir."""
     found = []
     for plugin in config.pluginmanager.get_plugins():
-        fixture = getattr(plugin, "devplug_plugin_spec", None)
-        if isinstance(plugin, ModuleType) and fixture is not None and fixture is not devplug_plugin_spec:
+        fixture = getattr(plugin, name, None)
+        if isinstance(plugin, ModuleType) and fixture is not None and fixture is not ours:
             path = Path(plugin.__file__ or plugin.__name__)
             found.append(str(path.relative_to(config.rootpath)) if path.is_relative_to(config.rootpath) else str(path))
     return sorted(found)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """The plugin under test: from the options, or, when a conftest overrides ``devplug_plugin_spec``, a
-    pointer to the line printed when that fixture's plugin is deployed (its value needs a fixture run)."""
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The plugin under test (a DRA run's header describes its driver instead: ``dra/plugin.py``)."""
+    if is_dra_run(config):
+        return None
     s = get_settings(config)
-    overrides = _spec_overrides(config)
+    return _subject_header(config, s.plugin, _describe(s.backend, s.plugin), what="the plugin", fixture="devplug_plugin_spec",
+                           ours=devplug_plugin_spec, key=_HEADER_SPEC_KEY)  # fmt: skip
+
+
+def _subject_header(
+    config: pytest.Config, spec: S, description: str, *, what: str, fixture: str, ours: object, key: pytest.StashKey[S | None]
+) -> str:
+    """The header's line on what the run tests (``what``: the plugin, the DRA driver): its ``description`` from the
+    options, or, when a conftest overrides ``fixture`` (``ours``: the harness's), a pointer to the line printed when
+    what that fixture names is deployed (its value needs a fixture run). ``key`` keeps what was shown (``None``: the
+    pointer), so the deployment prints only what the header did not show."""
+    s = get_settings(config)
+    overrides = _fixture_overrides(config, fixture, ours)
     if overrides:
-        config.stash[_HEADER_SPEC_KEY] = None
-        return (
-            f"devplug: backend={s.backend}; devplug_plugin_spec is overridden in {', '.join(overrides)}: "
-            "the plugin under test is printed when it is deployed"
-        )
-    config.stash[_HEADER_SPEC_KEY] = s.plugin
-    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {_describe(s.backend, s.plugin)}"
+        config.stash[key] = None
+        return f"devplug: backend={s.backend}; {fixture} is overridden in {', '.join(overrides)}: {what} under test is printed when it is deployed"
+    config.stash[key] = spec
+    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {description}"
 
 
 def _control_plane_header(s: DevplugSettings) -> str:
@@ -745,8 +757,9 @@ class _Deployment:
         return True
 
 
-def _kubernetes_version(cluster: ClusterHandle, node: NodeHandle) -> str:
-    info = cluster.backend.get_node(node.name).get("status", {}).get("nodeInfo", {})
+def _kubernetes_version(cluster: ClusterHandle, node: str) -> str:
+    """What the report says of the Kubernetes the subject ran on: the node's kubelet version."""
+    info = cluster.backend.get_node(node).get("status", {}).get("nodeInfo", {})
     version = info.get("kubeletVersion")
     return f"kubelet {version}" if version else "none: the embedded kubelet"
 
@@ -760,7 +773,7 @@ def _devplug_deployment(
     devplug_plugin_spec: PluginSpec,
 ) -> _Deployment:
     _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
-    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node))
+    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node.name))
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 

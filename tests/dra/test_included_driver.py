@@ -6,6 +6,7 @@ mock-NVML state the injector writes.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ SUITE_TIMEOUT_S = 600
 
 
 def test_dra_suite_passes_on_the_included_driver(tmp_path: Path) -> None:
-    result = run_conformance(["--dra"], [], tmp_path, timeout=SUITE_TIMEOUT_S)
+    result = run_conformance(["--dra", "--report", str(tmp_path / "report.md")], [], tmp_path, timeout=SUITE_TIMEOUT_S)
     assert not result.failed, "the included driver: failed/errors:\n" + "\n".join(result.failed) + result.output
     assert result.returncode == 0, f"devplug conformance --dra exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not ALLOWED_SKIPS.search(r)}
@@ -29,3 +30,7 @@ def test_dra_suite_passes_on_the_included_driver(tmp_path: Path) -> None:
         "test_failed_prepare_keeps_pod_pending_then_runs", "test_prepare_retried_after_kubelet_restart",
     }  # fmt: skip
     assert fault_checks <= set(result.passed), f"fault checks that did not pass on the included driver: {result.verdicts()}"
+    report = json.loads((tmp_path / "report.json").read_text())["run"]  # what was judged: the driver, as deployed
+    assert report["subject"] == "dra-driver" and report["driver_name"] == "gpu.devplug.io", report
+    assert "-m devplug_gpu_plugin --dra" in report["driver"] and report["plugin"] == "", report
+    assert (tmp_path / "report.md").read_text().startswith("# DRA driver conformance report\n")

@@ -46,6 +46,7 @@ __all__ = [
     "CheckpointEntry",
     "parse_checkpoint",
     "applied_view",
+    "fill_placeholders",
     "DEFAULT_RESOURCE_NAME",
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
@@ -69,8 +70,21 @@ DEFAULT_GRACE_PERIOD = 300.0
 DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
-#: The placeholders of a plugin's command line (:meth:`PluginSpec.command`), filled in one pass.
-_PLACEHOLDER = re.compile(r"\{(plugin_dir|mock_state|python)\}")
+
+
+def fill_placeholders(
+    argv: Sequence[str], env: Mapping[str, str], values: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """``argv`` and ``env``'s values with each ``{name}`` of ``values`` (and ``{python}``: this interpreter) put in, in
+    one pass: a value is never filled again, other braces stay as written. What :meth:`PluginSpec.command` and
+    ``DriverSpec.command`` share."""
+    values = {"python": sys.executable, **values}
+    pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")\}")
+
+    def fill(text: str) -> str:
+        return pattern.sub(lambda m: values[m.group(1)], text)
+
+    return [fill(a) for a in argv], {k: fill(v) for k, v in env.items()}
 
 
 @dataclass(frozen=True)
@@ -134,12 +148,7 @@ class PluginSpec:
         """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
         directory, ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter.
         The one place the placeholders are filled."""
-        values = {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or ""), "python": sys.executable}
-
-        def fill(text: str) -> str:
-            return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
-
-        return [fill(a) for a in self.argv], {k: fill(v) for k, v in self.env.items()}
+        return fill_placeholders(self.argv, self.env, {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or "")})
 
 
 @dataclass(frozen=True)

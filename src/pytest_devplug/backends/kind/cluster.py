@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from ...kuberest import KubeRest, RestError
 from ...waiting import WaitTimeout, wait_for
 from ..base import BackendError, BackendOptions, BackendUnavailableError
 from ..k8s.manifests import REPO_ROOT
@@ -137,8 +138,7 @@ def _not_ready(api: Any) -> str:
 
     core: Any = kubernetes.client.CoreV1Api(api)
     try:
-        method, url, headers, body, _ = api.param_serialize("GET", "/readyz", auth_settings=["BearerToken"])
-        status = int(api.call_api(method, url, header_params=headers, body=body, _request_timeout=10).status)
+        status = KubeRest(api, 10).send("GET", "/readyz")[0]
         if status != 200:
             return f"API /readyz answered {status}"
         nodes = core.list_node(_request_timeout=10).items
@@ -150,7 +150,7 @@ def _not_ready(api: Any) -> str:
         core.read_namespaced_service_account("default", "default", _request_timeout=10)
     except kubernetes.client.ApiException as exc:
         return f"API error {exc.status} {exc.reason}" + (" (default ServiceAccount not there yet)" if exc.status == 404 else "")
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except (RestError, urllib3.exceptions.HTTPError, OSError) as exc:
         return f"API not reachable: {exc}"
     return ""
 
