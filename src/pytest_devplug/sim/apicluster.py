@@ -90,7 +90,11 @@ class _NodeAgent:
         self.post_lock = threading.Lock()
         #: (pod uid, type, reason, message) -> [event name, count]: repeated events are counted, as the recorder does.
         self.events: dict[tuple[str, str, str, str], list[Any]] = {}
+        #: The node status last posted; ``status_lock`` is held from reading the device manager to the PATCH, so a
+        #: reader's post (``get_node``) and the status thread's never land out of order: a stale status landing last
+        #: would stay, since an unchanged status is not posted again.
         self.node_status: dict[str, Any] | None = None
+        self.status_lock = threading.Lock()
         self.ready_since = now_rfc3339()
 
 
@@ -318,19 +322,19 @@ class ApiCluster:
         """Post the node's status when it changed (or as a heartbeat); a stopped kubelet posts nothing."""
         if not agent.node.running:
             return
-        status = self._node_status(agent)
-        with self._lock:
+        with agent.status_lock:
+            status = self._node_status(agent)
             if status == agent.node_status and not heartbeat:
                 return
-            agent.node_status = status
-        body = copy.deepcopy(status)
-        body["conditions"][0]["lastHeartbeatTime"] = now_rfc3339()
-        try:
-            self._rest.patch(f"/api/v1/nodes/{agent.node.name}/status", {"status": body}, content_type=STRATEGIC_PATCH)
-        except RestError as exc:
-            with self._lock:
+            body = copy.deepcopy(status)
+            body["conditions"][0]["lastHeartbeatTime"] = now_rfc3339()
+            try:
+                self._rest.patch(f"/api/v1/nodes/{agent.node.name}/status", {"status": body}, content_type=STRATEGIC_PATCH)
+            except RestError as exc:
                 agent.node_status = None  # post again next time
-            _log.warning("posting node status of %s failed: %s", agent.node.name, _api_error(exc))
+                _log.warning("posting node status of %s failed: %s", agent.node.name, _api_error(exc))
+            else:
+                agent.node_status = status
 
     def _renew_lease(self, agent: _NodeAgent) -> None:
         name = agent.node.name
