@@ -20,8 +20,8 @@ from . import __name__ as _pkg
 from .allocation import STRATEGIES, AllocationConfig, ensure_dev_nodes, write_cdi_spec
 from .devices import DeviceState
 from .health import DEFAULT_IGNORED_XIDS, HealthMonitor
-from .mock_faults import AllocateFaults
-from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, default_socket_name
+from .mock_faults import MockFaults
+from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, instance_socket_name
 
 log = logging.getLogger(_pkg)
 
@@ -104,7 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         "1",
         "device IDs advertised per GPU, <uuid>::<n> when > 1: containers share the GPU (time-slicing) (default %(default)s)",
     )
-    opt("--socket-name", None, "plugin socket file name in --plugin-dir (default devplug-<resource>.sock)")
+    opt(
+        "--second-resource",
+        None,
+        "NAME=N: advertise the N GPUs with the highest minor numbers as a second extended resource NAME, from "
+        "this same process (its own socket and registration), the others as --resource-name (as NVIDIA's mixed "
+        "MIG strategy serves nvidia.com/gpu and nvidia.com/mig-* together); GPUs found later join --resource-name",
+    )
+    opt(
+        "--socket-name",
+        None,
+        "plugin socket file name in --plugin-dir (default devplug-<resource>.sock, or a name of this process's "
+        "own while another instance serves on that one: a rolling update)",
+    )
     opt("--log-level", "info", "debug, info, warning or error (default %(default)s)")
     return p
 
@@ -133,12 +145,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.nvml == "mock" and not args.mock_state:
         parser.error("--nvml mock needs --mock-state FILE (or DP_MOCK_STATE)")
     name = args.resource_name
-    if "/" not in name or name.startswith("kubernetes.io/") or not name.split("/", 1)[1]:
+    if not _extended(name):
         parser.error(f"--resource-name: {name!r} is not an extended resource name like vendor.com/gpu")
-    if args.socket_name is None:
-        args.socket_name = default_socket_name(name)
-    if "/" in args.socket_name or args.socket_name == "kubelet.sock":
+    args.second_resource = _second_resource(parser, args.second_resource, name)
+    args.socket_name = args.socket_name or None
+    if args.socket_name is not None and ("/" in args.socket_name or args.socket_name == "kubelet.sock"):
         parser.error(f"--socket-name: {args.socket_name!r} must be a plain file name other than kubelet.sock")
+    if args.socket_name is not None and args.second_resource is not None:
+        parser.error("--socket-name names one socket; with --second-resource each resource has its own (leave it out)")
     try:
         args.replicas = int(args.replicas)
     except ValueError:
@@ -150,6 +164,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--log-level: unknown level {args.log_level!r}")
     args.log_level = level
     return args
+
+
+def _extended(name: str) -> bool:
+    return "/" in name and not name.startswith("kubernetes.io/") and bool(name.split("/", 1)[1])
+
+
+def _second_resource(parser: argparse.ArgumentParser, value: str | None, first: str) -> tuple[str, int] | None:
+    """``--second-resource NAME=N`` as ``(NAME, N)``."""
+    if value is None or not value.strip():
+        return None
+    name, sep, count = value.strip().rpartition("=")
+    if not sep or not _extended(name) or not count.strip().isdigit() or int(count) < 1:
+        parser.error(f"--second-resource: {value!r} is not NAME=N (an extended resource name like vendor.com/mig, N >= 1)")
+    if name == first:
+        parser.error(f"--second-resource: {name!r} is already --resource-name")
+    return name, int(count)
 
 
 MOCK_STATE_ENV = "DEVPLUG_NVML_STATE"
@@ -180,11 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import pynvml
 
-    faults: AllocateFaults | None = None
+    faults: MockFaults | None = None
     if args.nvml == "mock":
         # The same NVML code as on a GPU node, on the mock library; it reads the state file named here.
         os.environ[MOCK_STATE_ENV] = args.mock_state
-        faults = AllocateFaults(args.mock_state)
+        faults = MockFaults(args.mock_state)
     try:
         _load_nvml(args.nvml_lib)
     except pynvml.NVMLError as exc:
@@ -205,15 +235,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("NVML: driver %s", pynvml.nvmlSystemGetDriverVersion())
 
     stopping = threading.Event()
-    alloc = AllocationConfig(
-        resource_name=args.resource_name,
-        strategies=args.device_list_strategy,
-        dev_root=args.dev_root,
-        driver_lib_dir=args.driver_lib_dir,
-        cdi_spec_dir=args.cdi_spec_dir,
-        replicas=args.replicas,
-    )
     state = DeviceState()
+    #: The GPUs of --second-resource, chosen at the first probe; every other GPU is --resource-name's.
+    second: set[str] = set()
+    resources = [(args.resource_name, lambda uuid: uuid not in second)]
+    if args.second_resource is not None:
+        resources.append((args.second_resource[0], lambda uuid: uuid in second))
+    allocs = [
+        AllocationConfig(
+            resource_name=name,
+            strategies=args.device_list_strategy,
+            dev_root=args.dev_root,
+            driver_lib_dir=args.driver_lib_dir,
+            cdi_spec_dir=args.cdi_spec_dir,
+            replicas=args.replicas,
+        )
+        for name, _ in resources
+    ]
 
     def on_change() -> None:
         """Keep the files that mirror the device list (CDI spec, fake dev nodes) current."""
@@ -221,22 +259,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if args.create_dev_nodes:
                 ensure_dev_nodes(args.dev_root, [g.info.minor for g in gpus])
-            if alloc.uses_cdi:
-                log.info("CDI spec written to %s", write_cdi_spec(alloc, gpus))
+            for alloc, (_, member) in zip(allocs, resources):
+                if alloc.uses_cdi:
+                    log.info("CDI spec written to %s", write_cdi_spec(alloc, [g for g in gpus if member(g.uuid)]))
         except OSError as exc:
             log.error("cannot update device files: %s", exc)
 
     monitor = HealthMonitor(state, args.ignored_xids)
-    servicer = DevicePluginServicer(state, alloc, args.pre_start_required, faults, stopping)
-    server = PluginServer(
-        ServerConfig(args.plugin_dir, args.resource_name, args.socket_name, args.pre_start_required),
-        servicer,
-        stopping,
-    )
+    servers: list[PluginServer] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("received %s: shutting down", signal.Signals(signum).name)
-        server.request_stop()
+        for server in list(servers):
+            server.request_stop()
+        stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -245,18 +281,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         os.makedirs(args.plugin_dir, exist_ok=True)
         monitor.start()
+        if args.second_resource is not None:
+            second.update(_split_gpus(state, *args.second_resource))
         on_change()  # after the first probe, even when it found no GPU
         monitor.on_change = on_change
-        server.run()
+        for alloc, (name, member) in zip(allocs, resources):
+            servicer = DevicePluginServicer(
+                state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
+                pre_start_fault=faults.pre_start if faults else None, member=member if len(resources) > 1 else None,
+            )  # fmt: skip
+            socket_name = args.socket_name or instance_socket_name(args.plugin_dir, name)
+            servers.append(
+                PluginServer(ServerConfig(args.plugin_dir, name, socket_name, args.pre_start_required), servicer, stopping)
+            )
+        _run_all(servers)
     except RegistrationRefused as exc:
         log.error("registration refused by the kubelet: %s", exc)
         print(f"{PROG}: error: registration refused by the kubelet: {exc}", file=sys.stderr)
         rc = 1
+    except SecondResourceError as exc:
+        print(f"{PROG}: error: --second-resource: {exc}", file=sys.stderr)
+        rc = 2
     except Exception as exc:
         log.exception("fatal: %s", exc)
         rc = 1
     finally:
-        server.stop()
+        stopping.set()
+        for server in servers:
+            server.stop()
         # Exiting: do not sit out the health thread's event wait (up to a second); NVML is shut down
         # only when no thread is inside it, otherwise the process exit ends both.
         if monitor.stop(timeout=0.1):
@@ -266,6 +318,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pass
     log.info("stopped (exit %d)", rc)
     return rc
+
+
+class SecondResourceError(Exception):
+    """``--second-resource`` asks for more GPUs than the node has beside the first resource's."""
+
+
+def _split_gpus(state: DeviceState, name: str, count: int) -> set[str]:
+    """The UUIDs of the ``count`` GPUs with the highest minor numbers, for the second resource."""
+    gpus = state.snapshot().gpus  # ordered by minor number
+    if count >= len(gpus):
+        raise SecondResourceError(
+            f"{name} asks for {count} GPUs, the node has {len(gpus)}: at least one must stay the first resource's"
+        )
+    chosen = {g.uuid for g in gpus[len(gpus) - count :]}
+    log.info("second resource %s: GPUs %s", name, ",".join(sorted(chosen)))
+    return chosen
+
+
+def _run_all(servers: list[PluginServer]) -> None:
+    """Run every resource's server (one thread each) until all return; the first error stops the others."""
+    errors: list[BaseException] = []
+
+    def run(server: PluginServer) -> None:
+        try:
+            server.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which reports it
+            errors.append(exc)
+            for other in servers:
+                other.request_stop()
+
+    threads = [threading.Thread(target=run, args=(s,), name=f"serve-{s.config.resource_name}") for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.5)  # in slices: the main thread must stay free for SIGTERM's handler
+    if errors:
+        raise errors[0]
 
 
 if __name__ == "__main__":  # pragma: no cover
