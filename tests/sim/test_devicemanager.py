@@ -296,6 +296,35 @@ def test_reregistration_replaces_endpoint_and_old_stream_end_is_ignored(
     assert set(dm.device_health(GPU)) == {"b-0", "b-1", "b-2"}
 
 
+def test_second_instance_failing_its_registration_leaves_the_first_serving(
+    dm_make: Make, dm_fake: Callable[..., FakePlugin]
+) -> None:
+    """Upstream's "DP2 takes long time to start working": a second instance whose GetDevicePluginOptions fails
+    is not registered and the first one's endpoint keeps serving (allocations go to it); a third instance then
+    takes over, and the first one's exit leaves it registered."""
+    dm, w = dm_make()
+    dp1 = dm_fake("dp1.sock")
+    dp1.register()
+    registered(dm, w, 2)
+    dp2 = dm_fake("dp2.sock")
+    dp2.options_error = "GetDevicePluginOptions failed"
+    with pytest.raises(grpc.RpcError) as exc:
+        dp2.register()
+    assert "failed to get device plugin options" in str(exc.value.details())
+    assert dm.capacity()[:2] == ({GPU: 2}, {GPU: 2}) and dp2.law_calls == 0
+    p = pod("u1", gpus(1))
+    dm.admit_container(p, p.containers[0])
+    assert len(dp1.allocate_calls) == 1
+    dp3 = dm_fake("dp3.sock")
+    dp3.register()
+    w.until("dp3's stream", lambda: dp3.law_calls, lambda n: n == 1)
+    dp1.stop()
+    q = pod("u2", gpus(1))
+    dm.admit_container(q, q.containers[0])
+    assert len(dp3.allocate_calls) == 1 and len(dp1.allocate_calls) == 1
+    assert dm.capacity()[:2] == ({GPU: 2}, {GPU: 2})
+
+
 # --- allocation -----------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from . import __name__ as _pkg
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = DeviceState()
     #: The GPUs of --second-resource, chosen at the first probe; every other GPU is --resource-name's.
     second: set[str] = set()
-    resources = [(args.resource_name, lambda uuid: uuid not in second)]
+    resources: list[tuple[str, Callable[[str], bool]]] = [(args.resource_name, lambda uuid: uuid not in second)]
     if args.second_resource is not None:
         resources.append((args.second_resource[0], lambda uuid: uuid in second))
     allocs = [
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if args.create_dev_nodes:
                 ensure_dev_nodes(args.dev_root, [g.info.minor for g in gpus])
-            for alloc, (_, member) in zip(allocs, resources):
+            for alloc, (_, member) in zip(allocs, resources, strict=True):
                 if alloc.uses_cdi:
                     log.info("CDI spec written to %s", write_cdi_spec(alloc, [g for g in gpus if member(g.uuid)]))
         except OSError as exc:
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             second.update(_split_gpus(state, *args.second_resource))
         on_change()  # after the first probe, even when it found no GPU
         monitor.on_change = on_change
-        for alloc, (name, member) in zip(allocs, resources):
+        for alloc, (name, member) in zip(allocs, resources, strict=True):
             servicer = DevicePluginServicer(
                 state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
                 pre_start_fault=faults.pre_start if faults else None, member=member if len(resources) > 1 else None,

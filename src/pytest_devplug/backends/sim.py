@@ -67,6 +67,10 @@ class _Deployed:
     def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
         self.proc: Any = None
+        #: The second instance while a rolling update overlaps (``surge_plugin``), else ``None``.
+        self.surge: Any = None
+        self.binds: list[tuple[Path, str]] = []
+        self.instances = 1
 
 
 class SimBackend:
@@ -212,10 +216,10 @@ class SimBackend:
             env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
+        dep.binds = self._node_files(node, spec)
         dep.proc = n.start_plugin(
-            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(),
-            extra_binds=self._node_files(node, spec),
-        )  # fmt: skip
+            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(), extra_binds=dep.binds
+        )
 
     def _node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
@@ -249,6 +253,8 @@ class SimBackend:
         dep = self._plugins.pop(node, None)
         if dep is None:
             return
+        if dep.surge is not None and dep.surge.running:
+            dep.surge.stop(timeout=5.0)
         if dep.proc is not None and dep.proc.running:
             dep.proc.stop(timeout=5.0)
             self._wait_plugin_seen_gone(node, dep.spec.resource_name)
@@ -287,20 +293,52 @@ class SimBackend:
             return
         dep.proc.start()  # appends to the same log file: plugin_log has every run once
 
+    def surge_plugin(self, node: str) -> None:
+        """A second process of the plugin on the node, started as the first was (same argv, env, mock state and
+        mount namespace): a DaemonSet's new pod beside the old one."""
+        dep = self._dep(node)
+        if dep.surge is not None and dep.surge.running:
+            raise BackendError(f"a second instance of the plugin already runs on {node}")
+        dep.instances += 1
+        dep.surge = self._node(node).start_plugin(
+            dep.argv, name=f"{dep.name}-{dep.instances}", env=dep.env or None,
+            standard_paths=dep.spec.uses_standard_paths(), extra_binds=dep.binds,
+        )  # fmt: skip
+
+    def retire_plugin(self, node: str, *, newest: bool = False) -> None:
+        """SIGTERM to the first instance (or the second, ``newest``), without waiting for the kubelet to see a
+        resource go: in a rolling update it must not."""
+        dep = self._dep(node)
+        if dep.surge is None:
+            raise BackendError(f"no second instance of the plugin runs on {node} (surge_plugin first)")
+        gone = dep.surge if newest else dep.proc
+        if gone.running:
+            gone.stop(timeout=5.0)
+        if not newest:
+            dep.proc = dep.surge
+        dep.surge = None
+
     def plugin_running(self, node: str) -> bool:
         dep = self._plugins.get(node)
         return bool(dep is not None and dep.proc is not None and dep.proc.running)
 
     def plugin_exit(self, node: str) -> str | None:
         dep = self._plugins.get(node)
-        rc = dep.proc.returncode if dep is not None and dep.proc is not None else None
-        if rc is None:
+        if dep is None:
             return None
-        return f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
+        for proc, which in ((dep.proc, ""), (dep.surge, "the second instance ")):
+            rc = proc.returncode if proc is not None else None
+            if rc is not None:
+                return which + (f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}")
+        return None
 
     def plugin_log(self, node: str) -> str:
+        """The plugin's log; while a second instance runs, its log follows under a ``---`` header line."""
         dep = self._dep(node)
-        return str(dep.proc.log()) if dep.proc is not None else ""
+        log = str(dep.proc.log()) if dep.proc is not None else ""
+        if dep.surge is not None:
+            log += f"--- second instance ({dep.name}-{dep.instances}) ---\n" + str(dep.surge.log())
+        return log
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]:
@@ -355,6 +393,16 @@ class SimBackend:
         with channel:
             resp = stub.GetAllocatableResources(v1_pb2.AllocatableResourcesRequest(), timeout=self.options.timeout)
         return [PodResourcesDevices.from_proto(d) for d in resp.devices]
+
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        channel, stub = self._pod_resources_stub(node)
+        request = v1_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
+        try:
+            with channel:
+                resp = stub.Get(request, timeout=self.options.timeout)
+        except grpc.RpcError as exc:
+            raise BackendError(f"pod-resources Get({namespace}/{name}) on {node}: {exc.code().name}: {exc.details()}") from None
+        return PodResourcesPod.from_proto(resp.pod_resources)
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:

@@ -1,8 +1,8 @@
-"""The pod-resources API (v1 List / GetAllocatableResources) agrees with the pods and the node."""
+"""The pod-resources API (v1 List / Get / GetAllocatableResources) agrees with the pods and the node."""
 
 from __future__ import annotations
 
-from pytest_devplug import PluginHandle, PodFactory
+from pytest_devplug import PluginHandle, PodFactory, PodResourcesPod
 
 from ._support import device_count
 
@@ -35,3 +35,37 @@ def test_deleted_pod_leaves_pod_resources(devplug_pod: PodFactory, devplug_plugi
     pod.delete()
     names = [(p.name, p.namespace) for p in devplug_plugin.node.pod_resources()]
     assert (pod.name, pod.namespace) not in names
+
+
+def _shape(pod: PodResourcesPod) -> list[tuple[str, list[tuple[str, tuple[str, ...], tuple[int, ...]]]]]:
+    """A pod-resources entry, order-free: containers, each with its (resource, device IDs, NUMA nodes)."""
+    return sorted((c.name, sorted((d.resource_name, d.device_ids, d.numa_nodes) for d in c.devices)) for c in pod.containers)
+
+
+def test_pod_resources_get_lists_one_pod(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
+    """pod-resources ``Get`` answers for one pod what ``List`` does: a pod with a device lists its container with
+    that device and the NUMA nodes the plugin reported for it; a pod asking for no device lists its container
+    with none. A NUMA node is an index from 0 (the machine's): a plugin reading sysfs's ``-1`` ("unknown") must
+    send no topology instead, or the device fits no NUMA mask and a Topology Manager policy never admits it."""
+    res, node = devplug_plugin.resource_name, devplug_plugin.node
+    pod = devplug_pod(gpus=1, wait=True)
+    plain = devplug_pod(wait=True)
+    got = node.pod_resources_get(pod.name, pod.namespace)
+    assert (got.name, got.namespace) == (pod.name, pod.namespace), f"Get({pod.namespace}/{pod.name}) answered {got}"
+    listed = [p for p in node.pod_resources() if (p.name, p.namespace) == (pod.name, pod.namespace)]
+    assert [_shape(p) for p in listed] == [_shape(got)], f"Get answered {got}; List lists {listed}"
+    (container,) = [c for c in got.containers if c.name == pod.container]
+    ids = container.device_ids(res)
+    assert len(ids) == 1 and ids == pod.allocated_devices, f"Get lists {ids} for {pod.container}; List {pod.allocated_devices}"
+    numa = node.device_numa(res)
+    for devs in container.devices:
+        for d in devs.device_ids:
+            assert tuple(devs.numa_nodes) == tuple(numa[d]), f"{d}: Get's topology {devs.numa_nodes}, allocatable {numa[d]}"
+        bad = [n for n in devs.numa_nodes if n < 0]
+        assert not bad, (
+            f"device {list(devs.device_ids)} reports NUMA node {bad}: NUMA node IDs count from 0; a device whose node "
+            "is unknown (sysfs numa_node -1) must be listed without topology"
+        )
+    empty = node.pod_resources_get(plain.name, plain.namespace)
+    assert [c.name for c in empty.containers] == [plain.container], f"Get({plain.name}) lists {empty.containers}"
+    assert all(not c.devices for c in empty.containers), f"a pod asking for no device lists {empty.containers}"

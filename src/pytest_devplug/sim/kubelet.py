@@ -32,7 +32,7 @@ from .launcher import KUBELET_PATHS
 from .process import PluginProcess
 from .scheduler import pod_requests, tolerates
 
-__all__ = ["SimNode", "ContainerRecord", "pod_spec_view", "KlogFormatter"]
+__all__ = ["SimNode", "ContainerRecord", "pod_spec_view", "KlogFormatter", "image_pull_error"]
 
 DEFAULT_CPU = "8"
 DEFAULT_MEMORY = "32Gi"
@@ -131,6 +131,26 @@ def pod_spec_view(pod: Mapping[str, Any]) -> PodSpecView:
         for c in spec.get("initContainers") or []
     ] + [ContainerSpec(c["name"], _ext_limits(c)) for c in spec.get("containers") or []]
     return PodSpecView(meta["uid"], meta["name"], meta["namespace"], tuple(containers))
+
+
+#: Registry hosts no node can pull from: the DNS top-level domain reserved never to resolve (RFC 2606) and
+#: upstream's e2e image of a registry that does not exist (``imageutils.InvalidRegistryImage``).
+_UNPULLABLE_TLD = ".invalid"
+_UNPULLABLE_HOSTS = ("invalid.registry.k8s.io",)
+
+
+def image_pull_error(image: str) -> str | None:
+    """containerd's answer to pulling ``image`` when its registry host cannot exist, else ``None``: every other
+    image is present on the embedded kubelet's node (it runs no containers)."""
+    first, sep, _ = image.partition("/")
+    host = first if sep and ("." in first or ":" in first or first == "localhost") else "docker.io"
+    name = host.split(":", 1)[0]
+    if not (name.endswith(_UNPULLABLE_TLD) or name in _UNPULLABLE_HOSTS):
+        return None
+    return (
+        f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve reference '
+        f'"{image}": failed to do request: dial tcp: lookup {name}: no such host'
+    )
 
 
 def _images(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -526,10 +546,24 @@ class SimNode:
         self._event(rec.pod, "Warning", reason, message)
 
     def _start_one(self, rec: _PodRecord, c: ContainerRecord) -> bool:
-        """PreStartContainer (when the plugin asks for it), then run ``c`` with the options the
+        """Pull the image, PreStartContainer (when the plugin asks for it), then run ``c`` with the options the
         device manager hands the runtime. ``False`` when it could not be started."""
         dm = self._live_dm()
         spec = rec.view.container(c.name)
+        pull_error = image_pull_error(c.image)
+        if pull_error is not None:
+            # kuberuntime pulls before it generates the container's config, so PreStartContainer is never reached.
+            # The real kubelet reports ErrImagePull first and ImagePullBackOff from its next sync on; the embedded
+            # one has no periodic sync and reports the back-off state at once.
+            self._event(rec.pod, "Normal", "Pulling", f'Pulling image "{c.image}"')
+            self._event(rec.pod, "Warning", "Failed", f'Failed to pull image "{c.image}": {pull_error}')
+            self._event(rec.pod, "Warning", "Failed", "Error: ErrImagePull")
+            self._event(rec.pod, "Normal", "BackOff", f'Back-off pulling image "{c.image}"')
+            self._event(rec.pod, "Warning", "Failed", "Error: ImagePullBackOff")
+            c.state, c.reason = "waiting", "ImagePullBackOff"
+            c.message = f'Back-off pulling image "{c.image}": ErrImagePull: {pull_error}'
+            self.logger.error('"Error syncing pod, skipping" pod="%s" container="%s" err="ErrImagePull: %s"', _key(rec.pod), c.name, pull_error)
+            return False
         try:
             dm.pre_start_container(rec.view, spec)
             options = dm.container_options(rec.uid, c.name)
@@ -736,10 +770,13 @@ class SimNode:
             if c is None:
                 continue
             st = _container_status(c)
-            if not spec.init and c.devices:
+            # UpdateAllocatedResourcesStatus: every regular container's allocated devices, started or not (a
+            # container waiting for its image holds them since admission).
+            devices = c.devices or (dm.container_devices(rec.uid, c.name) if dm is not None and not spec.init else {})
+            if not spec.init and devices:
                 st["allocatedResourcesStatus"] = [
                     {"name": res, "resources": [{"resourceID": i, "health": "Healthy" if health(res).get(i, "Healthy") == "Healthy" else "Unhealthy"} for i in sorted(ids)]}
-                    for res, ids in sorted(c.devices.items())
+                    for res, ids in sorted(devices.items())
                 ]
             (init_statuses if spec.init else app_statuses).append(st)
         if init_statuses:

@@ -40,12 +40,14 @@ KUBELET_CONFIG_PATH = "/var/lib/kubelet/config.yaml"
 MOCK_STATE_PATH = "/var/lib/devplug/mock-state.json"
 
 #: A pod-resources call where only a container next to the socket reaches it: argv[1] the full method,
-#: argv[2] the timeout; prints the raw response, base64. Needs python3 with grpcio (the plugin image has both).
+#: argv[2] the timeout, argv[3] the serialized request, base64 (empty: an empty request); prints the raw
+#: response, base64. Needs python3 with grpcio (the plugin image has both).
 POD_RESOURCES_CALL = (
     "import base64,sys,grpc\n"
     "ch=grpc.insecure_channel('unix://" + POD_RESOURCES_SOCKET + "')\n"
     "f=ch.unary_unary(sys.argv[1],request_serializer=None,response_deserializer=None)\n"
-    "sys.stdout.write(base64.b64encode(f(b'',timeout=float(sys.argv[2]))).decode())\n"
+    "req=base64.b64decode(sys.argv[3]) if len(sys.argv)>3 else b''\n"
+    "sys.stdout.write(base64.b64encode(f(req,timeout=float(sys.argv[2]))).decode())\n"
 )
 
 
@@ -61,8 +63,9 @@ class NodeTransport(Protocol):
         when the node cannot be reached (a non-zero exit is returned, not raised)."""
         ...
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
-        """The raw response of pod-resources v1 ``method`` (``/v1.PodResourcesLister/List``, empty request)."""
+    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
+        """The raw response of pod-resources v1 ``method`` (``/v1.PodResourcesLister/List``) to ``request``
+        (serialized; empty by default)."""
         ...
 
     def close(self) -> None:
@@ -169,9 +172,17 @@ class NodeOps:
         return dict(json.loads(raw))
 
     # -- pod-resources ---------------------------------------------------------------------------
-    def _call(self, node: str, method: str, response_type: Any) -> Any:
-        raw = self.transport.pod_resources_call(node, f"/v1.PodResourcesLister/{method}", timeout=self.timeout)
+    def _call(self, node: str, method: str, response_type: Any, request: bytes = b"") -> Any:
+        raw = self.transport.pod_resources_call(node, f"/v1.PodResourcesLister/{method}", timeout=self.timeout, request=request)
         return response_type.FromString(raw)
+
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        request = v1_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace).SerializeToString()
+        try:
+            resp = self._call(node, "Get", v1_pb2.GetPodResourcesResponse, request)
+        except grpc.RpcError as exc:  # the kind transport calls the socket from this host
+            raise BackendError(f"pod-resources Get({namespace}/{name}) on {node}: {exc.code().name}: {exc.details()}") from None
+        return PodResourcesPod.from_proto(resp.pod_resources)
 
     def pod_resources(self, node: str) -> list[PodResourcesPod]:
         resp = self._call(node, "List", v1_pb2.ListPodResourcesResponse)

@@ -1,0 +1,58 @@
+"""Several resources from one plugin process, through the user's entry point: ``devplug conformance --resource-name
+a,b`` runs the included plugin with ``--second-resource`` and the several-resources checks judge both resources
+(with one resource they skip at once, saying so). The other new checks of the plugin under test (PreStartContainer
+failing, pod-resources ``Get``, health of a pod that never started, the rolling update) run in the same pass."""
+
+from __future__ import annotations
+
+import os
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+import subprocess
+
+import pytest
+
+from pytest_devplug.plugin import settings_from_config
+
+CHECKS = (
+    "test_every_resource_registers_and_allocates",
+    "test_every_resource_reregisters_after_kubelet_restart",
+    "test_failing_prestart_keeps_the_container_from_starting",
+    "test_pod_resources_get_lists_one_pod",
+    "test_device_health_reported_for_a_pod_that_never_started",
+    "test_convention_rolling_update_without_downtime",
+)
+
+
+def test_two_resources_of_the_included_plugin_pass_the_new_checks(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
+    argv = [devplug, "conformance", "--backend", "sim", "--resource-name", "nvidia.com/gpu,example.com/gpu-half", "--",
+            "-p", "no:randomly", "-k", " or ".join(CHECKS), f"--junitxml={junit}", "--devplug-soak=0"]  # fmt: skip
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    output = (done.stdout + done.stderr)[-6000:]
+    assert junit.exists(), f"devplug conformance exited {done.returncode} without a report:\n{output}"
+    outcome = {}
+    for case in ET.parse(junit).iter("testcase"):
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        outcome[case.get("name")] = "failed" if bad is not None else "skipped" if case.find("skipped") is not None else "passed"
+    assert outcome == dict.fromkeys(CHECKS, "passed"), f"{outcome}\n{output}"
+    assert done.returncode == 0, output
+
+
+def test_resource_names_option_splits_and_refuses_repeats(pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--devplug-resource-name a,b``: ``a`` is the resource the single-resource checks judge, ``b`` an extra one,
+    which the included plugin serves from half its GPUs; a name given twice, or an empty one, is a usage error."""
+
+    def settings(value: str, gpus: int = 4) -> object:
+        opts = {"devplug_resource_name": value, "devplug_gpus": gpus}
+        monkeypatch.setattr(pytestconfig, "getoption", lambda name, default=None: opts.get(name, default))
+        return settings_from_config(pytestconfig)
+
+    spec = settings("nvidia.com/gpu, example.com/gpu-half").plugin  # type: ignore[attr-defined]
+    assert (spec.resource_name, spec.extra_resource_names) == ("nvidia.com/gpu", ("example.com/gpu-half",))
+    assert spec.argv[-2:] == ("--second-resource", "example.com/gpu-half=2")
+    for bad in ("nvidia.com/gpu,nvidia.com/gpu", "nvidia.com/gpu,", "a.com/x,b.com/y,c.com/z"):
+        with pytest.raises(pytest.UsageError, match="devplug-resource-name"):
+            settings(bad)
