@@ -43,8 +43,8 @@ MUST_PASS = (
 )
 #: What NVIDIA's plugin lacks or does differently: faults with no NVML meaning (recovery, hot-plug,
 #: fail_allocate), no PreStartContainer, NUMA read from sysfs rather than NVML (so no topology here),
-#: and convention checks it does not declare (skipped by design).
-ALLOWED_SKIPS = re.compile(r"NVML|pre_start_required|topology|NUMA|convention check", re.I)
+#: convention checks it does not declare (skipped by design), one resource (its default strategy).
+ALLOWED_SKIPS = re.compile(r"NVML|pre_start_required|topology|NUMA|convention check|serves one resource", re.I)
 #: What the kind backend cannot do (its UnsupportedOperationError texts): those checks skip for every plugin there.
 KIND_LIMITS = re.compile(
     r"keeping a real kubelet down .* is not implemented for kind|kind cannot reboot a node|"
