@@ -622,6 +622,26 @@ def test_concurrent_admissions_never_double_allocate(dm_make: Make, dm_fake: Cal
     dm.admit_container(big, big.containers[0])  # nothing leaked by rejections or races
 
 
+def test_reported_numa_node_is_listed_as_sent_until_a_restart(dm_dir: Path, dm_make: Make, dm_fake: Callable[..., FakePlugin]) -> None:
+    """Upstream keeps the allocated ``Device`` as the plugin sent it: pod-resources lists a device reported on NUMA
+    ``-1`` under ``-1``. The checkpoint files it under ``-1``, the key of a device without topology, so after a
+    restart it is listed without topology."""
+    dm, w = dm_make()
+    dev = pb.Device(ID="odd", health="Healthy")
+    dev.topology.nodes.add(ID=-1)
+    f = dm_fake(devices=[dev])
+    f.register()
+    registered(dm, w, 1)
+    p = pod("u1", gpus(1))
+    dm.admit_container(p, p.containers[0])
+    assert dm.container_device_topology("u1", "c") == {GPU: {"odd": [-1]}}
+    (entry,) = read_checkpoint(dm.checkpoint_path).pod_device_entries or []
+    assert entry.device_ids == {-1: ["odd"]}
+    dm.stop()
+    again, _ = dm_make()
+    assert again.container_device_topology("u1", "c") == {GPU: {"odd": []}}
+
+
 # --- restart ---------------------------------------------------------------------------------------
 
 

@@ -70,6 +70,9 @@ class AllocateError(SimError):
 class _AllocInfo:
     numa: dict[int, list[str]]
     resp: pb.ContainerAllocateResponse | None
+    #: Device -> the NUMA nodes its plugin reported at allocation: upstream keeps the ``Device`` itself, so a node
+    #: ``-1`` is listed as ``-1`` until a restart; ``None`` when read back from the checkpoint, where ``-1`` is none.
+    reported: dict[str, list[int]] | None = None
 
     def ids(self) -> set[str]:
         return {d for ids in self.numa.values() for d in ids}
@@ -372,6 +375,9 @@ class DeviceManager:
             infos = self._pod_devs.get(pod_uid, {}).get(container_name, {})
             out: dict[str, dict[str, list[int]]] = {}
             for r, info in sorted(infos.items()):
+                if info.reported is not None:
+                    out[r] = {d: list(nodes) for d, nodes in sorted(info.reported.items())}
+                    continue
                 per: dict[str, list[int]] = {}
                 for node, ids in sorted(info.numa.items()):
                     for d in ids:
@@ -518,12 +524,13 @@ class DeviceManager:
                 raise
             with self._lock:
                 numa: dict[int, list[str]] = {}
+                reported: dict[str, list[int]] = {}
                 for d in sorted(devices):
-                    nodes = _device_nodes(self._all.get(resource, {}).get(d))
+                    nodes = reported[d] = _device_nodes(self._all.get(resource, {}).get(d))
                     for n in nodes or [NO_NUMA]:
                         numa.setdefault(n, []).append(d)
                 self._pod_devs.setdefault(pod.uid, {}).setdefault(container.name, {})[resource] = _AllocInfo(
-                    numa, resp.container_responses[0]
+                    numa, resp.container_responses[0], reported
                 )
                 self._release(token)
         if needs_checkpoint:
