@@ -11,10 +11,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 import subprocess
 
-import pytest
-
-from pytest_devplug.plugin import settings_from_config
-
 CHECKS = (
     "test_every_resource_registers_and_allocates",
     "test_every_resource_reregisters_after_kubelet_restart",
@@ -39,20 +35,3 @@ def test_two_resources_of_the_included_plugin_pass_the_new_checks(tmp_path: Path
         outcome[case.get("name")] = "failed" if bad is not None else "skipped" if case.find("skipped") is not None else "passed"
     assert outcome == dict.fromkeys(CHECKS, "passed"), f"{outcome}\n{output}"
     assert done.returncode == 0, output
-
-
-def test_resource_names_option_splits_and_refuses_repeats(pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--devplug-resource-name a,b``: ``a`` is the resource the single-resource checks judge, ``b`` an extra one,
-    which the included plugin serves from half its GPUs; a name given twice, or an empty one, is a usage error."""
-
-    def settings(value: str, gpus: int = 4) -> object:
-        opts = {"devplug_resource_name": value, "devplug_gpus": gpus}
-        monkeypatch.setattr(pytestconfig, "getoption", lambda name, default=None: opts.get(name, default))
-        return settings_from_config(pytestconfig)
-
-    spec = settings("nvidia.com/gpu, example.com/gpu-half").plugin  # type: ignore[attr-defined]
-    assert (spec.resource_name, spec.extra_resource_names) == ("nvidia.com/gpu", ("example.com/gpu-half",))
-    assert spec.argv[-2:] == ("--second-resource", "example.com/gpu-half=2")
-    for bad in ("nvidia.com/gpu,nvidia.com/gpu", "nvidia.com/gpu,", "a.com/x,b.com/y,c.com/z"):
-        with pytest.raises(pytest.UsageError, match="devplug-resource-name"):
-            settings(bad)
