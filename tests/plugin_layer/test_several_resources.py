@@ -6,10 +6,10 @@ failing, pod-resources ``Get``, health of a pod that never started, the rolling 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-import subprocess
 
 CHECKS = (
     "test_every_resource_registers_and_allocates",
