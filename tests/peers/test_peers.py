@@ -47,9 +47,13 @@ class Peer:
 
 
 PEERS = [
+    # The sample plugin serves on a socket named after its start time (dp.<unix seconds>), so a second instance
+    # beside a running one never shares its socket: it is run with the rolling-update convention on.
     Peer(
-        "sample-device-plugin", "example.com/resource", (), (NO_MOCK, CONVENTION_OFF, NO_PRE_START, NO_TOPOLOGY, ONE_RESOURCE),
-        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart"),
+        "sample-device-plugin", "example.com/resource", ("--conventions", "rolling-update"),
+        (NO_MOCK, CONVENTION_OFF, NO_PRE_START, NO_TOPOLOGY, ONE_RESOURCE),
+        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
+         "test_convention_rolling_update_without_downtime"),
     ),
     # The stub's Allocate lists the IDs it hands in and its GetPreferredAllocation packs NUMA nodes, so
     # it is run with those two conventions on.

@@ -28,6 +28,10 @@ REGISTRATION = "Got registration request from device plugin with resource"
 HOLD_S = 3.0
 #: Seconds between two samples of the node.
 SAMPLE_S = 0.05
+#: Seconds the first instance runs at least before the second starts. A DaemonSet's new pod never comes up within
+#: a second of the old one, and plugins name their socket after that: Kubernetes' sample plugin serves on
+#: ``dp.<start time in Unix seconds>``, so two instances started in the same second would share one socket.
+SURGE_AFTER_S = 1.1
 
 
 def _registrations(node: NodeHandle, resource: str) -> int:
@@ -88,6 +92,7 @@ def test_convention_rolling_update_without_downtime(devplug_pod: PodFactory, dev
         pytest.skip(f"the rollout check runs two pods at once: needs 2 devices of {res}; the plugin lists {n}")
     ids = sorted(set(node.device_ids(res)))
     first = devplug_pod(count=1, wait=True)
+    time.sleep(SURGE_AFTER_S)  # the first instance may have been (re)started by the test before this one
     before = _registrations(node, res)
     watch = _CountWatch(node, res, (n, n))
     with watch.running():
