@@ -376,7 +376,8 @@ class Backend(Protocol):
 
     def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
         """pod-resources v1 ``Get`` of one pod on the node; raises ``BackendError`` quoting the kubelet's answer
-        when it does not know the pod (``pod <name> in namespace <ns> not found``)."""
+        when it does not know the pod (``pod <name> in namespace <ns> not found``), ``UnsupportedOperationError``
+        when its feature gate ``KubeletPodResourcesGet`` is off."""
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:
