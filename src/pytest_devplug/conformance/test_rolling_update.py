@@ -6,7 +6,7 @@ newest registration of a resource (it dials the new endpoint during ``Register``
 the new instance must serve on a socket of its own (a plugin that reuses one fixed name removes the running
 instance's socket), and the old instance's exit must leave the new registration alone. Upstream's node e2e
 (``device_plugin_multiple_test.go``) watches the node for 30 s after each step; the node is sampled here the
-whole time, and for :data:`HOLD_S` after the old instance stopped.
+whole time, and for :data:`HOLD_S` after the old instance exited.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pytest_devplug.waiting import WaitTimeout, wait_for
 
 #: The kubelet's line for every Register call (embedded: ``... with resource X``; real: ``... resource name" resourceName="X"``).
 REGISTRATION = "Got registration request from device plugin with resource"
-#: Seconds the node is watched after the first instance stopped: its exit path (signal handling, socket
-#: removal, a last stream message) runs within that.
-HOLD_S = 3.0
+#: Seconds the node is watched after the first instance's process exited (``retire`` returns then): whatever its
+#: exit did to the socket or the stream shows at once.
+HOLD_S = 2.0
 #: Seconds between two samples of the node.
 SAMPLE_S = 0.05
 #: Seconds the first instance runs at least before the second starts. A DaemonSet's new pod never comes up within
