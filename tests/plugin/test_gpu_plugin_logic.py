@@ -405,6 +405,33 @@ def test_fault_flags_survive_bad_files(tmp_path: Path, caplog: pytest.LogCapture
 
 
 # ---- inotify ---------------------------------------------------------------------------------
+def test_no_inotify_instance_left_falls_back_to_the_periodic_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a host whose inotify instances are used up (EMFILE) the plugin keeps running: its run loop checks the
+    plugin dir every second anyway."""
+    import errno
+
+    from devplug_gpu_plugin import server as srv
+
+    def exhausted() -> watch.Inotify:
+        raise OSError(errno.EMFILE, "inotify_init1: Too many open files")
+
+    monkeypatch.setattr(srv, "Inotify", exhausted)
+    plugin = srv.PluginServer(srv.ServerConfig(str(tmp_path), "example.com/gpu", "x.sock"), None, threading.Event())  # type: ignore[arg-type]
+    plugin.start_watching()
+    assert "checking it every second instead" in caplog.text and "Too many open files" in caplog.text
+
+
+def test_a_socket_path_too_long_for_unix_is_refused_naming_it() -> None:
+    from devplug_gpu_plugin import server as srv
+
+    long_dir = "/var/lib/kubelet/" + "d" * 90
+    plugin = srv.PluginServer(srv.ServerConfig(long_dir, "example.com/gpu", "devplug-x.sock"), None, threading.Event())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"is 122 bytes: a Unix socket path holds at most 107"):
+        plugin.serve()
+
+
 def test_inotify_sees_create_delete_and_rename(tmp_path: Path) -> None:
     with watch.Inotify() as ino:
         ino.add_watch(str(tmp_path), watch.IN_CREATE | watch.IN_DELETE | watch.IN_MOVED_TO)

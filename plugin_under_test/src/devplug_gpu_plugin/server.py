@@ -33,6 +33,8 @@ log = logging.getLogger("devplug_gpu_plugin.server")
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 STREAM_POLL_S = 0.25
+#: Bytes of a Unix socket path (``sun_path`` less its terminating NUL).
+MAX_SOCKET_PATH = 107
 
 
 class RegistrationRefused(Exception):
@@ -63,7 +65,7 @@ def instance_socket_name(plugin_dir: str, resource_name: str) -> str:
     name = default_socket_name(resource_name)
     if not socket_answers(os.path.join(plugin_dir, name)):
         return name
-    return f"{name[: -len('.sock')]}-{os.getpid()}-{secrets.token_hex(3)}.sock"
+    return f"devplug-{secrets.token_hex(4)}.sock"  # short: a Unix socket path holds 107 bytes
 
 
 def to_devices(gpu: Any, replicas: int = 1) -> list[pb.Device]:
@@ -211,6 +213,11 @@ class PluginServer:
     # ---- serving -----------------------------------------------------------------------------
     def serve(self) -> None:
         """(Re)start the gRPC server on our socket and prove it answers."""
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"socket path {self.socket_path} is {len(os.fsencode(self.socket_path))} bytes: a Unix socket path "
+                f"holds at most {MAX_SOCKET_PATH} (a shorter --plugin-dir or --socket-name)"
+            )
         self._stop_server()
         try:
             os.unlink(self.socket_path)
@@ -302,8 +309,19 @@ class PluginServer:
 
     # ---- kubelet restarts --------------------------------------------------------------------
     def start_watching(self) -> None:
-        watcher = Inotify()
-        watcher.add_watch(self.config.plugin_dir, IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)
+        """Watch the plugin dir (inotify) so a kubelet restart is answered at once. Without a watcher (the
+        host's inotify instances used up: EMFILE) the run loop's once-a-second check still sees it."""
+        try:
+            watcher = Inotify()
+        except OSError as exc:
+            log.warning("cannot watch %s (%s): checking it every second instead", self.config.plugin_dir, exc)
+            return
+        try:
+            watcher.add_watch(self.config.plugin_dir, IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)
+        except OSError as exc:
+            watcher.close()
+            log.warning("cannot watch %s (%s): checking it every second instead", self.config.plugin_dir, exc)
+            return
         self._watcher = watcher
         own, kubelet = self.config.socket_name, KUBELET_SOCKET
 
