@@ -33,7 +33,8 @@ def _interpreter(version: str) -> str:
 
 
 def _install(session: nox.Session, *extra: str) -> None:
-    session.install("-e", ".[kind]", "-e", "./plugin_under_test", *extra)
+    # the plugin's dra extra: its DRA driver (--dra) needs the kubernetes client
+    session.install("-e", ".[kind]", "-e", "./plugin_under_test[dra]", *extra)
 
 
 RUFF = "ruff>=0.6"
@@ -85,7 +86,7 @@ def tests_lowest(session: nox.Session) -> None:
     ``--resolution lowest-direct`` installs exactly the floors (pytest 8.0, grpcio, protobuf, ...), so a floor
     that stops working fails here.
     """
-    session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
+    session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test[dra]")
     session.install(HYPOTHESIS)  # a test tool, not a dependency: any release of it will do
     session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
                 "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
@@ -95,7 +96,7 @@ def tests_lowest(session: nox.Session) -> None:
     # (about 20 minutes, the same verdicts as in `nox -s tests`).
     session.run(
         "pytest", "-m", "not kind", "--ignore=tests/test_proto_stubs.py", "--ignore=tests/distribution",
-        "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py",
+        "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py", "--ignore=tests/dra",
         *session.posargs,
     )  # fmt: skip
 
@@ -131,11 +132,12 @@ def bench(session: nox.Session) -> None:
 def e2e(session: nox.Session) -> None:
     """The kind tier on one shared multi-node kind cluster (kind-config/e2e.yaml), made with kind's CLI.
 
-    First, alone (they assert cluster-wide facts): ``tests/kind`` (smoke, leftovers after SIGTERM, multi-node
-    scheduling) on the GPU worker. Then four lanes at once, each on a node of its own
-    (tools/e2e-lanes.sh): the conformance suite through the cluster backend (kubeconfig only, the plugin
-    image loaded as a user pushes a release), its grace-period test, NVIDIA's plugin under the suite and the
-    sim-vs-kind differentials (kind backend). Every backend run works in a namespace of its own.
+    The images first (the included plugin's, NVIDIA's; cached by their inputs); then every lane at once, each on
+    nodes of its own (tools/e2e-lanes.sh): tests/kind (on a resource of its own, so its cluster-wide checks hold
+    meanwhile), the conformance suite through the cluster backend (kubeconfig only, the plugin image loaded as a
+    user pushes a release) and its grace-period test, NVIDIA's plugin under the suite in three configurations,
+    the sim-vs-kind differentials and the checks only the kind backend runs. Every backend run works in a
+    namespace of its own.
 
     Where no container registry answers, kind-config/offline/build-all.sh builds the node and Python base
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test
@@ -151,18 +153,51 @@ def e2e(session: nox.Session) -> None:
         session.run("bash", "kind-config/offline/ensure-kind.sh", external=True, silent=True)
     )
     name = os.environ.get("DEVPLUG_E2E_CLUSTER") or E2E_CLUSTER
+    _warn_inotify(session)
     # The kind backend and tests/kind reuse the cluster of this name (and leave it: --keep-cluster).
     env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", ""), **offline, "DEVPLUG_KIND_CLUSTER": name}
     python_base = offline.get("DEVPLUG_PYTHON_BASE")
     with tempfile.TemporaryDirectory(prefix="devplug-e2e-") as tmp:
+        image = _last_line(session.run("python", "tools/plugin-image.py", tmp, silent=True))
+        session.run("bash", "peers/nvidia/build-image.sh", env=env, external=True, silent=True)  # cached for its lanes
         try:
             kubeconfig = _create_kind_cluster(session, kind, name, Path(tmp), offline.get("DEVPLUG_KIND_NODE_IMAGE"))
-            session.run("pytest", "-m", "kind", "tests/kind", "--keep-cluster", *session.posargs, env=env)
-            image = _last_line(session.run("python", "tools/plugin-image.py", tmp, silent=True))
-            session.run(kind, "load", "docker-image", "--name", name, image, *([python_base] if python_base else []), external=True)
+            # The cluster backend's lanes run the plugin image on worker2 and worker3: there it is loaded as a user
+            # pushes a release. The kind backend's runs load what they use into their own nodes; test pods on any
+            # node run the Python base (no registry), loaded into every node once.
+            session.run(kind, "load", "docker-image", "--name", name, "--nodes", f"{name}-worker2,{name}-worker3", image, external=True)
+            if python_base:
+                session.run(kind, "load", "docker-image", "--name", name, python_base, external=True)
             session.run("bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=env, external=True)
         finally:
             session.run(kind, "delete", "cluster", "--name", name, external=True)
+
+
+#: inotify instances one kind node holds (systemd 4, kubelet 7, containerd 2, dbus 1; the control plane ~13 more).
+_INOTIFY_PER_NODE = 14
+
+
+def _warn_inotify(session: nox.Session) -> None:
+    """Say so before the cluster starts when the host user's inotify instances will not do for e2e.yaml's nodes: a
+    node short of them fails in odd places (a plugin's ``inotify_init1: Too many open files``)."""
+    try:
+        limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    except (OSError, ValueError):
+        return
+    uid, used = os.getuid(), 0
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if fd_dir.stat().st_uid == uid:
+                used += sum(1 for fd in fd_dir.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+        except OSError:
+            continue
+    nodes = (ROOT / "kind-config" / "e2e.yaml").read_text().count("- role: ")
+    need = nodes * _INOTIFY_PER_NODE + 13
+    if limit - used < need:
+        session.warn(
+            f"fs.inotify.max_user_instances is {limit} with {used} in use; the {nodes}-node e2e cluster needs about "
+            f"{need}: raise it (kind's advice: sysctl -w fs.inotify.max_user_instances=512) or stop other kind clusters"
+        )
 
 
 def _last_line(out: object) -> str:

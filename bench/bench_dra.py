@@ -1,12 +1,14 @@
-"""The DRA example driver's kubelet plugin on the embedded kubelet's DRA side: process start -> registered.
+"""The DRA example driver on the embedded kubelet's DRA side.
 
-    python bench/bench_dra.py [--runs 5]
+    python bench/bench_dra.py [--runs 5] [--suite-runs 1] [--only register|slices|suite]
 
-The driver (built or found cached by peers/build-dra.sh) runs with its plain command line in a private
-mount namespace at the kubelet's standard paths; the time is from starting the process to the plugin
-watcher having registered it and its DRA socket connected (no API server: its slices cannot be published,
-which the issue's second target, registered -> slice visible, needs). Not a test: numbers are printed, not
-asserted.
+``register``: process start -> the plugin watcher registered it and its DRA socket is connected (no API server).
+``slices``: with the real control plane, the plugin watcher's registration -> the driver's ResourceSlice visible
+through the API server (the issue's target: < 2 s). ``suite``: ``devplug conformance --dra`` against the driver,
+wall time of the whole command, control plane start included (target: < 60 s).
+
+The driver (built or found cached by peers/build-dra.sh) runs with its plain command line in a private mount
+namespace at the kubelet's standard paths. Not a test: numbers are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def one_run(binary: str) -> float:
         watcher.start()
         proc = PluginProcess(
             [binary, "--node-name", "node-1", "--kubeconfig", str(root / "kubeconfig")],
-            plugin_dir=dirs["plugins"], log_path=root / "driver.log",
+            log_path=root / "driver.log",
             binds=[(dirs["plugins_registry"], f"{KUBELET}/plugins_registry"), (dirs["plugins"], f"{KUBELET}/plugins"), (dirs["cdi"], "/etc/cdi")],
         )
         t0 = time.monotonic()
@@ -68,14 +70,72 @@ def one_run(binary: str) -> float:
             plugins.stop()
 
 
+def registered_to_slice(binary: str, runs: int) -> list[float]:
+    """Seconds from the watcher's registration of the driver to its slice listed by the API server, one deployment
+    per run on a node of its own (one control plane for all runs)."""
+    from pytest_devplug.backends.base import BackendOptions, NodeSpec
+    from pytest_devplug.backends.dra import DriverSpec
+    from pytest_devplug.backends.sim import SimBackend
+    from pytest_devplug.dra.objects import list_slices
+
+    backend = SimBackend(BackendOptions(control_plane="real"))
+    backend.start()
+    out = []
+    try:
+        for i in range(runs):
+            name = backend.ensure_node(NodeSpec(f"bench-{i}"))
+            kubelet = backend._node(name).dra
+            backend.dra.deploy_driver(name, DriverSpec(driver_name=DRIVER, argv=[binary]))
+            deadline = time.monotonic() + 60
+            registered: float | None = None
+            while time.monotonic() < deadline:
+                if registered is None:
+                    done = [e.at for e in kubelet.registration_events() if e.kind == "registered" and e.name == DRIVER]
+                    registered = done[0] if done else None
+                if registered is not None and list_slices(backend.dra.rest, node=name, driver=DRIVER):
+                    out.append(time.monotonic() - registered)
+                    break
+                time.sleep(0.005)
+            else:
+                raise TimeoutError(f"run {i}: no slice of {DRIVER} on {name} within 60 s; driver log:\n{backend.dra.driver_log(name)[-2000:]}")
+            backend.dra.remove_driver(name)
+    finally:
+        backend.close()
+    return out
+
+
+def suite(binary: str) -> tuple[float, str]:
+    """Wall seconds of ``devplug conformance --dra`` against the driver, and its summary line."""
+    devplug = str(Path(sys.executable).with_name("devplug"))
+    t0 = time.monotonic()
+    done = subprocess.run([devplug, "conformance", "--dra", "--driver-cmd", binary, "--driver-name", DRIVER, "--", "-q"],
+                          capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    wall = time.monotonic() - t0
+    summary = next((ln for ln in reversed(done.stdout.splitlines()) if " in " in ln and ("passed" in ln or "failed" in ln)), done.stdout[-300:])
+    return wall, summary.strip("= ")
+
+
+def _ms(values: list[float]) -> str:
+    return f"median {statistics.median(values) * 1000:.0f} ms, min {min(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--suite-runs", type=int, default=1)
+    parser.add_argument("--only", choices=("register", "slices", "suite"))
     args = parser.parse_args()
     binary = build()
-    times = [one_run(binary) for _ in range(args.runs)]
-    print(f"dra-example-kubeletplugin start -> registered+connected: median {statistics.median(times) * 1000:.0f} ms, "
-          f"min {min(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms over {args.runs} runs")
+    if args.only in (None, "register"):
+        times = [one_run(binary) for _ in range(args.runs)]
+        print(f"dra-example-kubeletplugin start -> registered+connected: {_ms(times)} over {args.runs} runs")
+    if args.only in (None, "slices"):
+        times = registered_to_slice(binary, args.runs)
+        print(f"dra-example-kubeletplugin registered -> ResourceSlice visible (real API server): {_ms(times)} over {args.runs} runs")
+    if args.only in (None, "suite"):
+        for i in range(args.suite_runs):
+            wall, summary = suite(binary)
+            print(f"devplug conformance --dra (dra-example-kubeletplugin), run {i + 1}: {wall:.1f} s wall; {summary}")
     return 0
 
 

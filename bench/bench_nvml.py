@@ -27,6 +27,7 @@ from typing import Any
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.kubelet import SimNode
 
 from bench_sim import wait  # same folder: the benchmarks share one spin-wait
 
@@ -51,10 +52,10 @@ def nvidia_binary() -> str:
     return out.split()[-1]
 
 
-def plugin_argv(kind: str, state: Path) -> tuple[list[str], bool]:
-    """The plugin's command line and whether it needs the kubelet's standard paths."""
+def plugin_argv(kind: str, state: Path, node: SimNode) -> tuple[list[str], bool]:
+    """The plugin's command line on ``node`` and whether it needs the kubelet's standard paths."""
     if kind == "included":
-        return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}", "--resource-name", GPU,
+        return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(node.plugin_dir), "--resource-name", GPU,
                 "--nvml", "mock", "--mock-state", str(state)], False  # fmt: skip
     return [nvidia_binary(), "--device-discovery-strategy", "nvml"], True
 
@@ -63,10 +64,10 @@ def bench_latency(kind: str, runs: int, tmp: Path) -> list[float]:
     state_path = tmp / "state.json"
     state = mockstate.initial_state(runs + 1, 1)
     write_state(state_path, state)
-    argv, standard = plugin_argv(kind, state_path)
     out = []
     with SimCluster(grace_period=300.0) as c:
         node = c.add_node("node-1")
+        argv, standard = plugin_argv(kind, state_path, node)
         node.start_plugin(argv, env=mock_env(str(state_path)), standard_paths=standard)
         wait(lambda: alloc(c, "node-1") == runs + 1, f"{runs + 1} GPUs allocatable", timeout=60)
         time.sleep(1.0)  # let the plugin reach its event wait
@@ -88,9 +89,9 @@ def bench_idle(gpus: int, seconds: float, tmp: Path) -> tuple[float, float]:
     """(share of a core while idle, seconds until all GPUs were allocatable)."""
     state_path = tmp / "state.json"
     write_state(state_path, mockstate.initial_state(gpus, 2))
-    argv, standard = plugin_argv("included", state_path)
     with SimCluster(grace_period=300.0) as c:
         node = c.add_node("node-1")
+        argv, standard = plugin_argv("included", state_path, node)
         t0 = time.monotonic()
         proc = node.start_plugin(argv, env=mock_env(str(state_path)), standard_paths=standard)
         ready = wait(lambda: alloc(c, "node-1") == gpus, f"{gpus} GPUs allocatable", timeout=600) - t0

@@ -347,7 +347,7 @@ def bench_admission(ops: int, work: Path) -> Row:
     double = leaks = 0
     with SimCluster() as cluster:
         node = cluster.add_node("node-1")
-        node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}",
+        node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(node.plugin_dir),
                            "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)],
                           env=mock_env(str(state)))
         deadline = time.monotonic() + 30

@@ -38,8 +38,8 @@ def write_state(path: Path, n: int, lost: frozenset[int] = frozenset()) -> None:
     os.replace(tmp, path)
 
 
-def argv(state: Path) -> list[str]:
-    return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}", "--resource-name", GPU,
+def argv(plugin_dir: Path, state: Path) -> list[str]:
+    return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(plugin_dir), "--resource-name", GPU,
             "--nvml", "mock", "--mock-state", str(state)]
 
 
@@ -79,7 +79,7 @@ def bench_latencies(runs: int, tmp: Path) -> dict[str, list[float]]:
             node = c.add_node("node-1")
             clock = _RegistrationClock()
             node.logger.addHandler(clock)
-            node.start_plugin(argv(state), env=mock_env(str(state)))
+            node.start_plugin(argv(node.plugin_dir, state), env=mock_env(str(state)))
             seen = wait(lambda: alloc(c, "node-1") == "4", "4 allocatable after registration")
             assert clock.at is not None
             out["registration"].append(seen - clock.at)
@@ -99,7 +99,7 @@ def bench_cycles(cycles: int, n_nodes: int, gpus: int, n_threads: int, tmp: Path
             state = tmp / f"n{i}.json"
             write_state(state, gpus)
             nodes.append(c.add_node(f"node-{i}"))
-            nodes[-1].start_plugin(argv(state), env=mock_env(str(state)))
+            nodes[-1].start_plugin(argv(nodes[-1].plugin_dir, state), env=mock_env(str(state)))
         for n in nodes:
             wait(lambda n=n: alloc(c, n.name) == str(gpus), f"{gpus} GPUs on {n.name}")  # type: ignore[misc]
         held: dict[tuple[str, str], str] = {}  # (node, device) -> pod

@@ -6,12 +6,18 @@ helpers are imported relatively (``from ..support import wait_until``), never ``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-__all__ = ["RESOURCE", "WAIT", "wait_until"]
+__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "parse_junit", "run_conformance", "wait_until"]
 
 T = TypeVar("T")
 
@@ -39,3 +45,74 @@ def wait_until(
     except WaitTimeout as exc:
         seen: Any = exc.last if exc.last_error is None else exc.last_error
         raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last seen: {seen!r}") from None
+
+
+def control_plane_bin_dir() -> Path:
+    """The directory of the real control plane's binaries (the cache; built there when missing, as nox -s tests does)."""
+    from pytest_devplug.controlplane import BinariesNotFoundError, resolve
+    from pytest_devplug.controlplane.binaries import build
+
+    try:
+        found = resolve(download=False)
+    except BinariesNotFoundError:
+        found = build()
+    return found["kube-apiserver"].parent
+
+
+@dataclass
+class SuiteResult:
+    """A suite run's verdicts, read from its junit report."""
+
+    passed: list[str] = field(default_factory=list)
+    #: test -> message, for tests whose body failed (an assertion).
+    failures: dict[str, str] = field(default_factory=dict)
+    #: test -> message, for set-up or tear-down errors.
+    errors: dict[str, str] = field(default_factory=dict)
+    #: test -> skip reason.
+    skipped: dict[str, str] = field(default_factory=dict)
+    #: the run's exit status and the tail of its output (``run_conformance``).
+    returncode: int = 0
+    output: str = ""
+
+    @property
+    def failed(self) -> list[str]:
+        """Failures and errors, ``"<test>: <message>"`` each."""
+        return [f"{name}: {message}" for name, message in {**self.failures, **self.errors}.items()]
+
+    def verdicts(self) -> dict[str, str]:
+        """test -> ``passed`` | ``skipped`` | ``failed`` | ``error``."""
+        return {
+            **{t: "passed" for t in self.passed}, **{t: "skipped" for t in self.skipped},
+            **{t: "failed" for t in self.failures}, **{t: "error" for t in self.errors},
+        }  # fmt: skip
+
+
+def parse_junit(path: Path) -> SuiteResult:
+    result = SuiteResult()
+    for case in ET.parse(path).iter("testcase"):
+        name = case.get("name", "?")
+        failure, error, skip = case.find("failure"), case.find("error"), case.find("skipped")
+        if failure is not None:
+            result.failures[name] = failure.get("message", "")
+        elif error is not None:
+            result.errors[name] = error.get("message", "")
+        elif skip is not None:
+            result.skipped[name] = skip.get("message", "")
+        else:
+            result.passed.append(name)
+    return result
+
+
+def run_conformance(options: Sequence[str], pytest_args: Sequence[str], cwd: Path, *, timeout: float) -> SuiteResult:
+    """``devplug conformance OPTIONS -- PYTEST_ARGS`` from this venv, in ``cwd``; its verdicts from the junit report
+    (an assertion error with the output's tail when it wrote none)."""
+    __tracebackhide__ = True
+    junit = cwd / "junit.xml"
+    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
+    argv = [devplug, "conformance", *options, "--", "-p", "no:randomly", f"--junitxml={junit}", *pytest_args]
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    output = (done.stdout + done.stderr)[-8000:]
+    assert junit.exists(), f"devplug conformance exited {done.returncode} without a junit report:\n{output}"
+    result = parse_junit(junit)
+    result.returncode, result.output = done.returncode, output
+    return result

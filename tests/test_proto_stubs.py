@@ -114,6 +114,11 @@ def test_stubs_stay_out_of_protobufs_default_pool() -> None:
         default.FindFileByName("deviceplugin/v1beta1.proto")
     assert all(m.DESCRIPTOR.pool is _pool.POOL for m in (dp, pr, reg, dra, health))
     assert plugin_dp.DESCRIPTOR.pool is plugin_pool.POOL is not _pool.POOL
+    from devplug_gpu_plugin.api.dra import v1_pb2 as plugin_dra
+    from devplug_gpu_plugin.api.drahealth import v1alpha1_pb2 as plugin_health
+    from devplug_gpu_plugin.api.pluginregistration import v1_pb2 as plugin_reg
+
+    assert all(m.DESCRIPTOR.pool is plugin_pool.POOL for m in (plugin_dra, plugin_health, plugin_reg))
     # Same wire format across the two pools: the plugin's bytes are the harness's message.
     sent = plugin_dp.AllocateResponse(container_responses=[{"envs": {"A": "1"}, "cdi_devices": [{"name": "v/g=0"}]}])
     got = dp.AllocateResponse.FromString(sent.SerializeToString())

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# The second stage of `nox -s e2e`: four lanes at once on the shared kind cluster (kind-config/e2e.yaml), each on
-# a node of its own, each backend run in a namespace of its own:
-#   conformance   the suite on the cluster backend (kubeconfig only) on <cluster>-worker2, all but the grace test
-#   grace         the grace-period test (5 min on a real kubelet) on <cluster>-worker3, the longest lane
-#   nvidia        NVIDIA's k8s-device-plugin under the suite (kind backend) on <cluster>-worker4
-#   differential  sim-vs-kind differentials (kind backend) on <cluster>-worker5
-# tests/kind ran before, alone: it asserts cluster-wide facts (only its GPU worker advertises GPUs).
+# The lanes of `nox -s e2e`, all at once on the shared six-node kind cluster (kind-config/e2e.yaml), each on nodes
+# of its own, each backend run in a namespace of its own (one after the other where a lane has several):
+#   kind          tests/kind (smoke, SIGTERM leftovers, multi-node) on <cluster>-worker, the GPU worker; its plugin
+#                 advertises a resource of its own (devplug.io/kind-gpu), so its cluster-wide checks hold meanwhile
+#   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test and the
+#                 soak (no node left for its copy: it runs in the differential lane)
+#   grace         the grace-period test (5 min on a real kubelet) on -worker3; then NVIDIA's plugin with
+#                 time-slicing (the checks its replicas concern) on the same node
+#   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4
+#   differential  sim-vs-kind differentials (kind backend) on -worker5; then the checks only the kind backend runs
+#                 (kubelet kept down, reboot, the soak with its copy on the control plane) against the included
+#                 plugin; then NVIDIA's plugin with cdi-cri (the allocation checks) on the same node
+# Why six nodes: each kind node holds ~14 inotify instances of the host user's fs.inotify.max_user_instances (128
+# by default), shared with every other process of that user; ten nodes ran out.
 # Each lane's output is printed when it ends, then one summary line per lane; exits non-zero if any lane failed.
 # SIGINT/SIGTERM: passed on to the lanes as SIGTERM (each pytest run then cleans up its namespace), then waited for.
 #
@@ -25,6 +32,7 @@ fi
 logs=$(mktemp -d "${TMPDIR:-/tmp}/devplug-e2e-lanes.XXXXXX")
 trap 'rm -rf "$logs"' EXIT
 declare -A pid_of=() started=() rc_of=() seconds_of=()
+order=()
 
 stop() {
   echo "e2e-lanes: stopping the lanes (each removes what it made on the cluster)" >&2
@@ -40,24 +48,56 @@ lane() {  # NAME COMMAND...: run COMMAND in the background, its output in $logs/
   "$@" >"$logs/$name.log" 2>&1 &
   pid_of[$name]=$!
   started[$name]=$SECONDS
+  order+=("$name")
 }
+
+node() { echo "$cluster-$1"; }
 
 suite=(
   --pyargs pytest_devplug.conformance --devplug-backend cluster --kubeconfig "$kubeconfig"
   --devplug-allow-disruptive --devplug-plugin-image "$image" --devplug-mock --devplug-pre-start-required
   --devplug-timeout 60 -p no:cacheprovider
 )
+kind_backend=(--devplug-backend kind --devplug-timeout 60 -p no:cacheprovider)
 if [ -n "$workload" ]; then
   suite+=(--devplug-workload-image "$workload")
+  kind_backend+=(--devplug-workload-image "$workload")
 fi
-kind_backend=(--devplug-backend kind --devplug-timeout 60 -p no:cacheprovider)
 
-lane conformance pytest "${suite[@]}" --devplug-node "$cluster-worker2" -m "not devplug_grace_period"
-lane grace pytest "${suite[@]}" --devplug-node "$cluster-worker3" -m devplug_grace_period -q
+child() {  # COMMAND...: run COMMAND in this lane, passing SIGTERM on to it; its exit status
+  "$@" &
+  local pid=$! rc
+  trap 'kill -TERM "$pid" 2>/dev/null' TERM
+  wait "$pid"
+  rc=$?
+  while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done
+  trap - TERM
+  return "$rc"
+}
+
 # NVIDIA's test runs `devplug conformance` itself; PYTEST_ADDOPTS reaches that inner pytest run.
-lane nvidia env PYTEST_ADDOPTS="--devplug-node=$cluster-worker4" \
-  pytest -m kind tests/peers/test_nvidia_plugin.py -p no:cacheprovider
-lane differential pytest -m kind tests/differential "${kind_backend[@]}" --devplug-node "$cluster-worker5"
+nvidia() {  # CONFIG NODE
+  PYTEST_ADDOPTS="--devplug-node=$2" child pytest -m kind tests/peers/test_nvidia_plugin.py -k "on_kind and $1" \
+    -p no:cacheprovider -rP
+}
+
+grace() {
+  child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return
+  nvidia time-slicing "$(node worker3)"
+}
+
+differential() {
+  child pytest -m kind tests/differential "${kind_backend[@]}" --devplug-node "$(node worker5)" || return
+  child pytest --pyargs pytest_devplug.conformance "${kind_backend[@]}" --devplug-node "$(node worker5)" \
+    --devplug-second-node "$(node control-plane)" -k "kubelet_down or node_reboot or soak" || return
+  nvidia cdi-cri "$(node worker5)"
+}
+
+lane kind pytest -m kind tests/kind --keep-cluster -p no:cacheprovider
+lane conformance pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak"
+lane grace grace
+lane nvidia nvidia envvar "$(node worker4)"
+lane differential differential
 
 failed=0
 while [ ${#rc_of[@]} -lt ${#pid_of[@]} ]; do
@@ -82,7 +122,7 @@ while [ ${#rc_of[@]} -lt ${#pid_of[@]} ]; do
   done
 done
 
-for name in conformance grace nvidia differential; do
+for name in "${order[@]}"; do
   echo "e2e-lanes: $name exit ${rc_of[$name]} in ${seconds_of[$name]} s"
 done
 exit $failed

@@ -40,10 +40,11 @@ API_DIRS = [ROOT / "src/pytest_devplug/api", ROOT / "plugin_under_test/src/devpl
 TARGETS: dict[str, list[Path]] = {
     "deviceplugin/v1beta1.proto": API_DIRS,
     "podresources/v1.proto": [API_DIRS[0]],
-    "pluginregistration/v1.proto": [API_DIRS[0]],
-    "dra/v1.proto": [API_DIRS[0]],
-    "dra/v1beta1.proto": [API_DIRS[0]],
-    "drahealth/v1alpha1.proto": [API_DIRS[0]],
+    # the included GPU plugin is a DRA driver too (devplug-gpu-plugin --dra)
+    "pluginregistration/v1.proto": API_DIRS,
+    "dra/v1.proto": API_DIRS,
+    "dra/v1beta1.proto": API_DIRS,
+    "drahealth/v1alpha1.proto": API_DIRS,
 }
 
 #: The grpcio-tools release whose protoc writes the checked-in .pyi files (`nox -s proto` and the dev extra pin

@@ -6,7 +6,8 @@
 # Steps (each skipped when its result is already cached, keyed on versions.env and the inputs):
 #   1. Docker (../shared/ci/ensure-docker where it exists)
 #   2. Kubernetes binaries + etcd from their Go modules (build-k8s.sh)
-#   3. the node's Debian rootfs from debootstrap (containerd, runc, CNI plugins from Debian)
+#   3. the node's Debian rootfs from debootstrap (runc and CNI plugins from Debian; its containerd 1.6 is
+#      replaced by containerd 2.x + crictl built from their Go modules, build-containerd.sh: CDI needs >= 1.7)
 #   4. registry.k8s.io/{kube-apiserver,kube-controller-manager,kube-scheduler,etcd,pause} images:
 #      `docker import` of a rootfs holding one static binary (pause is pause/pause.go)
 #   5. the node image: base + kubelet/kubeadm/kubectl + units/configs from node/ + those images
@@ -25,7 +26,8 @@ WORK="$OFFLINE_CACHE/work"
 mkdir -p "$WORK"
 
 inputs_hash() {  # everything the node image is made from
-  (cd "$OFFLINE_DIR" && cat versions.env build-node-image.sh build-k8s.sh lib.sh pause/pause.go node/*) | sha256sum | cut -c1-16
+  (cd "$OFFLINE_DIR" && cat versions.env build-node-image.sh build-k8s.sh build-containerd.sh lib.sh pause/pause.go node/*) \
+    | sha256sum | cut -c1-16
 }
 
 build_base() {
@@ -82,7 +84,7 @@ build_component_images() {
 }
 
 build_node() {
-  local k8s=$1 hash=$2
+  local k8s=$1 ctd=$2 hash=$3
   local ctr="devplug-node-build-$$"
   local tar="$WORK/cp-images.tar"
   docker save -o "$tar" "${CP_IMAGES[@]}"
@@ -95,6 +97,12 @@ build_node() {
   docker exec "$ctr" mkdir -p /kind/bin /kind/cni /kind/manifests /etc/systemd/system/kubelet.service.d \
     /etc/containerd /etc/kubernetes/manifests /etc/cni/net.d /opt/cni/bin /var/lib/devplug /usr/local/sbin
   for b in kubelet kubeadm kubectl; do docker cp "$k8s/$b" "$ctr:/usr/bin/$b"; done
+  # containerd 2.x, its runc shim, ctr and crictl in /usr/local/bin; Debian's containerd 1.6 binaries go, so
+  # nothing finds them first (runc stays Debian's)
+  docker exec "$ctr" rm -f /usr/bin/containerd /usr/bin/containerd-shim /usr/bin/containerd-shim-runc-v1 \
+    /usr/bin/containerd-shim-runc-v2 /usr/bin/ctr /usr/bin/containerd-stress
+  for b in containerd containerd-shim-runc-v2 ctr crictl; do docker cp "$ctd/$b" "$ctr:/usr/local/bin/$b"; done
+  docker cp "$n/crictl.yaml" "$ctr:/etc/crictl.yaml"
   docker cp "$n/entrypoint" "$ctr:/usr/local/bin/entrypoint"
   docker cp "$n/devplug-runc" "$ctr:/usr/local/sbin/devplug-runc"
   sed "s/@PAUSE_VERSION@/$PAUSE_VERSION/" "$n/containerd-config.toml" > "$WORK/config.toml"
@@ -109,7 +117,9 @@ build_node() {
   docker cp "$n/10-devplug-ptp.conflist.in" "$ctr:/kind/cni/10-devplug-ptp.conflist.in"
   docker cp "$tar" "$ctr:/build-ctd/images.tar"
   docker exec -i "$ctr" bash -euo pipefail -s <<SH
-chmod 0755 /usr/bin/kubelet /usr/bin/kubeadm /usr/bin/kubectl /usr/local/bin/entrypoint /usr/local/sbin/devplug-runc
+chmod 0755 /usr/bin/kubelet /usr/bin/kubeadm /usr/bin/kubectl /usr/local/bin/entrypoint /usr/local/sbin/devplug-runc \
+  /usr/local/bin/containerd /usr/local/bin/containerd-shim-runc-v2 /usr/local/bin/ctr /usr/local/bin/crictl
+mkdir -p /etc/cdi /var/run/cdi
 for p in host-local loopback ptp portmap bridge; do cp /usr/lib/cni/\$p /opt/cni/bin/; done
 echo "$KUBERNETES_VERSION" > /kind/version
 cat > /kind/manifests/default-cni.yaml <<'YAML'
@@ -125,7 +135,10 @@ data:
 YAML
 systemctl enable containerd.service kubelet.service >/dev/null 2>&1
 mkdir -p /run/ctd-build
-containerd --root /build-ctd/root --state /run/ctd-build --address /run/ctd-build/containerd.sock >/build-ctd/containerd.log 2>&1 &
+# the node's config would start its CRI plugin here too: the import needs none of it
+printf 'version = 3\n' > /run/ctd-build/config.toml
+containerd --config /run/ctd-build/config.toml --root /build-ctd/root --state /run/ctd-build \
+  --address /run/ctd-build/containerd.sock >/build-ctd/containerd.log 2>&1 &
 pid=\$!
 for i in \$(seq 1 50); do ctr --address /run/ctd-build/containerd.sock version >/dev/null 2>&1 && break; sleep 0.2; done
 ctr --address /run/ctd-build/containerd.sock -n k8s.io images import --snapshotter overlayfs /build-ctd/images.tar >/dev/null
@@ -159,9 +172,10 @@ main() {
     log "node image $NODE_IMAGE is up to date (inputs $hash)"
     echo "$NODE_IMAGE"; return 0
   fi
-  local bins k8s etcd
+  local bins k8s etcd ctd
   bins=$("$OFFLINE_DIR/build-k8s.sh")
   k8s=$(sed -n 1p <<<"$bins"); etcd=$(sed -n 2p <<<"$bins")
+  ctd=$("$OFFLINE_DIR/build-containerd.sh")
   if image_exists "$BASE_IMAGE"; then log "base image $BASE_IMAGE cached"
   else step "node rootfs ($BASE_IMAGE)" build_base; fi
   local missing=0
@@ -169,7 +183,7 @@ main() {
   if [ $missing = 0 ] && [ "$(image_label "$REG/pause:$PAUSE_VERSION" io.devplug.offline)" = 1 ]; then
     log "control-plane images cached"
   else step "control-plane images" build_component_images "$k8s" "$etcd"; fi
-  step "node image $NODE_IMAGE" build_node "$k8s" "$hash"
+  step "node image $NODE_IMAGE" build_node "$k8s" "$ctd" "$hash"
   echo "$NODE_IMAGE"
 }
 main "$@"

@@ -43,12 +43,21 @@ def _fail(message: str, node: NodeHandle | None, pods: Iterable[PodHandle] = ())
     )
 
 
+def _kubelet_log(node: NodeHandle) -> str | Exception:
+    """The node's kubelet log, or why it could not be read. What is drawn from it only explains a failure (or
+    lets a wait give up early), so reading it must never raise in the failure's place."""
+    try:
+        return node.kubelet_log()
+    except Exception as exc:  # noqa: BLE001 - any backend's error: the caller goes on without the hint
+        return exc
+
+
 def _kubelet_lines(node: NodeHandle, *needles: str, limit: int = 6) -> str:
     """The kubelet log lines that mention any of ``needles``: usually the reason a registration failed."""
-    try:
-        lines = [ln for ln in current_test_lines(node.kubelet_log()) if any(n and n in ln for n in needles)]
-    except Exception as exc:  # noqa: BLE001 - only decorates a failure message
-        return f" (kubelet log unreadable: {exc})"
+    log = _kubelet_log(node)
+    if isinstance(log, Exception):
+        return f" (kubelet log unreadable: {log})"
+    lines = [ln for ln in current_test_lines(log) if any(n and n in ln for n in needles)]
     if not lines:
         return " (the kubelet log says nothing about it)"
     return "; kubelet log: " + " | ".join(ln.strip() for ln in lines[-limit:])
@@ -67,10 +76,10 @@ _REGISTRATION_FAULTS = (
 
 
 def _registration_hint(node: NodeHandle, resource: str) -> str:
-    try:
-        lines = current_test_lines(node.kubelet_log())
-    except Exception:  # noqa: BLE001 - only decorates a failure message
+    log = _kubelet_log(node)
+    if isinstance(log, Exception):
         return ""
+    lines = current_test_lines(log)
     hints = [hint for needle, hint in _REGISTRATION_FAULTS if any(needle in ln and resource in ln for ln in lines)]
     asked = any("Got registration request" in ln and resource in ln for ln in lines)
     connected = any("Device plugin connected" in ln and resource in ln for ln in lines)
@@ -101,10 +110,10 @@ def _refusal_watch(node: NodeHandle, resource: str) -> Callable[[], str | None]:
         if now - checked[0] < _REFUSAL_POLL_S:
             return verdict[0]
         checked[0] = now
-        try:
-            lines = [ln for ln in node.kubelet_log().splitlines() if resource in ln]
-        except Exception:  # noqa: BLE001 - then the wait simply runs to its timeout
-            return None
+        log = _kubelet_log(node)
+        if isinstance(log, Exception):
+            return None  # then the wait simply runs to its timeout
+        lines = [ln for ln in log.splitlines() if resource in ln]
         relevant = [ln for ln in lines if "Got registration request" in ln or "Device plugin connected" in ln
                     or any(r in ln for r in _REFUSALS)]  # fmt: skip
         if not relevant or not any(r in relevant[-1] for r in _REFUSALS):
@@ -124,10 +133,10 @@ _KUBELET_SOCKET = re.compile(r'kubeletSocket="([^"]+)"')
 
 def _unreached_hint(node: NodeHandle) -> str:
     """When no plugin ever called Register: where the kubelet listens, and how a hard-coded path is run."""
-    try:
-        lines = node.kubelet_log().splitlines()
-    except Exception:  # noqa: BLE001 - only decorates a failure message
+    log = _kubelet_log(node)
+    if isinstance(log, Exception):
         return ""
+    lines = log.splitlines()
     if any("Got registration request" in ln for ln in lines):
         return ""
     found = [m.group(1) for ln in lines if (m := _KUBELET_SOCKET.search(ln))]
@@ -371,7 +380,8 @@ def assert_allocate_injections(
     """What the plugin's Allocate put into the container, as the container sees it.
 
     Always: the pod runs, it was assigned devices, something was injected, device-node permissions
-    use only ``r``/``w``/``m`` and CDI names are fully qualified (``vendor/class=name``). With
+    use only ``r``/``w``/``m``, CDI names are fully qualified (``vendor/class=name``) and the view's device
+    nodes and mounts (its CDI devices' edits included) are in the container (``exec ls -d``). With
     ``ids_visible`` every assigned device ID must also appear in some injection (env value, annotation,
     mount or device path, CDI name): a convention of plugins whose IDs name the device (GPU UUIDs),
     not a kubelet rule, hence off by default (IDs may be opaque: a hash, ``card0-0``). ``env`` is
@@ -396,6 +406,14 @@ def assert_allocate_injections(
     for name in view.cdi_devices:
         if not re.fullmatch(r"[a-zA-Z0-9.-]+/[a-zA-Z0-9._-]+=[a-zA-Z0-9._:-]+", name):
             problems.append(f"CDI device {name!r} is not a fully qualified name vendor/class=name")
+    if view.devices or view.mounts:
+        wanted = sorted({d.container_path for d in view.devices} | {m.container_path for m in view.mounts})
+        listed = set(pod.exec("ls", "-d", *wanted).stdout.split())
+        if absent := [p for p in wanted if p not in listed]:
+            problems.append(
+                f"{absent} were injected (device nodes and mounts, its CDI devices' edits included) but the container "
+                "has nothing there: the runtime did not apply them (does it resolve CDI names?)"
+            )
     if env:
         out = pod.exec("env")
         seen_env = dict(ln.split("=", 1) for ln in out.stdout.splitlines() if "=" in ln)

@@ -8,7 +8,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from .api.deviceplugin import v1beta1_pb2 as pb
-from .sim.checkpoint import CheckpointData
+from .kubeletmodel.checkpoint import CheckpointData
 from .sim.dra.checkpoint import DRACheckpointFile
 
 __all__ = [

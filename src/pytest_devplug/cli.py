@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
-from .sim.checkpoint import CheckpointData, CheckpointError, checksum, decode, read_bytes
+from .kubeletmodel.checkpoint import CheckpointData, CheckpointError, checksum, decode
+from .sim.checkpoint import read_bytes
 from .sim.dra import checkpoint as dra_checkpoint
 
 __all__ = ["main"]
@@ -81,6 +82,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--resource-name", "--devplug-resource-name", "the extended resource(s) it advertises, comma-separated (default nvidia.com/gpu)", {}),
     ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
     ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
+    ("--mig", "--devplug-mig", "MIG devices on every mock GPU, comma-separated profiles (e.g. 1g.5gb,2g.10gb)", {}),
     ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
     ("--reregistration-timeout", "--devplug-reregistration-timeout", "seconds a plugin may take to register again after a kubelet restart (default 40)", {}),
     ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
@@ -89,6 +91,8 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--report", "--devplug-report", "write a Markdown report to FILE (and JSON beside it, FILE with .json)", {"metavar": "FILE"}),
     ("--missing-faults", "--devplug-missing-faults", "skip (default) or fail the fault-injection tests when no fault injector is available", {"choices": ("skip", "fail")}),
     ("--conventions", "--devplug-conventions", "opt-in convention checks, comma-separated (see pytest --help)", {}),
+    ("--driver-cmd", "--devplug-driver-cmd", "with --dra: your DRA driver's command line; {plugins_registry} {plugins_dir} {cdi_root} {node_name} {kubeconfig} {mock_state} {python} are filled in", {}),
+    ("--driver-name", "--devplug-driver-name", "with --dra: the name your DRA driver registers and publishes slices under (default gpu.devplug.io)", {}),
 )
 
 
@@ -102,16 +106,29 @@ def _run_conformance(args: argparse.Namespace) -> int:
     import pytest
 
     from . import conformance
+    from .dra import conformance as dra_conformance
     from .plugin import NO_PLUGIN_MESSAGE, included_plugin_installed
 
-    plugin_flags = ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest")
-    custom = args.plugin_cmd or args.plugin_image or args.plugin_manifest
-    custom = custom or any(a.startswith(plugin_flags) for a in args.pytest_args)
+    if args.dra:
+        if args.control_plane == "embedded" or args.backend != "sim":
+            print("devplug conformance: --dra runs DRA drivers on the embedded kubelet with the real control plane "
+                  "(--backend sim --control-plane real); drop --backend/--control-plane", file=sys.stderr)  # fmt: skip
+            return int(pytest.ExitCode.USAGE_ERROR)
+        args.control_plane = "real"
+        custom = args.driver_cmd or any(a.startswith("--devplug-driver-cmd") for a in args.pytest_args)
+        missing = "DRA driver: no --driver-cmd was given"
+    else:
+        plugin_flags = ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest")
+        custom = args.plugin_cmd or args.plugin_image or args.plugin_manifest
+        custom = custom or any(a.startswith(plugin_flags) for a in args.pytest_args)
+        missing = ""
     if args.backend == "sim" and not custom and not included_plugin_installed():
-        print(f"devplug conformance: {NO_PLUGIN_MESSAGE}", file=sys.stderr)
+        what = f"no {missing}, and the included GPU plugin (its DRA mode) is not installed: pip install 'pytest-devplug[gpu-plugin]'" \
+            if args.dra else NO_PLUGIN_MESSAGE
+        print(f"devplug conformance: {what}", file=sys.stderr)
         return int(pytest.ExitCode.USAGE_ERROR)
 
-    suite = Path(conformance.__file__).parent
+    suite = Path(str((dra_conformance if args.dra else conformance).__file__)).parent
     pytest_args = [
         "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "--confcutdir", str(suite),
         "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "-rfEs", "-v",
@@ -134,9 +151,9 @@ def _run_conformance(args: argparse.Namespace) -> int:
 def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     conf = sub.add_parser(
         "conformance",
-        help="run the shipped conformance suite against a device plugin",
-        description="Run pytest_devplug.conformance. Without plugin options it tests the included GPU plugin "
-        "on a mock NVML. Arguments after -- go to pytest (e.g. -- -k registration -x).",
+        help="run the shipped conformance suite against a device plugin (--dra: a DRA driver)",
+        description="Run pytest_devplug.conformance (with --dra: pytest_devplug.dra.conformance). Without plugin (driver) "
+        "options it tests the included GPU plugin on a mock NVML. Arguments after -- go to pytest (e.g. -- -k registration -x).",
     )
     for flag, _, help_text, kw in _CONFORMANCE_FLAGS:
         conf.add_argument(flag, help=help_text, **kw)  # type: ignore[arg-type]
@@ -144,6 +161,11 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
     mock.add_argument("--mock", dest="mock", action="store_true", default=None, help="your plugin reads the mock-NVML state file")
     mock.add_argument("--no-mock", dest="mock", action="store_false", help="your plugin has no mock controls")
     conf.add_argument("--pre-start-required", action="store_true", help="your plugin sets pre_start_required")
+    conf.add_argument(
+        "--dra", action="store_true",
+        help="judge a DRA driver (--driver-cmd, --driver-name; default: the included GPU plugin's DRA mode) with the DRA "
+        "suite, on the embedded kubelet with the real control plane",
+    )  # fmt: skip
     conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for pytest")
     conf.set_defaults(func=_run_conformance)
 

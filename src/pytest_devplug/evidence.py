@@ -127,6 +127,13 @@ def _checkpoint(backend: Backend, node: str) -> str:
     return "\n".join(lines)
 
 
+def _restarts(backend: Backend, node: str) -> str:
+    r = backend.plugin_restarts(node)
+    times = "time" if r.count == 1 else "times"
+    text = f"restarted {r.count} {times} by the kubelet since the harness started it (its container's restartCount)"
+    return text + (f"\ncrash-looping: {r.crash_loop}" if r.crash_loop else "")
+
+
 def _events(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
     out = []
     for name, namespace in pods:
@@ -153,6 +160,7 @@ def collect_evidence(backend: Backend, node: str | None, pods: Iterable[tuple[st
     ev: list[Evidence] = []
     if node is not None:
         ev.append(_safe("node status", lambda: _node_status(backend, node)))
+        ev.append(_safe("plugin restarts", lambda: _restarts(backend, node)))
         ev.append(_safe("plugin log", lambda: tail(backend.plugin_log(node))))
         ev.append(_safe("kubelet log", lambda: _kubelet_log(backend, node)))
         ev.append(_safe("checkpoint", lambda: _checkpoint(backend, node)))

@@ -31,6 +31,7 @@ from .backends.base import (
     parse_checkpoint,
 )
 from .errors import MockControlsUnavailableError, ObjectNotFoundError
+from .kubeletmodel import quantity
 from .waiting import WaitTimeout, wait_for
 
 __all__ = [
@@ -49,15 +50,14 @@ __all__ = [
 
 
 def parse_quantity(value: str | int | None) -> int:
-    """An extended-resource quantity as an int (they are integers; ``"0"``/missing -> 0)."""
+    """An extended-resource quantity as an int (they are integers; ``"0"``/missing -> 0), in any form the API
+    server writes (``"1k"`` for 1000); raises ``ValueError`` for a fraction or a text that is no quantity."""
     if value is None:
         return 0
-    if isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"extended-resource quantity {value!r} is not an integer") from None
+    q = quantity.parse_quantity(value)
+    if not q.is_integer():
+        raise ValueError(f"extended-resource quantity {value!r} is not an integer")
+    return q.ceil_int()
 
 
 class NodeHandle:
@@ -189,14 +189,15 @@ class MockNvml:
         return [str(g["uuid"]) for g in self.state["gpus"]]
 
     def backing_gpu(self, device_id: str) -> str:
-        """The mock GPU's UUID that backs the plugin's ``device_id`` (a UUID, ``<uuid>::<n>``, ``nvidia<minor>``);
-        raises :class:`~pytest_devplug.backing.UnknownBackingError` when no single mock GPU does."""
-        return backing.backing_gpu(device_id, self.state["gpus"])
+        """The mock GPU's UUID that backs the plugin's ``device_id`` (a GPU or MIG UUID, ``<uuid>::<n>``,
+        ``nvidia<minor>``, else what Allocate injects for it: :mod:`~pytest_devplug.backing`); raises
+        :class:`~pytest_devplug.backing.UnknownBackingError` when no single mock GPU does."""
+        return backing.backing_gpu(device_id, self.state["gpus"], self._plugin.injections)
 
     def backed_devices(self, device_ids: list[str] | None = None) -> dict[str, list[str]]:
         """Mock GPU UUID -> the device IDs it backs, of ``device_ids`` (default: the plugin's allocatable ones)."""
         ids = self._plugin.node.device_ids(self._plugin.resource_name) if device_ids is None else device_ids
-        return backing.backed_devices(ids, self.state["gpus"])
+        return backing.backed_devices(ids, self.state["gpus"], self._plugin.injections)
 
     def numa_of(self, uuid: str) -> int | None:
         for g in self.state["gpus"]:
@@ -272,6 +273,7 @@ class PluginHandle:
         self._changes = PluginChanges() if changes is None else changes
         #: stop()/kill() was called and no start() since: an exit then is the test's doing, not a crash.
         self.stopped = False
+        self._injected: dict[str, ContainerView] = {}  # device ID -> what Allocate gives it, since the last start
 
     def mark_changed(self, *, devices: bool = False) -> None:
         """Tell the deployment this plugin is no longer as deployed (``devices``: its devices changed too)."""
@@ -334,7 +336,16 @@ class PluginHandle:
     def start(self) -> None:
         self.mark_changed()
         self.stopped = False
+        self._injected.clear()
         self.backend.start_plugin(self.node.name)
+
+    def injections(self, device_ids: list[str]) -> dict[str, ContainerView]:
+        """What the plugin's ``Allocate`` gives a container for each of ``device_ids`` alone (the backend's
+        ``device_injections``, asked once per device while this start of the plugin lasts)."""
+        missing = [d for d in device_ids if d not in self._injected]
+        if missing:
+            self._injected.update(self.backend.device_injections(self.node.name, self.resource_name, missing))
+        return {d: self._injected[d] for d in device_ids if d in self._injected}
 
     def restart(self) -> None:
         self.stop()
@@ -354,16 +365,7 @@ class PluginHandle:
         """``None`` while the plugin runs or may still start; else how it ended (the backend's
         ``plugin_exit``) and the last lines of its log: the reason a wait for it can stop at once."""
         how = self.backend.plugin_exit(self.node.name)
-        if how is None:
-            return None
-        log = self.log()
-        cause = _exit_cause(log)
-        tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
-        return (
-            f"the plugin process {how}; "
-            + (f"{cause}; " if cause else "")
-            + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
-        )
+        return None if how is None else exit_report("plugin", how, self.log(), log_lines)
 
     def exit_cause(self) -> str | None:
         """What the exited plugin said about why (its fatal lines, else its last error line); ``None`` while it
@@ -428,6 +430,17 @@ class PluginHandle:
                 f"plugin for {self.resource_name} on node {self.node.name} lists no allocatable device backed by the "
                 f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)", exc
             ) from None
+
+
+def exit_report(what: str, how: str, log: str, log_lines: int = 12) -> str:
+    """How a plugin (or DRA driver) process ended, what it said about why, and its last log lines."""
+    cause = _exit_cause(log)
+    tail = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("--- ")][-log_lines:]
+    return (
+        f"the {what} process {how}; "
+        + (f"{cause}; " if cause else "")
+        + ("last log lines:\n    " + "\n    ".join(tail) if tail else "its log is empty")
+    )
 
 
 def _exit_cause(log: str) -> str | None:

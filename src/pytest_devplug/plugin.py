@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from .backends import BACKENDS, create_backend
+from .backends import BACKENDS, create_backend, mockstate
 from .backends.base import (
     DEFAULT_GRACE_PERIOD,
     DEFAULT_REREGISTRATION_TIMEOUT,
@@ -47,7 +47,7 @@ from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
-from .report import ReportWriter, note_run
+from .report import ReportWriter, note_plugin, note_run
 from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
@@ -171,6 +171,12 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     (
+        "second-node",
+        "kind, cluster: a node beside --devplug-node where a check that needs a second node runs a copy of the "
+        "plugin (the soak); without it that check skips saying so",
+        {},
+    ),
+    (
         "plugin-daemonset",
         "cluster: NAMESPACE/NAME of a running plugin DaemonSet to test as it is, instead of deploying one",
         {},
@@ -191,6 +197,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("gpus", "GPUs in the mock NVML state", {"type": int, "default": 4}),
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology", {"type": int, "default": 2}),
+    (
+        "mig",
+        "MIG devices on every mock GPU, comma-separated profiles (of 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, "
+        "4g.20gb, 7g.40gb; e.g. 1g.5gb,1g.5gb,2g.10gb): the mock GPUs are MIG-enabled, and what is advertised is the "
+        "plugin's choice (NVIDIA's --mig-strategy single: nvidia.com/gpu, mixed: nvidia.com/mig-1g.5gb ...)",
+        {},
+    ),
     ("timeout", "seconds every bounded wait may take", {"type": float, "default": DEFAULT_TIMEOUT}),
     (
         "reregistration-timeout",
@@ -264,13 +277,10 @@ _KIND_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    if importlib.util.find_spec("pytest_kind") is None:
-        kind = parser.getgroup("kind", "kind cluster (pytest-devplug; pip install 'pytest-devplug[kind]')")
-        for flag, help_text, kw in _KIND_OPTIONS:
-            kind.addoption(flag, default=None, help=help_text, **kw)
+def add_options(parser: pytest.Parser, options: list[tuple[str, str, dict[str, Any]]]) -> Any:
+    """Add ``--devplug-<name>`` options, each with an ini key ``devplug_<name>``, to the devplug group (returned)."""
     group = parser.getgroup("devplug", "device-plugin end-to-end tests (pytest-devplug)")
-    for name, help_text, kw in _OPTIONS:
+    for name, help_text, kw in options:
         dest = "devplug_" + name.replace("-", "_")
         default = kw.get("default")
         # The default lives in the ini key only (getoption None -> getini), so it is declared once, here.
@@ -278,6 +288,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             else f"{help_text} (default {default})"
         group.addoption(f"--devplug-{name}", dest=dest, default=None, help=text, **{k: v for k, v in kw.items() if k != "default"})
         parser.addini(dest, text, default=None if default is None else str(default))
+    return group
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    if importlib.util.find_spec("pytest_kind") is None:
+        kind = parser.getgroup("kind", "kind cluster (pytest-devplug; pip install 'pytest-devplug[kind]')")
+        for flag, help_text, kw in _KIND_OPTIONS:
+            kind.addoption(flag, default=None, help=help_text, **kw)
+    group = add_options(parser, _OPTIONS)
     group.addoption(
         "--devplug-mock",
         dest="devplug_mock",
@@ -380,7 +399,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
             raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: {exc}") from None
         if not words:
             raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: empty command line")
-        argv = [a.replace("{python}", sys.executable) for a in words]
+        argv = words  # placeholders are filled when the plugin starts (PluginSpec.command)
     else:
         argv = default_plugin_argv(resource, pre_start_required=pre_start, second_resource=_included_second(config, extra_resources))
     spec = PluginSpec(
@@ -392,6 +411,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         mock=mock,
         gpus=_number(config, "devplug_gpus", int),
         numa_nodes=_number(config, "devplug_numa_nodes", int),
+        mig=_mig(_opt(config, "devplug_mig")),
         pre_start_required=pre_start,
         conventions=_conventions(_opt(config, "devplug_conventions"), frozenset() if custom else frozenset(CONVENTIONS)),
     )
@@ -410,6 +430,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         kind_config=_opt(config, "devplug_kind_config"),
         kube_context=_opt(config, "devplug_kube_context"),
         node=_opt(config, "devplug_node"),
+        second_node=_opt(config, "devplug_second_node"),
         plugin_daemonset=_opt(config, "devplug_plugin_daemonset"),
         node_image=_opt(config, "devplug_node_image") or image,
         workload_image=_opt(config, "devplug_workload_image"),
@@ -449,6 +470,15 @@ def _included_second(config: pytest.Config, extra: list[str]) -> tuple[str, int]
             f"GPUs for two (--devplug-gpus {gpus}; resources {extra!r} beside the first)"
         )
     return extra[0], gpus // 2
+
+
+def _mig(value: Any) -> tuple[str, ...]:
+    profiles = tuple(p.strip() for p in str(value or "").split(",") if p.strip())
+    try:
+        mockstate.check_mig_profiles(profiles)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{_flag('devplug_mig')} = {value!r}: {exc}") from None
+    return profiles
 
 
 def _device_nodes(value: Any) -> tuple[str, ...]:
@@ -914,8 +944,12 @@ def _labelled_skip(item: pytest.Item, longrepr: tuple[str, int, str]) -> tuple[s
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Attach the cluster's evidence to a failed test's report (before teardown changes it)."""
+    """Attach the cluster's evidence to a failed test's report (before teardown changes it); tell the report how
+    often the plugin was restarted."""
     report = yield
+    state = item.stash.get(_STATE_KEY, None)
+    if state is not None and state.backend is not None and state.node is not None:
+        note_plugin(item.config, item.nodeid, state.backend, state.node)
     if _backend_cannot(report, call) and _uses_devplug(item):
         # No verdict is possible where the backend lacks the ability (e.g. stopping an adopted plugin on
         # the cluster backend): a skip quoting why, not an error blamed on the plugin.
@@ -928,7 +962,6 @@ def pytest_runtest_makereport(
         return report
     evidence: list[Evidence] = []
     exc = call.excinfo.value
-    state = item.stash.get(_STATE_KEY, None)
     pods = list(state.pods.created) if state is not None and state.pods else []
     if isinstance(exc, DevplugAssertionError):
         evidence = list(exc.evidence)

@@ -3,6 +3,8 @@
 One row per check (passed / failed / skipped with the reason / error, and its duration), grouped into the
 suite's core checks, its opt-in convention checks and its fault-injection checks, under a header that says
 what was tested where: the plugin's command (or image), its resource, the backend and the Kubernetes version.
+A plugin that exited by itself and was restarted by the kubelet (its DaemonSet's pod would be), or that
+crash-loops, is counted per check and in the header: a check may pass over a restart it never noticed.
 It sits beside pytest's own reports (``--junitxml`` and the terminal) and changes neither.
 """
 
@@ -18,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from .backends.base import PluginSpec
+from .backends.base import Backend, PluginSpec
+from .errors import DevplugError
 
 __all__ = [
     "GROUPS",
@@ -28,6 +31,7 @@ __all__ = [
     "RunInfo",
     "check_group",
     "json_path_for",
+    "note_plugin",
     "note_run",
     "render_markdown",
 ]
@@ -35,7 +39,7 @@ __all__ = [
 #: Report groups, in order, and the markers or fixtures that put a check in one (the first that matches wins).
 GROUPS: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("conventions", "Conventions (opt-in)", frozenset({"devplug_convention"})),
-    ("faults", "Fault injection", frozenset({"devplug_faults", "devplug_mock"})),
+    ("faults", "Fault injection", frozenset({"devplug_faults", "devplug_dra_faults", "devplug_mock"})),
     ("core", "Core: what the kubelet requires", frozenset()),
 )
 _ORDER = ("core", "conventions", "faults")
@@ -67,6 +71,11 @@ class CheckResult:
     outcome: str = "passed"
     duration_s: float = 0.0
     reason: str = ""
+    #: Restarts of the plugin by the kubelet seen during the check (looked at after each of its phases; a plugin
+    #: the check itself started again counts from 0, as its ``restartCount`` does).
+    plugin_restarts: int = 0
+    #: How the plugin crash-looped (``CrashLoopBackOff``) when looked at during the check; empty: it did not.
+    plugin_crash_loop: str = ""
 
 
 @dataclass
@@ -92,6 +101,18 @@ def note_run(config: pytest.Config, backend: str, spec: PluginSpec, kubernetes: 
     writer = config.stash.get(_KEY, None)
     if writer is not None:
         writer.info = RunInfo(backend, _describe_plugin(spec, backend), spec.resource_name, spec.mock, kubernetes)
+
+
+def note_plugin(config: pytest.Config, nodeid: str, backend: Backend, node: str) -> None:
+    """Look at the restarts of the plugin on ``node`` for check ``nodeid`` (no-op without ``--devplug-report``)."""
+    writer = config.stash.get(_KEY, None)
+    if writer is None:
+        return
+    try:
+        restarts = backend.plugin_restarts(node)
+    except DevplugError:
+        return  # the cluster is going away: no look this time, the report says what was seen
+    writer.plugin_seen(nodeid, node, restarts.count, restarts.crash_loop)
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -121,6 +142,8 @@ class ReportWriter:
         self.collected: dict[str, tuple[str, str]] = {}  # node id -> (name, group)
         self.checks: dict[str, CheckResult] = {}  # only checks that ran, in the order they ran
         self.started = time.time()
+        #: node -> the plugin's restart count at the last look, so that each restart is counted once.
+        self._restarts_seen: dict[str, int] = {}
 
     @staticmethod
     def install(config: pytest.Config, path: str) -> None:
@@ -136,11 +159,25 @@ class ReportWriter:
         where = module.__name__.rsplit(".", 1)[-1].removeprefix("test_") if module is not None else item.path.stem
         self.collected[item.nodeid] = (f"{where}: {item.name}", check_group(item))
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        check = self.checks.get(report.nodeid)
+    def _check(self, nodeid: str) -> CheckResult:
+        check = self.checks.get(nodeid)
         if check is None:
-            name, group = self.collected.get(report.nodeid, (report.nodeid, "core"))
-            check = self.checks[report.nodeid] = CheckResult(report.nodeid, name, group)
+            name, group = self.collected.get(nodeid, (nodeid, "core"))
+            check = self.checks[nodeid] = CheckResult(nodeid, name, group)
+        return check
+
+    def plugin_seen(self, nodeid: str, node: str, restarts: int, crash_loop: str | None) -> None:
+        """The plugin on ``node`` had been restarted ``restarts`` times when check ``nodeid`` looked; a count
+        lower than at the last look belongs to a plugin started again since (a new pod: it counts from 0)."""
+        last = self._restarts_seen.get(node, 0)
+        self._restarts_seen[node] = restarts
+        check = self._check(nodeid)
+        check.plugin_restarts += restarts - last if restarts >= last else restarts
+        if crash_loop and not check.plugin_crash_loop:
+            check.plugin_crash_loop = _one_line(crash_loop)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        check = self._check(report.nodeid)
         check.duration_s += report.duration
         if hasattr(report, "wasxfail"):
             check.outcome = "xfailed" if report.skipped else "xpassed"
@@ -172,6 +209,8 @@ class ReportWriter:
         for c in checks:
             counts[c.outcome] = counts.get(c.outcome, 0) + 1
         ordered = sorted(checks, key=lambda c: _ORDER.index(c.group) if c.group in _ORDER else len(_ORDER))
+        looping = [c.plugin_crash_loop for c in checks if c.plugin_crash_loop]
+        plugin = {"plugin_restarts": sum(c.plugin_restarts for c in checks), "plugin_crash_loop": looping[0] if looping else ""}
         return {
             "schema": SCHEMA,
             "pytest_devplug": ours,
@@ -180,7 +219,7 @@ class ReportWriter:
             "duration_s": round(time.time() - self.started, 3),
             "exit_status": int(exitstatus),
             "interrupted": int(exitstatus) == int(pytest.ExitCode.INTERRUPTED),
-            "run": asdict(self.info),
+            "run": {**asdict(self.info), **plugin},
             "summary": counts,
             "checks": [dict(asdict(c), duration_s=round(c.duration_s, 3)) for c in ordered],
         }
@@ -206,12 +245,35 @@ def _summary(counts: dict[str, int]) -> str:
     return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k)) or "no checks ran"
 
 
+def _plugin_cell(check: dict[str, Any]) -> str:
+    restarts = check.get("plugin_restarts", 0)
+    parts = ["**crash-looping**"] if check.get("plugin_crash_loop") else []
+    parts += [f"{restarts} restart{'' if restarts == 1 else 's'}"] if restarts else []
+    return ", ".join(parts)
+
+
+def _plugin_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Header rows on a plugin that exited by itself (absent from reports of earlier versions: no rows)."""
+    run = data["run"]
+    restarts = run.get("plugin_restarts", 0)
+    looping = sum(1 for c in data["checks"] if c.get("plugin_crash_loop"))
+    rows = []
+    if restarts:
+        rows.append(("plugin restarts", f"{restarts} by the kubelet: the plugin exited by itself and was started "
+                                        "again, as its DaemonSet's pod would be (per check: column *plugin*)"))
+    if looping:
+        rows.append(("crash loop", f"**the plugin crash-looped** (seen in {looping} check{'' if looping == 1 else 's'}): "
+                                   f"{run.get('plugin_crash_loop', '')}"))
+    return rows
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     """The report as Markdown (``data`` as written to the JSON file)."""
     run = data["run"]
     mock = {True: "yes (mock-NVML state file)", False: "no", None: ""}[run["mock"]]
     header = [
         ("plugin", f"`{run['plugin']}`" if run["plugin"] else "(no plugin was deployed in this run)"),
+        *_plugin_rows(data),
         ("resource", f"`{run['resource']}`" if run["resource"] else ""),
         ("mock controls", mock),
         ("backend", _BACKENDS.get(run["backend"], run["backend"])),
@@ -224,6 +286,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines = ["# Device plugin conformance report", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in header if v]
     titles = {g: title for g, title, _ in GROUPS}
+    with_plugin = any(_plugin_cell(c) for c in data["checks"])
     for group in _ORDER:
         checks = [c for c in data["checks"] if c["group"] == group]
         if not checks:
@@ -231,9 +294,11 @@ def render_markdown(data: dict[str, Any]) -> str:
         counts: dict[str, int] = {}
         for c in checks:
             counts[c["outcome"]] = counts.get(c["outcome"], 0) + 1
-        lines += ["", f"## {titles[group]} — {_summary(counts)}", "", "| check | verdict | duration | reason |", "|---|---|--:|---|"]
+        columns = "| check | verdict | duration | plugin | reason |" if with_plugin else "| check | verdict | duration | reason |"
+        lines += ["", f"## {titles[group]} — {_summary(counts)}", "", columns, "|---|---|--:|---|---|" if with_plugin else "|---|---|--:|---|"]
         for c in checks:
             verdict = _VERDICT.get(c["outcome"], c["outcome"])
-            lines.append(f"| `{_cell(c['name'])}` | {verdict} | {c['duration_s']:.2f} s | {_cell(c['reason'])} |")
+            plugin = f" {_plugin_cell(c)} |" if with_plugin else ""
+            lines.append(f"| `{_cell(c['name'])}` | {verdict} | {c['duration_s']:.2f} s |{plugin} {_cell(c['reason'])} |")
     return "\n".join(lines) + "\n"
 

@@ -45,11 +45,18 @@ class SoakWatch:
         """Deploy and wait for the first registration; never raises for the plugin's faults (the verdict does)."""
         if self.seconds == 0:
             return
-        node = self.cluster.ensure_node(NodeSpec(SOAK_NODE, numa_nodes=max(self.spec.numa_nodes, 1), resource_name=self.spec.resource_name))
+        spec = NodeSpec(
+            SOAK_NODE, numa_nodes=max(self.spec.numa_nodes, 1), resource_name=self.spec.resource_name, beside=self.main_node
+        )
+        try:
+            node = self.cluster.ensure_node(spec)
+        except UnsupportedOperationError as exc:
+            self.unsupported = f"the soak runs a copy of the plugin on a node of its own: {exc}"
+            return
         if node.name == self.main_node:
             self.unsupported = (
                 f"the soak needs a node of its own beside {self.main_node}; the {self.cluster.backend.name} backend "
-                "gave the same node (it cannot add nodes)"
+                "gave the same node"
             )
             return
         self.node = node

@@ -2,8 +2,9 @@
 
 Every wait in fixtures and helpers goes through :func:`wait_for`, so each has a deadline and, when it
 runs out, the caller gets what it saw last to put in its failure message. A wait whose state can no
-longer come (the pod reached a terminal phase, the plugin process exited, the kubelet refused the
-registration) stops at once through ``give_up``, with the reason, instead of sitting out its timeout.
+longer come (the pod reached a terminal phase, the plugin crash-loops or was stopped, the kubelet refused
+the registration) stops at once through ``give_up``, with the reason, instead of sitting out its timeout;
+a plugin the kubelet is about to restart is no such reason.
 """
 
 from __future__ import annotations

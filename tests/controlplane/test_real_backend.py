@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.controlplane import BinariesNotFoundError, resolve
-from pytest_devplug.controlplane.binaries import build, cache_root
+from pytest_devplug.controlplane.binaries import cache_root
+
+from ..support import control_plane_bin_dir
 
 pytest_plugins = ["pytester"]
 
@@ -23,11 +24,7 @@ def real_cache() -> Path:
 @pytest.fixture(scope="module")
 def bin_dir() -> Path:
     """The directory of the resolved kube-apiserver (the cache; built there when missing, as nox -s tests does)."""
-    try:
-        found = resolve(download=False)
-    except BinariesNotFoundError:
-        found = build()
-    return found["kube-apiserver"].parent
+    return control_plane_bin_dir()
 
 
 def test_kubectl_sees_the_embedded_kubelets_node(

@@ -5,6 +5,9 @@ directory (``--plugin-dir`` only overrides it). ``--fault`` makes it break the w
 * ``exit-at-start``: prints a reason and exits 3 before serving anything;
 * ``panic-at-start``: dies as a Go plugin does, its fatal line first and then a long goroutine dump (exit 2);
 * ``control-ids``: lists device IDs made of control characters (a ``string(uint)`` bug in Go).
+
+``--exit-on-kubelet-restart`` makes it exit when kubelet.sock goes or changes, as plugins do that count on their
+DaemonSet to restart them (with neither it nor ``--retry`` a failed ``Register`` at start exits 1 as well).
 """
 
 import argparse
@@ -24,6 +27,7 @@ parser.add_argument("--plugin-dir", default="/var/lib/kubelet/device-plugins")
 parser.add_argument("--resource-name", default="example.com/widget")
 parser.add_argument("--count", type=int, default=3)
 parser.add_argument("--retry", action="store_true", help="retry a failed registration every 0.5 s (else exit 1)")
+parser.add_argument("--exit-on-kubelet-restart", action="store_true", help="exit 0 when kubelet.sock goes or changes")
 parser.add_argument(
     "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids"], default="none"
 )
@@ -118,6 +122,10 @@ def kubelet_identity() -> tuple[int, int] | None:
 seen = kubelet_identity()
 while not stop.wait(0.1):
     now = kubelet_identity()
+    if now != seen and args.exit_on_kubelet_restart:
+        print("widget: kubelet.sock", "is gone" if now is None else "changed", "- exiting to be restarted", flush=True)
+        server.stop(0)
+        sys.exit(0)
     if now is None or now == seen:
         continue
     server.stop(0)

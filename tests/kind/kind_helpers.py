@@ -16,12 +16,18 @@ import pytest
 # Image names and labels come from the kind backend, so the smoke test and the backend agree on them.
 from pytest_devplug.backends.kind.cluster import python_base_image
 
-__all__ = ["REPO", "KIND_CONFIG", "OFFLINE", "KindCluster", "python_base_image", "required", "run", "script_output",
-           "unavailable", "wait_for"]
+__all__ = ["REPO", "KIND_CONFIG", "OFFLINE", "KIND_RESOURCE", "GPU_TAINT", "KindCluster", "python_base_image", "required",
+           "run", "script_output", "unavailable", "wait_for"]
 
 REPO = Path(__file__).resolve().parents[2]
 KIND_CONFIG = REPO / "kind-config"
 OFFLINE = KIND_CONFIG / "offline"
+#: The resource the kind tier's own tests have the included plugin advertise. Nothing else on the shared e2e cluster
+#: does (the lanes' plugins advertise nvidia.com/gpu on nodes of their own), so these tests may assert cluster-wide
+#: facts about it (only the GPU worker has it; the scheduler's count of nodes lacking it) while the lanes run.
+KIND_RESOURCE = "devplug.io/kind-gpu"
+#: The GPU worker's taint (kind-config/*.yaml): pods that go there tolerate it.
+GPU_TAINT = "nvidia.com/gpu"
 
 
 def required() -> bool:
@@ -85,8 +91,10 @@ class KindCluster:
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
-    def load_image(self, image: str) -> None:
-        run([self.kind, "load", "docker-image", "--name", self.name, image], timeout=600)
+    def load_image(self, image: str, node: str | None = None) -> None:
+        """Into ``node`` (default: every node)."""
+        only = ["--nodes", node] if node else []
+        run([self.kind, "load", "docker-image", "--name", self.name, *only, image], timeout=600)
 
     def write_node_file(self, node: str, path: str, content: str) -> None:
         """Replace a file on a node atomically (temp file in the same dir, then rename)."""

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from pytest_devplug.backends import create_backend
-from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError, PluginSpec, UnsupportedOperationError
+from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError, PluginRestarts, PluginSpec, UnsupportedOperationError
 from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.manifests import render_daemonsets
 from pytest_devplug.backends.kind import KindBackend, kind_backend
@@ -144,6 +144,26 @@ def test_plugin_exit_reports_a_container_that_cannot_come_up(monkeypatch: pytest
         assert backend.plugin_exit("other-node") is None
     finally:
         backend.close()  # its work dir
+
+
+def test_plugin_restarts_are_the_plugin_containers_restart_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = kind_backend(BackendOptions())
+    try:
+        assert backend.plugin_restarts("n1") == PluginRestarts()  # nothing deployed
+        backend._plugins["n1"] = object()  # type: ignore[assignment]
+        waiting = {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=plugin"}
+        pods = [
+            {"metadata": {"name": "dp-a"}, "status": {"containerStatuses": [{"name": "plugin", "restartCount": 2, "state": {"running": {}}}]}},
+            {"metadata": {"name": "dp-b"}, "status": {"containerStatuses": [{"name": "plugin", "restartCount": 3, "state": {"waiting": waiting}}]}},
+        ]  # fmt: skip
+        monkeypatch.setattr(backend, "_plugin_pods", lambda node: pods)
+        assert backend.plugin_restarts("n1") == PluginRestarts(
+            5, "container plugin of pod dp-b is crash-looping: back-off 40s restarting failed container=plugin"
+        )
+        pods[1]["status"]["containerStatuses"][0]["state"] = {"running": {}}  # type: ignore[index]
+        assert backend.plugin_restarts("n1") == PluginRestarts(5, None)
+    finally:
+        backend.close()
 
 
 @pytest.mark.parametrize("cid", ["abc; touch /pwned", "$(reboot)", "a" * 63, "A" * 64, "-s", "0" * 64 + "\n"])

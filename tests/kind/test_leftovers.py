@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from .kind_helpers import KindCluster
+from .kind_helpers import KIND_RESOURCE, KindCluster
 
 from pytest_devplug.backends.k8s.ownership import MANAGED_BY
 from pytest_devplug.waiting import wait_for
 
 pytestmark = pytest.mark.kind
 
-RESOURCE = "nvidia.com/gpu"
 #: Holds once the plugin is registered (its fixture waits for that). No test pod: the GPU worker's taint keeps
 #: the fixtures' pods off it, and the plugin's DaemonSet is what kept a node's resource registered after a kill.
 HOLDING_TEST = """
@@ -37,16 +36,19 @@ DEPLOY_TIMEOUT_S = 900
 CLEANUP_TIMEOUT_S = 300
 
 
-def _owned(kind_cluster: KindCluster, kind: str) -> list[str]:
-    out = kind_cluster.kubectl_json("get", kind, "-A", "-l", f"{MANAGED_BY[0]}={MANAGED_BY[1]}")
-    return [f"{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in out["items"]]
+def _owned(kind_cluster: KindCluster, kind: str, namespace: str) -> list[str]:
+    """Objects of ``kind`` labelled as pytest-devplug's in ``namespace`` (other runs may share the cluster)."""
+    out = kind_cluster.kubectl_json("get", kind, "-n", namespace, "-l", f"{MANAGED_BY[0]}={MANAGED_BY[1]}")
+    return [f"{namespace}/{i['metadata']['name']}" for i in out["items"]]
 
 
 def test_sigterm_leaves_nothing_behind(kind_cluster: KindCluster, tmp_path: Path) -> None:
     (tmp_path / "test_hold.py").write_text(HOLDING_TEST)
+    node = kind_cluster.node_container("devplug.io/gpu=true")
     argv = [
         sys.executable, "-m", "pytest", "test_hold.py", "-p", "no:cacheprovider", "-q",
         "--devplug-backend", "kind", f"--cluster-name={kind_cluster.name}", "--devplug-timeout", "60",
+        "--devplug-node", node, "--devplug-resource-name", KIND_RESOURCE,
     ]  # fmt: skip
     env = {**os.environ, "DEVPLUG_KIND_CLUSTER": kind_cluster.name}
     with open(tmp_path / "run.log", "w") as log:
@@ -59,7 +61,7 @@ def test_sigterm_leaves_nothing_behind(kind_cluster: KindCluster, tmp_path: Path
             )  # fmt: skip
             assert run.poll() is None, f"the held run ended by itself ({run.returncode}):\n{(tmp_path / 'run.log').read_text()[-4000:]}"
             namespace = marker.read_text()
-            assert _owned(kind_cluster, "daemonsets"), "the run's plugin DaemonSet is labelled as ours"
+            assert _owned(kind_cluster, "daemonsets", namespace), "the run's plugin DaemonSet is labelled as ours"
             run.send_signal(signal.SIGTERM)
             rc = run.wait(timeout=CLEANUP_TIMEOUT_S)
         finally:
@@ -71,7 +73,6 @@ def test_sigterm_leaves_nothing_behind(kind_cluster: KindCluster, tmp_path: Path
     assert "KeyboardInterrupt: SIGTERM received" in output and "backend teardown" not in output, output[-4000:]
     gone = kind_cluster.kubectl("get", "namespace", namespace, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr, f"namespace {namespace} still there:\n{gone.stdout}"
-    assert _owned(kind_cluster, "daemonsets") == [] and _owned(kind_cluster, "pods") == []
-    node = kind_cluster.node_container("devplug.io/gpu=true")
+    assert _owned(kind_cluster, "daemonsets", namespace) == [] and _owned(kind_cluster, "pods", namespace) == []
     allocatable = kind_cluster.kubectl_json("get", "node", node)["status"]["allocatable"]
-    assert allocatable.get(RESOURCE) in (None, "0"), f"the plugin still registered on {node}: {allocatable}"
+    assert allocatable.get(KIND_RESOURCE) in (None, "0"), f"the plugin still registered on {node}: {allocatable}"

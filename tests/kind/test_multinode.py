@@ -3,7 +3,9 @@
 Its own cluster (``devplug-multi``), created once for this module and deleted afterwards (kept with
 ``--keep-cluster``), or the e2e run's shared cluster (``DEVPLUG_KIND_CLUSTER``, kind-config/e2e.yaml). The GPU
 worker is labelled ``devplug.io/gpu=true`` and tainted ``nvidia.com/gpu=present:NoSchedule``; the plain workers
-have neither. Expectations are counted from the cluster's nodes, so both layouts give the same verdicts.
+have neither. Expectations are counted from the cluster's nodes, so both layouts give the same verdicts. The
+plugin advertises ``devplug.io/kind-gpu``, which nothing else on the shared cluster does, so the lanes of
+``nox -s e2e`` may run meanwhile.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .kind_helpers import unavailable
+from .kind_helpers import GPU_TAINT, KIND_RESOURCE, unavailable
 from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
 from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError
 from pytest_devplug.backends.kind import KindBackend
@@ -22,8 +24,8 @@ from pytest_devplug.plugin import default_plugin_argv
 
 pytestmark = pytest.mark.kind
 
-RES = "nvidia.com/gpu"
-TOLERATION = {"key": RES, "operator": "Exists", "effect": "NoSchedule"}
+RES = KIND_RESOURCE
+TOLERATION = {"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}
 
 
 @pytest.fixture(scope="module")

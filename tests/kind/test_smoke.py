@@ -1,5 +1,5 @@
 """Smoke test of the kind tier: a real cluster starts, an image built here loads into it, and the
-included GPU plugin's DaemonSet advertises the mock GPUs as ``nvidia.com/gpu`` on the GPU node.
+included GPU plugin's DaemonSet advertises the mock GPUs (as ``devplug.io/kind-gpu``) on the GPU node.
 
 Run by ``nox -s e2e`` (``pytest -m kind tests/kind``); ``--keep-cluster`` keeps the cluster afterwards.
 """
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,16 +16,16 @@ from typing import Any
 import pytest
 import yaml
 
-from .kind_helpers import REPO, KindCluster, python_base_image, run, unavailable, wait_for
+from .kind_helpers import GPU_TAINT, KIND_RESOURCE, REPO, KindCluster, python_base_image, run, unavailable, wait_for
 
 from pytest_devplug.backends.k8s.manifests import mock_library_file
-
-from ..support import RESOURCE
+from pytest_devplug.backends.kind.deploy import PluginImage
+from pytest_devplug.errors import DevplugError
 
 pytestmark = pytest.mark.kind
 
 PLUGIN_DIR = REPO / "plugin_under_test"
-PLUGIN_IMAGE = "devplug/gpu-plugin:kind-smoke"
+RESOURCE = KIND_RESOURCE
 MOCK_STATE = "/var/lib/devplug/mock-state.json"
 GPU_LABEL = "devplug.io/gpu=true"
 
@@ -63,7 +61,7 @@ def test_loaded_image_runs_a_pod(kind_cluster: KindCluster) -> None:
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
         "spec": {"restartPolicy": "Never",
-                 "tolerations": [{"key": RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+                 "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
                  "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never", "command": command}]},
     }
     kind_cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
@@ -86,67 +84,31 @@ def _mock_state(n: int) -> str:
 
 
 def _plugin_manifest(image: str) -> str:
-    """The plugin's DaemonSet manifest with its container images pointed at the image loaded here."""
+    """The plugin's DaemonSet manifest with its container images pointed at the image loaded here, advertising
+    the kind tier's own resource (see ``KIND_RESOURCE``)."""
     docs = [d for d in yaml.safe_load_all((PLUGIN_DIR / "deploy" / "daemonset.yaml").read_text()) if d]
     for d in docs:
         spec = d.get("spec", {}).get("template", {}).get("spec", {})
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             c["image"] = image
             c["imagePullPolicy"] = "IfNotPresent"
+            env = [e for e in c.get("env", []) if e.get("name") != "DP_RESOURCE_NAME"]
+            c["env"] = [*env, {"name": "DP_RESOURCE_NAME", "value": RESOURCE}]
     return str(yaml.safe_dump_all(docs))
 
 
-def _image_python(image: str) -> str:
-    out = run(["docker", "run", "--rm", "--entrypoint", "python3", image, "-c",
-               "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=300).stdout
-    return out.strip().splitlines()[-1]
-
-
-def _pip() -> list[str]:
-    """A pip to run: this interpreter's, else the system python3's (uv-made venvs have no pip)."""
-    candidates = (sys.executable, getattr(sys, "_base_executable", None), shutil.which("python3"), "/usr/bin/python3")
-    for python in candidates:
-        if python and run([python, "-m", "pip", "--version"], check=False).returncode == 0:
-            return [python, "-m", "pip"]
-    unavailable("no pip to fetch the plugin's wheels with")
-    raise AssertionError("unreachable")
-
-
-def build_plugin_image(tmp: Path, tag: str) -> None:
-    """Build plugin_under_test/Dockerfile in a copy of the directory, with dist/ holding the plugin's
-    wheel and every dependency wheel for the base image's Python (downloaded here, on the host: a
-    container on the CI machines cannot verify PyPI's TLS chain, and nothing there needs PyPI)."""
-    ctx = tmp / "plugin-context"
-    shutil.copytree(PLUGIN_DIR, ctx, ignore=shutil.ignore_patterns("dist", "build", "*.egg-info", "__pycache__"))
-    dist = ctx / "dist"
-    base = python_base_image()
-    pyver = _image_python(base or "python:3.12-slim")
-    pip = _pip()
-    run([*pip, "wheel", "--no-deps", "-q", "-w", str(dist), str(ctx)], timeout=600)
-    wheel = next(dist.glob("devplug_gpu_plugin-*.whl"))
-    platforms = [f"--platform={p}" for p in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64",
-                                               "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")]
-    run([*pip, "download", "-q", "-d", str(dist), "--only-binary=:all:",
-         f"--python-version={pyver}", "--implementation=cp", *platforms, str(wheel)], timeout=900)
-    build = ["docker", "build", "-q", "-t", tag]
-    if base is not None:
-        build += ["--build-arg", f"BASE_IMAGE={base}"]
-    proc = run([*build, str(ctx)], check=False, timeout=1200)
-    if proc.returncode != 0:
-        unavailable(f"plugin image build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-
-
 def test_plugin_advertises_mock_gpus(kind_cluster: KindCluster, tmp_path: Path) -> None:
-    dockerfile = PLUGIN_DIR / "Dockerfile"
-    manifest = PLUGIN_DIR / "deploy" / "daemonset.yaml"
-    if not dockerfile.exists() or not manifest.exists():
-        pytest.skip("plugin_under_test/Dockerfile or deploy/daemonset.yaml not there yet")
+    """The included plugin's image (the kind backend's recipe, cached by its inputs: built once for the e2e run),
+    loaded into the cluster, its own DaemonSet applied as a user would: the GPU worker advertises the mock GPUs."""
     t0 = time.monotonic()
-    build_plugin_image(tmp_path, PLUGIN_IMAGE)
-    print(f"\nplugin image built in {time.monotonic() - t0:.1f}s")
-    kind_cluster.load_image(PLUGIN_IMAGE)
-
+    try:
+        image = PluginImage(tmp_path).included()
+    except DevplugError as exc:
+        unavailable(f"the included plugin's image cannot be built: {exc}")
+        raise
+    print(f"\nplugin image {image} in {time.monotonic() - t0:.1f}s")
     node = kind_cluster.node_container(GPU_LABEL)
+    kind_cluster.load_image(image, node)
     n_gpus = int(os.environ.get("DEVPLUG_KIND_GPUS", "4"))
     kind_cluster.write_node_file(node, MOCK_STATE, _mock_state(n_gpus))
     # The included plugin's --nvml mock loads the harness's mock libnvidia-ml.so.1 from the node (the
@@ -156,7 +118,7 @@ def test_plugin_advertises_mock_gpus(kind_cluster: KindCluster, tmp_path: Path) 
     local_lib.write_bytes(lib_bytes)
     run(["docker", "exec", node, "mkdir", "-p", os.path.dirname(lib_path)])
     run(["docker", "cp", str(local_lib), f"{node}:{lib_path}"])
-    manifest = _plugin_manifest(PLUGIN_IMAGE)
+    manifest = _plugin_manifest(image)
     kind_cluster.kubectl("apply", "-f", "-", input=manifest)
     try:
         _check_advertised(kind_cluster, node, n_gpus)

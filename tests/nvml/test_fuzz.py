@@ -26,14 +26,16 @@ TOKENS = [
     b"1e999", b"0.5", b"18446744073709551629", b"18446744073709551615", b"4294967296", b"2147483648",
     b"-1", b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"null", b"true", b"false",
     b'"uuid"', b'"minor"', b'"xid"', b'"gpus"', b'"events"', b'"numa_node"', b'"lost"', b"[" * 40, b"{" * 40,
-    b"G" * 200, b"\x00", b"\t\n ",
+    b"G" * 200, b"\x00", b"\t\n ", b'"mig_enabled"', b'"mig_devices"', b'"profile"', b'"gi"', b'"7g.40gb"',
+    b'"1g.5gb+me"', b'"1g.10gb"', b"15", b"14",
 ]  # fmt: skip
 
 
 def _seeds(rng: random.Random) -> list[bytes]:
     docs = []
-    for n in (0, 1, 4, 17):
-        state = mockstate.initial_state(n, rng.choice((0, 1, 2)))
+    migs = ([], ["1g.5gb"], ["1g.5gb", "2g.10gb", "3g.20gb"], ["7g.40gb"], ["1g.10gb", "1g.5gb+me", "4g.20gb"])
+    for n in (0, 1, 4, 17, 2, 3):
+        state = mockstate.initial_state(n, rng.choice((0, 1, 2)), rng.choice(migs) if n < 4 else ())
         for i in range(n):
             if rng.random() < 0.3:
                 state = mockstate.with_xid(state, mockstate.gpu_uuid(i), rng.choice((13, 79, 48)))

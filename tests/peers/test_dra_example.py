@@ -1,106 +1,43 @@
-"""``sigs.k8s.io/dra-example-driver`` v0.2.1's kubelet plugin, built from its Go module, against the embedded
-kubelet's DRA side, with its plain command line: the kubelet's standard paths (``/var/lib/kubelet/
-plugins_registry``, ``/var/lib/kubelet/plugins``, ``/etc/cdi``) in a private mount namespace.
+"""``sigs.k8s.io/dra-example-driver`` v0.2.1's kubelet plugin, built from its Go module (``peers/build-dra.sh``), under
+the DRA conformance suite with its plain command line, as its DaemonSet starts it: the kubelet's standard paths
+(``/var/lib/kubelet/plugins_registry``, ``/var/lib/kubelet/plugins``, ``/etc/cdi``) in the node's private mount
+namespace, ``NODE_NAME`` set, the API reached in-cluster (service-account token and CA, ``KUBERNETES_SERVICE_*``).
 
-There is no API server here yet (the real control plane comes with ``--devplug-control-plane real``), so
-this proves what works without one: the driver registers, the ``v1.DRAPlugin`` service is chosen and
-connected, its DRA socket answers, and a prepare fails the way a driver that must read the claim from
-the API fails. Publishing ResourceSlices and preparing a real claim need the API server.
+A correct driver gets 0 failed and 0 errors; every skip must name what the driver lacks: a fault injector (it
+fails on no command) or a health service (v0.2.1 serves no ``v1alpha1.DRAResourceHealth``).
 """
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from pytest_devplug.api.dra import v1_pb2 as pb
-from pytest_devplug.sim.dra.client import DRAPluginCallError
-from pytest_devplug.sim.dra.plugins import DRAPluginManager
-from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher
-from pytest_devplug.sim.process import PluginProcess, namespace_problem
-from pytest_devplug.waiting import wait_for
+from ..support import run_conformance
 
 DRIVER = "gpu.example.com"
-KUBELET = "/var/lib/kubelet"
-#: A kubeconfig whose server refuses connections: the driver starts its client without contacting it.
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: none, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
-users: [{name: none, user: {token: none}}]
-contexts: [{name: none, context: {cluster: none, user: none}}]
-current-context: none
-"""
+#: What the example driver may be skipped for, and nothing else.
+ALLOWED_SKIPS = (re.compile(r"needs a fault injector: .*DRAFaultInjector"), re.compile(r"serves no v1alpha1\.DRAResourceHealth"))
+#: The checks it is here to exercise: everything that needs no fault.
+MUST_PASS = (
+    "test_driver_registers_with_the_kubelet", "test_reregisters_after_kubelet_restart", "test_reregisters_after_driver_restart",
+    "test_abrupt_kill_then_start_registers_again", "test_recovers_after_refused_registration", "test_slices_published",
+    "test_node_slices_removed_on_kubelet_start_then_published_again", "test_slices_removed_after_driver_stops",
+    "test_slices_kept_when_driver_restarts_quickly", "test_claim_prepared_and_container_sees_it", "test_claim_for_two_devices",
+    "test_claim_from_template", "test_prepare_is_idempotent", "test_unprepared_when_pod_deleted_and_unprepare_is_idempotent",
+    "test_checkpoint_survives_kubelet_restart", "test_unprepare_for_pod_deleted_while_kubelet_down",
+    "test_pod_created_while_kubelet_down_runs", "test_pod_deleted_while_kubelet_down_is_never_prepared",
+    "test_unsatisfiable_claim_stays_unschedulable", "test_shared_claim", "test_checkpoint_contents",
+)  # fmt: skip
+SUITE_TIMEOUT_S = 600
 
 
-@pytest.fixture
-def node_root() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="dra-peer-", dir="/tmp") as root:
-        yield Path(root)
-
-
-@pytest.fixture
-def example_driver(peer_binary: Callable[[str], Path], node_root: Path) -> Iterator[tuple[PluginProcess, DRAPluginManager, PluginWatcher]]:
-    problem = namespace_problem()
-    if problem is not None:
-        pytest.skip(f"the driver's standard paths need a private mount namespace: {problem}")
+def test_dra_suite_passes_on_the_example_driver(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     binary = peer_binary("dra-example-kubeletplugin")
-    dirs = {name: node_root / name for name in ("plugins_registry", "plugins", "cdi")}
-    for d in dirs.values():
-        d.mkdir()
-    (node_root / "kubeconfig").write_text(KUBECONFIG)
-
-    def host_path(endpoint: str) -> Path:
-        # the endpoint the driver names, in its mount namespace -> the same socket here
-        for name in ("plugins_registry", "plugins"):
-            prefix = f"{KUBELET}/{name}/"
-            if endpoint.startswith(prefix):
-                return dirs[name] / endpoint[len(prefix):]
-        return Path(endpoint)
-
-    plugins = DRAPluginManager("node-1", path_of_endpoint=host_path)
-    watcher = PluginWatcher(dirs["plugins_registry"], {DRA_PLUGIN_TYPE: plugins}, poll_interval=0.02)
-    watcher.start()
-    proc = PluginProcess(
-        [str(binary), "--node-name", "node-1", "--kubeconfig", str(node_root / "kubeconfig"), "-v", "4"],
-        plugin_dir=dirs["plugins"],
-        log_path=node_root / "driver.log",
-        binds=[(dirs["plugins_registry"], f"{KUBELET}/plugins_registry"), (dirs["plugins"], f"{KUBELET}/plugins"), (dirs["cdi"], "/etc/cdi")],
-    )
-    proc.start()
-    try:
-        yield proc, plugins, watcher
-    finally:
-        proc.stop()
-        watcher.stop()
-        plugins.stop()
-
-
-def test_example_driver_registers_with_its_plain_command_line(example_driver: tuple[PluginProcess, DRAPluginManager, PluginWatcher]) -> None:
-    proc, plugins, watcher = example_driver
-    registered = wait_for(
-        lambda: plugins.registered().get(DRIVER, []), bool, timeout=30.0, what=f"{DRIVER} registered",
-        give_up=lambda: None if proc.running else f"the driver exited {proc.returncode}; its log:\n{proc.log()[-3000:]}",
-    )
-    assert registered == [str(proc.plugin_dir / DRIVER / "dra.sock")], proc.log()[-3000:]
-    plugin = plugins.get_plugin(DRIVER)
-    assert plugin.chosen_service == "v1.DRAPlugin"
-    wait_for(lambda: plugins.usable(DRIVER), bool, timeout=10.0, what="the DRA socket connected")
-    # the outcome is recorded just after the handler accepted the plugin
-    (event,) = wait_for(lambda: [e for e in watcher.events if e.kind != "failed"], bool, timeout=10.0, what="the outcome recorded")
-    assert event.kind == "registered" and event.socket.endswith(f"plugins_registry/{DRIVER}-reg.sock")
-
-
-def test_example_driver_cannot_prepare_without_an_api_server(example_driver: tuple[PluginProcess, DRAPluginManager, PluginWatcher]) -> None:
-    proc, plugins, _ = example_driver
-    wait_for(lambda: plugins.usable(DRIVER), bool, timeout=30.0, what="the driver connected",
-             give_up=lambda: None if proc.running else f"the driver exited; its log:\n{proc.log()[-3000:]}")
-    claim = pb.Claim(namespace="default", uid="8e1b6a3c-0000-4000-8000-000000000001", name="gpu-claim")
-    # the kubeletplugin helper reads the claim from the API server before the driver's own code runs,
-    # and fails the whole call (not one claim) when it cannot
-    with pytest.raises(DRAPluginCallError) as err:
-        plugins.get_plugin(DRIVER).node_prepare_resources([claim])
-    assert str(err.value).startswith("rpc error: code = Unknown desc = get resource claims: retrieve claim default/gpu-claim: "), err.value
-    assert "127.0.0.1:1" in str(err.value)
+    result = run_conformance(["--dra", "--driver-cmd", str(binary), "--driver-name", DRIVER], [], tmp_path, timeout=SUITE_TIMEOUT_S)
+    assert not result.failed, f"dra-example-driver: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert result.returncode == 0, f"devplug conformance --dra exited {result.returncode}:\n{result.output}"
+    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in ALLOWED_SKIPS)}
+    assert not unexplained, f"dra-example-driver: skips without a reason that fits the driver: {unexplained}"
+    missing = [t for t in MUST_PASS if t not in result.passed]
+    assert not missing, f"dra-example-driver: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"

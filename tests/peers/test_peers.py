@@ -10,16 +10,14 @@ name a reason that fits what the peer lacks; a test that fails here on a correct
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from ..support import parse_junit, run_conformance
 
 #: Skip reasons a plugin may give: no fault injector (mock NVML), an opt-in convention it was not run
 #: with, no pre_start_required, no topology; anything else skipped is a defect of the suite (or of the peer).
@@ -67,51 +65,21 @@ PEERS = [
 ]  # fmt: skip
 
 
-@dataclass
-class SuiteResult:
-    passed: list[str]
-    failed: list[str]  # failures and errors, with their message
-    skipped: dict[str, str]  # test -> reason
-
-
-def _parse_junit(path: Path) -> SuiteResult:
-    result = SuiteResult([], [], {})
-    for case in ET.parse(path).iter("testcase"):
-        name = case.get("name", "?")
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        skip = case.find("skipped")
-        if bad is not None:
-            result.failed.append(f"{name}: {bad.get('message', '')}")
-        elif skip is not None:
-            result.skipped[name] = skip.get("message", "")
-        else:
-            result.passed.append(name)
-    return result
-
-
 @pytest.mark.parametrize("control_plane", ["embedded", "real"])
 @pytest.mark.parametrize("peer", PEERS, ids=[p.name for p in PEERS])
 def test_conformance_suite_passes_on_peer(
     peer: Peer, control_plane: str, peer_binary: Callable[[str], Path], same_verdicts: Callable[[str, str, dict[str, str]], None], tmp_path: Path
 ) -> None:
     binary = peer_binary(peer.name)
-    junit = tmp_path / "junit.xml"
-    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
-    argv = [
-        devplug, "conformance", "--backend", "sim", "--control-plane", control_plane, "--plugin-cmd", str(binary),
-        "--resource-name", peer.resource, *peer.options, "--", "-p", "no:randomly", f"--junitxml={junit}",
-    ]  # fmt: skip
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
-    output = (done.stdout + done.stderr)[-8000:]
-    assert junit.exists(), f"devplug conformance exited {done.returncode} without a junit report:\n{output}"
-    result = _parse_junit(junit)
-    assert not result.failed, f"{peer.name}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + output
-    assert done.returncode == 0, f"devplug conformance exited {done.returncode}:\n{output}"
+    options = ["--backend", "sim", "--control-plane", control_plane, "--plugin-cmd", str(binary), "--resource-name", peer.resource]
+    result = run_conformance([*options, *peer.options], [], tmp_path, timeout=SUITE_TIMEOUT_S)
+    assert not result.failed, f"{peer.name}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert result.returncode == 0, f"devplug conformance exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in peer.allowed_skips)}
     assert not unexplained, f"{peer.name}: skips without a reason that fits the peer: {unexplained}"
     missing = [t for t in peer.must_pass if t not in result.passed]
     assert not missing, f"{peer.name}: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
-    same_verdicts(peer.name, control_plane, {**{t: "passed" for t in result.passed}, **{t: "skipped" for t in result.skipped}})
+    same_verdicts(peer.name, control_plane, result.verdicts())
 
 
 def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -> None:
@@ -125,7 +93,7 @@ def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -
         '<testcase classname="a" name="test_skip"><skipped type="pytest.skip" message="needs the mock-NVML fault controls"/></testcase>'
         "</testsuite></testsuites>"
     )  # fmt: skip
-    result = _parse_junit(junit)
+    result = parse_junit(junit)
     assert result.passed == ["test_ok"]
     assert result.failed == ["test_bad: boom", "test_err: fixture broke"]
     assert result.skipped == {"test_skip": "needs the mock-NVML fault controls"}

@@ -60,3 +60,16 @@ def test_no_code_tells_not_found_by_its_message() -> None:
     hits = [f"{p.relative_to(SRC)}:{n}" for p in SRC.rglob("*.py") for n, line in
             enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]  # fmt: skip
     assert hits == []
+
+
+def test_old_sim_view_names_are_deprecated_aliases() -> None:
+    from pytest_devplug.kubeletmodel import views
+    from pytest_devplug.sim import model
+
+    assert (model.ContainerSpec, model.PodSpecView) == (views.ContainerSpec, views.PodSpecView)
+    for old, new in (("MountSpec", views.MountView), ("DeviceNodeSpec", views.DeviceNodeView),
+                     ("ContainerRuntimeOptions", views.ContainerView)):  # fmt: skip
+        with pytest.warns(DeprecationWarning, match=f"use pytest_devplug.kubeletmodel.views.{new.__name__}"):
+            assert getattr(model, old) is new
+    with pytest.raises(AttributeError):
+        model.Nope  # noqa: B018

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug import PluginSpec, assert_allocatable, assert_registered
+from pytest_devplug import PluginSpec, assert_allocatable, assert_registered, assert_reregisters_after_kubelet_restart
 from pytest_devplug.backends.base import BackendOptions, NodeSpec
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.handles import ClusterHandle, PluginHandle
@@ -125,9 +125,15 @@ def test_a_crash_quotes_its_fatal_line_not_only_the_tail(cluster: ClusterHandle)
         assert_registered(plugin)
     assert time.monotonic() - start < 10
     text = str(info.value)
-    assert "exited with status 2; fatal: panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: " \
-        "address already in use" in text, text
+    # Restarted once at once, as the kubelet does, then held back: a crash loop, reported with its fatal line.
+    assert "exited with status 2 and is crash-looping (CrashLoopBackOff): restarted 1 time by the kubelet" in text, text
+    assert "; fatal: panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: address already in use" \
+        in text, text
     assert "never reached kubelet.sock" not in text, text
+    # The evidence has the restart count as a field of its own, and the crash loop.
+    restarts = {e.title: e.text for e in info.value.evidence}["plugin restarts"]  # type: ignore[attr-defined]
+    assert restarts.startswith("restarted 1 time by the kubelet since the harness started it"), restarts
+    assert "\ncrash-looping: exited with status 2 and is crash-looping (CrashLoopBackOff)" in restarts, restarts
 
 
 def test_every_wait_gives_up_when_the_plugin_crashed_but_not_when_stopped(cluster: ClusterHandle) -> None:
@@ -153,3 +159,28 @@ def test_plugin_log_has_each_run_once_after_a_restart(cluster: ClusterHandle) ->
     starts = [ln for ln in log.splitlines() if ln.startswith("--- start: ")]
     assert len(starts) == 2, log
     assert log.count("--- exited: ") == 1, log
+
+
+def test_a_plugin_that_exits_when_the_kubelet_restarts_is_restarted_and_registers_again(cluster: ClusterHandle) -> None:
+    """Plugins that exit when kubelet.sock changes count on their DaemonSet: the kubelet restarts the container."""
+    plugin = deploy(cluster, "--exit-on-kubelet-restart")
+    assert_registered(plugin, count=3)
+    assert_reregisters_after_kubelet_restart(plugin)
+    assert_allocatable(plugin, 3, capacity=3)
+    log = plugin.log()
+    assert "- exiting to be restarted" in log and "--- restarted by the kubelet (restartPolicy Always): restart 1" in log, log
+
+
+def test_a_plugin_that_exits_on_a_failed_register_is_restarted_once_the_kubelet_runs(cluster: ClusterHandle) -> None:
+    """Started while the kubelet is down, its Register fails and it exits 1; nothing restarts it until the kubelet
+    runs (waits do not give up on it meanwhile), which restarts it at once: it registers."""
+    plugin = deploy(cluster)
+    assert_registered(plugin, count=3)
+    plugin.node.stop_kubelet()
+    plugin.restart()
+    wait_for(lambda: plugin.running or "register failed" not in plugin.log(), lambda busy: not busy, timeout=TIMEOUT,
+             what="the plugin exiting on its failed Register")  # fmt: skip
+    assert plugin.crashed() is None, plugin.crashed()
+    plugin.node.start_kubelet()
+    assert_registered(plugin, count=3)
+    assert "--- restarted by the kubelet (restartPolicy Always): restart 1" in plugin.log(), plugin.log()

@@ -36,6 +36,8 @@ def test_disruptive():
         (["--devplug-resource-name", "nvidia.com/gpu,nvidia.com/gpu"], "", ["--devplug-resource-name", "each once"]),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
+        (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
+        ([], "devplug_mig = 7g.40gb,1g.5gb", ["devplug_mig", "do not fit on one GPU: 8 of 7 compute slices"]),
     ],
 )
 def test_bad_value_is_one_usage_error_at_start(

@@ -102,3 +102,58 @@ def test_report_refuses_a_json_target(pytester: pytest.Pytester) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--devplug-report report.json: give the Markdown file*"])
     assert not Path(pytester.path / "report.json").exists()
+
+
+WIDGET = str(Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py")
+WIDGET_OPTIONS = ("--devplug-resource-name=example.com/widget", "-p", "no:randomly")
+
+
+def test_report_counts_the_plugins_restarts_per_check(pytester: pytest.Pytester) -> None:
+    """A plugin that exits by itself is restarted by the kubelet (its DaemonSet's pod would be): the check during
+    which that happened says so, even when it passed, and the header sums it up."""
+    pytester.makepyfile(
+        test_restarts="""
+        from pytest_devplug import assert_reregisters_after_kubelet_restart
+
+        def test_before(devplug_plugin):
+            pass
+
+        def test_kubelet_restart(devplug_plugin):
+            assert_reregisters_after_kubelet_restart(devplug_plugin)  # the widget exits on the new kubelet.sock
+
+        def test_after(devplug_plugin):
+            pass
+        """
+    )
+    cmd = f"{{python}} {WIDGET} --plugin-dir {{plugin_dir}} --exit-on-kubelet-restart"
+    pytester.runpytest(f"--devplug-plugin-cmd={cmd}", "--devplug-report=r.md", *WIDGET_OPTIONS).assert_outcomes(passed=3)
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert {c["name"]: (c["plugin_restarts"], c["plugin_crash_loop"]) for c in data["checks"]} == {
+        "restarts: test_before": (0, ""),
+        "restarts: test_kubelet_restart": (1, ""),
+        "restarts: test_after": (0, ""),
+    }
+    assert data["run"]["plugin_restarts"] == 1 and data["run"]["plugin_crash_loop"] == ""
+    md = (pytester.path / "r.md").read_text()
+    assert "| plugin restarts | 1 by the kubelet: the plugin exited by itself and was started again" in md, md
+    assert "| check | verdict | duration | plugin | reason |" in md, md
+    assert "| `restarts: test_kubelet_restart` | passed | " in md and " s | 1 restart |  |" in md, md
+    assert "crash loop" not in md, md
+
+
+def test_report_names_a_crash_looping_plugin(pytester: pytest.Pytester) -> None:
+    """A plugin that exits at every start is restarted once at once, then held back (CrashLoopBackOff): the report
+    says it crash-loops, beside the error of the check that waited for it."""
+    pytester.makepyfile(test_loop="def test_registered(devplug_plugin):\n    pass\n")
+    cmd = f"{{python}} {WIDGET} --plugin-dir {{plugin_dir}} --fault exit-at-start"
+    pytester.runpytest(f"--devplug-plugin-cmd={cmd}", "--devplug-report=loop.md", *WIDGET_OPTIONS).assert_outcomes(errors=1)
+    data = json.loads((pytester.path / "loop.json").read_text())
+    (check,) = data["checks"]
+    assert check["outcome"] == "error" and check["plugin_restarts"] == 1, check
+    assert check["plugin_crash_loop"].startswith(
+        "exited with status 3 and is crash-looping (CrashLoopBackOff): restarted 1 time by the kubelet, back-off 10 s"
+    ), check
+    assert data["run"]["plugin_restarts"] == 1 and data["run"]["plugin_crash_loop"] == check["plugin_crash_loop"]
+    md = (pytester.path / "loop.md").read_text()
+    assert "| crash loop | **the plugin crash-looped** (seen in 1 check): exited with status 3 and is crash-looping" in md, md
+    assert "| `loop: test_registered` | **ERROR** | " in md and " s | **crash-looping**, 1 restart | in setup: " in md, md

@@ -5,11 +5,9 @@ failing, pod-resources ``Get``, health of a pod that never started, the rolling 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from ..support import run_conformance
 
 CHECKS = (
     "test_every_resource_registers_and_allocates",
@@ -22,16 +20,9 @@ CHECKS = (
 
 
 def test_two_resources_of_the_included_plugin_pass_the_new_checks(tmp_path: Path) -> None:
-    junit = tmp_path / "junit.xml"
-    devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
-    argv = [devplug, "conformance", "--backend", "sim", "--resource-name", "nvidia.com/gpu,example.com/gpu-half", "--",
-            "-p", "no:randomly", "-k", " or ".join(CHECKS), f"--junitxml={junit}", "--devplug-soak=0"]  # fmt: skip
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
-    output = (done.stdout + done.stderr)[-6000:]
-    assert junit.exists(), f"devplug conformance exited {done.returncode} without a report:\n{output}"
-    outcome = {}
-    for case in ET.parse(junit).iter("testcase"):
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        outcome[case.get("name")] = "failed" if bad is not None else "skipped" if case.find("skipped") is not None else "passed"
-    assert outcome == dict.fromkeys(CHECKS, "passed"), f"{outcome}\n{output}"
-    assert done.returncode == 0, output
+    result = run_conformance(
+        ["--backend", "sim", "--resource-name", "nvidia.com/gpu,example.com/gpu-half"],
+        ["-k", " or ".join(CHECKS), "--devplug-soak=0"], tmp_path, timeout=600,
+    )  # fmt: skip
+    assert result.verdicts() == dict.fromkeys(CHECKS, "passed"), f"{result.verdicts()}\n{result.failed}\n{result.output}"
+    assert result.returncode == 0, result.output

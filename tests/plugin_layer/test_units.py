@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,8 +86,19 @@ def test_parse_checkpoint_of_a_real_kubelet() -> None:
              "AllocResp": base64.b64encode(b"\x0a\x00").decode()}  # fmt: skip
     cp2 = parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": None}, "Checksum": 1}).encode())
     assert cp2.entries_for("u")[0].all_device_ids == ["a", "b"] and cp2.entries[0].alloc_resp == b"\x0a\x00"
-    with pytest.raises(ValueError, match="not a kubelet device-manager checkpoint"):
-        parse_checkpoint(b"{}")
+    with pytest.raises(ValueError, match="cannot unmarshal array into checkpoint.Data"):
+        parse_checkpoint(b"[]")
+
+
+def test_parse_checkpoint_decodes_as_the_kubelet_does() -> None:
+    """Go's json.Unmarshal: keys match field names case-insensitively, unknown keys are ignored, a missing Data
+    is an empty one (the kubelet's checksum check then refuses it; reading does not judge the checksum)."""
+    raw = b'{"data":{"podDeviceEntries":[{"poduid":"u","CONTAINERNAME":"c","ResourceName":"r/x","DeviceIDs":{"0":["b"]},"Extra":1}]},"Checksum":7}'
+    (entry,) = parse_checkpoint(raw).entries
+    assert (entry.pod_uid, entry.container_name, entry.device_ids, entry.alloc_resp) == ("u", "c", {"0": ("b",)}, b"")
+    assert parse_checkpoint(b"{}").entries == () and parse_checkpoint(b"{}").registered_devices == {}
+    with pytest.raises(ValueError, match="invalid character"):
+        parse_checkpoint(b'\xef\xbb\xbf{"Data":{}}')  # a BOM, which Python's json would skip
 
 
 def test_wait_for_is_bounded_and_keeps_the_last_value() -> None:
@@ -116,9 +128,12 @@ def test_pod_factory_manifests() -> None:
     assert c["resources"] == {"limits": {"example.com/w": "2"}} and m["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
     assert m["metadata"]["name"].startswith("test-thing-1-")
     assert f.manifest(requests=1)["spec"]["containers"][0]["resources"] == {"requests": {"example.com/w": "1"}}
-    assert parse_quantity("3") == 3 and parse_quantity(None) == 0
-    with pytest.raises(ValueError):
+    assert parse_quantity("3") == 3 and parse_quantity(None) == 0 and parse_quantity(4) == 4
+    assert parse_quantity("1k") == 1000  # how an API server writes 1000 devices
+    with pytest.raises(ValueError, match="'500m' is not an integer"):
         parse_quantity("500m")
+    with pytest.raises(ValueError, match="'two' is not a quantity"):
+        parse_quantity("two")
 
 
 def test_resource_neutral_names_and_their_gpu_aliases() -> None:
@@ -144,11 +159,14 @@ def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ndevplug_resource_name = example.com/ini\ndevplug_plugin_cmd = {python} p.py {plugin_dir}\n")
     pytester.makepyfile(
         test_s="""
+        import sys
+
         def test_settings(devplug_settings):
             s = devplug_settings
             assert s.plugin.resource_name == "example.com/cli"  # the command line beats the ini file
-            assert s.plugin.argv[1:] == ("p.py", "{plugin_dir}")
-            assert "python" in s.plugin.argv[0]  # {python} became this interpreter
+            assert s.plugin.argv == ("{python}", "p.py", "{plugin_dir}")  # filled when it starts, on its node
+            argv, _ = s.plugin.command(plugin_dir="/dp", mock_state=None)
+            assert argv == [sys.executable, "p.py", "/dp"]
             assert s.plugin.mock is False and s.plugin.pre_start_required is False
             assert s.backend_options.timeout == 7.5 and s.backend_options.cluster_name == "mine"
         """
@@ -209,7 +227,7 @@ def test_run_container_options_merge_like_the_kubelet(caplog: pytest.LogCaptureF
     import logging
 
     from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-    from pytest_devplug.sim.runoptions import run_container_options
+    from pytest_devplug.kubeletmodel.runoptions import run_container_options
 
     a = pb.ContainerAllocateResponse(envs={"X": "1"}, annotations={"k": "a"})
     a.devices.add(container_path="/dev/g0", host_path="/dev/g0", permissions="rw")
@@ -226,7 +244,28 @@ def test_run_container_options_merge_like_the_kubelet(caplog: pytest.LogCaptureF
     assert opts.envs == {"X": "1", "Y": "3"} and opts.annotations == {"k": "a"}
     assert [(d.container_path, d.host_path, d.permissions) for d in opts.devices] == [("/dev/g0", "/dev/g0", "rw")]
     assert [(m.container_path, m.host_path) for m in opts.mounts] == [("/m", "/h1")]
-    assert opts.cdi_devices == ["v.io/c=0"]
+    assert opts.cdi_devices == ("v.io/c=0",)
     text = caplog.text
     for needle in ("Environment variable has conflicting", "conflicting mapping host devices", "conflicting mapping host mounts", "Annotation has conflicting"):
         assert needle in text, text
+
+
+def test_the_kubelet_model_imports_neither_side_of_the_layering() -> None:
+    """kubeletmodel/ holds rules both sim/ and backends/ use; importing either (or anything above them) would
+    tie the layers in a knot."""
+    import ast
+
+    import pytest_devplug.kubeletmodel as km
+
+    allowed = ("pytest_devplug.kubeletmodel", "pytest_devplug.errors", "pytest_devplug.api")
+    package = ["pytest_devplug", "kubeletmodel"]
+    imported = []
+    for path in Path(km.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported += [(path.name, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                imported.append((path.name, ".".join([*base, *([node.module] if node.module else [])])))
+    bad = [f"{f}: {name}" for f, name in imported if name.startswith("pytest_devplug") and not name.startswith(allowed)]
+    assert len(imported) > 10 and bad == []

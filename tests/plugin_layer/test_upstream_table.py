@@ -57,3 +57,42 @@ def test_every_row_is_complete() -> None:
     texts = [r[1] for r in rows]
     assert len(texts) == len(set(texts)), "a scenario is listed twice"
     assert {r[0] for r in rows} == UPSTREAM_FILES, f"files without a row: {sorted(UPSTREAM_FILES - {r[0] for r in rows})}"
+
+
+DRA_TABLE = ROOT / "docs" / "upstream-dra-scenarios.md"
+DRA_SUITE = ROOT / "src" / "pytest_devplug" / "dra" / "conformance"
+#: The ``Context`` blocks of test/e2e_node/dra_test.go.
+DRA_CONTEXTS = {"Resource Kubelet Plugin", "Two resource Kubelet Plugins", "ResourceSlice", "Resource Health", "Device ShareID"}
+
+
+def _dra_rows() -> list[list[str]]:
+    rows = []
+    for line in DRA_TABLE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in DRA_CONTEXTS:
+            rows.append(cells)
+    return rows
+
+
+def test_every_check_named_in_the_dra_table_exists() -> None:
+    suite = set().union(*(_tests_in(p) for p in DRA_SUITE.glob("test_*.py")))
+    text = DRA_TABLE.read_text()
+    missing = []
+    for name in re.findall(r"`((?:tests/[\w/]+\.py::)?test_\w+)`", text):
+        path, _, test = name.rpartition("::")
+        if not (test in _tests_in(ROOT / path) if path else name in suite):
+            missing.append(name)
+    assert not missing, "checks named in docs/upstream-dra-scenarios.md that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_dra_row_is_complete() -> None:
+    rows = _dra_rows()
+    assert len(rows) >= 30, f"only {len(rows)} DRA scenario rows"
+    for context, text, check, notes in rows:
+        assert text, f"{context}: a row without its It() text"
+        if check == "none":
+            assert notes, f"{text!r}: no check and no reason why"
+        else:
+            assert re.search(r"`test_\w+`|::test_\w+`", check), f"{text!r}: check column {check!r} names no test"
+    texts = [r[1] for r in rows]
+    assert len(texts) == len(set(texts)), "a scenario is listed twice"

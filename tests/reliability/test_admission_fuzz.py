@@ -49,7 +49,7 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimC
     state.write_text(json.dumps({"gpus": gpus, "events": []}))
     with SimCluster() as cluster:
         node = cluster.add_node("node-1")
-        node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}",
+        node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(node.plugin_dir),
                            "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)],
                           env=mock_env(str(state)))
         wait_for(lambda: node.allocatable().get(GPU), lambda v: v == str(GPUS), what=f"{GPUS} GPUs allocatable", timeout=30)

@@ -29,8 +29,8 @@ def write_state(path: Path, gpus: list[dict[str, Any]], events: list[dict[str, A
     os.replace(tmp, path)
 
 
-def plugin_argv(state: Path, *extra: str, resource: str = GPU) -> list[str]:
-    return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", "{plugin_dir}", "--resource-name", resource,
+def plugin_argv(plugin_dir: Path, state: Path, *extra: str, resource: str = GPU) -> list[str]:
+    return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(plugin_dir), "--resource-name", resource,
             "--nvml", "mock", "--mock-state", str(state), *extra]
 
 
@@ -67,7 +67,7 @@ def start_gpu_node(cluster: Any, name: str, state: Path, n: int = 2, *extra: str
     if not state.exists():
         write_state(state, [gpu(i, numa=i % 2) for i in range(n)])
     node = cluster.add_node(name, **node_kw)
-    node.start_plugin(plugin_argv(state, *extra), env=mock_env(str(state)))
+    node.start_plugin(plugin_argv(node.plugin_dir, state, *extra), env=mock_env(str(state)))
     wait_for(lambda: allocatable(cluster, name), lambda v: v == (str(n), str(n)), f"{n}/{n} {GPU} on {name}")
     return node
 

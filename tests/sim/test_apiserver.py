@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from pytest_devplug.sim.apiserver import admit_pod, is_extended_resource, parse_quantity
+from pytest_devplug.sim.apiserver import admit_pod, decode_quantity, is_extended_resource, parse_quantity
 from pytest_devplug.sim.errors import ApiError
 
 from ._helpers import GPU, pod
@@ -168,8 +168,10 @@ def test_quantities_with_escaped_white_space_are_refused(raw: str) -> None:
     """The Python client sends ``json.dumps`` text: a newline or tab arrives escaped, and the API
     server's ``strings.TrimSpace`` does not remove an escape."""
     with pytest.raises(ApiError) as ei:
-        parse_quantity(raw)
+        decode_quantity(raw)
     assert ei.value.status == 400
+    with pytest.raises(ValueError, match="is not a quantity"):
+        parse_quantity(raw)  # the model's parser says what is wrong, for readers other than the API server
 
 
 def test_quantity_spaces_around_are_trimmed_as_upstream() -> None:

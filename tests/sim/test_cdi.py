@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec, PodFactory
-from pytest_devplug.backends.base import BackendOptions
+from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec, PodFactory, assert_allocate_injections
+from pytest_devplug.backends.base import BackendOptions, ExecResult
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.plugin import default_plugin_argv
 from pytest_devplug.sim import cdi
-from pytest_devplug.sim.model import DeviceNodeSpec, MountSpec
+from pytest_devplug.kubeletmodel.views import DeviceNodeView, MountView
 
 SPEC: dict[str, Any] = {
     "cdiVersion": "0.6.0",
@@ -42,9 +42,9 @@ def test_resolve_applies_the_spec_edits_once_then_each_devices(tmp_path: Path) -
     edits = cdi.resolve(["example.com/gpu=gpu0", "example.com/gpu=gpu1"], [tmp_path / "etc", tmp_path / "run"])
     assert edits.env == {"SHARED": "1", "WHICH": "1"}
     assert edits.device_nodes == [
-        DeviceNodeSpec("/dev/examplectl", "/dev/examplectl", "rwm"), DeviceNodeSpec("/dev/ex0", "/host/ex0", "rw")
+        DeviceNodeView("/dev/examplectl", "/dev/examplectl", "rwm"), DeviceNodeView("/dev/ex0", "/host/ex0", "rw")
     ]
-    assert edits.mounts == [MountSpec("/usr/lib/x", "/lib/x", True)]
+    assert edits.mounts == [MountView("/usr/lib/x", "/lib/x", True)]
 
 
 def test_a_later_directory_wins_and_equal_priority_conflicts(tmp_path: Path) -> None:
@@ -90,11 +90,13 @@ def test_an_invalid_spec_is_ignored_saying_why(tmp_path: Path, change: dict[str,
 def test_unresolvable_names_say_which_and_what_was_seen(tmp_path: Path) -> None:
     write(tmp_path, "example.json", SPEC)
     (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "broken.yaml").write_text("kind: [unclosed")
     with pytest.raises(cdi.UnresolvableCdiDevicesError) as info:
         cdi.resolve(["example.com/gpu=gpu0", "example.com/gpu=gpu7", "other.com/x=y"], [tmp_path])
     text = str(info.value)
     assert text.startswith("unresolvable CDI devices example.com/gpu=gpu7, other.com/x=y; specs seen: "), text
     assert "example.json: example.com/gpu devices ['gpu0', 'gpu1']" in text and "broken.json: ignored (" in text, text
+    assert "broken.yaml: ignored (" in text and "cannot parse: while parsing a flow sequence" in text, text
     with pytest.raises(cdi.UnresolvableCdiDevicesError, match=r"specs seen: .*nowhere: no spec files"):
         cdi.resolve(["example.com/gpu=gpu0"], [tmp_path / "nowhere"])
 
@@ -145,3 +147,18 @@ def test_a_name_no_spec_resolves_refuses_the_container(cdi_plugin: tuple[Cluster
     text = str(info.value)
     assert "the runtime refused to create container" in text and "unresolvable CDI devices nvidia.com/gpu=GPU-" in text, text
     assert f"specs seen: {spec_dir.parent / 'cdi'}: no spec files" in text, text
+
+
+def test_a_runtime_that_does_not_apply_cdi_edits_fails_the_injection_check(
+    cdi_plugin: tuple[ClusterHandle, PodFactory, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a CDI name should bring (the spec's device nodes) must be in the container: a runtime without CDI
+    (containerd 1.6 ignores CRI's CDIDevices) starts the container without them, and the check says so."""
+    _, pods, _ = cdi_plugin
+    pod = pods(gpus=1, wait=True)
+    assert_allocate_injections(pod)
+    bare = ExecResult(2, "", "ls: cannot access '/dev/nvidiactl': No such file or directory\n")
+    monkeypatch.setattr(SimBackend, "exec_pod", lambda *a, **kw: bare)
+    with pytest.raises(AssertionError, match=r"\['/dev/nvidia-uvm', '/dev/nvidia\d', '/dev/nvidiactl'\] were injected .* the "
+                       r"container has nothing there: the runtime did not apply them \(does it resolve CDI names\?\)"):
+        assert_allocate_injections(pod)

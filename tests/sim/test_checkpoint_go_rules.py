@@ -25,7 +25,7 @@ from pytest_devplug.sim.checkpoint import (
     read_bytes,
     write_checkpoint,
 )
-from pytest_devplug.sim.gojson import MAX_DEPTH
+from pytest_devplug.kubeletmodel.gojson import MAX_DEPTH
 
 
 def _doc(data: str, tail: str = ',"Checksum":1') -> bytes:

@@ -22,12 +22,14 @@ from pytest_devplug.backends.base import (
     BackendOptions,
     BackendUnavailableError,
     ExecResult,
+    NodeSpec,
     PluginSpec,
     UnsupportedOperationError,
 )
+from pytest_devplug.backends.k8s import gpunode
 from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, NODE_POD_DEADLINE_S, node_pod_manifest
-from pytest_devplug.backends.k8s.manifests import own_daemonset, render_daemonsets
+from pytest_devplug.backends.k8s.manifests import own_daemonset, render_daemonsets, selector_of
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
 from pytest_devplug.backends.k8s.node import POD_RESOURCES_CALL, POD_RESOURCES_SOCKET, NodeCommandError, NodeOps
 
@@ -36,6 +38,8 @@ pytest_plugins = ["pytester"]
 
 class LocalTransport:
     """Runs node scripts on this machine: NodeOps' file and command handling, end to end."""
+
+    bypasses_kubelet = True
 
     def __init__(self) -> None:
         self.scripts: list[str] = []
@@ -170,3 +174,88 @@ def test_disruptive_tests_skip_on_the_cluster_backend_unless_allowed(pytester: p
     res.stdout.fnmatch_lines(["*disrupts the node under test*--devplug-allow-disruptive*"])
     pytester.runpytest("--devplug-backend", "cluster", "--devplug-allow-disruptive").assert_outcomes(passed=2)
     pytester.runpytest("--devplug-backend", "sim").assert_outcomes(passed=2)
+
+
+class _ApiNodes:
+    """The one API call node picking makes."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return [{"metadata": {"name": n, "labels": {}}, "status": {}} for n in self.names]
+
+
+def _started(backend: KubeBackend, transport: Any, *nodes: str) -> KubeBackend:
+    """``backend`` as if started: its API lists ``nodes``, node operations go through ``transport``."""
+    backend._api = _ApiNodes(*nodes)  # type: ignore[assignment]
+    backend._nodeops = NodeOps(transport, timeout=10)
+    return backend
+
+
+def test_the_soaks_second_node_is_the_one_named_and_never_the_node_under_test() -> None:
+    spec = NodeSpec("devplug-soak", resource_name="nvidia.com/gpu", beside="w2")
+    bare = _started(create_backend("cluster", BackendOptions(node="w2")), LocalTransport(), "w1", "w2", "w3")
+    with pytest.raises(UnsupportedOperationError, match=r"second node beside w2.*--devplug-second-node NAME.*\['w1', 'w2', 'w3'\]"):
+        bare._pick_node(spec)
+    assert _started(create_backend("cluster", BackendOptions(node="w2", second_node="w3")), LocalTransport(), "w1", "w2", "w3")._pick_node(spec) == "w3"
+    same = _started(create_backend("cluster", BackendOptions(node="w2", second_node="w2")), LocalTransport(), "w2")
+    with pytest.raises(UnsupportedOperationError, match="is the node under test"):
+        same._pick_node(spec)
+    absent = _started(create_backend("cluster", BackendOptions(node="w2", second_node="w9")), LocalTransport(), "w2")
+    with pytest.raises(BackendUnavailableError, match="--devplug-second-node w9: no such node"):
+        absent._pick_node(spec)
+
+
+def test_two_plugins_of_one_run_get_daemonsets_that_neither_replace_nor_adopt_each_other() -> None:
+    (a,) = render_daemonsets(PluginSpec(mock=True), "plugin:1")
+    (b,) = render_daemonsets(PluginSpec(mock=True), "plugin:1")
+    a, b = own_daemonset(a, "ns", "gpu-1", {}), own_daemonset(b, "ns", "gpu-2", {})
+    assert a["metadata"]["name"] != b["metadata"]["name"]
+    assert a["metadata"]["name"].startswith("devplug-gpu-plugin-")
+    assert selector_of(a) != selector_of(b)
+    for ds in (a, b):
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in ds["spec"]["selector"]["matchLabels"].items()), "the pods match"
+
+
+def test_the_kubelet_cannot_be_kept_down_through_the_kubelet() -> None:
+    """The cluster backend reaches a node by API exec, which its kubelet serves: stop, start and reboot say so."""
+    transport = LocalTransport()
+    transport.bypasses_kubelet = False
+    backend = _started(create_backend("cluster", BackendOptions()), transport, "w1")
+    for op in (backend.stop_kubelet, backend.start_kubelet, backend.reboot_node):
+        with pytest.raises(UnsupportedOperationError, match="reaches node w1 only through its kubelet"):
+            op("w1")
+    assert transport.scripts == [], "nothing ran on the node"
+
+
+def test_a_node_without_crictl_is_named_when_a_reboot_needs_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "sh").symlink_to("/bin/sh")
+    monkeypatch.setenv("PATH", str(tmp_path))  # a shell, no crictl
+    ops = NodeOps(LocalTransport(), timeout=10)
+    with pytest.raises(NodeCommandError, match="on node n1 exited 127: crictl \\(cri-tools\\) is not installed on the node"):
+        ops.remove_pod_sandboxes("n1")
+
+
+def test_node_files_of_directories_are_copied_with_their_paths(tmp_path: Path) -> None:
+    src = tmp_path / "node" / "cdi"
+    src.mkdir(parents=True)
+    (src / "vendor.json").write_bytes(b'{"cdiVersion": "0.5.0"}\n\x00')
+    (src / "sub").mkdir()
+    into = tmp_path / "copy"
+    NodeOps(LocalTransport(), timeout=10).read_tree("n1", [str(src), str(tmp_path / "missing")], into)
+    assert (into / str(src).lstrip("/") / "vendor.json").read_bytes() == b'{"cdiVersion": "0.5.0"}\n\x00'
+    assert not (into / str(src).lstrip("/") / "sub").exists()
+
+
+def test_a_mock_gpu_node_is_made_only_where_absent_and_removed_as_made() -> None:
+    script = gpunode.make_script([0, 2], "/var/lib/devplug/lib/libnvidia-ml.so.1")
+    for path in ("/dev/nvidia0", "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/run/nvidia/driver/dev/nvidia2"):
+        assert f"node {path}" in script
+    assert "/dev/nvidia1" not in script
+    assert "if [ ! -e /run/nvidia/driver ]; then" in script, "an existing driver root is left alone"
+    assert "ln -s /var/lib/devplug/lib/libnvidia-ml.so.1 /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15" in script
+    assert f"[ -e {gpunode.HOOK_PATH} ] ||" in script
+    assert gpunode.remove_script(["/dev/nvidia0", "/run/nvidia/driver"]) == "rm -rf -- /dev/nvidia0 /run/nvidia/driver"
+    assert gpunode.remove_script([]) == "true"

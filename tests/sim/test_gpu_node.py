@@ -13,7 +13,8 @@ from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
 from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.nvml import MOCK_DRIVER_VERSION
-from pytest_devplug.sim.gpunode import DRIVER_ROOT, gpu_device_nodes, node_file_binds
+from pytest_devplug.backends.mockstate import initial_state
+from pytest_devplug.sim.gpunode import DRIVER_ROOT, gpu_device_nodes, mig_cap_device_nodes, mig_minors, node_file_binds
 from pytest_devplug.waiting import wait_for
 
 MOCK_C = Path(__file__).resolve().parents[2] / "src" / "pytest_devplug" / "nvml" / "mock_nvml.c"
@@ -60,3 +61,21 @@ def test_the_plugin_sees_a_gpu_node_and_the_declared_nodes_the_host_does_not(bac
     assert "has-libcuda" in log, log
     assert not os.path.lexists("/dev/ttyWIDGET0") and not os.path.lexists(DRIVER_ROOT)
     backend.remove_plugin(node.name)
+
+
+def test_mig_capabilities_are_numbered_as_the_driver_numbers_them() -> None:
+    lines = mig_minors([0, 1]).splitlines()
+    assert lines[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]
+    assert "gpu0/gi1/access 12" in lines and "gpu1/gi0/access 138" in lines and len(lines) == 2 + 2 * 15 * 9
+    gpus = initial_state(2, 1, ["1g.5gb"])["gpus"]
+    assert mig_cap_device_nodes(gpus) == [f"/dev/nvidia-caps/nvidia-cap{n}" for n in (12, 13, 147, 148)]
+
+
+def test_a_mig_node_shows_the_plugin_its_mig_capabilities(backend: SimBackend) -> None:
+    cluster = ClusterHandle(backend, timeout=20.0)
+    node = cluster.ensure_node(NodeSpec("mig-node", numa_nodes=1))
+    script = "grep 'gpu0/gi1/' /proc/driver/nvidia-caps/mig-minors; stat -c '%F %n' /dev/nvidia-caps/nvidia-cap13; echo done; sleep 60"
+    spec = PluginSpec(argv=["sh", "-c", script], mock=True, gpus=1, numa_nodes=1, mig=("1g.5gb",), standard_paths=True)
+    plugin = cluster.deploy(node, spec)
+    log = wait_for(plugin.log, lambda text: "\ndone\n" in text, timeout=20.0, what="the stub plugin's listing", give_up=plugin.crashed)
+    assert "gpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n" in log and "character special file /dev/nvidia-caps/nvidia-cap13" in log, log

@@ -100,10 +100,10 @@ class FakeProvider:
         self.transports.append(QuietTransport())
         return self.transports[-1]
 
-    def plugin_image(self, spec: PluginSpec) -> str:
+    def plugin_image(self, spec: PluginSpec, node: str) -> str:
         return "plugin:1"
 
-    def workload_image(self, image: str) -> str | None:
+    def workload_image(self, image: str, node: str | None) -> str | None:
         return None
 
     def disposes_cluster(self) -> bool:

@@ -169,7 +169,7 @@ def test_unpullable_image_never_starts_yet_reports_its_device_health(cluster: Si
 
 
 def test_images_of_real_registries_are_pulled() -> None:
-    from pytest_devplug.sim.kubelet import image_pull_error
+    from pytest_devplug.sim.runtime import image_pull_error
 
     for image in ("busybox:1.36", "registry.k8s.io/pause:3.10", "localhost:5000/x", "my.invalid.example.com/x:1", "invalid/x"):
         assert image_pull_error(image) is None, image

@@ -124,7 +124,7 @@ def test_no_root_and_no_user_namespaces_is_one_clear_error(tmp_path: Path) -> No
         from pytest_devplug.sim.errors import NamespaceUnavailableError
         from pytest_devplug.sim.process import PluginProcess
         d = Path({str(tmp_path)!r})
-        p = PluginProcess(["true"], plugin_dir=d / "dp", log_path=d / "p.log", binds=[(d / "dp", "/var/lib/kubelet/device-plugins")])
+        p = PluginProcess(["true"], log_path=d / "p.log", binds=[(d / "dp", "/var/lib/kubelet/device-plugins")])
         try:
             p.start()
         except NamespaceUnavailableError as exc:
@@ -166,6 +166,19 @@ def test_two_nodes_run_the_hard_coded_plugin_in_isolation(tmp_path: Path) -> Non
         finally:
             shutil.rmtree(cluster.workdir, ignore_errors=True)
     assert host_view() == before
+
+
+def test_plugin_spec_fills_its_placeholders_in_one_pass() -> None:
+    spec = PluginSpec(
+        argv=["{python}", "p.py", "--dir={plugin_dir}", "--state", "{mock_state}", "{other}"],
+        env={"DP_PLUGIN_DIR": "{plugin_dir}/x", "KEEP": "plain"},
+    )
+    argv, env = spec.command(plugin_dir="/n/{mock_state}", mock_state=Path("/m/state.json"))
+    # a value holding a placeholder's text is not filled again; an unknown placeholder is left as it is
+    assert argv == [sys.executable, "p.py", "--dir=/n/{mock_state}", "--state", "/m/state.json", "{other}"]
+    assert env == {"DP_PLUGIN_DIR": "/n/{mock_state}/x", "KEEP": "plain"}
+    assert spec.command(plugin_dir="/d", mock_state=None)[0][4] == ""  # no mock: {mock_state} is empty
+    assert spec.argv[2] == "--dir={plugin_dir}"  # the spec itself keeps them
 
 
 def test_sim_backend_picks_the_standard_paths_when_the_command_has_no_plugin_dir() -> None:

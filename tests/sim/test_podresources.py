@@ -12,7 +12,7 @@ from .dm_helpers import GPU, DmMockState, DmWaiter, dm_capacity_probe, dm_gpu
 from pytest_devplug.api.podresources import v1_pb2 as pr
 from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
 from pytest_devplug.sim.devicemanager import DeviceManager
-from pytest_devplug.sim.model import ContainerSpec, PodSpecView
+from pytest_devplug.kubeletmodel.views import ContainerSpec, PodSpecView
 from pytest_devplug.sim.podresources import PodInfo, PodResourcesServer
 from pytest_devplug.sim.process import PluginProcess
 

@@ -39,8 +39,7 @@ def procs(tmp_path: Path) -> Iterator[Callable[..., PluginProcess]]:
     made: list[PluginProcess] = []
 
     def make(code: str, *args: str) -> PluginProcess:
-        p = PluginProcess([PY, "-c", textwrap.dedent(code), *args], plugin_dir=tmp_path / "dp",
-                          log_path=tmp_path / f"p{len(made)}.log")
+        p = PluginProcess([PY, "-c", textwrap.dedent(code), *args], log_path=tmp_path / f"p{len(made)}.log")
         made.append(p)
         return p
 
@@ -50,18 +49,19 @@ def procs(tmp_path: Path) -> Iterator[Callable[..., PluginProcess]]:
             p.stop(timeout=2)
 
 
-def test_start_log_stop_and_placeholder(procs: Callable[..., PluginProcess], tmp_path: Path) -> None:
+def test_start_log_stop_runs_argv_as_given(procs: Callable[..., PluginProcess]) -> None:
+    """Placeholders are the harness's (``PluginSpec.command``): the process runs its argv untouched."""
     p = procs("""
         import sys, time
         print("out", sys.argv[1], flush=True)
         print("err", file=sys.stderr, flush=True)
         time.sleep(60)
     """, "{plugin_dir}")
-    assert p.argv[-1] == str(tmp_path / "dp")
+    assert p.argv[-1] == "{plugin_dir}"
     assert p.pid is None and not p.running and p.returncode is None
     p.start()
     assert p.running and p in live_processes()
-    wait_until("both streams in the log", p.log, lambda t: f"out {tmp_path / 'dp'}" in str(t) and "err" in str(t))
+    wait_until("both streams in the log", p.log, lambda t: "out {plugin_dir}" in str(t) and "err" in str(t))
     with pytest.raises(PluginProcessError, match="already running"):
         p.start()
     assert p.stop() == -signal.SIGTERM
@@ -113,7 +113,7 @@ import sys, time
 from pathlib import Path
 from pytest_devplug.sim.process import PluginProcess
 d = Path(sys.argv[1])
-p = PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], plugin_dir=d, log_path=d / "plugin.log")
+p = PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], log_path=d / "plugin.log")
 p.start()
 print(p.pid, flush=True)
 if sys.argv[2] == "wait":
@@ -144,7 +144,7 @@ def test_no_leak_when_the_harness_exits_or_is_signalled(tmp_path: Path, how: str
 
 
 def test_unstartable_command_is_a_plugin_process_error(tmp_path: Path) -> None:
-    p = PluginProcess([str(tmp_path / "missing-binary")], plugin_dir=tmp_path, log_path=tmp_path / "x.log")
+    p = PluginProcess([str(tmp_path / "missing-binary")], log_path=tmp_path / "x.log")
     with pytest.raises(PluginProcessError, match="cannot start plugin"):
         p.start()
     assert not p.running and p.stop() is None
@@ -158,7 +158,7 @@ from pytest_devplug.sim.process import PluginProcess
 if sys.argv[1] == "ignore-sigint":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 d = workdir.create()
-p = PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], plugin_dir=d, log_path=d / "plugin.log")
+p = PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], log_path=d / "plugin.log")
 p.start()
 try:
     print(p.pid, d, flush=True)
@@ -269,7 +269,7 @@ from pytest_devplug.sim import workdir
 from pytest_devplug.sim.process import PluginProcess
 d = workdir.create()
 code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print('CHILD', c.pid, flush=True); time.sleep(120)"
-p = PluginProcess([sys.executable, "-c", code], plugin_dir=d, log_path=d / "plugin.log")
+p = PluginProcess([sys.executable, "-c", code], log_path=d / "plugin.log")
 p.start()
 while "CHILD " not in p.log():
     time.sleep(0.05)

@@ -10,9 +10,17 @@ import pytest
 from .dm_helpers import GPU, DmMockState, DmWaiter, dm_capacity_probe, dm_gpu
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import AdmissionError
-from pytest_devplug.sim.model import ContainerSpec, PodSpecView
+from pytest_devplug.kubeletmodel.views import ContainerSpec, PodSpecView
 from pytest_devplug.sim.process import PluginProcess
-from pytest_devplug.sim.topology import TopologyHint, generate_device_hints, iterate_masks, mask_of, merge_hints
+from pytest_devplug.sim.topology import (
+    TopologyHint,
+    device_hints,
+    filter_by_affinity,
+    generate_device_hints,
+    iterate_masks,
+    mask_of,
+    merge_hints,
+)
 
 Make = Callable[..., tuple[DeviceManager, DmWaiter]]
 M0, M1, M01 = mask_of([0]), mask_of([1]), mask_of([0, 1])
@@ -35,6 +43,24 @@ def test_device_hints_preferred_is_narrowest_possible() -> None:
 
 def test_device_hints_must_cover_reusable_devices() -> None:
     assert generate_device_hints([0, 1], NODES, {"c", "d"}, {"a"}, 2) == [TopologyHint(M01, False)]
+
+
+def test_a_resource_s_hints_as_get_topology_hints_decides_them() -> None:
+    free = {"available": set(NODES), "reusable": set()}
+    assert device_hints([0, 1], {"x": [], "y": []}, allocated=set(), request=1, **free) is None  # no topology
+    assert device_hints([0, 1], NODES, allocated=set(), request=5, **free) == []  # cannot fit
+    # devices held since before a restart are hinted alone, and a changed request fits nothing
+    assert device_hints([0, 1], NODES, allocated={"c"}, request=1, **free) == [TopologyHint(M1, True), TopologyHint(M01, False)]
+    assert device_hints([0, 1], NODES, allocated={"c"}, request=2, **free) == []
+    assert device_hints([0, 1], NODES, allocated=set(), available={"c"}, reusable={"a"}, request=2) == [TopologyHint(M01, False)]
+
+
+def test_filter_by_affinity_splits_free_devices_by_the_container_s_hint() -> None:
+    nodes = {**NODES, "e": [], "f": [0, 1]}
+    free = {"a", "c", "e", "f"}
+    assert filter_by_affinity(TopologyHint(M0, True), nodes, free) == ({"a", "f"}, {"c"}, {"e"})
+    assert filter_by_affinity(None, nodes, free) == (set(), set(), free)
+    assert filter_by_affinity(TopologyHint(None, True), nodes, free) == (set(), set(), free)
 
 
 @pytest.mark.parametrize(

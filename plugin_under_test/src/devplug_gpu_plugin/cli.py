@@ -1,8 +1,11 @@
 """Command line: flags with ``DP_*`` environment equivalents (for the DaemonSet) and ``main()``.
 
+One program, two kubelet APIs on the same NVML layer: the device plugin (default) and, with ``--dra``,
+a DRA driver (:mod:`devplug_gpu_plugin.dra`). Each mode's own flags are refused in the other.
+
 Exit codes: 0 after SIGTERM/SIGINT; 2 for bad configuration (including a mock NVML that refuses
-to start, e.g. on a malformed mock state); 1 for runtime failures (NVML missing, registration
-refused, cannot serve).
+to start, e.g. on a malformed mock state, and a DRA driver with no way to the API server); 1 for
+runtime failures (NVML missing, registration refused, cannot serve).
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Protocol
 
 from . import __name__ as _pkg
 from .allocation import STRATEGIES, AllocationConfig, ensure_dev_nodes, write_cdi_spec
@@ -61,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         env = _env(flag)
         p.add_argument(flag, default=os.environ.get(env, default), help=f"{help} [{env}]", **kw)  # type: ignore[arg-type]
 
+    p.add_argument(
+        "--dra",
+        action="store_true",
+        default=_env_bool("--dra"),
+        help="run as a DRA driver (kubelet plugin, ResourceSlices, CDI specs per claim) instead of a device plugin "
+        "(needs the dra extra: pip install 'devplug-gpu-plugin[dra]') [DP_DRA]",
+    )
     opt("--plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet device-plugin directory (default %(default)s)")
     opt("--resource-name", "nvidia.com/gpu", "extended resource to advertise (default %(default)s)")
     opt(
@@ -118,12 +130,58 @@ def build_parser() -> argparse.ArgumentParser:
         "own while another instance serves on that one: a rolling update)",
     )
     opt("--log-level", "info", "debug, info, warning or error (default %(default)s)")
+    dra = p.add_argument_group("DRA driver (--dra)")
+
+    def dra_opt(flag: str, default: str | None, help: str, env: str | None = None) -> None:
+        env = env or _env(flag)
+        dra.add_argument(flag, default=os.environ.get(env, default), help=f"{help} [{env}]")
+
+    dra_opt("--driver-name", DRA_DEFAULTS["driver_name"], "DRA driver name, also the CDI vendor (default %(default)s)")
+    dra_opt("--node-name", None, "this node's name: the pool and nodeName of the ResourceSlice (required)", env="NODE_NAME")
+    dra_opt("--kubeconfig", None, "kubeconfig of the API server (default: the in-cluster config of a pod)", env="KUBECONFIG")
+    dra_opt(
+        "--kubelet-registrar-dir", DRA_DEFAULTS["kubelet_registrar_dir"],
+        "where the kubelet's plugin watcher looks for registration sockets (default %(default)s)",
+    )  # fmt: skip
+    dra_opt(
+        "--kubelet-plugins-dir", DRA_DEFAULTS["kubelet_plugins_dir"],
+        "parent of the driver's own dir holding dra.sock (default %(default)s)",
+    )  # fmt: skip
+    dra_opt("--cdi-root", DRA_DEFAULTS["cdi_root"], "where the CDI spec of each prepared claim is written (default %(default)s)")
     return p
+
+
+#: Defaults of the DRA flags: the Go kubeletplugin helper's standard paths and the DRA driver name.
+DRA_DEFAULTS = {
+    "driver_name": "gpu.devplug.io",
+    "kubelet_registrar_dir": "/var/lib/kubelet/plugins_registry",
+    "kubelet_plugins_dir": "/var/lib/kubelet/plugins",
+    "cdi_root": "/var/run/cdi",
+}
+DEVICE_PLUGIN_ONLY = (
+    "plugin_dir", "resource_name", "pre_start_required", "device_list_strategy", "cdi_spec_dir", "replicas", "socket_name",
+    "second_resource",
+)  # fmt: skip
+DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_registrar_dir", "kubelet_plugins_dir", "cdi_root")
+#: A DRA driver name: a DNS subdomain of at most 63 characters (the API's limit) starting with a letter (CDI vendor rule).
+_DRIVER_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Flags of the other mode given on the command line (their values differ from the defaults) are errors."""
+    for dest in DRA_ONLY if not args.dra else DEVICE_PLUGIN_ONLY:
+        if getattr(args, dest) != parser.get_default(dest):
+            parser.error(f"{_flag(dest)} {'needs --dra' if not args.dra else 'is a device-plugin flag; it does nothing with --dra'}")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_mode(parser, args)
     raw_strategies = args.device_list_strategy or [os.environ.get("DP_DEVICE_LIST_STRATEGY", "envvar")]
     strategies = _split(raw_strategies)
     for s in strategies:
@@ -133,7 +191,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--device-list-strategy: at least one strategy is needed")
     args.device_list_strategy = tuple(dict.fromkeys(strategies))
     # gRPC reads "unix:dir/x" as an authority and DeviceSpecs need absolute host paths.
-    for attr in ("plugin_dir", "mock_state", "cdi_spec_dir", "driver_lib_dir", "dev_root"):
+    for attr in ("plugin_dir", "mock_state", "cdi_spec_dir", "driver_lib_dir", "dev_root", "kubelet_registrar_dir",
+                 "kubelet_plugins_dir", "cdi_root"):
         if getattr(args, attr):
             setattr(args, attr, os.path.abspath(getattr(args, attr)))
     try:
@@ -159,6 +218,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--replicas: expected a whole number, got {args.replicas!r}")
     if args.replicas < 1:
         parser.error(f"--replicas: must be at least 1, got {args.replicas}")
+    if args.dra:
+        if not args.node_name:
+            parser.error("--dra needs this node's name: --node-name or NODE_NAME")
+        name = args.driver_name
+        if len(name) > 63 or not _DRIVER_NAME.fullmatch(name):
+            parser.error(
+                f"--driver-name: {name!r} is not a DRA driver name (a lower-case DNS subdomain of at most 63 "
+                "characters starting with a letter, e.g. gpu.example.com)"
+            )
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):
         parser.error(f"--log-level: unknown level {args.log_level!r}")
@@ -203,11 +271,118 @@ def _load_nvml(lib_path: str | None) -> None:
     pynvml.nvmlInit()
 
 
+class _Runner(Protocol):
+    """One mode's serving part: the device plugin or the DRA driver."""
+
+    def on_change(self) -> None: ...
+
+    def run(self) -> None: ...
+
+    def request_stop(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class _DevicePlugin:
+    """The device plugin's serving part: a socket and registration per resource (``--resource-name``, and
+    ``--second-resource`` from the same process), and the files that mirror the device list."""
+
+    def __init__(self, args: argparse.Namespace, state: DeviceState, faults: MockFaults | None, stopping: threading.Event) -> None:
+        self.args = args
+        self.state = state
+        self.stopping = stopping
+        #: The GPUs of --second-resource, chosen at the first probe; every other GPU is --resource-name's.
+        second = args.second_resource is not None
+        self._second: set[str] | None = None if second else set()
+        self.resources: list[tuple[str, Callable[[str], bool]]] = [(args.resource_name, self._first_owns)]
+        if second:
+            self.resources.append((args.second_resource[0], lambda uuid: not self._first_owns(uuid)))
+        self.allocs = [
+            AllocationConfig(
+                resource_name=name,
+                strategies=args.device_list_strategy,
+                dev_root=args.dev_root,
+                driver_lib_dir=args.driver_lib_dir,
+                cdi_spec_dir=args.cdi_spec_dir,
+                replicas=args.replicas,
+            )
+            for name, _ in self.resources
+        ]
+        self.servers: list[PluginServer] = []
+        for alloc, (name, member) in zip(self.allocs, self.resources, strict=True):
+            servicer = DevicePluginServicer(
+                state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
+                pre_start_fault=faults.pre_start if faults else None, member=member if second else None,
+            )  # fmt: skip
+            socket_name = args.socket_name or instance_socket_name(args.plugin_dir, name)
+            self.servers.append(
+                PluginServer(ServerConfig(args.plugin_dir, name, socket_name, args.pre_start_required), servicer, stopping)
+            )
+
+    def _first_owns(self, uuid: str) -> bool:
+        return self._second is None or uuid not in self._second
+
+    def on_change(self) -> None:
+        """Keep the files that mirror the device list (CDI spec, fake dev nodes) current. The first call (after
+        the first probe) also chooses the second resource's GPUs."""
+        if self._second is None:
+            self._second = _split_gpus(self.state, *self.args.second_resource)
+        gpus = self.state.snapshot().gpus
+        try:
+            if self.args.create_dev_nodes:
+                ensure_dev_nodes(self.args.dev_root, [g.info.minor for g in gpus])
+            for alloc, (_, member) in zip(self.allocs, self.resources, strict=True):
+                if alloc.uses_cdi:
+                    log.info("CDI spec written to %s", write_cdi_spec(alloc, [g for g in gpus if member(g.uuid)]))
+        except OSError as exc:
+            log.error("cannot update device files: %s", exc)
+
+    def run(self) -> None:
+        """Run every resource's server (one thread each) until all return; the first error stops the others."""
+        os.makedirs(self.args.plugin_dir, exist_ok=True)
+        errors: list[BaseException] = []
+
+        def run(server: PluginServer) -> None:
+            try:
+                server.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which reports it
+                errors.append(exc)
+                self.request_stop()
+
+        threads = [threading.Thread(target=run, args=(s,), name=f"serve-{s.config.resource_name}") for s in self.servers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)  # in slices: the main thread must stay free for SIGTERM's handler
+        if errors:
+            raise errors[0]
+
+    def request_stop(self) -> None:
+        for server in self.servers:
+            server.request_stop()
+        self.stopping.set()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for server in self.servers:
+            server.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    api = None
+    if args.dra:  # before NVML: a driver that cannot reach the API server is a configuration error
+        from .dra.kubeapi import ApiConfigError, connect
+
+        try:
+            api = connect(args.kubeconfig)
+        except ApiConfigError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
     import pynvml
 
     faults: MockFaults | None = None
@@ -236,65 +411,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     stopping = threading.Event()
     state = DeviceState()
-    #: The GPUs of --second-resource, chosen at the first probe; every other GPU is --resource-name's.
-    second: set[str] = set()
-    resources: list[tuple[str, Callable[[str], bool]]] = [(args.resource_name, lambda uuid: uuid not in second)]
-    if args.second_resource is not None:
-        resources.append((args.second_resource[0], lambda uuid: uuid in second))
-    allocs = [
-        AllocationConfig(
-            resource_name=name,
-            strategies=args.device_list_strategy,
-            dev_root=args.dev_root,
-            driver_lib_dir=args.driver_lib_dir,
-            cdi_spec_dir=args.cdi_spec_dir,
-            replicas=args.replicas,
-        )
-        for name, _ in resources
-    ]
-
-    def on_change() -> None:
-        """Keep the files that mirror the device list (CDI spec, fake dev nodes) current."""
-        gpus = state.snapshot().gpus
-        try:
-            if args.create_dev_nodes:
-                ensure_dev_nodes(args.dev_root, [g.info.minor for g in gpus])
-            for alloc, (_, member) in zip(allocs, resources, strict=True):
-                if alloc.uses_cdi:
-                    log.info("CDI spec written to %s", write_cdi_spec(alloc, [g for g in gpus if member(g.uuid)]))
-        except OSError as exc:
-            log.error("cannot update device files: %s", exc)
-
     monitor = HealthMonitor(state, args.ignored_xids)
-    servers: list[PluginServer] = []
+    runner: _Runner
+    if api is not None:
+        from .dra.driver import Driver
+
+        runner = Driver(args, api, state, faults.allocate if faults else None, stopping)
+    else:
+        runner = _DevicePlugin(args, state, faults, stopping)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("received %s: shutting down", signal.Signals(signum).name)
-        for server in list(servers):
-            server.request_stop()
-        stopping.set()
+        runner.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
     rc = 0
     try:
-        os.makedirs(args.plugin_dir, exist_ok=True)
         monitor.start()
-        if args.second_resource is not None:
-            second.update(_split_gpus(state, *args.second_resource))
-        on_change()  # after the first probe, even when it found no GPU
-        monitor.on_change = on_change
-        for alloc, (name, member) in zip(allocs, resources, strict=True):
-            servicer = DevicePluginServicer(
-                state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
-                pre_start_fault=faults.pre_start if faults else None, member=member if len(resources) > 1 else None,
-            )  # fmt: skip
-            socket_name = args.socket_name or instance_socket_name(args.plugin_dir, name)
-            servers.append(
-                PluginServer(ServerConfig(args.plugin_dir, name, socket_name, args.pre_start_required), servicer, stopping)
-            )
-        _run_all(servers)
+        runner.on_change()  # after the first probe, even when it found no GPU
+        monitor.on_change = runner.on_change
+        runner.run()
     except RegistrationRefused as exc:
         log.error("registration refused by the kubelet: %s", exc)
         print(f"{PROG}: error: registration refused by the kubelet: {exc}", file=sys.stderr)
@@ -306,9 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("fatal: %s", exc)
         rc = 1
     finally:
-        stopping.set()
-        for server in servers:
-            server.stop()
+        runner.stop()
         # Exiting: do not sit out the health thread's event wait (up to a second); NVML is shut down
         # only when no thread is inside it, otherwise the process exit ends both.
         if monitor.stop(timeout=0.1):
@@ -334,28 +470,6 @@ def _split_gpus(state: DeviceState, name: str, count: int) -> set[str]:
     chosen = {g.uuid for g in gpus[len(gpus) - count :]}
     log.info("second resource %s: GPUs %s", name, ",".join(sorted(chosen)))
     return chosen
-
-
-def _run_all(servers: list[PluginServer]) -> None:
-    """Run every resource's server (one thread each) until all return; the first error stops the others."""
-    errors: list[BaseException] = []
-
-    def run(server: PluginServer) -> None:
-        try:
-            server.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which reports it
-            errors.append(exc)
-            for other in servers:
-                other.request_stop()
-
-    threads = [threading.Thread(target=run, args=(s,), name=f"serve-{s.config.resource_name}") for s in servers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.5)  # in slices: the main thread must stay free for SIGTERM's handler
-    if errors:
-        raise errors[0]
 
 
 if __name__ == "__main__":  # pragma: no cover

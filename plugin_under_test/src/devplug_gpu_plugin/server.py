@@ -26,7 +26,7 @@ from .allocation import AllocationConfig, AllocationError, container_response, g
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from .devices import DeviceState, Snapshot
-from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Inotify
+from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Follower, Inotify, InotifyEvent
 
 log = logging.getLogger("devplug_gpu_plugin.server")
 
@@ -39,6 +39,19 @@ MAX_SOCKET_PATH = 107
 
 class RegistrationRefused(Exception):
     """The kubelet answered ``Register`` with an error: retrying will not help."""
+
+
+def serve_unix(path: str, add_services: Callable[[Any], None], workers: int) -> Any:
+    """A started gRPC server on the Unix socket ``path``, replacing a stale socket file there."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"))
+    add_services(server)
+    server.add_insecure_port("unix://" + path)
+    server.start()
+    return server
 
 
 def default_socket_name(resource_name: str) -> str:
@@ -207,8 +220,7 @@ class PluginServer:
         # so its identity alone cannot tell a restarted kubelet from the one we registered with.
         self._kubelet_created = threading.Event()
         self._registered_kubelet: tuple[int, int] | None = None  # (dev, ino) of kubelet.sock
-        self._watcher: Inotify | None = None
-        self._watch_thread: threading.Thread | None = None
+        self._follower: Follower | None = None
 
     # ---- serving -----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -219,15 +231,11 @@ class PluginServer:
                 f"holds at most {MAX_SOCKET_PATH} (a shorter --plugin-dir or --socket-name)"
             )
         self._stop_server()
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
-        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port("unix://" + self.socket_path)
-        server.start()
-        self._server = server
+        self._server = serve_unix(
+            self.socket_path,
+            lambda server: pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server),  # type: ignore[no-untyped-call]
+            workers=16,
+        )
         self._prove()
         log.info("serving on %s", self.socket_path)
 
@@ -322,27 +330,20 @@ class PluginServer:
             watcher.close()
             log.warning("cannot watch %s (%s): checking it every second instead", self.config.plugin_dir, exc)
             return
-        self._watcher = watcher
         own, kubelet = self.config.socket_name, KUBELET_SOCKET
 
-        def loop() -> None:
-            while not self.stopping.is_set():
-                try:
-                    events = watcher.read(None)
-                except (OSError, ValueError):
-                    return
-                for e in events:
-                    if (e.name == own and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
-                        e.name == kubelet and e.mask & (IN_CREATE | IN_MOVED_TO)
-                    ):
-                        created = bool(e.mask & (IN_CREATE | IN_MOVED_TO))
-                        log.info("plugin dir: %s %s", e.name, "created" if created else "removed")
-                        if created:
-                            self._kubelet_created.set()
-                        self._kick.set()
+        def handle(events: list[InotifyEvent]) -> None:
+            for e in events:
+                if (e.name == own and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
+                    e.name == kubelet and e.mask & (IN_CREATE | IN_MOVED_TO)
+                ):
+                    created = bool(e.mask & (IN_CREATE | IN_MOVED_TO))
+                    log.info("plugin dir: %s %s", e.name, "created" if created else "removed")
+                    if created:
+                        self._kubelet_created.set()
+                    self._kick.set()
 
-        self._watch_thread = threading.Thread(target=loop, name="plugin-dir-watch", daemon=True)
-        self._watch_thread.start()
+        self._follower = Follower(watcher, self.stopping, handle, "plugin-dir-watch")
 
     def needs_attention(self) -> bool:
         """Our socket is gone, or the kubelet socket is not the one we registered with."""
@@ -389,9 +390,6 @@ class PluginServer:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
-        if self._watcher is not None:
-            self._watcher.wake()
-            if self._watch_thread is not None:
-                self._watch_thread.join(2)
-            self._watcher.close()
-            self._watcher = None
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None

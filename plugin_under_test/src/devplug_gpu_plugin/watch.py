@@ -14,6 +14,7 @@ import os
 import select
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 IN_MODIFY = 0x00000002
@@ -139,3 +140,28 @@ class Inotify:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+
+class Follower:
+    """Passes each batch of ``watcher``'s events to ``handle`` in a daemon thread until ``stopping`` is set and
+    :meth:`stop` is called (which wakes the thread, waits for it and closes the watcher)."""
+
+    def __init__(self, watcher: Inotify, stopping: threading.Event, handle: Callable[[list[InotifyEvent]], None], name: str) -> None:
+        self.watcher = watcher
+
+        def loop() -> None:
+            while not stopping.is_set():
+                try:
+                    events = watcher.read(None)
+                except (OSError, ValueError):
+                    return
+                handle(events)
+
+        self._thread = threading.Thread(target=loop, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.watcher.wake()
+        self._thread.join(timeout)
+        self.watcher.close()

@@ -9,7 +9,9 @@ document read from and written to the node. Nothing here exposes a sim object.
 
 from __future__ import annotations
 
-import json
+import os
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +23,9 @@ from ..errors import (
     PodRejectedError,
     UnsupportedOperationError,
 )
+from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
+from ..kubeletmodel.runoptions import applied_view
+from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
 __all__ = [
     "Backend",
@@ -29,6 +34,7 @@ __all__ = [
     "UnsupportedOperationError",
     "NodeSpec",
     "PluginSpec",
+    "PluginRestarts",
     "ExecResult",
     "ContainerView",
     "MountView",
@@ -63,6 +69,8 @@ DEFAULT_GRACE_PERIOD = 300.0
 DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
+#: The placeholders of a plugin's command line (:meth:`PluginSpec.command`), filled in one pass.
+_PLACEHOLDER = re.compile(r"\{(plugin_dir|mock_state|python)\}")
 
 
 @dataclass(frozen=True)
@@ -78,14 +86,19 @@ class NodeSpec:
     #: Device nodes the node has (``/dev/ttyS0``, ...), for plugins that scan ``/dev``: sim makes stub files at
     #: these paths in the private mount namespace of a plugin started without ``{plugin_dir}``.
     device_nodes: tuple[str, ...] = ()
+    #: A node other than this one (the node under test), for a second copy of the plugin (the soak's): the sim
+    #: creates one; kind and cluster take ``--devplug-second-node`` and raise ``UnsupportedOperationError``
+    #: without it.
+    beside: str | None = None
 
 
 @dataclass(frozen=True)
 class PluginSpec:
     """How to deploy the plugin under test on a node.
 
-    ``argv`` (sim) may hold ``{plugin_dir}`` and ``{mock_state}`` placeholders; ``image`` and
-    ``manifest`` are what kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
+    ``argv`` and ``env`` values (sim) may hold the placeholders ``{plugin_dir}``, ``{mock_state}`` and
+    ``{python}``, filled by :meth:`command` when the plugin is started; ``image`` and ``manifest`` are what
+    kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
     the fault controls (Xid, lost, add/remove, fail_allocate) work; ``gpus``/``numa_nodes`` shape the
     initial mock state.
     """
@@ -98,6 +111,8 @@ class PluginSpec:
     mock: bool = False
     gpus: int = 4
     numa_nodes: int = 2
+    #: MIG devices (profiles such as ``1g.5gb``) on every mock GPU, which are then MIG-enabled; none: MIG off.
+    mig: tuple[str, ...] = ()
     #: Whether the plugin asks for PreStartContainer (a conformance test checks it is called).
     pre_start_required: bool = False
     #: sim: run the plugin in a private mount namespace with the node's directories at the kubelet's
@@ -129,6 +144,27 @@ class PluginSpec:
             return self.standard_paths
         return not any("{plugin_dir}" in a for a in [*self.argv, *self.env.values()])
 
+    def command(self, *, plugin_dir: str | os.PathLike[str], mock_state: str | os.PathLike[str] | None) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
+        directory, ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter.
+        The one place the placeholders are filled."""
+        values = {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or ""), "python": sys.executable}
+
+        def fill(text: str) -> str:
+            return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+        return [fill(a) for a in self.argv], {k: fill(v) for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class PluginRestarts:
+    """The kubelet's restarts of the plugin's container since the harness last started it (``restartCount``: a
+    plugin that exits by itself is restarted, as its DaemonSet's pod would be) and, while the kubelet holds the next
+    restart back (``CrashLoopBackOff``), how it crash-loops."""
+
+    count: int = 0
+    crash_loop: str | None = None
+
 
 @dataclass(frozen=True)
 class ExecResult:
@@ -137,35 +173,6 @@ class ExecResult:
     returncode: int
     stdout: str
     stderr: str = ""
-
-
-@dataclass(frozen=True)
-class MountView:
-    container_path: str
-    host_path: str
-    read_only: bool
-
-
-@dataclass(frozen=True)
-class DeviceNodeView:
-    container_path: str
-    host_path: str
-    permissions: str
-
-
-@dataclass(frozen=True)
-class ContainerView:
-    """What the container runtime applied to a container from the plugin's Allocate responses."""
-
-    envs: Mapping[str, str]
-    mounts: tuple[MountView, ...]
-    devices: tuple[DeviceNodeView, ...]
-    annotations: Mapping[str, str]
-    cdi_devices: tuple[str, ...]
-
-    @property
-    def empty(self) -> bool:
-        return not (self.envs or self.mounts or self.devices or self.annotations or self.cdi_devices)
 
 
 @dataclass(frozen=True)
@@ -208,75 +215,6 @@ class PodResourcesPod:
         return cls(name=p.name, namespace=p.namespace, containers=containers)
 
 
-@dataclass(frozen=True)
-class CheckpointEntry:
-    pod_uid: str
-    container_name: str
-    resource_name: str
-    #: NUMA node (decimal string, ``"-1"`` for none) -> device IDs, as the kubelet writes it.
-    device_ids: Mapping[str, tuple[str, ...]]
-    alloc_resp: bytes
-
-    @property
-    def all_device_ids(self) -> list[str]:
-        return sorted(d for ids in self.device_ids.values() for d in ids)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The kubelet's device-manager checkpoint, decoded (no checksum check: the kubelet does that)."""
-
-    entries: tuple[CheckpointEntry, ...]
-    registered_devices: Mapping[str, tuple[str, ...]]
-    raw: bytes
-
-    def entries_for(self, pod_uid: str, container: str | None = None) -> list[CheckpointEntry]:
-        return [
-            e for e in self.entries if e.pod_uid == pod_uid and (container is None or e.container_name == container)
-        ]
-
-
-def applied_view(entries: Sequence[CheckpointEntry]) -> ContainerView:
-    """What the kubelet hands the runtime for a container from its checkpointed Allocate responses
-    (one entry per resource): merged and de-duplicated by container path as upstream does."""
-    from ..api.deviceplugin import v1beta1_pb2 as dp
-    from ..sim.runoptions import run_container_options
-
-    ordered = sorted(entries, key=lambda e: e.resource_name)
-    opts = run_container_options(dp.ContainerAllocateResponse.FromString(e.alloc_resp) for e in ordered)
-    return ContainerView(
-        envs=dict(opts.envs),
-        mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in opts.mounts),
-        devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in opts.devices),
-        annotations=dict(opts.annotations),
-        cdi_devices=tuple(opts.cdi_devices),
-    )
-
-
-def parse_checkpoint(raw: bytes) -> Checkpoint:
-    """Decode ``kubelet_internal_checkpoint`` bytes; raises ``ValueError`` when it is not that format."""
-    import base64
-
-    try:
-        doc = json.loads(raw)
-        data = doc["Data"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a kubelet device-manager checkpoint: {exc}") from exc
-    entries = []
-    for e in data.get("PodDeviceEntries") or []:
-        entries.append(
-            CheckpointEntry(
-                pod_uid=e["PodUID"],
-                container_name=e["ContainerName"],
-                resource_name=e["ResourceName"],
-                device_ids={k: tuple(v or ()) for k, v in (e.get("DeviceIDs") or {}).items()},
-                alloc_resp=base64.b64decode(e.get("AllocResp") or ""),
-            )
-        )
-    registered = {k: tuple(v or ()) for k, v in (data.get("RegisteredDevices") or {}).items()}
-    return Checkpoint(entries=tuple(entries), registered_devices=registered, raw=raw)
-
-
 @runtime_checkable
 class Backend(Protocol):
     """A cluster the fixtures drive. Kubernetes objects are JSON-shaped dicts (camelCase keys)."""
@@ -315,9 +253,10 @@ class Backend(Protocol):
     def plugin_running(self, node: str) -> bool: ...
 
     def plugin_exit(self, node: str) -> str | None:
-        """Why the plugin cannot come up by itself any more — sim: its process exited (``"exited with
-        status 3"``); kind: its container is in CrashLoopBackOff or cannot be created — or ``None`` while
-        it runs or may still start. Waits for the plugin stop at once on it."""
+        """Why the plugin cannot come up by itself any more — sim: the harness stopped or killed it (``"exited
+        with status 3"``), or it crash-loops (the kubelet holds its restart back: its restarts and back-off);
+        kind: its container is in CrashLoopBackOff or cannot be created — or ``None`` while it runs or the
+        kubelet is about to start it again. Waits for the plugin stop at once on it."""
 
     def plugin_log(self, node: str) -> str: ...
 
@@ -331,6 +270,10 @@ class Backend(Protocol):
         """End a :meth:`surge_plugin` overlap: stop the first instance gracefully (SIGTERM, its pod deleted),
         so the second one is the node's plugin from now on; ``newest``: stop the second one instead (the
         rollout is abandoned) and keep the first."""
+
+    def plugin_restarts(self, node: str) -> PluginRestarts:
+        """How often the kubelet restarted the plugin on ``node`` since the harness started it, and whether it
+        crash-loops (for reports and evidence; nothing waits on it). No plugin deployed: ``PluginRestarts()``."""
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]: ...
@@ -397,6 +340,12 @@ class Backend(Protocol):
     def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
         """What the runtime applied to the container from Allocate (env, mounts, devices, ...)."""
 
+    def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
+        """What the resource's plugin on ``node`` gives a container for each device alone: one ``Allocate`` with a
+        container request per device, as for a pod of that many one-device containers (the kubelet tells a
+        plugin nothing when such a pod goes, so a plugin cannot tell it from one), CDI names resolved as the
+        runtime would. Raises ``UnsupportedOperationError`` where the backend cannot call the plugin."""
+
     def restart_container(self, name: str, container: str, namespace: str = "default") -> None: ...
 
     # -- mock NVML (only for plugins deployed with ``PluginSpec.mock``) ----------------------------
@@ -443,6 +392,8 @@ class BackendOptions:
     kube_context: str | None = None
     #: The node to test on (``None``: the first node advertising the resource).
     node: str | None = None
+    #: A node beside ``node`` for checks that need a second one (the soak's copy of the plugin); ``None``: none.
+    second_node: str | None = None
     #: ``NAMESPACE/NAME`` of a running plugin DaemonSet to adopt instead of deploying one.
     plugin_daemonset: str | None = None
     #: Image of the privileged node-operations pod (sh, nsenter, python3 + grpcio); ``None``: the plugin image.

@@ -23,6 +23,7 @@ class KubeconfigProvider:
     """The cluster of a kubeconfig (``--kubeconfig``, ``--kube-context``), as it is."""
 
     name = "cluster"
+    nodes_are_containers = False
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
@@ -40,7 +41,7 @@ class KubeconfigProvider:
     def transport(self, api: KubeApi, namespace: str, node_image: Callable[[], str]) -> NodeTransport:
         return HostPodTransport(api, namespace, node_image, self.options.timeout)
 
-    def plugin_image(self, spec: PluginSpec) -> str:
+    def plugin_image(self, spec: PluginSpec, node: str) -> str:
         if not spec.image:
             raise BackendUnavailableError(
                 "cluster backend: pass --devplug-plugin-image (an image the cluster can pull; for the included "
@@ -49,7 +50,7 @@ class KubeconfigProvider:
             )
         return spec.image
 
-    def workload_image(self, image: str) -> str | None:
+    def workload_image(self, image: str, node: str | None) -> str | None:
         return self.options.workload_image
 
     def disposes_cluster(self) -> bool:

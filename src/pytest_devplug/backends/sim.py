@@ -13,20 +13,21 @@ and ``cat /proc/mounts`` style listing via ``mounts``. Anything else raises
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from ..api.podresources import v1_pb2, v1_pb2_grpc
 from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_env, mock_library
 from ..sim import workdir
-from ..sim.gpunode import gpu_device_nodes, node_file_binds
+from ..sim.gpunode import gpu_device_nodes, mig_cap_device_nodes, mig_minors, node_file_binds
 from ..waiting import wait_for
 from . import mockstate
 from .base import (
@@ -34,17 +35,22 @@ from .base import (
     BackendOptions,
     BackendUnavailableError,
     ContainerView,
-    DeviceNodeView,
     ExecResult,
-    MountView,
     NodeSpec,
     ObjectNotFoundError,
+    PluginRestarts,
     PluginSpec,
     PodRejectedError,
     PodResourcesDevices,
     PodResourcesPod,
     UnsupportedOperationError,
 )
+
+if TYPE_CHECKING:
+    from ..controlplane import ControlPlane
+    from ..sim.clusterapi import ClusterApi
+    from ..sim.daemon import PluginDaemon
+    from ..sim.kubelet import SimNode
 
 __all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
 
@@ -66,9 +72,9 @@ def _mock_nvml_env(mock_path: Path) -> dict[str, str]:
 class _Deployed:
     def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
-        self.proc: Any = None
+        self.proc: PluginDaemon | None = None
         #: The second instance while a rolling update overlaps (``surge_plugin``), else ``None``.
-        self.surge: Any = None
+        self.surge: PluginDaemon | None = None
         self.binds: list[tuple[Path, str]] = []
         self.instances = 1
 
@@ -82,13 +88,15 @@ class SimBackend:
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
         self.workdir: Path | None = None
-        self.cluster: Any = None
+        self.cluster: ClusterApi | None = None
         #: The real control plane (``--devplug-control-plane real``), else ``None``.
-        self.control_plane: Any = None
+        self.control_plane: ControlPlane | None = None
         self._api_client: Any = None
         #: Set by ``close()`` when the real control plane was kept: where it is and how to stop it.
         self.kept: str | None = None
         self._plugins: dict[str, _Deployed] = {}
+        #: The DRA side (``backends/sim_dra.py``), with the real control plane only: DRA drivers need its API server.
+        self.dra: Any = None
         self._device_nodes: dict[str, tuple[str, ...]] = {}  # node -> its declared device nodes (NodeSpec)
         self._serial = 0
         self._lock = threading.Lock()
@@ -114,7 +122,7 @@ class SimBackend:
             self.workdir = None
             raise
 
-    def _start_real(self) -> Any:
+    def _start_real(self) -> ClusterApi:
         """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
         from . import CLUSTER_MODULES, _require
 
@@ -129,6 +137,9 @@ class SimBackend:
         except ControlPlaneError as exc:
             raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
         self._api_client = self.control_plane.client()
+        from .sim_dra import SimDRA
+
+        self.dra = SimDRA(self, self._api_client)
         assert self.workdir is not None
         return ApiCluster(
             self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
@@ -149,17 +160,18 @@ class SimBackend:
 
     def close(self) -> None:
         errors: list[BaseException] = []
-        for node in list(self._plugins):
-            try:
-                self.remove_plugin(node)
-            except Exception as exc:  # noqa: BLE001 - keep tearing down, report at the end
-                errors.append(exc)
+        steps: list[Callable[[], None]] = []
+        if self.dra is not None:
+            steps.append(self.dra.close)
+        steps += [functools.partial(self.remove_plugin, node) for node in list(self._plugins)]
         if self.cluster is not None:
+            steps.append(self.cluster.close)
+        for step in steps:
             try:
-                self.cluster.close()
-            except Exception as exc:  # noqa: BLE001
+                step()
+            except Exception as exc:  # noqa: BLE001 - every step must run (no process left behind); all reported below
                 errors.append(exc)
-            self.cluster = None
+        self.cluster = None
         self._stop_control_plane()
         if self.workdir is not None:
             workdir.remove(self.workdir)
@@ -167,12 +179,12 @@ class SimBackend:
         if errors:
             raise BackendError(f"sim teardown: {'; '.join(map(repr, errors))}")
 
-    def _c(self) -> Any:
+    def _c(self) -> ClusterApi:
         if self.cluster is None:
             raise BackendError("sim backend not started")
         return self.cluster
 
-    def _node(self, name: str) -> Any:
+    def _node(self, name: str) -> SimNode:
         from ..sim.errors import NotFoundError
 
         try:
@@ -202,16 +214,11 @@ class SimBackend:
             mock_dir = self.workdir / f"mock-{node}"
             mock_dir.mkdir(exist_ok=True)
             mock_path = mock_dir / "mock-state.json"
-            _write_json_atomic(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes))
+            _write_json_atomic(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig))
         with self._lock:
             self._serial += 1
             name = f"plugin-{self._serial}"
-
-        def fill(text: str) -> str:
-            return text.replace("{plugin_dir}", str(n.plugin_dir)).replace("{mock_state}", str(mock_path or ""))
-
-        argv = [fill(a) for a in spec.argv]
-        env = {k: fill(v) for k, v in spec.env.items()}
+        argv, env = spec.command(plugin_dir=n.plugin_dir, mock_state=mock_path)
         if mock_path is not None:
             env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
@@ -225,11 +232,13 @@ class SimBackend:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
         device nodes and a stub driver root (``sim/gpunode.py``), for the plugin's private mount namespace."""
         nodes = list(self._device_nodes.get(node, ()))
-        version, nvml = None, None
+        version, nvml, nvcaps = None, None, None
         if spec.mock:
-            minors = [int(g["minor"]) for g in mockstate.initial_state(spec.gpus, spec.numa_nodes)["gpus"]]
-            nodes += [d for d in gpu_device_nodes(minors) if d not in nodes]
+            gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig)["gpus"]
+            minors = [int(g["minor"]) for g in gpus]
+            nodes += [d for d in gpu_device_nodes(minors) + mig_cap_device_nodes(gpus) if d not in nodes]
             version = MOCK_DRIVER_VERSION
+            nvcaps = mig_minors(minors) if spec.mig else None
             try:
                 nvml = mock_library()
             except MockBuildError as exc:
@@ -238,7 +247,7 @@ class SimBackend:
             return []
         try:
             return node_file_binds(
-                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml
+                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, nvcaps=nvcaps
             )
         except ValueError as exc:
             raise BackendError(f"node {node}: {exc}") from None
@@ -249,28 +258,37 @@ class SimBackend:
         except KeyError:
             raise BackendError(f"no plugin deployed on node {node}") from None
 
+    def _proc(self, node: str) -> PluginDaemon:
+        proc = self._dep(node).proc
+        if proc is None:
+            raise BackendError(f"the plugin on node {node} never started (its deploy failed)")
+        return proc
+
     def remove_plugin(self, node: str) -> None:
         dep = self._plugins.pop(node, None)
-        if dep is None:
+        if dep is None or dep.proc is None:
             return
-        if dep.surge is not None and dep.surge.running:
-            dep.surge.stop(timeout=5.0)
-        if dep.proc is not None and dep.proc.running:
-            dep.proc.stop(timeout=5.0)
+        if dep.surge is not None:
+            dep.surge.stop(timeout=5.0)  # held down too, running or not
+        running = dep.proc.running
+        dep.proc.stop(timeout=5.0)  # also when it is not running: the kubelet must not start it again
+        if running:
             self._wait_plugin_seen_gone(node, dep.spec.resource_name)
 
     def stop_plugin(self, node: str) -> None:
-        proc = self._dep(node).proc
-        if proc.running:
-            proc.stop(timeout=5.0)
+        proc = self._proc(node)
+        running = proc.running
+        proc.stop(timeout=5.0)  # held down until start_plugin, even between two crashes
+        if running:
             self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
 
     def kill_plugin(self, node: str) -> None:
         import signal
 
-        proc = self._dep(node).proc
-        if proc.running:
-            proc.kill(signal.SIGKILL)
+        proc = self._proc(node)
+        running = proc.running
+        proc.kill(signal.SIGKILL)  # held down until start_plugin, even between two crashes
+        if running:
             proc.wait(timeout=5.0)
             self._wait_plugin_seen_gone(node, self._dep(node).spec.resource_name)
 
@@ -288,17 +306,19 @@ class SimBackend:
         wait_for(healthy, lambda n: n == 0, timeout=self.options.timeout, what=f"the kubelet on {node} seeing the {res} plugin stop")
 
     def start_plugin(self, node: str) -> None:
-        dep = self._dep(node)
-        if dep.proc is not None and dep.proc.running:
+        proc = self._proc(node)
+        if proc.running:
             return
-        dep.proc.start()  # appends to the same log file: plugin_log has every run once
+        proc.start()  # appends to the same log file: plugin_log has every run once
 
     def surge_plugin(self, node: str) -> None:
         """A second process of the plugin on the node, started as the first was (same argv, env, mock state and
-        mount namespace): a DaemonSet's new pod beside the old one."""
+        mount namespace): a DaemonSet's new pod beside the old one, which the kubelet keeps running as it keeps
+        the first (an exit of its own is restarted with the crash back-off)."""
+        self._proc(node)
         dep = self._dep(node)
-        if dep.surge is not None and dep.surge.running:
-            raise BackendError(f"a second instance of the plugin already runs on {node}")
+        if dep.surge is not None:
+            raise BackendError(f"a second instance of the plugin already runs on {node} (retire_plugin first)")
         dep.instances += 1
         dep.surge = self._node(node).start_plugin(
             dep.argv, name=f"{dep.name}-{dep.instances}", env=dep.env or None,
@@ -306,14 +326,13 @@ class SimBackend:
         )  # fmt: skip
 
     def retire_plugin(self, node: str, *, newest: bool = False) -> None:
-        """SIGTERM to the first instance (or the second, ``newest``), without waiting for the kubelet to see a
-        resource go: in a rolling update it must not."""
+        """SIGTERM to the first instance (or the second, ``newest``), held down as a deleted pod is, without
+        waiting for the kubelet to see a resource go: in a rolling update it must not."""
+        first = self._proc(node)
         dep = self._dep(node)
         if dep.surge is None:
             raise BackendError(f"no second instance of the plugin runs on {node} (surge_plugin first)")
-        gone = dep.surge if newest else dep.proc
-        if gone.running:
-            gone.stop(timeout=5.0)
+        (dep.surge if newest else first).stop(timeout=5.0)  # also when it is not running: never restarted
         if not newest:
             dep.proc = dep.surge
         dep.surge = None
@@ -323,14 +342,15 @@ class SimBackend:
         return bool(dep is not None and dep.proc is not None and dep.proc.running)
 
     def plugin_exit(self, node: str) -> str | None:
+        """How the plugin ended when it was stopped or killed, or that it crash-loops (the kubelet holds its
+        restart back); ``None`` while it runs or the kubelet is about to restart it (``sim/daemon.py``)."""
         dep = self._plugins.get(node)
-        if dep is None:
+        if dep is None or dep.proc is None:
             return None
-        for proc, which in ((dep.proc, ""), (dep.surge, "the second instance ")):
-            rc = proc.returncode if proc is not None else None
-            if rc is not None:
-                return which + (f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}")
-        return None
+        if (how := dep.proc.exit_reason()) is not None or dep.surge is None:
+            return how
+        how = dep.surge.exit_reason()
+        return None if how is None else "the second instance " + how
 
     def plugin_log(self, node: str) -> str:
         """The plugin's log; while a second instance runs, its log follows under a ``---`` header line."""
@@ -340,12 +360,24 @@ class SimBackend:
             log += f"--- second instance ({dep.name}-{dep.instances}) ---\n" + str(dep.surge.log())
         return log
 
+    def plugin_restarts(self, node: str) -> PluginRestarts:
+        dep = self._plugins.get(node)
+        if dep is None or dep.proc is None:
+            return PluginRestarts()
+        loop, count = dep.proc.crash_loop(), dep.proc.restarts
+        if dep.surge is not None:  # a rolling update's second pod: its restarts count, as the pods' restartCounts do on kind
+            count += dep.surge.restarts
+            if loop is None and (surged := dep.surge.crash_loop()) is not None:
+                loop = "the second instance " + surged
+        return PluginRestarts(count, loop)
+
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]:
         return list(self._c().list_nodes())
 
     def get_node(self, name: str) -> JSONDict:
-        return dict(self._node(name) and self._c().get_node(name))
+        self._node(name)  # ObjectNotFoundError for an unknown node
+        return dict(self._c().get_node(name))
 
     def restart_kubelet(self, node: str) -> None:
         self._node(node).restart_kubelet()
@@ -438,7 +470,7 @@ class SimBackend:
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
         return list(self._c().events(namespace=namespace, involved_name=involved_name))
 
-    def _container(self, name: str, container: str, namespace: str) -> Any:
+    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
         pod = self.get_pod(name, namespace)
         node = pod.get("spec", {}).get("nodeName")
         if not node:
@@ -451,15 +483,37 @@ class SimBackend:
             raise BackendError(f"pod {namespace}/{name} has no container {container!r} on {node} (not admitted?)") from None
         return rec.options
 
-    def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
-        rec = self._container(name, container, namespace)
-        return ContainerView(
-            envs=dict(rec.envs),
-            mounts=tuple(MountView(m.container_path, m.host_path, m.read_only) for m in rec.mounts),
-            devices=tuple(DeviceNodeView(d.container_path, d.host_path, d.permissions) for d in rec.devices),
-            annotations=dict(rec.annotations),
-            cdi_devices=tuple(rec.cdi_devices),
-        )
+    def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
+        """One ``Allocate`` of the registered plugin, a container request per device; each answer as the runtime
+        sees it, the edits of the CDI devices it names added."""
+        from ..api.deviceplugin import v1beta1_pb2 as dp
+        from ..api.deviceplugin import v1beta1_pb2_grpc as dpg
+        from ..sim import cdi
+        from ..sim.endpoint import go_rpc_error
+        from ..kubeletmodel.runoptions import run_container_options
+        from ..sim.cdi import apply_edits
+
+        n = self._node(node)
+        dm = n.device_manager
+        sock = None if dm is None else dm.plugin_socket(resource)
+        if sock is None:
+            raise BackendError(f"no plugin for {resource} is connected to the kubelet on {node}")
+        ids = list(device_ids)
+        req = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=[d]) for d in ids])
+        with grpc.insecure_channel(f"unix://{sock}") as channel:
+            try:
+                resp = dpg.DevicePluginStub(channel).Allocate(req, timeout=self.options.timeout)  # type: ignore[no-untyped-call]
+            except grpc.RpcError as err:
+                raise BackendError(f"Allocate of {resource} with one device per container {ids}: {go_rpc_error(err)}") from None
+        if len(resp.container_responses) != len(ids):
+            raise BackendError(f"Allocate of {resource} answered {len(resp.container_responses)} container responses to {len(ids)} requests")
+        out: dict[str, ContainerView] = {}
+        for device_id, answer in zip(ids, resp.container_responses, strict=True):
+            try:
+                out[device_id] = apply_edits(run_container_options([answer]), n.cdi_spec_dirs)
+            except cdi.UnresolvableCdiDevicesError as exc:
+                raise BackendError(f"Allocate of {resource} for {device_id!r} names CDI devices no spec resolves: {exc}") from None
+        return out
 
     def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:
         view = self.container_view(name, container, namespace)

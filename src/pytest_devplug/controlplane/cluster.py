@@ -1,7 +1,7 @@
 """``ControlPlane``: a real Kubernetes control plane for one test run, in seconds, without Docker.
 
 etcd, kube-apiserver, kube-scheduler and kube-controller-manager (only the controllers a node's life
-needs: service accounts and their tokens, node lifecycle) run as children of the test run on loopback
+needs: service accounts and their tokens, node lifecycle, and DRA's resource claims) run as children of the test run on loopback
 ports, with their own certificates and data under one directory that :meth:`ControlPlane.stop` removes.
 The ``resource.k8s.io/v1`` API (DRA) is on, and so is the scheduler's DRA plugin (both default in 1.34).
 
@@ -33,8 +33,11 @@ from .processes import PORT_RETRIES, Component, free_port, log_tail, terminate, 
 __all__ = ["ControlPlane", "CONTROLLERS", "stop_kept"]
 
 #: The controllers kube-controller-manager runs: the default ServiceAccount (pods need it to be admitted)
-#: and its token, and node lifecycle (it lifts the not-ready taint new Nodes are created with).
-CONTROLLERS = ("serviceaccount-controller", "serviceaccount-token-controller", "node-lifecycle-controller")
+#: and its token, node lifecycle (it lifts the not-ready taint new Nodes are created with) and DRA's
+#: ResourceClaims (claims made from a pod's ResourceClaimTemplate, ``reservedFor`` released when a pod is gone).
+CONTROLLERS = (
+    "serviceaccount-controller", "serviceaccount-token-controller", "node-lifecycle-controller", "resourceclaim-controller",
+)
 SERVICE_CIDR = "10.0.0.0/24"
 PIDS_FILE = "pids.json"
 

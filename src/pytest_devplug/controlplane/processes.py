@@ -120,7 +120,7 @@ class Component:
         self.log_path = log_path
         self.health_url = health_url
         self.proc: PluginProcess | DetachedProcess = (
-            DetachedProcess(argv, log_path) if detached else PluginProcess(list(argv), plugin_dir=log_path.parent, log_path=log_path)
+            DetachedProcess(argv, log_path) if detached else PluginProcess(list(argv), log_path=log_path)
         )
         self._ca = ca
         self._client_cert = client_cert

@@ -7,8 +7,19 @@
  * DEVPLUG_NVML_STATE (docs/design.md):
  *
  *   {"gpus": [{"uuid": "GPU-...", "name": "...", "memory_mib": 40960, "numa_node": 0, "minor": 0,
- *              "lost": false, "fail_allocate": false}],
+ *              "lost": false, "fail_allocate": false,
+ *              "mig_enabled": true, "mig_devices": [{"uuid": "MIG-...", "profile": "1g.5gb", "gi": 1}]}],
  *    "events": [{"uuid": "GPU-...", "xid": 79}]}
+ *
+ * MIG: a GPU with "mig_enabled" (true or false) is MIG-capable, one without it is not (NVML answers
+ * NOT_SUPPORTED). A MIG-enabled GPU holds the MIG devices of "mig_devices", each a GPU instance with one
+ * compute instance of the same size (the profiles "<n>g.<m>gb" of an A100, named for the GPU's memory as
+ * NVIDIA's go-nvlib names them: 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb on 40 GiB),
+ * "gi" its GPU instance ID (default: its position + 1). MIG device handles answer the MIG calls NVIDIA's
+ * k8s-device-plugin makes (nvmlDeviceGetMigDeviceHandleByIndex, ...GetDeviceHandleFromMigDeviceHandle,
+ * ...GetAttributes_v2, GPU and compute instances and their profiles); a lost GPU's MIG devices answer
+ * GPU_IS_LOST, and Xids are GPU-wide (no GPU/compute instance in the event), as for a GPU that fell off
+ * the bus.
  *
  * The file is read at every nvmlInit that finds the library uninitialised, and re-read whenever it
  * changes while initialised (inotify on its directory, followed by a thread that sleeps in poll()).
@@ -66,6 +77,48 @@ typedef enum {
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st *nvmlComputeInstance_t;
+
+#define NVML_DEVICE_MIG_DISABLE 0
+#define NVML_DEVICE_MIG_ENABLE 1
+#define NVML_GPU_INSTANCE_PROFILE_COUNT 17
+#define NVML_COMPUTE_INSTANCE_PROFILE_COUNT 8
+#define NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED 0
+
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount, sharedJpegCount,
+        sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount, decoderCount,
+        encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int start, size;
+} nvmlGpuInstancePlacement_t, nvmlComputeInstancePlacement_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
 
 typedef struct {
     unsigned long long total, free, used;
@@ -96,6 +149,59 @@ typedef struct {
 #define MOCK_CC_MAJOR 8
 #define MOCK_CC_MINOR 0
 #define MOCK_PCI_DEVICE_ID 0x20B010DEU /* device 0x20B0 (A100-SXM4-40GB), vendor 0x10DE */
+#define MOCK_SMS_PER_SLICE 14           /* an A100's 98 MIG SMs in 7 slices (108 on the whole GPU) */
+#define MOCK_GPU_SMS 108
+
+/* ---- MIG: an A100's GPU instance profiles, each with a compute instance as large as itself ---------- */
+#define MIG_MAX 7          /* MIG devices on one GPU (nvmlDeviceGetMaxMigDeviceCount) */
+#define MIG_SLICES 7       /* compute slices of one GPU */
+#define MIG_MEMORY_SLICES 8 /* memory slices of one GPU */
+#define MIG_GI_ID_MAX 14   /* GPU instance IDs 0..14 */
+
+struct mig_profile {
+    unsigned gi_profile;  /* NVML_GPU_INSTANCE_PROFILE_*: 0 1_SLICE, 1 2_SLICE, 2 3_SLICE, 3 4_SLICE, 4 7_SLICE,
+                             7 1_SLICE_REV1 (+me), 9 1_SLICE_REV2 */
+    unsigned slices;      /* compute slices of the GPU instance, and of its compute instance */
+    unsigned mem_slices;  /* eighths of the GPU's memory */
+    unsigned instances;   /* how many of it fit on one GPU */
+    const char *suffix;   /* what go-nvlib appends to the name */
+};
+
+static const struct mig_profile mig_profiles[] = {
+    {0, 1, 1, 7, ""}, {7, 1, 1, 1, "+me"}, {9, 1, 2, 4, ""}, {1, 2, 2, 3, ""},
+    {2, 3, 4, 2, ""}, {3, 4, 4, 1, ""},    {4, 7, 8, 1, ""},
+};
+#define NPROFILES (sizeof mig_profiles / sizeof mig_profiles[0])
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE for a compute instance of `slices` (1, 2, 3, 4, 7), else -1. */
+static int ci_profile_id(unsigned slices) {
+    switch (slices) {
+    case 1: return 0;
+    case 2: return 1;
+    case 3: return 2;
+    case 4: return 3;
+    case 7: return 4;
+    default: return -1;
+    }
+}
+
+static const struct mig_profile *gi_profile(unsigned id) {
+    for (size_t i = 0; i < NPROFILES; i++)
+        if (mig_profiles[i].gi_profile == id) return &mig_profiles[i];
+    return NULL;
+}
+
+/* A profile's memory on a GPU of memory_mib MiB. */
+static unsigned long long profile_memory_mib(const struct mig_profile *p, unsigned long long memory_mib) {
+    return memory_mib / MIG_MEMORY_SLICES * p->mem_slices;
+}
+
+/* Its name as go-nvlib derives it (getMigMemorySizeGB: memory fraction rounded up to eighths, times the GPU's
+ * memory in whole GiB rounded up, rounded): "1g.5gb" on a 40 GiB GPU. */
+static void profile_name(const struct mig_profile *p, unsigned long long memory_mib, char *out, size_t size) {
+    unsigned long long gib = (memory_mib + 1023) / 1024, gb = (p->mem_slices * gib * 2 + MIG_MEMORY_SLICES) / 16;
+    snprintf(out, size, "%ug.%llugb%s", p->slices, gb, p->suffix);
+}
 
 /* ---- limits of the state file --------------------------------------------------------------- */
 #define STATE_MAX_BYTES (64L << 20)
@@ -359,12 +465,21 @@ static int parse_value(struct parser *ps, struct json *v) {
 }
 
 /* ---- the state document --------------------------------------------------------------------- */
+struct mig {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    const struct mig_profile *profile;
+    unsigned gi; /* its GPU instance ID; its compute instance is 0 */
+};
+
 struct gpu {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     unsigned long long memory_mib;
     int has_numa, lost;
     unsigned numa_node, minor;
+    int mig_capable, mig_enabled;
+    struct mig migs[MIG_MAX];
+    size_t nmigs;
 };
 
 struct xid_event {
@@ -462,37 +577,95 @@ static int get_text(const struct json *o, const char *where, const char *key, co
     return 0;
 }
 
-static int cmp_uuid(const void *a, const void *b) {
-    return strcmp(((const struct gpu *)a)->uuid, ((const struct gpu *)b)->uuid);
-}
-
 static int cmp_minor(const void *a, const void *b) {
-    unsigned x = ((const struct gpu *)a)->minor, y = ((const struct gpu *)b)->minor;
+    unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
     return (x > y) - (x < y);
 }
 
-/* Refuse two GPUs with the same uuid or minor (sorted copies: 10,000 GPUs stay cheap). */
+static int cmp_text(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Refuse two GPUs with the same minor, two devices (GPUs and MIG devices) with the same uuid (sorted copies:
+ * 10,000 GPUs stay cheap). */
 static int check_unique(const struct state *s, char *err) {
-    struct gpu *copy;
-    if (s->ngpus < 2) return 0;
-    copy = malloc(s->ngpus * sizeof *copy);
-    if (!copy) return snprintf(err, ERR_LEN, "out of memory"), -1;
-    memcpy(copy, s->gpus, s->ngpus * sizeof *copy);
-    qsort(copy, s->ngpus, sizeof *copy, cmp_uuid);
-    for (size_t i = 1; i < s->ngpus; i++)
-        if (!strcmp(copy[i - 1].uuid, copy[i].uuid)) {
-            snprintf(err, ERR_LEN, "gpus: uuid %s appears twice", copy[i].uuid);
-            free(copy);
-            return -1;
-        }
-    qsort(copy, s->ngpus, sizeof *copy, cmp_minor);
-    for (size_t i = 1; i < s->ngpus; i++)
-        if (copy[i - 1].minor == copy[i].minor) {
-            snprintf(err, ERR_LEN, "gpus: minor %u appears twice", copy[i].minor);
-            free(copy);
-            return -1;
-        }
-    free(copy);
+    unsigned *minors;
+    const char **uuids;
+    size_t n = 0;
+    int rc = 0;
+    if (s->ngpus < 1) return 0;
+    minors = malloc(s->ngpus * sizeof *minors);
+    uuids = malloc(s->ngpus * (MIG_MAX + 1) * sizeof *uuids);
+    if (!minors || !uuids) return free(minors), free(uuids), snprintf(err, ERR_LEN, "out of memory"), -1;
+    for (size_t i = 0; i < s->ngpus; i++) {
+        minors[i] = s->gpus[i].minor;
+        uuids[n++] = s->gpus[i].uuid;
+        for (size_t j = 0; j < s->gpus[i].nmigs; j++) uuids[n++] = s->gpus[i].migs[j].uuid;
+    }
+    qsort(uuids, n, sizeof *uuids, cmp_text);
+    for (size_t i = 1; i < n && !rc; i++)
+        if (!strcmp(uuids[i - 1], uuids[i])) snprintf(err, ERR_LEN, "gpus: uuid %s appears twice", uuids[i]), rc = -1;
+    qsort(minors, s->ngpus, sizeof *minors, cmp_minor);
+    for (size_t i = 1; i < s->ngpus && !rc; i++)
+        if (minors[i - 1] == minors[i]) snprintf(err, ERR_LEN, "gpus: minor %u appears twice", minors[i]), rc = -1;
+    free(minors);
+    free(uuids);
+    return rc;
+}
+
+/* One entry of a GPU's "mig_devices" (`where` names the GPU). */
+static int read_mig(const struct json *o, const char *gpu_where, size_t j, const struct gpu *g, struct mig *m,
+                    char *err) {
+    char where[96], profile[NVML_DEVICE_NAME_V2_BUFFER_SIZE], name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    char known[NPROFILES * 16] = "";
+    unsigned long long gi;
+    snprintf(where, sizeof where, "%s.mig_devices[%zu]", gpu_where, j);
+    if (o->type != J_OBJ) return snprintf(err, ERR_LEN, "%s: must be an object", where), -1;
+    memset(m, 0, sizeof *m);
+    if (get_text(o, where, "uuid", NULL, 1, m->uuid, sizeof m->uuid, err) ||
+        get_text(o, where, "profile", NULL, 0, profile, sizeof profile, err) ||
+        get_uint(o, where, "gi", MIG_GI_ID_MAX, (long long)j + 1, &gi, err))
+        return -1;
+    m->gi = (unsigned)gi;
+    for (size_t i = 0; i < NPROFILES && !m->profile; i++) {
+        profile_name(&mig_profiles[i], g->memory_mib, name, sizeof name);
+        if (!strcmp(name, profile)) m->profile = &mig_profiles[i];
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", name);
+    }
+    if (!m->profile)
+        return field_error(err, where, "profile", "'%s' is not one of this GPU's (%llu MiB): %s", profile,
+                           g->memory_mib, known);
+    return 0;
+}
+
+/* "mig_enabled" (present: the GPU is MIG-capable) and "mig_devices", which must fit on one GPU. */
+static int read_migs(const struct json *o, const char *where, struct gpu *g, char *err) {
+    int dup = 0;
+    const struct json *enabled = get(o, "mig_enabled", &dup), *list;
+    unsigned slices = 0, mem_slices = 0, count[NPROFILES] = {0};
+    if (dup) return field_error(err, where, "mig_enabled", "given twice");
+    if (enabled && get_bool(o, where, "mig_enabled", &g->mig_enabled, err)) return -1;
+    g->mig_capable = enabled != NULL;
+    list = get(o, "mig_devices", &dup);
+    if (dup) return field_error(err, where, "mig_devices", "given twice");
+    if (!list || list->type == J_NULL) return 0;
+    if (list->type != J_ARR) return field_error(err, where, "mig_devices", "must be a list");
+    if (list->n && !g->mig_enabled) return field_error(err, where, "mig_devices", "needs \"mig_enabled\": true");
+    if (list->n > MIG_MAX) return field_error(err, where, "mig_devices", "more than %d MIG devices", MIG_MAX);
+    for (; g->nmigs < list->n; g->nmigs++) {
+        struct mig *m = &g->migs[g->nmigs];
+        if (read_mig(&list->items[g->nmigs], where, g->nmigs, g, m, err)) return -1;
+        for (size_t k = 0; k < g->nmigs; k++)
+            if (g->migs[k].gi == m->gi)
+                return field_error(err, where, "mig_devices", "GPU instance %u appears twice", m->gi);
+        slices += m->profile->slices, mem_slices += m->profile->mem_slices;
+        if (++count[m->profile - mig_profiles] > m->profile->instances)
+            return field_error(err, where, "mig_devices", "more than %u of profile %u", m->profile->instances,
+                               m->profile->gi_profile);
+    }
+    if (slices > MIG_SLICES || mem_slices > MIG_MEMORY_SLICES)
+        return field_error(err, where, "mig_devices", "needs %u compute and %u memory slices; a GPU has %d and %d",
+                           slices, mem_slices, MIG_SLICES, MIG_MEMORY_SLICES);
     return 0;
 }
 
@@ -518,7 +691,7 @@ static int read_gpu(const struct json *o, size_t i, struct gpu *g, char *err) {
     } else if (dup) {
         return field_error(err, where, "numa_node", "given twice");
     }
-    return 0;
+    return read_migs(o, where, g, err);
 }
 
 static int read_event(const struct json *o, size_t i, struct xid_event *e, char *err) {
@@ -586,13 +759,37 @@ done:
 /* ---- devices (handles), event sets, and the library's state ---------------------------------- */
 #define DEVICE_MAGIC 0x6e766d6cU /* "nvml" */
 
+#define INSTANCE_MAGIC 0x6d696769U /* "migi" */
+
+/* A MIG device's GPU instance and compute instance (one each), kept inside its handle. */
+struct nvmlGpuInstance_st {
+    unsigned magic;
+    nvmlDevice_t mig;
+};
+
+struct nvmlComputeInstance_st {
+    unsigned magic;
+    nvmlDevice_t mig;
+};
+
+/* A GPU, or a MIG device (parent set). Handles are never freed: a device keeps its handle by UUID. */
 struct nvmlDevice_st {
     unsigned magic;
-    struct gpu gpu;      /* as the current state lists it */
-    unsigned index;      /* position in the current state */
-    int present;         /* listed in the current state */
-    unsigned lost_epoch; /* bumped each time the GPU becomes lost */
+    struct gpu gpu;             /* a GPU: as the current state lists it */
+    unsigned index;             /* a GPU: its position in the current state; a MIG device: on its GPU */
+    int present;                /* listed in the current state */
+    unsigned lost_epoch;        /* a GPU: bumped each time it becomes lost */
+    nvmlDevice_t parent;        /* a MIG device: its GPU; NULL for a GPU */
+    struct mig mig;             /* a MIG device: as its GPU lists it */
+    nvmlDevice_t migs[MIG_MAX]; /* a GPU: its MIG devices' handles, gpu.nmigs of them in its list's order */
+    struct nvmlGpuInstance_st gi;
+    struct nvmlComputeInstance_st ci;
 };
+
+static const char *device_uuid(const struct nvmlDevice_st *d) { return d->parent ? d->mig.uuid : d->gpu.uuid; }
+
+/* The GPU a handle stands for or is a MIG device of. */
+static nvmlDevice_t gpu_of(nvmlDevice_t d) { return d->parent ? d->parent : d; }
 
 struct registration {
     nvmlDevice_t device;
@@ -643,27 +840,34 @@ static void report(const char *path, const char *problem, int first) {
 }
 
 static int cmp_device_uuid(const void *a, const void *b) {
-    return strcmp((*(const nvmlDevice_t *)a)->gpu.uuid, (*(const nvmlDevice_t *)b)->gpu.uuid);
+    return strcmp(device_uuid(*(const nvmlDevice_t *)a), device_uuid(*(const nvmlDevice_t *)b));
 }
 
-/* The device already known for uuid, through `sorted` (ndevices handles ordered by UUID). */
-static nvmlDevice_t known_device(nvmlDevice_t *sorted, const char *uuid) {
-    struct nvmlDevice_st key;
-    nvmlDevice_t keyp = &key, *hit;
+/* The device already known for uuid, through `sorted` (`known` handles ordered by UUID), else a new one in
+ * devices[] (NULL when out of memory). */
+static nvmlDevice_t device_for(nvmlDevice_t *sorted, size_t known, const char *uuid) {
+    static struct nvmlDevice_st key;
+    nvmlDevice_t keyp = &key, *hit, d;
     memcpy(key.gpu.uuid, uuid, sizeof key.gpu.uuid);
-    hit = ndevices ? bsearch(&keyp, sorted, ndevices, sizeof *sorted, cmp_device_uuid) : NULL;
-    return hit ? *hit : NULL;
+    hit = known ? bsearch(&keyp, sorted, known, sizeof *sorted, cmp_device_uuid) : NULL;
+    if (hit) return *hit;
+    d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->magic = DEVICE_MAGIC;
+    devices[ndevices++] = d;
+    return d;
 }
 
 /* Adopt a parsed state (mu held): devices keep their handles; appended events join the log. */
 static int apply_state(struct state *s, int fresh) {
     nvmlDevice_t *new_order = calloc(s->ngpus ? s->ngpus : 1, sizeof *new_order);
     nvmlDevice_t *sorted = malloc((ndevices ? ndevices : 1) * sizeof *sorted);
-    size_t nfresh = 0;
+    size_t known = ndevices, wanted = ndevices;
     if (!new_order || !sorted) return free(new_order), free(sorted), -1;
-    if (ndevices + s->ngpus > devices_cap) {
+    for (size_t i = 0; i < s->ngpus; i++) wanted += 1 + s->gpus[i].nmigs;
+    if (wanted > devices_cap) {
         size_t ncap = devices_cap ? devices_cap : 16;
-        while (ncap < ndevices + s->ngpus) ncap *= 2;
+        while (ncap < wanted) ncap *= 2;
         nvmlDevice_t *grown = realloc(devices, ncap * sizeof *grown);
         if (!grown) return free(new_order), free(sorted), -1;
         devices = grown, devices_cap = ncap;
@@ -672,19 +876,23 @@ static int apply_state(struct state *s, int fresh) {
     qsort(sorted, ndevices, sizeof *sorted, cmp_device_uuid);
     for (size_t i = 0; i < ndevices; i++) devices[i]->present = 0;
     for (size_t i = 0; i < s->ngpus; i++) {
-        nvmlDevice_t d = known_device(sorted, s->gpus[i].uuid);
-        if (!d) {
-            d = calloc(1, sizeof *d);
-            if (!d) break;
-            d->magic = DEVICE_MAGIC;
-            devices[ndevices + nfresh++] = d;
-        } else if (s->gpus[i].lost && !d->gpu.lost) {
-            d->lost_epoch++;
+        nvmlDevice_t d = device_for(sorted, known, s->gpus[i].uuid);
+        if (!d) break;
+        if (s->gpus[i].lost && (d->parent || !d->gpu.lost)) d->lost_epoch++;
+        d->gpu = s->gpus[i], d->index = (unsigned)i, d->present = 1, d->parent = NULL;
+        for (size_t j = 0; j < d->gpu.nmigs; j++) {
+            nvmlDevice_t m = device_for(sorted, known, d->gpu.migs[j].uuid);
+            if (!m) {
+                d->gpu.nmigs = j; /* out of memory: the MIG devices that have handles */
+                break;
+            }
+            memset(&m->gpu, 0, sizeof m->gpu);
+            m->mig = d->gpu.migs[j], m->index = (unsigned)j, m->present = 1, m->parent = d;
+            m->gi.magic = m->ci.magic = INSTANCE_MAGIC, m->gi.mig = m->ci.mig = m;
+            d->migs[j] = m;
         }
-        d->gpu = s->gpus[i], d->index = (unsigned)i, d->present = 1;
         new_order[i] = d;
     }
-    ndevices += nfresh;
     free(sorted);
     free(order);
     order = new_order, norder = s->ngpus;
@@ -936,23 +1144,37 @@ API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t 
     return rc;
 }
 
+/* A GPU's or a MIG device's handle (MIG devices by UUID, as drivers from R470 on answer). */
 API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&mu);
     nvmlReturn_t rc = initialized ? NVML_ERROR_NOT_FOUND : NVML_ERROR_UNINITIALIZED;
-    for (size_t i = 0; rc == NVML_ERROR_NOT_FOUND && i < norder; i++)
+    for (size_t i = 0; rc == NVML_ERROR_NOT_FOUND && i < norder; i++) {
         if (!strncmp(order[i]->gpu.uuid, uuid, NVML_DEVICE_UUID_V2_BUFFER_SIZE)) *device = order[i], rc = NVML_SUCCESS;
+        for (size_t j = 0; rc == NVML_ERROR_NOT_FOUND && j < order[i]->gpu.nmigs; j++)
+            if (!strncmp(order[i]->migs[j]->mig.uuid, uuid, NVML_DEVICE_UUID_V2_BUFFER_SIZE))
+                *device = order[i]->migs[j], rc = NVML_SUCCESS;
+    }
     pthread_mutex_unlock(&mu);
     return rc;
 }
 
-/* Lock and check a device handle: a removed GPU is an invalid handle, a lost one answers LOST. */
+static int valid_device(nvmlDevice_t d) { return d && d->magic == DEVICE_MAGIC && d->present; }
+
+/* Lock and check a device handle: a removed GPU or MIG device is an invalid handle, a lost GPU and its MIG
+ * devices answer LOST. */
 static nvmlReturn_t enter(nvmlDevice_t device) {
     pthread_mutex_lock(&mu);
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
-    if (!device || device->magic != DEVICE_MAGIC || !device->present) return NVML_ERROR_INVALID_ARGUMENT;
-    if (device->gpu.lost) return NVML_ERROR_GPU_IS_LOST;
+    if (!valid_device(device)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpu_of(device)->gpu.lost) return NVML_ERROR_GPU_IS_LOST;
     return NVML_SUCCESS;
+}
+
+/* enter() for calls that only a GPU answers (NOT_SUPPORTED on a MIG device). */
+static nvmlReturn_t enter_gpu(nvmlDevice_t device) {
+    nvmlReturn_t rc = enter(device);
+    return !rc && device->parent ? NVML_ERROR_NOT_SUPPORTED : rc;
 }
 
 static nvmlReturn_t leave(nvmlReturn_t rc) {
@@ -962,32 +1184,44 @@ static nvmlReturn_t leave(nvmlReturn_t rc) {
 
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     nvmlReturn_t rc = enter(device);
-    return leave(rc ? rc : copy_text(uuid, length, device->gpu.uuid));
+    return leave(rc ? rc : copy_text(uuid, length, device_uuid(device)));
 }
 
+/* A MIG device is named for its GPU and profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb". */
 API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    char text[2 * NVML_DEVICE_NAME_V2_BUFFER_SIZE + 8], profile[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     nvmlReturn_t rc = enter(device);
-    return leave(rc ? rc : copy_text(name, length, device->gpu.name));
+    if (rc) return leave(rc);
+    if (!device->parent) return leave(copy_text(name, length, device->gpu.name));
+    profile_name(device->mig.profile, device->parent->gpu.memory_mib, profile, sizeof profile);
+    snprintf(text, sizeof text, "%s MIG %s", device->parent->gpu.name, profile);
+    return leave(copy_text(name, length, text));
 }
 
 API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
-    nvmlReturn_t rc = enter(device);
+    nvmlReturn_t rc = enter_gpu(device);
     if (!rc && !index) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) *index = device->index;
     return leave(rc);
 }
 
 API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
-    nvmlReturn_t rc = enter(device);
+    nvmlReturn_t rc = enter_gpu(device);
     if (!rc && !minor) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) *minor = device->gpu.minor;
     return leave(rc);
 }
 
+/* A GPU's memory, or a MIG device's share of its GPU's (mu held). */
+static unsigned long long memory_bytes(nvmlDevice_t device) {
+    if (!device->parent) return device->gpu.memory_mib << 20;
+    return profile_memory_mib(device->mig.profile, device->parent->gpu.memory_mib) << 20;
+}
+
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     nvmlReturn_t rc = enter(device);
     if (!rc && !memory) rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (!rc) memory->total = memory->free = device->gpu.memory_mib << 20, memory->used = 0;
+    if (!rc) memory->total = memory->free = memory_bytes(device), memory->used = 0;
     return leave(rc);
 }
 
@@ -995,24 +1229,25 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
     nvmlReturn_t rc = enter(device);
     if (!rc && !memory) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc && memory->version != nvmlMemory_v2) rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    if (!rc) memory->total = memory->free = device->gpu.memory_mib << 20, memory->reserved = memory->used = 0;
+    if (!rc) memory->total = memory->free = memory_bytes(device), memory->reserved = memory->used = 0;
     return leave(rc);
 }
 
 API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
     nvmlReturn_t rc = enter(device);
     if (!rc && !node) rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (!rc && !device->gpu.has_numa) rc = NVML_ERROR_NOT_SUPPORTED;
-    if (!rc) *node = device->gpu.numa_node;
+    if (!rc && !gpu_of(device)->gpu.has_numa) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) *node = gpu_of(device)->gpu.numa_node;
     return leave(rc);
 }
 
-/* A made-up but valid PCI address per minor: domain, bus and device taken from its bits. */
+/* A made-up but valid PCI address per minor: domain, bus and device taken from its bits (a MIG device's
+ * is its GPU's). */
 static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     nvmlReturn_t rc = enter(device);
     if (!rc && !pci) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) {
-        unsigned m = device->gpu.minor;
+        unsigned m = gpu_of(device)->gpu.minor;
         memset(pci, 0, sizeof *pci);
         pci->domain = m >> 13, pci->bus = (m >> 5) & 0xFF, pci->device = m & 0x1F;
         pci->pciDeviceId = MOCK_PCI_DEVICE_ID, pci->pciSubSystemId = 0x145F10DEU;
@@ -1033,17 +1268,12 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *ma
     return leave(rc);
 }
 
-API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
-    nvmlReturn_t rc = enter(device);
-    if (!rc && (!current || !pending)) rc = NVML_ERROR_INVALID_ARGUMENT;
-    return leave(rc ? rc : NVML_ERROR_NOT_SUPPORTED);
-}
-
 /* PCIe-only GPUs (no NVLink): the same NUMA node is NODE, anything else SYSTEM. */
 API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, int *pathInfo) {
-    nvmlReturn_t rc = enter(device1);
+    nvmlReturn_t rc = enter_gpu(device1);
     if (rc) return leave(rc);
-    if (!device2 || device2->magic != DEVICE_MAGIC || !device2->present || !pathInfo) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!valid_device(device2) || !pathInfo) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (device2->parent) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (device2->gpu.lost) return leave(NVML_ERROR_GPU_IS_LOST);
     if (device1 == device2) *pathInfo = NVML_TOPOLOGY_INTERNAL;
     else if (device1->gpu.has_numa && device2->gpu.has_numa && device1->gpu.numa_node == device2->gpu.numa_node)
@@ -1059,8 +1289,198 @@ API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link
     return leave(rc ? rc : NVML_ERROR_NOT_SUPPORTED);
 }
 
-API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+/* ---- MIG ---------------------------------------------------------------------------------------------- */
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
+    nvmlReturn_t rc = enter_gpu(device);
+    if (!rc && (!current || !pending)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && !device->gpu.mig_capable) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) *current = *pending = device->gpu.mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    return leave(rc);
+}
+
+/* enter() for calls that only a MIG-capable GPU answers. */
+static nvmlReturn_t enter_mig_capable(nvmlDevice_t device) {
+    nvmlReturn_t rc = enter_gpu(device);
+    return !rc && !device->gpu.mig_capable ? NVML_ERROR_NOT_SUPPORTED : rc;
+}
+
+/* enter() for calls that only a MIG device answers. */
+static nvmlReturn_t enter_mig(nvmlDevice_t device) {
     nvmlReturn_t rc = enter(device);
+    return !rc && !device->parent ? NVML_ERROR_NOT_SUPPORTED : rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    nvmlReturn_t rc = enter_mig_capable(device);
+    if (!rc && !count) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *count = MIG_MAX;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice) {
+    nvmlReturn_t rc = enter_mig_capable(device);
+    if (!rc && (!migDevice || index >= MIG_MAX)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && index >= device->gpu.nmigs) rc = NVML_ERROR_NOT_FOUND;
+    if (!rc) *migDevice = device->migs[index];
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !isMigDevice) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *isMigDevice = device->parent != NULL;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    nvmlReturn_t rc = enter(migDevice);
+    if (!rc && (!device || !migDevice->parent)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *device = migDevice->parent;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    nvmlReturn_t rc = enter_mig(device);
+    if (!rc && !id) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *id = device->mig.gi;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    nvmlReturn_t rc = enter_mig(device);
+    if (!rc && !id) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *id = 0;
+    return leave(rc);
+}
+
+/* A MIG device's share of its GPU (a GPU's own: all of it); engine counts grow with the slices. */
+API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !attributes) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) {
+        unsigned slices = device->parent ? device->mig.profile->slices : MIG_SLICES;
+        memset(attributes, 0, sizeof *attributes);
+        attributes->multiprocessorCount = device->parent ? MOCK_SMS_PER_SLICE * slices : MOCK_GPU_SMS;
+        attributes->sharedCopyEngineCount = slices;
+        attributes->sharedDecoderCount = (slices + 1) / 2;
+        attributes->sharedJpegCount = slices == MIG_SLICES;
+        attributes->sharedOfaCount = slices == MIG_SLICES;
+        attributes->gpuInstanceSliceCount = attributes->computeInstanceSliceCount = slices;
+        attributes->memorySizeMB = memory_bytes(device) >> 20;
+    }
+    return leave(rc);
+}
+
+/* A GPU instance profile of a MIG-capable GPU; NOT_SUPPORTED for those an A100 lacks. */
+API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                     nvmlGpuInstanceProfileInfo_t *info) {
+    nvmlReturn_t rc = enter_mig_capable(device);
+    const struct mig_profile *p = gi_profile(profile);
+    if (!rc && (!info || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && !p) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) {
+        memset(info, 0, sizeof *info);
+        info->id = profile, info->sliceCount = p->slices, info->instanceCount = p->instances;
+        info->multiprocessorCount = MOCK_SMS_PER_SLICE * p->slices;
+        info->copyEngineCount = p->slices, info->decoderCount = (p->slices + 1) / 2;
+        info->jpegCount = info->ofaCount = p->slices == MIG_SLICES;
+        info->memorySizeMB = profile_memory_mib(p, device->gpu.memory_mib);
+    }
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance) {
+    nvmlReturn_t rc = enter_mig_capable(device);
+    if (!rc && !gpuInstance) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && !device->gpu.mig_enabled) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) {
+        rc = NVML_ERROR_NOT_FOUND;
+        for (size_t j = 0; rc && j < device->gpu.nmigs; j++)
+            if (device->migs[j]->mig.gi == id) *gpuInstance = &device->migs[j]->gi, rc = NVML_SUCCESS;
+    }
+    return leave(rc);
+}
+
+/* Lock and check a GPU or compute instance (given: not NULL): the MIG device it belongs to, or NULL with the
+ * answer in *rc. */
+static nvmlDevice_t enter_instance(int given, unsigned magic, nvmlDevice_t mig, nvmlReturn_t *rc) {
+    pthread_mutex_lock(&mu);
+    *rc = !initialized ? NVML_ERROR_UNINITIALIZED
+          : !given || magic != INSTANCE_MAGIC || !valid_device(mig) || !mig->parent ? NVML_ERROR_INVALID_ARGUMENT
+          : mig->parent->gpu.lost ? NVML_ERROR_GPU_IS_LOST
+          : NVML_SUCCESS;
+    return *rc ? NULL : mig;
+}
+
+static nvmlDevice_t enter_gi(nvmlGpuInstance_t gi, nvmlReturn_t *rc) {
+    return enter_instance(gi != NULL, gi ? gi->magic : 0, gi ? gi->mig : NULL, rc);
+}
+
+static nvmlDevice_t enter_ci(nvmlComputeInstance_t ci, nvmlReturn_t *rc) {
+    return enter_instance(ci != NULL, ci ? ci->magic : 0, ci ? ci->mig : NULL, rc);
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_gi(gpuInstance, &rc);
+    if (!rc && !info) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) {
+        unsigned start = 0;
+        for (unsigned j = 0; j < m->index; j++) start += m->parent->migs[j]->mig.profile->mem_slices;
+        memset(info, 0, sizeof *info);
+        info->device = m->parent, info->id = m->mig.gi, info->profileId = m->mig.profile->gi_profile;
+        info->placement.start = start, info->placement.size = m->mig.profile->mem_slices;
+    }
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance, unsigned int profile,
+                                                               unsigned int engProfile,
+                                                               nvmlComputeInstanceProfileInfo_t *info) {
+    static const unsigned slices_of[] = {1, 2, 3, 4, 7}; /* NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE, by ID */
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_gi(gpuInstance, &rc);
+    if (!rc && (!info || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
+                engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && (profile >= sizeof slices_of / sizeof slices_of[0] || slices_of[profile] > m->mig.profile->slices))
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) {
+        unsigned n = slices_of[profile];
+        memset(info, 0, sizeof *info);
+        info->id = profile, info->sliceCount = n, info->instanceCount = m->mig.profile->slices / n;
+        info->multiprocessorCount = MOCK_SMS_PER_SLICE * n;
+        info->sharedCopyEngineCount = m->mig.profile->slices, info->sharedDecoderCount = (m->mig.profile->slices + 1) / 2;
+    }
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                       nvmlComputeInstance_t *computeInstance) {
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_gi(gpuInstance, &rc);
+    if (!rc && !computeInstance) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && id != 0) rc = NVML_ERROR_NOT_FOUND;
+    if (!rc) *computeInstance = &m->ci;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t *info) {
+    nvmlReturn_t rc;
+    nvmlDevice_t m = enter_ci(computeInstance, &rc);
+    if (!rc && !info) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) {
+        memset(info, 0, sizeof *info);
+        info->device = m->parent, info->gpuInstance = &m->gi, info->id = 0;
+        info->profileId = (unsigned)ci_profile_id(m->mig.profile->slices);
+        info->placement.start = 0, info->placement.size = m->mig.profile->slices;
+    }
+    return leave(rc);
+}
+
+/* ---- events -------------------------------------------------------------------------------------------- */
+API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    nvmlReturn_t rc = enter_gpu(device);
     if (!rc && !types) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) *types = nvmlEventTypeXidCriticalError;
     return leave(rc);
@@ -1104,7 +1524,7 @@ API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
 }
 
 API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
-    nvmlReturn_t rc = enter(device);
+    nvmlReturn_t rc = enter_gpu(device);
     if (!rc && !set_known(set)) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc && (types & ~(unsigned long long)nvmlEventTypeXidCriticalError)) rc = NVML_ERROR_NOT_SUPPORTED;
     if (!rc) {

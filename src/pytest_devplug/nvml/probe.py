@@ -2,7 +2,8 @@
 
 It works on any ``libnvidia-ml.so.1`` (a GPU node's driver or the mock), so the mock's answers can be
 compared with a real library's side by side. Each value is read on its own: a call that fails shows its
-NVML error instead of ending the probe.
+NVML error instead of ending the probe. A MIG-enabled GPU's MIG devices are listed as go-nvlib visits them
+(every index up to ``nvmlDeviceGetMaxMigDeviceCount``, the empty ones skipped).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from ..errors import DevplugError
 __all__ = ["Handle", "NvmlError", "Nvml", "probe", "format_report"]
 
 NVML_SUCCESS = 0
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
+NVML_DEVICE_MIG_ENABLE = 1
 EVENT_TYPES = {
     0x1: "SingleBitEccError", 0x2: "DoubleBitEccError", 0x4: "PState", 0x8: "XidCriticalError",
     0x10: "Clock", 0x20: "PowerSourceChange", 0x40: "MigConfigChange",
@@ -127,6 +131,21 @@ class Nvml:
         self.call("nvmlDeviceGetMigMode", handle, byref(current), byref(pending))
         return current.value
 
+    def mig_devices(self, handle: Handle) -> list[tuple[int, Handle]]:
+        """(index, handle) of the MIG devices of a MIG-enabled GPU, as go-nvlib's ``VisitMigDevices`` finds them: an
+        index without one answers NOT_FOUND (or INVALID_ARGUMENT) and is skipped."""
+        out = []
+        for index in range(self.uint("nvmlDeviceGetMaxMigDeviceCount", handle)):
+            mig = c_void_p()
+            try:
+                self.call("nvmlDeviceGetMigDeviceHandleByIndex", handle, c_uint(index), byref(mig))
+            except NvmlError as exc:
+                if exc.code in (NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise
+            out.append((index, Handle(mig.value or 0)))
+        return out
+
     def supported_events(self, handle: Handle) -> int:
         out = c_ulonglong()
         self.call("nvmlDeviceGetSupportedEventTypes", handle, byref(out))
@@ -154,6 +173,8 @@ class Report:
     library: str
     system: dict[str, str] = field(default_factory=dict)
     devices: list[dict[str, str]] = field(default_factory=list)
+    #: The MIG devices of MIG-enabled GPUs; ``gpu`` is the index of the GPU they are on.
+    mig_devices: list[dict[str, str]] = field(default_factory=list)
 
 
 def _ask(fn: Any, *args: Any) -> str:
@@ -189,25 +210,44 @@ def probe(path: str) -> Report:
                 return ",".join(name for bit, name in EVENT_TYPES.items() if mask & bit) or "none"
 
             def mig(handle: Handle = h) -> str:
-                return "enabled" if nvml.mig_mode(handle) else "disabled"
+                return "enabled" if nvml.mig_mode(handle) == NVML_DEVICE_MIG_ENABLE else "disabled"
 
-            report.devices.append(
-                {
-                    "index": str(index),
-                    "uuid": _ask(nvml.text, "nvmlDeviceGetUUID", h),
-                    "name": _ask(nvml.text, "nvmlDeviceGetName", h),
-                    "minor": _ask(nvml.uint, "nvmlDeviceGetMinorNumber", h),
-                    "memory MiB": _ask(lambda handle=h: nvml.memory_total(handle) // (1 << 20)),
-                    "NUMA node": _ask(nvml.uint, "nvmlDeviceGetNumaNodeId", h),
-                    "PCI bus id": _ask(nvml.pci_bus_id, h),
-                    "compute capability": _ask(nvml.compute_capability, h),
-                    "MIG mode": _ask(mig),
-                    "events": _ask(events),
-                }
-            )
+            device = {
+                "index": str(index),
+                "uuid": _ask(nvml.text, "nvmlDeviceGetUUID", h),
+                "name": _ask(nvml.text, "nvmlDeviceGetName", h),
+                "minor": _ask(nvml.uint, "nvmlDeviceGetMinorNumber", h),
+                "memory MiB": _ask(lambda handle=h: nvml.memory_total(handle) // (1 << 20)),
+                "NUMA node": _ask(nvml.uint, "nvmlDeviceGetNumaNodeId", h),
+                "PCI bus id": _ask(nvml.pci_bus_id, h),
+                "compute capability": _ask(nvml.compute_capability, h),
+                "MIG mode": _ask(mig),
+                "events": _ask(events),
+            }
+            report.devices.append(device)
+            if device["MIG mode"] == "enabled":
+                try:
+                    migs = nvml.mig_devices(h)
+                except NvmlError as exc:
+                    device["MIG devices"] = f"n/a ({exc.text})"
+                    continue
+                device["MIG devices"] = str(len(migs))
+                report.mig_devices += [_mig_device(nvml, index, i, m) for i, m in migs]
         return report
     finally:
         nvml.shutdown()
+
+
+def _mig_device(nvml: Nvml, gpu: int, index: int, handle: Handle) -> dict[str, str]:
+    return {
+        "gpu": str(gpu),
+        "index": str(index),
+        "uuid": _ask(nvml.text, "nvmlDeviceGetUUID", handle),
+        "name": _ask(nvml.text, "nvmlDeviceGetName", handle),
+        "memory MiB": _ask(lambda: nvml.memory_total(handle) // (1 << 20)),
+        "GPU instance": _ask(nvml.uint, "nvmlDeviceGetGpuInstanceId", handle),
+        "compute instance": _ask(nvml.uint, "nvmlDeviceGetComputeInstanceId", handle),
+    }
 
 
 def format_report(report: Report) -> str:
@@ -217,4 +257,7 @@ def format_report(report: Report) -> str:
     for dev in report.devices:
         lines.append(f"  GPU {dev['index']}:")
         lines += [f"    {k}: {v}" for k, v in dev.items() if k != "index"]
+        for mig in (m for m in report.mig_devices if m["gpu"] == dev["index"]):
+            lines.append(f"    MIG device {mig['index']}:")
+            lines += [f"      {k}: {v}" for k, v in mig.items() if k not in ("gpu", "index")]
     return "\n".join(lines)

@@ -36,11 +36,16 @@ import kubernetes
 import urllib3
 from kubernetes.client import ApiException
 
+from ..kuberest import KubeRest
 from ..waiting import WaitTimeout, wait_for
 from . import errors
 from .apiserver import now_rfc3339
 from .clusterapi import ClusterApi
+from .dra.api import KubeletDRAApi
+from .dra.node import DRATimings, NodeDRA
 from .kubelet import SimNode
+from .launcher import KUBELET_PATHS
+from .nodestatus import node_labels
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
 
@@ -117,6 +122,8 @@ class ApiCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.grace_period = grace_period
         self.timeout = timeout
+        #: The DRA periods every kubelet starts with (``set_dra_timings`` changes them for all).
+        self.dra_timings = DRATimings()
         self._client = client
         self._core: Any = kubernetes.client.CoreV1Api(client)
         self._coord: Any = kubernetes.client.CoordinationV1Api(client)
@@ -171,8 +178,8 @@ class ApiCluster:
         topology_policy: str = "none",
     ) -> SimNode:
         """Register the Node (the API server validates the name first), then start its kubelet."""
-        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", **(labels or {})}
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}, "spec": {}}
+        own_labels = node_labels(name, labels)
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": own_labels}, "spec": {}}
         if taints:
             body["spec"]["taints"] = [dict(t) for t in taints]
         try:
@@ -182,17 +189,19 @@ class ApiCluster:
         node = SimNode(
             name,
             self.workdir / name,
-            labels=node_labels,
+            labels=own_labels,
             taints=taints,
             numa_nodes=numa_nodes,
             topology_policy=topology_policy,
             grace_period=self.grace_period,
-            pods_source=lambda: self._pods_on(name),
-            pod_bound=lambda uid: self._is_bound(uid, name),
-            status_sink=lambda uid, status: self._publish(name, uid),
-            event_sink=lambda pod, type_, reason, message: self._emit(name, pod, type_, reason, message),
-            on_node_change=self._kick.set,
+            control_plane=self,
         )
+        node.dra = NodeDRA(
+            name, node.node_dir, KubeletDRAApi(KubeRest(self._client, self.timeout)),
+            endpoint_paths={KUBELET_PATHS[d]: node.node_dir / d for d in ("plugins_registry", "plugins")},
+            event_sink=lambda pod, type_, reason, message: self.record_event(name, pod, type_, reason, message),
+            on_change=self._kick.set, timings=DRATimings(**vars(self.dra_timings)), logger=node.logger,
+        )  # fmt: skip
         agent = _NodeAgent(node)
         with self._lock:
             self._agents[name] = agent
@@ -202,6 +211,18 @@ class ApiCluster:
         self._wait_schedulable(name)
         self._hand_over_bound(name)
         return node
+
+    def set_dra_timings(self, **seconds: float) -> None:
+        """Change DRA periods (``wiping_delay``, ``retry_period``, ``reconcile_period``) of every kubelet, now and
+        after its restarts, and of nodes added later."""
+        for key, value in seconds.items():
+            setattr(self.dra_timings, key, float(value))
+        for node in self.nodes:
+            if node.dra is not None:
+                for key, value in seconds.items():
+                    setattr(node.dra.timings, key, float(value))
+                if "wiping_delay" in seconds:
+                    node.dra.set_wiping_delay(float(seconds["wiping_delay"]))
 
     def _wait_schedulable(self, name: str) -> None:
         """Return once the node lifecycle controller lifted the ``not-ready`` taint the API server put on the new
@@ -436,7 +457,8 @@ class ApiCluster:
         except ApiException as exc:
             raise _api_error(exc) from None
 
-    def _publish(self, node_name: str, uid: str) -> None:
+    def set_pod_status(self, node_name: str, uid: str, status: dict[str, Any]) -> None:
+        """ControlPlaneLink: post the kubelet's status (read again at post time: see _sync_pod_status)."""
         with self._lock:
             agent = self._agents.get(node_name)
         if agent is not None:
@@ -520,7 +542,8 @@ class ApiCluster:
         return agent.node, str(pod["metadata"]["uid"])
 
     # ------------------------------------------------------------ the kubelet side
-    def _pods_on(self, node_name: str) -> list[dict[str, Any]]:
+    def pods_bound_to(self, node_name: str) -> list[dict[str, Any]]:
+        """ControlPlaneLink; the pods are remembered as handed to the node."""
         resp = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}", _preload_content=False, _request_timeout=self.timeout)
         pods = list(_json(resp)["items"])
         with self._lock:
@@ -531,7 +554,7 @@ class ApiCluster:
                 agent.handed |= {p["metadata"]["uid"] for p in pods}
         return pods
 
-    def _is_bound(self, uid: str, node_name: str) -> bool:
+    def pod_bound(self, uid: str, node_name: str) -> bool:
         with self._lock:
             key = self._uids.get(uid)
         if key is None:
@@ -565,7 +588,7 @@ class ApiCluster:
             _log.exception("admitting pod %s/%s failed", pod["metadata"]["namespace"], pod["metadata"]["name"])
 
     def _hand_over_bound(self, node_name: str) -> None:
-        for pod in self._pods_on(node_name):
+        for pod in self.pods_bound_to(node_name):
             with self._lock:
                 agent = self._agents.get(node_name)
                 if agent is not None:
@@ -629,8 +652,11 @@ class ApiCluster:
         items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or "")
         return items
 
-    def _emit(self, node_name: str, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """A kubelet event (core/v1, ``source: {component: kubelet, host: <node>}``); a repeat raises ``count``."""
+    def node_changed(self, node_name: str) -> None:
+        self._kick.set()
+
+    def record_event(self, node_name: str, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """ControlPlaneLink: a kubelet event (core/v1, ``source: {component: kubelet, host: <node>}``); a repeat raises ``count``."""
         meta = pod["metadata"]
         ns = meta.get("namespace", "default")
         now = now_rfc3339()

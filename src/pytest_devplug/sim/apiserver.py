@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 
 import copy
-import re
 import secrets
 import string
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from fractions import Fraction
 from typing import Any, Mapping
 
+from ..kubeletmodel.quantity import QUANTITY_REGEX_TEXT, Quantity, QuantityError, parse_quantity
 from .errors import ApiError
 from .names import (
     dns1123_subdomain_errors,
@@ -31,6 +30,7 @@ from .names import (
 __all__ = [
     "Quantity",
     "parse_quantity",
+    "decode_quantity",
     "is_extended_resource",
     "to_manifest",
     "default_pod",
@@ -39,36 +39,6 @@ __all__ = [
     "now_rfc3339",
     "FieldError",
 ]
-
-QUANTITY_REGEX_TEXT = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-_QUANTITY_RE = re.compile(r"([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)([eEinumkKMGTP]*[-+]?[0-9]*)")
-_DECIMAL_SUFFIX = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
-_DECIMAL_BY_EXP = {v: k for k, v in _DECIMAL_SUFFIX.items()}
-_BINARY_BY_EXP = {v: k for k, v in _BINARY_SUFFIX.items()}
-
-
-@dataclass(frozen=True)
-class Quantity:
-    """A ``resource.Quantity``: exact value plus the format its canonical string is written in."""
-
-    value: Fraction
-    fmt: str  # "DecimalSI" | "BinarySI" | "DecimalExponent"
-
-    def is_integer(self) -> bool:
-        # Upstream: value.MilliValue() % 1000 != 0 (MilliValue rounds up to whole milli-units).
-        milli = -((-self.value * 1000) // 1)
-        return milli % 1000 == 0
-
-    def ceil_int(self) -> int:
-        return int(-((-self.value) // 1))
-
-    def milli(self) -> int:
-        return int(-((-self.value * 1000) // 1))
-
-    def __str__(self) -> str:
-        return _canonical(self.value, self.fmt)
-
 
 def _bad_quantity() -> ApiError:
     return ApiError(
@@ -79,57 +49,12 @@ def _bad_quantity() -> ApiError:
     )
 
 
-def parse_quantity(raw: object) -> Quantity:
-    """Parse a quantity as the API server decodes it from JSON (string, int or float).
-
-    ``Quantity.UnmarshalJSON`` trims white space from the raw JSON text between the quotes, and
-    the Python client sends that text through ``json.dumps``: a space survives as a space (and is
-    trimmed), while a newline or tab arrives as the escape ``\\n``, which is not a quantity.
-    """
-    if isinstance(raw, bool):
-        raise _bad_quantity()
-    if isinstance(raw, int):
-        return Quantity(Fraction(raw), "DecimalSI")
-    if isinstance(raw, float):
-        return parse_quantity(repr(raw))
-    if not isinstance(raw, str):
-        raise _bad_quantity()
-    m = _QUANTITY_RE.fullmatch(raw.strip(" "))
-    if not m:
-        raise _bad_quantity()
-    sign, digits, suffix = m.groups()
-    number = Fraction(digits)
-    if sign == "-":
-        number = -number
-    if suffix in _DECIMAL_SUFFIX:
-        return Quantity(number * Fraction(10) ** _DECIMAL_SUFFIX[suffix], "DecimalSI")
-    if suffix in _BINARY_SUFFIX:
-        return Quantity(number * 2 ** _BINARY_SUFFIX[suffix], "BinarySI")
-    em = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
-    if em:
-        return Quantity(number * Fraction(10) ** int(em.group(1)), "DecimalExponent")
-    raise _bad_quantity()
-
-
-def _canonical(value: Fraction, fmt: str) -> str:
-    """``Quantity.String()``: the canonical form (e.g. ``0.5`` -> ``500m``, ``2000`` -> ``2k``)."""
-    if value == 0:
-        return "0"
-    if fmt == "BinarySI" and (value <= -1024 or value >= 1024) and value.denominator == 1:
-        n, exp = int(value), 0
-        while exp < 60 and n % 1024 == 0:
-            n //= 1024
-            exp += 10
-        return f"{n}{_BINARY_BY_EXP[exp]}"
-    # Decimal: round up to nano units, then the largest exponent (multiple of 3) keeping an integer.
-    nanos = -((-value * 10**9) // 1)
-    mantissa, exp = int(nanos), -9
-    while exp < 18 and mantissa % 1000 == 0:
-        mantissa //= 1000
-        exp += 3
-    if fmt == "DecimalExponent":
-        return f"{mantissa}e{exp}" if exp else str(mantissa)
-    return f"{mantissa}{_DECIMAL_BY_EXP[exp]}"
+def decode_quantity(raw: object) -> Quantity:
+    """A quantity of a pod's JSON as the API server decodes it: one that does not parse is a 400."""
+    try:
+        return parse_quantity(raw)
+    except QuantityError:
+        raise _bad_quantity() from None
 
 
 def is_extended_resource(name: str) -> bool:
@@ -226,11 +151,11 @@ def _validate_resources(path: str, res: Mapping[str, Any], errs: list[FieldError
     lim_path, req_path = f"{path}.resources.limits", f"{path}.resources.requests"
     parsed_limits: dict[str, Quantity] = {}
     for name in sorted(limits):
-        q = parse_quantity(limits[name])
+        q = decode_quantity(limits[name])
         parsed_limits[name] = q
         _validate_name_and_value(name, q, f"{lim_path}[{name}]", errs)
     for name in sorted(requests):
-        q = parse_quantity(requests[name])
+        q = decode_quantity(requests[name])
         _validate_name_and_value(name, q, f"{req_path}[{name}]", errs)
         overcommit_allowed = not is_extended_resource(name) and not name.startswith("hugepages-")
         lim = parsed_limits.get(name)
@@ -298,5 +223,5 @@ def admit_pod(manifest: object) -> dict[str, Any]:
         if isinstance(res, dict):
             for key in ("limits", "requests"):
                 if res.get(key):
-                    res[key] = {k: str(parse_quantity(v)) for k, v in res[key].items()}
+                    res[key] = {k: str(decode_quantity(v)) for k, v in res[key].items()}
     return pod

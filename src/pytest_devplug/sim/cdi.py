@@ -17,19 +17,20 @@ follows ``tags.cncf.io/container-device-interface`` (``pkg/cdi``, ``pkg/parser``
   ``b c u p`` or none, no negative major/minor, permissions of ``rwm`` (or ``none``), ``mounts`` with
   both paths, ``hooks`` with a known ``hookName`` and a ``path``.
 
-``resolve(names, spec_dirs)`` is the one entry point: the sim's runtime calls it when it starts a
-container, and the DRA driver side can call it the same way.
+``resolve(names, spec_dirs)`` resolves names; ``apply_edits(view, spec_dirs)`` is what the runtime makes of a
+container's options with them (the sim's runtime when it starts a container, the real-cluster backends' view of
+what a container should have).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .model import DeviceNodeSpec, MountSpec
+from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
 __all__ = [
     "CdiEdits",
@@ -38,6 +39,7 @@ __all__ = [
     "CdiRegistry",
     "load_specs",
     "resolve",
+    "apply_edits",
     "names_from_annotations",
 ]
 
@@ -72,8 +74,8 @@ class CdiEdits:
     """The edits a container gets from its CDI devices, in the order the runtime applies them."""
 
     env: dict[str, str] = field(default_factory=dict)
-    device_nodes: list[DeviceNodeSpec] = field(default_factory=list)
-    mounts: list[MountSpec] = field(default_factory=list)
+    device_nodes: list[DeviceNodeView] = field(default_factory=list)
+    mounts: list[MountView] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)  # "hookName path"; the sim runs none
 
     def add(self, raw: Mapping[str, Any]) -> None:
@@ -82,10 +84,10 @@ class CdiEdits:
             self.env[name] = value  # a later value wins, as in the OCI spec's process env
         for d in raw.get("deviceNodes") or ():
             perms = str(d.get("permissions") or "rwm")
-            node = DeviceNodeSpec(str(d["path"]), str(d.get("hostPath") or d["path"]), "" if perms == "none" else perms)
+            node = DeviceNodeView(str(d["path"]), str(d.get("hostPath") or d["path"]), "" if perms == "none" else perms)
             self.device_nodes = [n for n in self.device_nodes if n.container_path != node.container_path] + [node]
         for m in raw.get("mounts") or ():
-            mount = MountSpec(str(m["containerPath"]), str(m["hostPath"]), "ro" in (m.get("options") or ()))
+            mount = MountView(str(m["containerPath"]), str(m["hostPath"]), "ro" in (m.get("options") or ()))
             self.mounts = [x for x in self.mounts if x.container_path != mount.container_path] + [mount]
         self.hooks += [f"{h['hookName']} {h['path']}" for h in raw.get("hooks") or ()]
 
@@ -173,7 +175,10 @@ def _parse(path: Path) -> Any:
         import yaml  # the cluster and kind extras bring PyYAML; a JSON spec needs nothing
     except ImportError:
         raise CdiSpecError(f"{path}: a YAML CDI spec needs PyYAML (pip install pyyaml)") from None
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
 
 
 def _read_spec(path: Path, priority: int) -> _Spec:
@@ -182,8 +187,6 @@ def _read_spec(path: Path, priority: int) -> _Spec:
     except CdiSpecError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - PyYAML's own error types, imported lazily
         raise CdiSpecError(f"{path}: cannot parse: {exc}") from None
     try:
         if not isinstance(raw, dict):
@@ -283,3 +286,23 @@ def resolve(names: Iterable[str], spec_dirs: Sequence[Path]) -> CdiEdits:
             edits.add(spec.edits)
         edits.add(device_edits)
     return edits
+
+
+def apply_edits(view: ContainerView, spec_dirs: Sequence[Path]) -> ContainerView:
+    """What a CDI-enabled runtime applies on top of the kubelet's options: the edits of the CDI devices named in
+    ``CDIDevices`` and ``cdi.k8s.io/*`` annotations, from the spec files in ``spec_dirs`` (later ones win): their
+    env over the options' env, their device nodes and mounts replacing the options' at the same container path.
+
+    Raises :class:`UnresolvableCdiDevicesError` for a name no spec resolves (the runtime refuses the container)."""
+    names = [*view.cdi_devices, *names_from_annotations(view.annotations)]
+    if not names:
+        return view
+    edits = resolve(names, spec_dirs)
+    nodes = {d.container_path for d in edits.device_nodes}
+    paths = {m.container_path for m in edits.mounts}
+    return replace(
+        view,
+        envs={**view.envs, **edits.env},
+        devices=(*(d for d in view.devices if d.container_path not in nodes), *edits.device_nodes),
+        mounts=(*(m for m in view.mounts if m.container_path not in paths), *edits.mounts),
+    )

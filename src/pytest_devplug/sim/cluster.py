@@ -141,11 +141,7 @@ class SimCluster:
                 numa_nodes=numa_nodes,
                 topology_policy=topology_policy,
                 grace_period=self.grace_period,
-                pods_source=lambda: self._pods_on(name),
-                pod_bound=lambda uid: self._is_bound(uid, name),
-                status_sink=self._on_status,
-                event_sink=self._kubelet_event_sink(name),
-                on_node_change=self._kick.set,
+                control_plane=self,
             )
             self._nodes[name] = node
         node.start_kubelet()
@@ -319,14 +315,11 @@ class SimCluster:
             self._event_keys[key] = ev
             self._events.append(ev)
 
-    def _kubelet_event_sink(self, node_name: str) -> Any:
-        def sink(pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-            self._record_event(pod, type_, reason, message, "kubelet", node_name)
+    # ------------------------------------------------- the kubelets' side (ControlPlaneLink)
+    def record_event(self, node: str, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        self._record_event(pod, type_, reason, message, "kubelet", node)
 
-        return sink
-
-    # ------------------------------------------------------------------ internals
-    def _on_status(self, uid: str, status: dict[str, Any]) -> None:
+    def set_pod_status(self, node: str, uid: str, status: dict[str, Any]) -> None:
         with self._lock:
             key = self._uids.get(uid)
             rec = self._pods.get(key) if key else None
@@ -335,15 +328,20 @@ class SimCluster:
         if status.get("phase") in ("Succeeded", "Failed"):
             self._kick.set()  # its requests no longer count: pending pods may fit now
 
-    def _is_bound(self, uid: str, node_name: str) -> bool:
+    def pod_bound(self, uid: str, node: str) -> bool:
         with self._lock:
             key = self._uids.get(uid)
             rec = self._pods.get(key) if key else None
-            return rec is not None and rec.node_name == node_name
+            return rec is not None and rec.node_name == node
 
-    def _pods_on(self, node_name: str) -> list[dict[str, Any]]:
+    def pods_bound_to(self, node: str) -> list[dict[str, Any]]:
         with self._lock:
-            return [rec.render() for rec in self._pods.values() if rec.node_name == node_name]
+            return [rec.render() for rec in self._pods.values() if rec.node_name == node]
+
+    def node_changed(self, node: str) -> None:
+        self._kick.set()
+
+    # ------------------------------------------------------------------ internals
 
     def _refresh_nodes(self) -> None:
         for node in self.nodes:

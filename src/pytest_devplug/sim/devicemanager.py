@@ -19,63 +19,37 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf.message import DecodeError
-
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-from pytest_devplug.sim.checkpoint import (
-    CHECKPOINT_NAME,
-    CheckpointData,
-    CheckpointError,
-    PodDevicesEntry,
-    read_checkpoint,
-    write_checkpoint,
-)
+from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointData, CheckpointError
+from pytest_devplug.kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
+from pytest_devplug.sim.checkpoint import read_checkpoint, write_checkpoint
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
 from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
-from pytest_devplug.sim.model import (
-    ContainerRuntimeOptions,
-    ContainerSpec,
-    PodSpecView,
-)
+from pytest_devplug.sim.pod_devices import NO_NUMA, PodDevices
 from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, plugin_socket_path
-from pytest_devplug.sim.runoptions import run_container_options
 from pytest_devplug.sim.topology import (
     POLICIES,
     TOPOLOGY_AFFINITY_MESSAGE,
     TOPOLOGY_AFFINITY_REASON,
     TopologyHint,
-    generate_device_hints,
+    device_hints,
+    filter_by_affinity,
     merge_hints,
 )
 
-__all__ = ["DeviceManager", "AllocateError", "KUBELET_SOCKET", "HEALTHY", "UNHEALTHY"]
+__all__ = ["DeviceManager", "AllocateError", "KUBELET_SOCKET", "HEALTHY", "UNHEALTHY", "NO_NUMA"]
 
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-#: Devices without topology sit under this fake NUMA node (``nodeWithoutTopology``).
-NO_NUMA = -1
 #: How often an allocation starts over after losing a race during GetPreferredAllocation.
 _MAX_RACE_RETRIES = 20
 
 
 class AllocateError(SimError):
     """``devicesToAllocate``/``allocateContainerResources`` failed; the text is upstream's."""
-
-
-@dataclass
-class _AllocInfo:
-    numa: dict[int, list[str]]
-    resp: pb.ContainerAllocateResponse | None
-    #: Device -> the NUMA nodes its plugin reported at allocation: upstream keeps the ``Device`` itself, so a node
-    #: ``-1`` is listed as ``-1`` until a restart; ``None`` when read back from the checkpoint, where ``-1`` is none.
-    reported: dict[str, list[int]] | None = None
-
-    def ids(self) -> set[str]:
-        return {d for ids in self.numa.values() for d in ids}
 
 
 def _device_nodes(dev: pb.Device | None) -> list[int]:
@@ -110,17 +84,30 @@ class DeviceManager:
         #: How long Register waits to dial the plugin socket (upstream: 10 s).
         self.dial_timeout = DIAL_TIMEOUT_S
 
+        #: Guards every field below; released only around GetPreferredAllocation.
         self._lock = threading.Lock()
+        #: Orders checkpoint writes: a later snapshot is never overwritten by an earlier one.
         self._ckpt_lock = threading.Lock()
+        #: resource -> its plugin's endpoint (a stopped one while in its grace period).
         self._endpoints: dict[str, Endpoint] = {}
+        #: resource -> device ID -> the device as last listed by ListAndWatch.
         self._all: dict[str, dict[str, pb.Device]] = {}
+        #: resource -> healthy device IDs (``healthyDevices``).
         self._healthy: dict[str, set[str]] = {}
+        #: resource -> unhealthy device IDs (``unhealthyDevices``).
         self._unhealthy: dict[str, set[str]] = {}
+        #: resource -> device IDs in use: allocated to pods or reserved by an allocation in flight (``allocatedDevices``).
         self._allocated: dict[str, set[str]] = {}
-        self._pod_devs: dict[str, dict[str, dict[str, _AllocInfo]]] = {}
+        #: The allocations of every known pod (``podDevices``).
+        self._pod_devices = PodDevices()
+        #: reservation token -> (resource, the devices an allocation in flight holds before its Allocate RPC).
         self._reservations: dict[int, tuple[str, set[str]]] = {}
+        #: pod UID -> resource -> device IDs its init containers used, which later containers may take
+        #: (``devicesToReuse``).
         self._reuse: dict[str, dict[str, set[str]]] = {}
+        #: (pod UID, container name) -> the Topology Manager's best hint at admission (``GetAffinity``).
         self._affinity: dict[tuple[str, str], TopologyHint] = {}
+        #: resource -> the timer that wakes the kubelet when its stopped endpoint's grace period ends.
         self._timers: dict[str, threading.Timer] = {}
         self._tokens = itertools.count()
         #: Bumped on every change of the free devices; tells an allocation that dropped the lock
@@ -181,19 +168,7 @@ class DeviceManager:
             )
             return
         with self._lock:
-            for entry in data.pod_device_entries or []:
-                try:
-                    resp = pb.ContainerAllocateResponse.FromString(entry.alloc_resp or b"")
-                except DecodeError as err:  # keep going like the kubelet
-                    self._log.error(
-                        "Can't unmarshal allocResp for %s %s %s: %s",
-                        entry.pod_uid, entry.container_name, entry.resource_name, err,
-                    )
-                    continue
-                numa = {int(k): list(v or []) for k, v in (entry.device_ids or {}).items()}
-                self._pod_devs.setdefault(entry.pod_uid, {}).setdefault(entry.container_name, {})[
-                    entry.resource_name
-                ] = _AllocInfo(numa, resp)
+            self._pod_devices.from_checkpoint_data(data.pod_device_entries or [], self._log)
             self._recompute_allocated()
             for resource in data.registered_devices or {}:
                 self._healthy[resource] = set()
@@ -344,6 +319,12 @@ class DeviceManager:
             ep = self._endpoints.get(resource)
             return ep.options if ep is not None else None
 
+    def plugin_socket(self, resource: str) -> Path | None:
+        """Where the kubelet dials the resource's plugin (``None`` while none is registered)."""
+        with self._lock:
+            ep = self._endpoints.get(resource)
+            return ep.socket_path if ep is not None and not ep.is_stopped() else None
+
     def device_numa(self, resource: str, device_id: str) -> list[int]:
         with self._lock:
             return _device_nodes(self._all.get(resource, {}).get(device_id))
@@ -366,40 +347,22 @@ class DeviceManager:
 
     def container_devices(self, pod_uid: str, container_name: str) -> dict[str, list[str]]:
         with self._lock:
-            infos = self._pod_devs.get(pod_uid, {}).get(container_name, {})
-            return {r: sorted(i.ids()) for r, i in sorted(infos.items())}
+            resources = self._pod_devices.container_resources(pod_uid, container_name)
+        return {r: sorted(ids) for r, ids in sorted(resources.items())}
 
     def container_device_topology(self, pod_uid: str, container_name: str) -> dict[str, dict[str, list[int]]]:
         """resource -> device -> NUMA nodes recorded at allocation (``[]`` = none), for pod-resources."""
         with self._lock:
-            infos = self._pod_devs.get(pod_uid, {}).get(container_name, {})
-            out: dict[str, dict[str, list[int]]] = {}
-            for r, info in sorted(infos.items()):
-                if info.reported is not None:
-                    out[r] = {d: list(nodes) for d, nodes in sorted(info.reported.items())}
-                    continue
-                per: dict[str, list[int]] = {}
-                for node, ids in sorted(info.numa.items()):
-                    for d in ids:
-                        per.setdefault(d, [])
-                        if node != NO_NUMA:
-                            per[d].append(node)
-                out[r] = dict(sorted(per.items()))
-            return out
+            return self._pod_devices.get_container_devices(pod_uid, container_name)
 
     def pod_devices(self) -> dict[str, dict[str, dict[str, list[str]]]]:
         with self._lock:
-            return {
-                uid: {c: {r: sorted(i.ids()) for r, i in sorted(rs.items())} for c, rs in sorted(cs.items())}
-                for uid, cs in sorted(self._pod_devs.items())
-            }
+            return self._pod_devices.as_dict()
 
-    def container_options(self, pod_uid: str, container_name: str) -> ContainerRuntimeOptions:
-        """Merge of the container's Allocate responses (``deviceRunContainerOptions``, see ``runoptions``)."""
+    def container_options(self, pod_uid: str, container_name: str) -> ContainerView:
+        """Merge of the container's Allocate responses (``deviceRunContainerOptions``)."""
         with self._lock:
-            infos = dict(self._pod_devs.get(pod_uid, {}).get(container_name, {}))
-        responses = [infos[r].resp for r in sorted(infos)]
-        return run_container_options((r for r in responses if r is not None), self._log)
+            return self._pod_devices.device_run_container_options(pod_uid, container_name, self._log)
 
     def remove_stale_pods(self, active_pod_uids: set[str]) -> None:
         """``UpdateAllocatedDevices``: free the devices of pods no longer active. Like upstream it
@@ -407,7 +370,7 @@ class DeviceManager:
         if not self.sources_ready:
             return
         with self._lock:
-            stale = [uid for uid in self._pod_devs if uid not in active_pod_uids]
+            stale = sorted(self._pod_devices.pods() - active_pod_uids)
             for uid in list(self._reuse):
                 if uid not in active_pod_uids:
                     del self._reuse[uid]
@@ -415,10 +378,9 @@ class DeviceManager:
                 del self._affinity[key]
             if not stale:
                 return
-            for uid in stale:
-                del self._pod_devs[uid]
+            self._pod_devices.delete(stale)
             self._recompute_allocated()
-        self._log.info("Pods to be removed: %s", sorted(stale))
+        self._log.info("Pods to be removed: %s", stale)
         self._write_checkpoint_logged()
 
     # ------------------------------------------------------------------------------------------
@@ -452,25 +414,19 @@ class DeviceManager:
             for resource, requested in sorted(container.resources.items()):
                 if not self._is_device_plugin_resource(resource):
                     continue
-                nodes = {d: _device_nodes(dev) for d, dev in self._all.get(resource, {}).items()}
-                if not any(nodes.values()):
-                    hints[resource] = None
-                    continue
-                info = self._pod_devs.get(pod.uid, {}).get(container.name, {}).get(resource)
-                allocated = info.ids() if info is not None else set()
-                if allocated:
-                    if len(allocated) != requested:
-                        hints[resource] = []
-                    else:
-                        hints[resource] = generate_device_hints(self.numa_nodes, nodes, allocated, set(), requested)
-                    continue
-                available = self._healthy.get(resource, set()) - self._allocated.get(resource, set())
-                reusable = set(self._reuse.get(pod.uid, {}).get(resource, set()))
-                if len(available | reusable) < requested:
-                    hints[resource] = []
-                    continue
-                hints[resource] = generate_device_hints(self.numa_nodes, nodes, available, reusable, requested)
+                hints[resource] = device_hints(
+                    self.numa_nodes,
+                    self._device_nodes(resource),
+                    allocated=self._pod_devices.container_devices(pod.uid, container.name, resource) or set(),
+                    available=self._healthy.get(resource, set()) - self._allocated.get(resource, set()),
+                    reusable=self._reuse.get(pod.uid, {}).get(resource, set()),
+                    request=requested,
+                )
         return hints
+
+    def _device_nodes(self, resource: str) -> dict[str, list[int]]:
+        """device ID -> the NUMA nodes it reports (lock held)."""
+        return {d: _device_nodes(dev) for d, dev in self._all.get(resource, {}).items()}
 
     def _is_device_plugin_resource(self, resource: str) -> bool:
         return resource in self._healthy or resource in self._allocated
@@ -482,12 +438,11 @@ class DeviceManager:
             reuse = self._reuse.setdefault(pod.uid, {})
         self._allocate_container_resources(pod, container, reuse, running)
         with self._lock:
-            infos = self._pod_devs.get(pod.uid, {}).get(container.name, {})
-            for resource, info in infos.items():
+            for resource, devices in self._pod_devices.container_resources(pod.uid, container.name).items():
                 if container.init and not container.sidecar:
-                    reuse[resource] = reuse.get(resource, set()) | info.ids()
+                    reuse[resource] = reuse.get(resource, set()) | devices
                 else:
-                    reuse[resource] = reuse.get(resource, set()) - info.ids()
+                    reuse[resource] = reuse.get(resource, set()) - devices
 
     def _allocate_container_resources(
         self, pod: PodSpecView, container: ContainerSpec, reuse: dict[str, set[str]], running: bool
@@ -529,9 +484,7 @@ class DeviceManager:
                     nodes = reported[d] = _device_nodes(self._all.get(resource, {}).get(d))
                     for n in nodes or [NO_NUMA]:
                         numa.setdefault(n, []).append(d)
-                self._pod_devs.setdefault(pod.uid, {}).setdefault(container.name, {})[resource] = _AllocInfo(
-                    numa, resp.container_responses[0], reported
-                )
+                self._pod_devices.insert(pod.uid, container.name, resource, numa, resp.container_responses[0], reported)
                 self._release(token)
         if needs_checkpoint:
             try:
@@ -545,12 +498,7 @@ class DeviceManager:
         self._recompute_allocated()
 
     def _recompute_allocated(self) -> None:
-        allocated: dict[str, set[str]] = {}
-        for containers in self._pod_devs.values():
-            for resources in containers.values():
-                for resource, info in resources.items():
-                    if info.resp is not None:
-                        allocated.setdefault(resource, set()).update(info.ids())
+        allocated = self._pod_devices.devices()
         for resource, devs in self._reservations.values():
             allocated.setdefault(resource, set()).update(devs)
         self._allocated = allocated
@@ -563,8 +511,7 @@ class DeviceManager:
 
         Returns a reservation token and the devices, or ``None`` when no Allocate RPC is needed."""
         needed = required
-        info = self._pod_devs.get(pod_uid, {}).get(cname, {}).get(resource)
-        devices = info.ids() if info is not None else None
+        devices = self._pod_devices.container_devices(pod_uid, cname, resource)
         if devices is not None:
             needed -= len(devices)
             if needed != 0:
@@ -626,7 +573,9 @@ class DeviceManager:
                         f"requested number of devices unavailable for {resource}. "
                         f"Requested: {remaining}, Available: {len(available)}"
                     )
-                aligned, unaligned, no_affinity = self._filter_by_affinity(pod_uid, cname, resource, available)
+                aligned, unaligned, no_affinity = filter_by_affinity(
+                    self._affinity.get((pod_uid, cname)), self._device_nodes(resource), available
+                )
                 if remaining < len(aligned):
                     preferred, changed = self._call_preferred(resource, aligned | mine, set(mine), required)
                     if changed:
@@ -675,41 +624,6 @@ class DeviceManager:
         ids = set(resp.container_responses[0].deviceIDs) if resp.container_responses else set()
         return ids, self._gen != gen
 
-    def _filter_by_affinity(
-        self, pod_uid: str, cname: str, resource: str, available: set[str]
-    ) -> tuple[set[str], set[str], set[str]]:
-        """``filterByAffinity``: split free devices into inside the container's NUMA affinity,
-        outside it, and without topology."""
-        hint = self._affinity.get((pod_uid, cname))
-        all_devs = self._all.get(resource, {})
-        if hint is None or hint.affinity is None or not any(_device_nodes(d) for d in all_devs.values()):
-            return set(), set(), set(available)
-        in_hint = set(hint.nodes())
-        per_node: dict[int, set[str]] = {}
-        for d in available:
-            for n in _device_nodes(all_devs.get(d)) or [NO_NUMA]:
-                per_node.setdefault(n, set()).add(d)
-
-        def order(n: int) -> tuple[int, int, int]:
-            group = 0 if n in in_hint else (2 if n == NO_NUMA else 1)
-            return (group, len(per_node[n]), n)
-
-        nodes = sorted(per_node, key=order)
-        aligned: set[str] = set()
-        unaligned: set[str] = set()
-        without: set[str] = set()
-        for d in available:
-            for n in nodes:
-                if d in per_node[n]:
-                    if n == NO_NUMA:
-                        without.add(d)
-                    elif n in in_hint:
-                        aligned.add(d)
-                    else:
-                        unaligned.add(d)
-                    break
-        return aligned, unaligned, without
-
     # ------------------------------------------------------------------------------------------
     # PreStartContainer
 
@@ -724,13 +638,13 @@ class DeviceManager:
                     raise PreStartError(f"endpoint not found in cache for a registered resource: {resource}")
                 if ep.options is None or not ep.options.pre_start_required:
                     continue
-                info = self._pod_devs.get(pod.uid, {}).get(container.name, {}).get(resource)
-                if info is None:
+                allocated = self._pod_devices.container_devices(pod.uid, container.name, resource)
+                if allocated is None:
                     raise PreStartError(
                         f"no devices found allocated in local cache for pod {pod.uid}, "
                         f"container {container.name}, resource {resource}"
                     )
-                devs = sorted(info.ids())
+                devs = sorted(allocated)
             self._log.info("Issuing a PreStartContainer call for container %s of pod %s", container.name, pod.uid)
             try:
                 ep.pre_start_container(devs)
@@ -745,21 +659,7 @@ class DeviceManager:
         earlier one; the state lock is held only for the snapshot."""
         with self._ckpt_lock:
             with self._lock:
-                entries: list[PodDevicesEntry] = []
-                for uid, containers in sorted(self._pod_devs.items()):
-                    for cname, resources in sorted(containers.items()):
-                        for resource, info in sorted(resources.items()):
-                            if info.resp is None:
-                                continue
-                            entries.append(
-                                PodDevicesEntry(
-                                    pod_uid=uid,
-                                    container_name=cname,
-                                    resource_name=resource,
-                                    device_ids={n: list(ids) for n, ids in sorted(info.numa.items())},
-                                    alloc_resp=info.resp.SerializeToString(deterministic=True),
-                                )
-                            )
+                entries = self._pod_devices.to_checkpoint_data()
                 registered: dict[str, list[str] | None] = {r: sorted(d) for r, d in sorted(self._healthy.items())}
             write_checkpoint(self.checkpoint_path, CheckpointData(entries or None, registered))
 

@@ -12,10 +12,14 @@ driver root :data:`DRIVER_ROOT` (the GPU operator's; a plugin's ``--driver-root`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "gpu_device_nodes", "node_file_binds"]
+__all__ = [
+    "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "NVCAPS_DIR", "gpu_device_nodes", "mig_cap_device_nodes",
+    "mig_minors", "node_file_binds",
+]  # fmt: skip
 
 #: Where the stub driver root is in the plugin's namespace (the GPU operator's driver root).
 DRIVER_ROOT = "/run/nvidia/driver"
@@ -29,9 +33,40 @@ _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset
 _CHAR_DEVICE = Path("/dev/null")
 
 
+#: Where the driver says which ``/dev/nvidia-caps/nvidia-cap<N>`` grants access to a MIG device's GPU and compute
+#: instance (its ``mig-minors``): NVIDIA's plugin reads it to inject a MIG device's nodes, and fails without it.
+NVCAPS_DIR = "/proc/driver/nvidia-caps"
+_GIS, _CIS = 15, 8  # GPU instance IDs 0..14 per GPU, compute instance IDs 0..7 per GPU instance
+
+
 def gpu_device_nodes(minors: Iterable[int]) -> list[str]:
     """The device nodes of a GPU node with GPUs of these minors."""
     return [f"/dev/{n}" for n in _CONTROL_NODES] + [f"/dev/nvidia{m}" for m in sorted(set(minors))]
+
+
+def _cap_minor(gpu: int, gi: int, ci: int | None = None) -> int:
+    """The driver's numbering: config 1, monitor 2, then per GPU and GPU instance its access, then its 8 CIs'."""
+    return 3 + (gpu * _GIS + gi) * (1 + _CIS) + (0 if ci is None else 1 + ci)
+
+
+def mig_minors(gpu_minors: Iterable[int]) -> str:
+    """``mig-minors`` as the driver writes it for GPUs of these minors."""
+    lines = ["config 1", "monitor 2"]
+    for g in sorted(set(gpu_minors)):
+        for gi in range(_GIS):
+            lines.append(f"gpu{g}/gi{gi}/access {_cap_minor(g, gi)}")
+            lines += [f"gpu{g}/gi{gi}/ci{ci}/access {_cap_minor(g, gi, ci)}" for ci in range(_CIS)]
+    return "\n".join(lines) + "\n"
+
+
+def mig_cap_device_nodes(gpus: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The ``/dev/nvidia-caps`` nodes of the MIG devices of these mock-state GPUs (GPU instance, compute instance 0)."""
+    out = []
+    for g in gpus:
+        for m in g.get("mig_devices") or []:
+            gi = int(m.get("gi", 0))
+            out += [f"/dev/nvidia-caps/nvidia-cap{_cap_minor(int(g['minor']), gi, c)}" for c in (None, 0)]
+    return out
 
 
 def _touch(path: Path) -> Path:
@@ -41,13 +76,19 @@ def _touch(path: Path) -> Path:
 
 
 def node_file_binds(
-    root: Path, device_nodes: Sequence[str], *, driver_version: str | None = None, nvml: Path | None = None
+    root: Path,
+    device_nodes: Sequence[str],
+    *,
+    driver_version: str | None = None,
+    nvml: Path | None = None,
+    nvcaps: str | None = None,
 ) -> list[tuple[Path, str]]:
     """Make stub files under ``root`` (the node's own directory) and return the ``(host file or directory,
     path in the namespace)`` binds that show them: each of ``device_nodes`` (absolute paths under ``/dev``)
     at its path and, with ``driver_version``, a stub driver root at :data:`DRIVER_ROOT` holding the driver's
     libraries and tools and the same device nodes; its ``libnvidia-ml.so`` is ``nvml`` (the mock library),
-    for a plugin that loads NVML from its driver root."""
+    for a plugin that loads NVML from its driver root. ``nvcaps``: the ``mig-minors`` text at
+    :data:`NVCAPS_DIR`."""
     for node in device_nodes:
         if not node.startswith("/dev/") or ".." in node.split("/"):
             raise ValueError(f"device node {node!r}: want an absolute path under /dev")
@@ -73,4 +114,9 @@ def node_file_binds(
         binds.append((driver, DRIVER_ROOT))
         binds += [(_CHAR_DEVICE, DRIVER_ROOT + node) for node in device_nodes]
     binds += [(_CHAR_DEVICE, node) for node in device_nodes]
+    if nvcaps is not None:
+        caps = root / "nvidia-caps"
+        caps.mkdir(parents=True, exist_ok=True)
+        (caps / "mig-minors").write_text(nvcaps)
+        binds.append((caps, NVCAPS_DIR))
     return binds

@@ -32,11 +32,14 @@ from collections.abc import Sequence
 __all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "main", "NO_NAMESPACE_HELP"]
 
 #: A node's directory name -> where a kubelet on that node keeps it (``pkg/kubelet/apis``:
-#: ``DevicePluginPath``, ``podresources`` socket dir) and where a CDI-enabled runtime reads specs
+#: ``DevicePluginPath``, ``podresources`` socket dir; the plugin watcher's ``plugins_registry`` and the
+#: plugins' own ``plugins`` dir, DRA drivers' sockets) and where a CDI-enabled runtime reads specs
 #: (``/etc/cdi``, then ``/var/run/cdi``, which wins).
 KUBELET_PATHS = {
     "device-plugins": "/var/lib/kubelet/device-plugins",
     "pod-resources": "/var/lib/kubelet/pod-resources",
+    "plugins_registry": "/var/lib/kubelet/plugins_registry",
+    "plugins": "/var/lib/kubelet/plugins",
     "cdi": "/var/run/cdi",
     "etc-cdi": "/etc/cdi",
 }

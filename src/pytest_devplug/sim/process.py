@@ -197,7 +197,7 @@ def namespace_problem() -> str | None:
 
 
 class PluginProcess:
-    """A plugin command line; ``{plugin_dir}`` in ``argv`` is replaced by ``plugin_dir``.
+    """A plugin command line, run as given (placeholders are the harness's: ``PluginSpec.command``).
 
     ``binds`` (host directory, path the plugin sees) run it in a private mount namespace; see
     :mod:`~pytest_devplug.sim.launcher`. Starting raises :class:`NamespaceUnavailableError` when
@@ -208,13 +208,11 @@ class PluginProcess:
         self,
         argv: Sequence[str],
         *,
-        plugin_dir: Path,
         log_path: Path,
         env: Mapping[str, str] | None = None,
         binds: Sequence[tuple[Path, str]] = (),
     ) -> None:
-        self.plugin_dir = Path(plugin_dir)
-        self.argv = [a.replace("{plugin_dir}", str(self.plugin_dir)) for a in argv]
+        self.argv = list(argv)
         self.log_path = Path(log_path)
         self.env = dict(env) if env is not None else None
         self.binds = [(Path(src), dst) for src, dst in binds]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from .apiserver import parse_quantity
+from ..kubeletmodel.quantity import parse_quantity
 
 __all__ = [
     "NodeView",

@@ -1,17 +1,23 @@
-"""The kubelet's Topology Manager (container scope) over NUMA affinity hints.
+"""The kubelet's Topology Manager (container scope) over NUMA affinity hints, and the device manager's hints.
 
 Mirrors upstream ``pkg/kubelet/cm/topologymanager``: hint providers answer, per resource, every
 NUMA-node mask that could satisfy a container; the policy merges one hint per resource (every
 permutation, bitwise AND), picks the best with upstream's ``HintMerger`` rules and decides
 admission (``none`` and ``best-effort`` always admit; ``restricted`` and ``single-numa-node``
 only a preferred hint). Masks are Python ints with bit ``n`` standing for NUMA node ``n``.
+
+The device manager's side (``topology_hints.go``: its hints per resource, and the split of free devices by a
+container's affinity) is here too, as pure functions over device -> NUMA nodes maps; the manager takes its lock,
+gathers the sets and calls them.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
+
+from .pod_devices import NO_NUMA
 
 __all__ = [
     "POLICIES",
@@ -23,6 +29,8 @@ __all__ = [
     "TOPOLOGY_AFFINITY_REASON",
     "TOPOLOGY_AFFINITY_MESSAGE",
     "generate_device_hints",
+    "device_hints",
+    "filter_by_affinity",
 ]
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
@@ -231,3 +239,60 @@ def generate_device_hints(
         hints.append(TopologyHint(mask, False))
     return [TopologyHint(h.affinity, h.affinity is not None and _count(h.affinity) == min_size) for h in hints]
 
+
+def device_hints(
+    numa_nodes: Sequence[int],
+    device_nodes: Mapping[str, Sequence[int]],
+    *,
+    allocated: Set[str],
+    available: Set[str],
+    reusable: Set[str],
+    request: int,
+) -> list[TopologyHint] | None:
+    """One resource's ``GetTopologyHints`` answer for a container: ``None`` when no device of the resource reports a
+    NUMA node (no preference), ``[]`` when the request cannot be met. Devices ``allocated`` to the container before
+    (a kubelet restart) are hinted alone; else the free ones plus those ``reusable`` from its init containers."""
+    if not any(device_nodes.values()):
+        return None
+    if allocated:
+        if len(allocated) != request:
+            return []
+        return generate_device_hints(numa_nodes, device_nodes, set(allocated), set(), request)
+    if len(available | reusable) < request:
+        return []
+    return generate_device_hints(numa_nodes, device_nodes, set(available), set(reusable), request)
+
+
+def filter_by_affinity(
+    hint: TopologyHint | None, device_nodes: Mapping[str, Sequence[int]], available: Set[str]
+) -> tuple[set[str], set[str], set[str]]:
+    """``filterByAffinity``: split free devices into those inside the container's NUMA affinity, those outside it
+    and those without topology. A device on several nodes counts where its best node is: inside the hint first,
+    then the node with the fewest free devices."""
+    if hint is None or hint.affinity is None or not any(device_nodes.values()):
+        return set(), set(), set(available)
+    in_hint = set(hint.nodes())
+    per_node: dict[int, set[str]] = {}
+    for d in available:
+        for n in device_nodes.get(d) or [NO_NUMA]:
+            per_node.setdefault(n, set()).add(d)
+
+    def order(n: int) -> tuple[int, int, int]:
+        group = 0 if n in in_hint else (2 if n == NO_NUMA else 1)
+        return (group, len(per_node[n]), n)
+
+    nodes = sorted(per_node, key=order)
+    aligned: set[str] = set()
+    unaligned: set[str] = set()
+    without: set[str] = set()
+    for d in available:
+        for n in nodes:
+            if d in per_node[n]:
+                if n == NO_NUMA:
+                    without.add(d)
+                elif n in in_hint:
+                    aligned.add(d)
+                else:
+                    unaligned.add(d)
+                break
+    return aligned, unaligned, without

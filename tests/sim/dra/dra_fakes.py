@@ -66,6 +66,11 @@ class FakeDriver:
         self.claim_errors: dict[str, str] = {}
         #: Claims left out of the response (answered with nothing).
         self.skip: set[str] = set()
+        #: claim uid -> per-claim error NodeUnprepareResources answers
+        self.unprepare_errors: dict[str, str] = {}
+        #: Cleared: NodePrepareResources waits until it is set again (a driver stuck preparing).
+        self.prepare_gate = threading.Event()
+        self.prepare_gate.set()
         #: Fail GetInfo this many times before answering.
         self.get_info_failures = 0
         self.prepared: set[str] = set()
@@ -160,6 +165,7 @@ class _DRA:
         self.d, self.version, self.pb = driver, version, module
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.d.prepare_gate.wait(30)
         with self.d._lock:
             uids = [c.uid for c in request.claims]
             self.d.calls.dra.append((self.version, "prepare", uids))
@@ -182,6 +188,9 @@ class _DRA:
             self.d.calls.dra.append((self.version, "unprepare", uids))
             resp = self.pb.NodeUnprepareResourcesResponse()
             for uid in uids:
+                if uid in self.d.unprepare_errors:
+                    resp.claims[uid].error = self.d.unprepare_errors[uid]
+                    continue
                 self.d.prepared.discard(uid)
                 resp.claims[uid].SetInParent()
             return resp

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import secrets
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import yaml
 
+from ...sim import cdi
 from ...waiting import WaitTimeout, wait_for
 from .. import mockstate
 from ..base import (
@@ -34,6 +37,7 @@ from ..base import (
     ExecResult,
     NodeSpec,
     ObjectNotFoundError,
+    PluginRestarts,
     PluginSpec,
     PodResourcesDevices,
     PodResourcesPod,
@@ -41,6 +45,7 @@ from ..base import (
     applied_view,
     parse_checkpoint,
 )
+from . import gpunode
 from .api import KubeApi
 from .manifests import GPU_LABEL, MOCK_DIR, STOP_LABEL, mock_library_file, own_daemonset, render_daemonsets, selector_of
 from .node import MOCK_STATE_PATH, NodeOps, NodeTransport
@@ -53,6 +58,8 @@ T = TypeVar("T")
 
 #: The kubelet's endpointStopGracePeriod: a constant in the device manager, no flag changes it.
 KUBELET_GRACE_PERIOD = 300.0
+#: Where a CDI-enabled runtime reads spec files, lowest priority first (containerd's and CRI-O's default).
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 #: Waits on the cluster's own pace (pods going, node status after a kubelet restart) get at least this.
 _CLUSTER_PACE_S = 60.0
 
@@ -62,11 +69,20 @@ _HOPELESS_WAITING = frozenset(
 )
 
 
+def _waiting_reason(status: JSONDict) -> str | None:
+    """A container status's ``state.waiting.reason`` (``None`` while it runs or has terminated)."""
+    reason = ((status.get("state") or {}).get("waiting") or {}).get("reason")
+    return str(reason) if reason else None
+
+
 class ClusterProvider(Protocol):
     """How a :class:`KubeBackend` gets its cluster, its images onto the nodes, and reaches a node."""
 
     #: The backend's name (``"kind"``, ``"cluster"``).
     name: str
+    #: Whether each node is a container of its own (kind): its ``/dev`` and files are the container's, so a mock GPU
+    #: node's device nodes and driver root may be made there. A real node's are the machine's: never.
+    nodes_are_containers: bool
 
     def start(self) -> Any:
         """Have the cluster ready; an API client for it (``kubernetes.client.ApiClient``)."""
@@ -76,12 +92,13 @@ class ClusterProvider(Protocol):
         """The node transport; ``node_image`` gives an image for node pods where the transport needs one."""
         ...
 
-    def plugin_image(self, spec: PluginSpec) -> str:
-        """The plugin's image, present for the nodes (built and loaded, or the user's pullable one)."""
+    def plugin_image(self, spec: PluginSpec, node: str) -> str:
+        """The plugin's image, present for ``node`` (built and loaded, or the user's pullable one)."""
         ...
 
-    def workload_image(self, image: str) -> str | None:
-        """What test pods asking for ``image`` run instead (a cluster with no registry), or ``None``."""
+    def workload_image(self, image: str, node: str | None) -> str | None:
+        """What test pods asking for ``image`` run instead on ``node`` (``None``: any node) where the cluster has no
+        registry, present there; or ``None``."""
         ...
 
     def disposes_cluster(self) -> bool:
@@ -124,6 +141,8 @@ class KubeBackend:
         self._node_image = options.node_image
         self._mock_dirs: set[str] = set()  # nodes where we made /var/lib/devplug (removed at the end)
         self._logged: set[str] = set()  # nodes whose kubelet journal is read from our first use on
+        self._kubelet_down: set[str] = set()  # nodes whose kubelet stop_kubelet stopped
+        self._gpu_node_files: dict[str, list[str]] = {}  # node -> what we made of a mock GPU node there (removed at the end)
         self._signals = SignalGuard()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -174,6 +193,12 @@ class KubeBackend:
 
     def _clean_cluster(self) -> list[str]:
         errors: list[str] = []
+        for node in sorted(self._kubelet_down):  # a test ended between stop_kubelet and start_kubelet
+            try:
+                self.nodeops.start_kubelet(node)
+                self._kubelet_down.discard(node)
+            except BackendError as exc:
+                errors.append(f"starting the kubelet on {node} again: {exc}")
         for node in list(self._plugins):
             try:
                 self._plugins[node].refs = 1
@@ -186,6 +211,11 @@ class KubeBackend:
                     self._nodeops.exec(node, f"rm -rf {MOCK_DIR}")
                 except BackendError as exc:
                     errors.append(f"removing {MOCK_DIR} on {node}: {exc}")
+            for node, made in sorted(self._gpu_node_files.items()):
+                try:
+                    self._nodeops.exec(node, gpunode.remove_script(made))
+                except BackendError as exc:
+                    errors.append(f"removing the mock GPU node's files {made} on {node}: {exc}")
             try:
                 self._nodeops.transport.close()
             except BackendError as exc:
@@ -243,11 +273,15 @@ class KubeBackend:
         return node
 
     def _pick_node(self, spec: NodeSpec) -> str:
-        """``--devplug-node``, else the first node advertising the resource, else one labelled devplug.io/gpu."""
+        """``--devplug-node``, else the first node advertising the resource, else one labelled devplug.io/gpu;
+        for a node beside the one under test, ``--devplug-second-node``."""
         nodes = sorted(self.api.list_nodes(), key=lambda n: str(n["metadata"]["name"]))
         names = [str(n["metadata"]["name"]) for n in nodes]
-        if spec.resource_name is None and self._plugins:
-            return next(iter(self._plugins))  # a second spec for the node under test (e.g. a Topology Manager policy)
+        if spec.beside is not None:
+            return self._second_node(spec.beside, names)
+        tested = [n for n in self._plugins if n != self.options.second_node]
+        if spec.resource_name is None and tested:
+            return tested[0]  # a second spec for the node under test (e.g. a Topology Manager policy)
         if self.options.node:
             if self.options.node not in names:
                 raise BackendUnavailableError(f"--devplug-node {self.options.node}: no such node (nodes: {names})")
@@ -265,6 +299,20 @@ class KubeBackend:
             f"{self.name} backend: in {self.provider.describe()} no node advertises {spec.resource_name} and none is "
             f"labelled {want} (the kind-config/*.yaml configs label one); pass --devplug-node (nodes: {names})"
         )
+
+    def _second_node(self, beside: str, names: list[str]) -> str:
+        second = self.options.second_node
+        if not second:
+            raise UnsupportedOperationError(
+                f"needs a second node beside {beside}, and the {self.name} backend adds no nodes: pass "
+                f"--devplug-second-node NAME, a node of {self.provider.describe()} where a copy of the plugin may run "
+                f"(nodes: {names})"
+            )
+        if second not in names:
+            raise BackendUnavailableError(f"--devplug-second-node {second}: no such node (nodes: {names})")
+        if second == beside:
+            raise UnsupportedOperationError(f"--devplug-second-node {second} is the node under test; name another one")
+        return second
 
     def _apply_policy(self, node: str, spec: NodeSpec) -> None:
         """Switch the node's kubelet to ``spec.topology_policy`` (kept until the plugin deployed for it goes).
@@ -356,20 +404,50 @@ class KubeBackend:
     def kubelet_log(self, node: str) -> str:
         return self.nodeops.kubelet_log(node)
 
+    def _reach_without_kubelet(self, node: str, what: str) -> None:
+        if not self.nodeops.transport.bypasses_kubelet:
+            raise UnsupportedOperationError(
+                f"the {self.name} backend cannot {what}: it reaches node {node} only through its kubelet (an API exec "
+                "into a privileged pod), which is down meanwhile"
+            )
+
     def stop_kubelet(self, node: str) -> None:
-        raise UnsupportedOperationError(
-            "keeping a real kubelet down while pods are force-deleted through the API is not implemented for "
-            f"{self.name} (it needs the node-status and pod-resources catch-up restart_kubelet does, after a stop)"
-        )
+        """Stop the kubelet unit (containers keep running); pods deleted meanwhile are force-deleted (grace 0), as
+        upstream's orphaned-pods test deletes them: nothing on the node can confirm a graceful deletion."""
+        self._reach_without_kubelet(node, "keep a kubelet down")
+        self.nodeops.stop_kubelet(node)
+        self._kubelet_down.add(node)
 
     def start_kubelet(self, node: str) -> None:
-        raise UnsupportedOperationError(f"{self.name}: no kubelet was stopped by stop_kubelet (not implemented here)")
+        """Start the kubelet again; returns once it posted a fresh node status and pod-resources lists the pods the
+        API server still binds to the node (it re-admitted them: the embedded kubelet's start returns then too)."""
+        self._reach_without_kubelet(node, "start a kubelet it stopped")
+        before = self._status_heartbeat(node)
+        bound = self._running_pods(node)
+        self.nodeops.start_kubelet(node)
+        self._kubelet_down.discard(node)
+        self._after_kubelet_restart(node, before)
+        self._wait_pods_resynced(node, bound)
 
     def reboot_node(self, node: str) -> None:
-        raise UnsupportedOperationError(
-            f"{self.name} cannot reboot a node: its containers are removed only through the CRI (crictl), which the "
-            "node transport does not drive"
-        )
+        """Upstream's reboot (``device_plugin_test.go``): the kubelet stopped, every pod sandbox removed through the
+        CRI (the containers killed), the kubelet started again. The plugin's pod goes with the others and its
+        DaemonSet stops selecting the node until ``start_plugin`` (a DaemonSet pod would come back later, as the
+        sim's plugin process is started later)."""
+        self._reach_without_kubelet(node, "reboot a node")
+        dep = self._plugins.get(node)
+        if dep is not None:
+            self._not_adopted("reboot the node of")
+            self._snapshot_logs(node)
+        before = self._status_heartbeat(node)
+        self.nodeops.stop_kubelet(node)
+        try:
+            if dep is not None:
+                self._force_remove_plugin_pods(node, "removed for the reboot")
+            self.nodeops.remove_pod_sandboxes(node)
+        finally:
+            self.nodeops.start_kubelet(node)
+        self._after_kubelet_restart(node, before)
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         return self.nodeops.numa_nodes(node)
@@ -377,6 +455,12 @@ class KubeBackend:
     def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
         raise UnsupportedOperationError("a real kubelet shows the options it got from a plugin nowhere (not in its API, log or checkpoint)")
 
+
+    def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
+        raise UnsupportedOperationError(
+            f"{self.name}: calling the plugin's Allocate outside the kubelet is not implemented (it would run on the "
+            "node, beside the kubelet's own dial of the plugin socket)"
+        )
     def read_checkpoint(self, node: str) -> bytes | None:
         return self.nodeops.read_checkpoint(node)
 
@@ -406,14 +490,19 @@ class KubeBackend:
                 dep.refs += 1  # the same plugin again (e.g. the Topology Manager fixture): shared
                 return
             raise BackendError(f"a different plugin is already deployed on {node}; remove it first")
-        image = None if self._adopted() else self.provider.plugin_image(spec)
+        image = None if self._adopted() else self.provider.plugin_image(spec, node)
         self._node_image = self._node_image or image
         if spec.mock:
             # Before the DaemonSet: the plugin reads the state and loads the library at start.
             if self.nodeops.transport.run(node, f"test -e {MOCK_DIR}", timeout=_CLUSTER_PACE_S).returncode != 0:
                 self._mock_dirs.add(node)
-            self.write_mock_state(node, mockstate.initial_state(spec.gpus, spec.numa_nodes), _deploying=True)
-            self.nodeops.write_file(node, *mock_library_file())
+            state = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig)
+            self.write_mock_state(node, state, _deploying=True)
+            library = mock_library_file()
+            self.nodeops.write_file(node, *library)
+            if self.provider.nodes_are_containers and node not in self._gpu_node_files:
+                made = self.nodeops.exec(node, gpunode.make_script((int(g["minor"]) for g in state["gpus"]), library[0]))
+                self._gpu_node_files[node] = made.split()
         adopted = self._adopted()
         if adopted is not None:
             ds = self.api.get_daemonset(adopted[1], adopted[0])
@@ -423,7 +512,12 @@ class KubeBackend:
             return
         assert image is not None
         labels = {MANAGED_BY[0]: MANAGED_BY[1]}
-        daemonsets = [own_daemonset(ds, self.namespace, node, labels) for ds in render_daemonsets(spec, image)]
+        # The second node is the user's choice, as it is: its taints are tolerated (the node under test's are not:
+        # the test pods would not tolerate them either).
+        taints = (self.get_node(node).get("spec", {}).get("taints") or []) if node == self.options.second_node else []
+        daemonsets = [
+            own_daemonset(ds, self.namespace, node, labels, tolerate=taints) for ds in render_daemonsets(spec, image)
+        ]
         for ds in daemonsets:
             self.api.apply_daemonset(ds)
         self._plugins[node] = _Deployed(spec, daemonsets, image)
@@ -518,14 +612,18 @@ class KubeBackend:
         """Abrupt stop: the pod is force-deleted (SIGKILL, no grace) and not recreated until ``start_plugin``."""
         self._not_adopted("kill")
         self._snapshot_logs(node)
+        self._force_remove_plugin_pods(node, "killed")
+        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
+
+    def _force_remove_plugin_pods(self, node: str, what: str) -> None:
+        """The DaemonSet stops selecting the node and its pods there are deleted with grace period 0 (SIGKILL)."""
         self._set_stopped(node, True)
         for p in self._plugin_pods(node):
             try:
                 self.api.delete_pod(p["metadata"]["name"], p["metadata"]["namespace"], grace=0)
             except ObjectNotFoundError:
                 pass
-        self._wait_no_plugin_pods(node, f"plugin pod on {node} killed")
-        self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
+        self._wait_no_plugin_pods(node, f"plugin pod on {node} {what}")
 
     def start_plugin(self, node: str) -> None:
         self._not_adopted("start")
@@ -544,15 +642,11 @@ class KubeBackend:
 
     def plugin_exit(self, node: str) -> str | None:
         """A plugin container the kubelet keeps failing to run: it will not come up by itself."""
-        if node not in self._plugins:
-            return None
-        for p in self._plugin_pods(node):
-            for st in p.get("status", {}).get("containerStatuses") or []:
-                waiting = (st.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") in _HOPELESS_WAITING:
-                    last = ((st.get("lastState") or {}).get("terminated")) or {}
-                    code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
-                    return f"container {st.get('name')} of pod {p['metadata']['name']} is {waiting['reason']}{code}"
+        for pod, st in self._plugin_container_statuses(node):
+            if (reason := _waiting_reason(st)) in _HOPELESS_WAITING:
+                last = ((st.get("lastState") or {}).get("terminated")) or {}
+                code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
+                return f"container {st.get('name')} of pod {pod} is {reason}{code}"
         return None
 
     def surge_plugin(self, node: str) -> None:
@@ -566,6 +660,26 @@ class KubeBackend:
     def retire_plugin(self, node: str, *, newest: bool = False) -> None:
         raise UnsupportedOperationError(f"{self.name}: no second instance of the plugin to retire (surge_plugin is not implemented)")
 
+    def plugin_restarts(self, node: str) -> PluginRestarts:
+        """The plugin pods' containers' ``restartCount`` (a pod the harness deletes takes its count with it)."""
+        count, loop = 0, None
+        for pod, st in self._plugin_container_statuses(node):
+            count += int(st.get("restartCount") or 0)
+            if _waiting_reason(st) == "CrashLoopBackOff":
+                message = ((st.get("state") or {}).get("waiting") or {}).get("message") or "CrashLoopBackOff"
+                loop = f"container {st.get('name')} of pod {pod} is crash-looping: {message}"
+        return PluginRestarts(count, loop)
+
+    def _plugin_container_statuses(self, node: str) -> list[tuple[str, JSONDict]]:
+        """(pod name, container status) of the plugin's pods on ``node``; none while no plugin is deployed there."""
+        if node not in self._plugins:
+            return []
+        return [
+            (p["metadata"]["name"], st)
+            for p in self._plugin_pods(node)
+            for st in p.get("status", {}).get("containerStatuses") or []
+        ]
+
     def plugin_log(self, node: str) -> str:
         dep = self._dep(node)
         self._snapshot_logs(node)
@@ -575,8 +689,9 @@ class KubeBackend:
     def create_pod(self, manifest: JSONDict) -> JSONDict:
         body = json.loads(json.dumps(manifest))
         spec = body.get("spec", {})
+        node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
         for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-            if c.get("image") == DEFAULT_IMAGE and (local := self.provider.workload_image(DEFAULT_IMAGE)):
+            if c.get("image") == DEFAULT_IMAGE and (local := self.provider.workload_image(DEFAULT_IMAGE, node)):
                 c["image"] = local
                 c.setdefault("imagePullPolicy", "IfNotPresent")
         return self.api.create_pod(body)
@@ -585,8 +700,11 @@ class KubeBackend:
         return self.api.get_pod(name, namespace)
 
     def delete_pod(self, name: str, namespace: str = "default") -> None:
-        """Delete and wait until the pod is gone (as ``kubectl delete`` does): its devices are free afterwards."""
-        self.api.delete_pod(name, namespace)
+        """Delete and wait until the pod is gone (as ``kubectl delete`` does): its devices are free afterwards.
+
+        On a node whose kubelet is stopped the deletion is forced (grace 0): no kubelet confirms it."""
+        down = bool(self._kubelet_down) and self.api.get_pod(name, namespace).get("spec", {}).get("nodeName") in self._kubelet_down
+        self.api.delete_pod(name, namespace, grace=0 if down else None)
 
         def gone() -> bool:
             try:
@@ -614,7 +732,21 @@ class KubeBackend:
             raise BackendError(f"pod {namespace}/{name} is not on a node yet")
         raw = self.read_checkpoint(node)
         entries = parse_checkpoint(raw).entries_for(pod["metadata"]["uid"], container) if raw else []
-        return applied_view(entries)
+        return self._with_cdi_edits(node, applied_view(entries))
+
+    def _with_cdi_edits(self, node: str, view: ContainerView) -> ContainerView:
+        """The view with the edits of its CDI devices, as a CDI-enabled runtime applies them, from the spec files on
+        the node (resolved by upstream's rules, :func:`pytest_devplug.sim.cdi.apply_edits`): what the container
+        should have. Whether it has them is for the container to show (``exec``); a name no spec resolves any more
+        is an error."""
+        if not view.cdi_devices and not cdi.names_from_annotations(view.annotations):
+            return view
+        with tempfile.TemporaryDirectory(prefix="devplug-cdi-") as tmp:
+            self.nodeops.read_tree(node, CDI_SPEC_DIRS, Path(tmp))
+            try:
+                return cdi.apply_edits(view, [Path(tmp) / d.lstrip("/") for d in CDI_SPEC_DIRS])
+            except cdi.UnresolvableCdiDevicesError as exc:
+                raise BackendError(f"on node {node}: {str(exc).replace(tmp, '')}") from None
 
     def restart_container(self, name: str, container: str, namespace: str = "default") -> None:
         """Kill the container's task in containerd (SIGKILL): the kubelet restarts it, as after a crash."""

@@ -69,6 +69,9 @@ def node_pod_manifest(node: str, name: str, namespace: str, image: str) -> dict[
 class HostPodTransport:
     """``NodeTransport`` through the API: one privileged host-PID pod per node, made on first use."""
 
+    #: An API ``exec`` is served by the node's kubelet: with the kubelet down the node cannot be reached.
+    bypasses_kubelet = False
+
     def __init__(self, api: KubeApi, namespace: str, image: Callable[[], str], timeout: float) -> None:
         """``image``: called when the first pod is made (the backend may learn the plugin image late)."""
         self.api = api

@@ -8,6 +8,8 @@ mock library and its state from the node's ``/var/lib/devplug`` (hostPath).
 from __future__ import annotations
 
 import copy
+import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ __all__ = [
     "PLUGIN_SRC",
     "GPU_LABEL",
     "STOP_LABEL",
+    "NODE_KEY_LABEL",
     "MOCK_DIR",
     "MOCK_LIB_DIR",
     "selector_of",
@@ -37,6 +40,8 @@ DEFAULT_MANIFEST = PLUGIN_SRC / "deploy" / "daemonset.yaml" if PLUGIN_SRC else N
 GPU_LABEL = ("devplug.io/gpu", "true")
 #: nodeSelector key the backend adds to stop the plugin (its pods go away) and removes to start it again.
 STOP_LABEL = "devplug.io/plugin-stopped"
+#: Label of a deployed plugin's pods (and its DaemonSet's selector): a key of the node it is pinned to.
+NODE_KEY_LABEL = "devplug.io/plugin-node"
 #: On the node (hostPath), for plugins deployed with mock NVML: the state file and the mock library.
 MOCK_DIR = "/var/lib/devplug"
 MOCK_LIB_DIR = f"{MOCK_DIR}/lib"
@@ -120,15 +125,29 @@ def render_daemonsets(spec: PluginSpec, image: str) -> list[dict[str, Any]]:
     return out
 
 
-def own_daemonset(ds: dict[str, Any], namespace: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
+def own_daemonset(
+    ds: dict[str, Any], namespace: str, node: str, labels: dict[str, str], *, tolerate: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
     """``ds`` moved into the run's ``namespace`` with the run's ``labels``, its pods on ``node`` only.
 
     The manifest's own node selection (the included one's kind label) gives way to the node's hostname:
     a real node may lack the label, and on a cluster shared by several runs each plugin stays on its node.
+    A run may deploy on two nodes (the soak's copy): the name and the pod selector carry the node's key, so
+    the two DaemonSets neither replace nor adopt each other. ``tolerate``: taints of the node the pods must
+    tolerate (a second node the user named, e.g. a control plane, is used as it is).
     """
+    key = hashlib.sha256(node.encode()).hexdigest()[:8]
     meta = ds["metadata"]
     meta["namespace"] = namespace
+    meta["name"] = f"{meta['name']}-{key}"
     meta.setdefault("labels", {}).update(labels)
+    ds["spec"].setdefault("selector", {}).setdefault("matchLabels", {})[NODE_KEY_LABEL] = key
+    ds["spec"]["template"].setdefault("metadata", {}).setdefault("labels", {})[NODE_KEY_LABEL] = key
+    pod = ds["spec"]["template"]["spec"]
+    for taint in tolerate:
+        pod.setdefault("tolerations", []).append(
+            {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
+        )
     pod = ds["spec"]["template"]["spec"]
     selector = dict(pod.get("nodeSelector") or {})
     selector.pop(GPU_LABEL[0], None)

@@ -13,6 +13,8 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -59,6 +61,10 @@ class NodeCommandError(BackendError):
 
 class NodeTransport(Protocol):
     """How a backend reaches a node's host: the seam between node operations and kind or a real cluster."""
+
+    #: Whether commands reach the node while its kubelet is down: ``docker exec`` does; an API ``exec`` goes
+    #: through the kubelet and does not. Keeping a kubelet down and a node reboot need it.
+    bypasses_kubelet: bool
 
     def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
         """Run ``sh -c script`` as root in the node's host mount and PID namespaces. Raises ``BackendError``
@@ -120,6 +126,28 @@ class NodeOps:
         self.exec(node, "systemctl restart --no-block kubelet")
         self.wait_kubelet_serving(node, max(self.timeout, 60.0), not_instance=before)
 
+    def stop_kubelet(self, node: str) -> None:
+        """Stop the kubelet unit and leave it down. Its containers keep running: the unit's ``KillMode=process``
+        (kind's and kubeadm's) stops the kubelet process only."""
+        self.exec(node, "systemctl stop kubelet")
+        if self.kubelet_active(node):
+            raise NodeCommandError(f"the kubelet on node {node} is still active after `systemctl stop kubelet`")
+
+    def start_kubelet(self, node: str) -> None:
+        """Start a stopped kubelet unit and wait until it serves pod-resources."""
+        before = self._kubelet_instance(node)
+        self.exec(node, "systemctl start kubelet")
+        self.wait_kubelet_serving(node, max(self.timeout, 60.0), not_instance=before)
+
+    def remove_pod_sandboxes(self, node: str) -> None:
+        """Stop and remove every pod sandbox (and so every container) through the CRI, as upstream's node e2e
+        tests stage a reboot (``crictl rmp --force --all``: containers are killed, not stopped gracefully)."""
+        self.exec(
+            node,
+            "command -v crictl >/dev/null || { echo 'crictl (cri-tools) is not installed on the node' >&2; exit 127; }; "
+            "crictl rmp --force --all >/dev/null && test -z \"$(crictl pods -q)\"",
+        )
+
     def kubelet_active(self, node: str) -> bool:
         return self.transport.run(node, "systemctl is-active --quiet kubelet", timeout=60.0).returncode == 0
 
@@ -166,6 +194,18 @@ class NodeOps:
 
     def read_checkpoint(self, node: str) -> bytes | None:
         return self.read_file(node, CHECKPOINT_PATH)
+
+    def read_tree(self, node: str, directories: Sequence[str], into: Path) -> None:
+        """Copy the plain files of ``directories`` on the node (not recursive) to ``into`` + their paths."""
+        script = (
+            "for d in " + " ".join(shlex.quote(d) for d in directories) + "; do "
+            "for f in \"$d\"/*; do [ -f \"$f\" ] && printf '%s %s\\n' \"$f\" \"$(base64 -w0 < \"$f\")\"; done; done; true"
+        )
+        for line in self.exec(node, script).splitlines():
+            path, _, b64 = line.partition(" ")
+            local = into / path.lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(base64.b64decode(b64))
 
     def read_json(self, node: str, path: str) -> dict[str, Any]:
         raw = self.read_file(node, path)

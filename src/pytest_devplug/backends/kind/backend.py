@@ -28,6 +28,7 @@ class KindProvider:
     """A kind cluster for the session, images loaded into it, nodes reached through their containers."""
 
     name = "kind"
+    nodes_are_containers = True
 
     def __init__(self, options: BackendOptions, *, config: str | None = None) -> None:
         """``config``: a kind config (path or file name in kind-config/); default ``$DEVPLUG_KIND_CONFIG`` or single-node."""
@@ -35,7 +36,7 @@ class KindProvider:
         self.cluster = ClusterManager(options, config=config)
         self.workdir = Path(tempfile.mkdtemp(prefix="devplug-kindb-", dir="/tmp"))
         self.images = PluginImage(self.workdir)
-        self._loaded: set[str] = set()
+        self._loaded: set[tuple[str, str | None]] = set()
 
     def start(self) -> Any:
         self.cluster.start()
@@ -44,22 +45,24 @@ class KindProvider:
     def transport(self, api: KubeApi, namespace: str, node_image: Callable[[], str]) -> NodeTransport:
         return DockerExecTransport(self.workdir, helper_image=lambda: self.images.built)
 
-    def load_image(self, image: str) -> None:
-        if image not in self._loaded:
-            self.cluster.load_image(image)
-            self._loaded.add(image)
+    def load_image(self, image: str, node: str | None = None) -> None:
+        """``kind load docker-image`` into ``node`` (``None``: every node), once per run: on a cluster several runs
+        share, each loads only where it runs (kind skips a node that has the image already)."""
+        if (image, node) not in self._loaded and (image, None) not in self._loaded:
+            self.cluster.load_image(image, [node] if node else [])
+            self._loaded.add((image, node))
 
-    def plugin_image(self, spec: PluginSpec) -> str:
+    def plugin_image(self, spec: PluginSpec, node: str) -> str:
         image = self.images.resolve(spec)
-        self.load_image(image)
+        self.load_image(image, node)
         return image
 
-    def workload_image(self, image: str) -> str | None:
+    def workload_image(self, image: str, node: str | None) -> str | None:
         """``--devplug-workload-image``; with no registry (offline node image) the local Python base, which has
         the shell tools test pods use (sh, sleep, env, ls, cat)."""
         local = self.options.workload_image or (python_base_image() if self.cluster.offline else None)
         if local:
-            self.load_image(local)
+            self.load_image(local, node)
         return local
 
     def disposes_cluster(self) -> bool:

@@ -31,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -351,10 +352,11 @@ class ClusterManager:
                 out.append(f"--- {unit} journal ({node})\n{p.stdout[-2500:]}")
         return "\n".join(out)
 
-    def load_image(self, image: str) -> None:
-        """``kind load docker-image`` (pytest-kind-ng's wrapper when we made the cluster)."""
+    def load_image(self, image: str, nodes: Sequence[str] = ()) -> None:
+        """``kind load docker-image`` into ``nodes`` (default: every node)."""
+        only = ["--nodes", ",".join(nodes)] if nodes else []
         try:
-            run([self.kind_bin, "load", "docker-image", "--name", self.name, image], timeout=600)
+            run([self.kind_bin, "load", "docker-image", "--name", self.name, *only, image], timeout=600)
         except ToolError as exc:
             raise BackendError(f"kind load docker-image {image} into {self.name} failed: {exc}") from None
 

@@ -32,6 +32,14 @@ def _inputs_hash(base: str) -> str:
     return h.hexdigest()[:12]
 
 
+def _pip() -> list[str]:
+    """A pip to make the wheels with: this interpreter's, else the system Python's (a uv-made venv has none)."""
+    for python in (sys.executable, getattr(sys, "_base_executable", None), shutil.which("python3"), "/usr/bin/python3"):
+        if python and run([python, "-m", "pip", "--version"], check=False, timeout=120).returncode == 0:
+            return [python, "-m", "pip"]
+    raise BackendUnavailableError(f"no pip to build the included plugin's wheels with (tried {sys.executable} and python3)")
+
+
 def _image_present(image: str) -> bool:
     return run(["docker", "image", "inspect", image], check=False, timeout=60).returncode == 0
 
@@ -72,7 +80,7 @@ class PluginImage:
             # (the base's Python is Debian's, the same minor as the offline tooling's). The standard base
             # installs the dependencies from PyPI itself.
             deps = [] if base != STANDARD_BASE else ["--no-deps"]
-            run([sys.executable, "-m", "pip", "wheel", *deps, "-q", "-w", str(ctx / "dist"), str(PLUGIN_SRC)], timeout=900)
+            run([*_pip(), "wheel", *deps, "-q", "-w", str(ctx / "dist"), str(PLUGIN_SRC)], timeout=900)
             run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(ctx)], timeout=1800)
             shutil.rmtree(ctx, ignore_errors=True)
         self.built = tag

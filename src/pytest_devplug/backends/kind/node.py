@@ -29,6 +29,9 @@ __all__ = ["DockerExecTransport"]
 class DockerExecTransport:
     """``NodeTransport`` over ``docker exec`` (node name == container name in kind)."""
 
+    #: ``docker exec`` reaches the node container whether its kubelet runs or not.
+    bypasses_kubelet = True
+
     def __init__(self, workdir: Path, *, helper_image: Callable[[], str | None] = lambda: None) -> None:
         """``helper_image``: an image with python3 + grpcio for the fallback path, once one is known."""
         self.workdir = workdir

@@ -15,15 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_devplug.sim import gojson
-from pytest_devplug.sim.checkpoint import (
-    CheckpointCorruptError,
-    CheckpointFormatError,
-    _go_json,  # one encoder for both checkpoints: encoding/json's output rules
-    read_bytes,
-    write_atomically,
-)
-from pytest_devplug.sim.gojson import Number, Object, Value
+from pytest_devplug.kubeletmodel import gojson
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointFormatError
+from pytest_devplug.kubeletmodel.gojson import Number, Object, Value
+from pytest_devplug.sim.checkpoint import read_bytes, write_atomically
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -118,7 +113,7 @@ def encode_data(entries: list[ClaimInfoState] | None) -> str:
         "apiVersion": CHECKPOINT_API_VERSION,
         "ClaimInfoStateList": None if entries is None else [_entry_doc(e) for e in entries],
     }
-    return _go_json(doc)
+    return gojson.marshal(doc)
 
 
 def checksum(data: str) -> int:
@@ -129,7 +124,7 @@ def checksum(data: str) -> int:
 def encode(entries: list[ClaimInfoState] | None) -> bytes:
     """The whole file content (``MarshalCheckpoint``)."""
     data = encode_data(entries)
-    return _go_json({"Data": data, "Checksum": checksum(data)}).encode()
+    return gojson.marshal({"Data": data, "Checksum": checksum(data)}).encode()
 
 
 # -- reading: json.Unmarshal's rules for the fields the kubelet has -----------------------------

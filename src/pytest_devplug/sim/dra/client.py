@@ -31,6 +31,7 @@ __all__ = [
     "SERVICE_V1BETA1",
     "SERVICES_SUPPORTED_BY_KUBELET",
     "CLIENT_CALL_TIMEOUT_S",
+    "CallObserver",
     "DRAPluginCallError",
     "DRAPluginClient",
 ]
@@ -41,6 +42,11 @@ SERVICE_V1BETA1 = "v1beta1.DRAPlugin"
 SERVICES_SUPPORTED_BY_KUBELET = (SERVICE_V1, SERVICE_V1BETA1)
 #: ``defaultClientCallTimeout``.
 CLIENT_CALL_TIMEOUT_S = 45.0
+
+
+#: Told of every call's outcome: (driver, method, claim UIDs asked, error text or "" when the call succeeded as
+#: a whole; per-claim errors are in the response).
+CallObserver = Callable[[str, str, list[str], str], None]
 
 
 class DRAPluginCallError(SimError):
@@ -63,6 +69,7 @@ class DRAPluginClient:
         *,
         call_timeout: float = CLIENT_CALL_TIMEOUT_S,
         on_connection_change: Callable[[DRAPluginClient, bool], None] | None = None,
+        on_call: CallObserver | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         if chosen_service not in SERVICES_SUPPORTED_BY_KUBELET:
@@ -73,6 +80,7 @@ class DRAPluginClient:
         self.call_timeout = call_timeout
         self._log = logger or logging.getLogger(__name__)
         self._on_change = on_connection_change
+        self._on_call = on_call
         self._lock = threading.Lock()
         #: Whether the channel is READY now (upstream ``monitoredPlugin.connected``).
         self._connected = False
@@ -113,16 +121,25 @@ class DRAPluginClient:
         if beta:
             request = _as(request, getattr(pb_beta, type(request).__name__))
         self._log.info("Calling %s rpc driverName=%s endpoint=%s", method, self.driver_name, self.endpoint)
+        uids = [c.uid for c in getattr(request, "claims", [])]
         try:
             response = getattr(self._stub, method)(request, timeout=self.call_timeout)
         except grpc.RpcError as err:
+            self._observe(method, uids, go_rpc_error(err))
             raise DRAPluginCallError(go_rpc_error(err)) from None
         except ValueError:
             # grpcio refuses calls on a closed channel; grpc-go answers a closed ClientConn this way
             if not self._closed:
                 raise
-            raise DRAPluginCallError("rpc error: code = Canceled desc = grpc: the client connection is closing") from None
+            closing = "rpc error: code = Canceled desc = grpc: the client connection is closing"
+            self._observe(method, uids, closing)
+            raise DRAPluginCallError(closing) from None
+        self._observe(method, uids, "")
         return _as(response, response_cls) if beta else response
+
+    def _observe(self, method: str, uids: list[str], error: str) -> None:
+        if self._on_call is not None:
+            self._on_call(self.driver_name, method, uids, error)
 
     def node_prepare_resources(self, claims: Sequence[pb.Claim]) -> pb.NodePrepareResourcesResponse:
         """One NodePrepareResources call for ``claims``; per-claim failures are in the response."""

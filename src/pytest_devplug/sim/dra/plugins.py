@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from pytest_devplug.sim.dra.client import CLIENT_CALL_TIMEOUT_S, SERVICES_SUPPORTED_BY_KUBELET, DRAPluginClient
+from pytest_devplug.sim.dra.client import CLIENT_CALL_TIMEOUT_S, SERVICES_SUPPORTED_BY_KUBELET, CallObserver, DRAPluginClient
 from pytest_devplug.sim.dra.health import STREAM_RETRY_PERIOD_S, DeviceHealth, HealthInfoCache, HealthStream
 from pytest_devplug.sim.errors import SimError
 
@@ -72,11 +72,15 @@ class DRAPluginManager:
         on_health_change: Callable[[str, list[DeviceHealth]], None] | None = None,
         health_retry_period: float = STREAM_RETRY_PERIOD_S,
         path_of_endpoint: Callable[[str], Path] = Path,
+        on_call: CallObserver | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self.node_name = node_name
         self._wiper = wiper
-        self._wiping_delay = wiping_delay
+        #: Seconds a driver's slices outlive its last plugin (``defaultWipingDelay``); a new value applies to
+        #: the wipes scheduled after it is set.
+        self.wiping_delay = wiping_delay
+        self._on_call = on_call
         self._health_cache = health_cache
         self._on_health_change = on_health_change
         self._health_retry_period = health_retry_period
@@ -125,6 +129,7 @@ class DRAPluginManager:
                 service,
                 call_timeout=CLIENT_CALL_TIMEOUT_S if timeout is None else timeout,
                 on_connection_change=lambda _p, _c: self._sync(name),
+                on_call=self._on_call,
                 logger=self._log,
             )
             self._store.setdefault(name, []).append(plugin)
@@ -198,7 +203,7 @@ class DRAPluginManager:
                 return
             if pending is not None:
                 return  # the first deadline stands
-            timer = threading.Timer(self._wiping_delay, self._wipe_later, args=(driver_name,))
+            timer = threading.Timer(self.wiping_delay, self._wipe_later, args=(driver_name,))
             timer.daemon = True
             self._pending_wipes[driver_name] = timer
             timer.start()

@@ -1,4 +1,4 @@
-"""A JSON reader that accepts exactly what Go's ``encoding/json`` accepts.
+"""Go's ``encoding/json`` for the kubelet's files: a reader that accepts exactly what it accepts, and its output.
 
 The kubelet reads its checkpoint with ``json.Unmarshal``; Python's ``json`` module is looser
 (NaN, Infinity, UTF-16/32 and a UTF-8 BOM are accepted) and recursive (deep nesting raises
@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
-__all__ = ["MAX_DEPTH", "GoJSONSyntaxError", "Number", "Object", "Value", "parse"]
+__all__ = ["MAX_DEPTH", "GoJSONSyntaxError", "Number", "Object", "Value", "parse", "marshal"]
 
 #: ``maxNestingDepth`` of Go's scanner: the 10001st open bracket is a syntax error.
 MAX_DEPTH = 10000
@@ -168,3 +168,12 @@ def _member_key(text: str, pos: int) -> tuple[str, int]:
     if not text.startswith(":", end):
         raise GoJSONSyntaxError(f"{_describe(text, end)} after object key")
     return key, _skip_ws(text, end + 1)
+
+
+def marshal(value: object) -> str:
+    """``json.Marshal``'s text of plain data: compact, UTF-8 kept; ``<``, ``>``, ``&`` escaped for HTML safety and
+    U+2028/9 for JavaScript (map keys must already be in Go's order: sorted by their bytes)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(char, escape)
+    return text

@@ -1,0 +1,1 @@
+"""DRA kubelet-plugin API v1 and v1beta1 (generated stubs)."""

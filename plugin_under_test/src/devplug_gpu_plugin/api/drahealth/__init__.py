@@ -1,0 +1,1 @@
+"""DRA device-health API v1alpha1 (generated stubs)."""

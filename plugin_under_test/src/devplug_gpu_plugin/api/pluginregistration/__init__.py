@@ -1,0 +1,1 @@
+"""pluginregistration v1: the plugin watcher's registration API (generated stubs)."""

@@ -1,0 +1,175 @@
+"""What the DRA fixtures need from a backend beyond the device-plugin protocol: the driver's process on a node,
+the kubelet's view of it, and the API server (``resource.k8s.io/v1`` objects are read and made through it).
+
+A backend offers it as its ``dra`` attribute (:func:`dra_of`); the embedded kubelet with the real control plane
+does (``backends/sim_dra.py``). Backends without it make the DRA fixtures skip with ``UnsupportedOperationError``
+naming what is missing, as any ability a backend lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import UnsupportedOperationError
+from ..kuberest import KubeRest
+
+__all__ = [
+    "DEFAULT_DRIVER_NAME",
+    "DIR_PLACEHOLDERS",
+    "DRABackend",
+    "DRACallRecord",
+    "DriverSpec",
+    "RegistrationRecord",
+    "dra_of",
+]
+
+#: The driver name of the included GPU plugin's DRA mode (``devplug-gpu-plugin --dra``).
+DEFAULT_DRIVER_NAME = "gpu.devplug.io"
+#: Placeholders that give a driver the node's directories as flags; a command without any of them runs at the
+#: kubelet's standard paths, as its DaemonSet would.
+DIR_PLACEHOLDERS = ("{plugins_registry}", "{plugins_dir}", "{cdi_root}")
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """How to deploy the DRA driver under test on a node.
+
+    ``argv`` may hold ``{plugins_registry}`` (the kubelet's ``plugins_registry`` dir), ``{plugins_dir}`` (its
+    ``plugins`` dir), ``{cdi_root}`` (the node's ``/var/run/cdi``), ``{node_name}``, ``{kubeconfig}`` (a kubeconfig
+    with the driver's service-account credentials) and ``{mock_state}``; ``env`` values too. ``driver_name`` is the
+    name the driver registers and publishes its slices under. ``mock``: the driver reads the mock-NVML state.
+    """
+
+    driver_name: str = DEFAULT_DRIVER_NAME
+    argv: Sequence[str] = ()
+    image: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    mock: bool = False
+    gpus: int = 4
+    numa_nodes: int = 2
+    #: Run in the node's private mount namespace at the kubelet's standard paths (``/var/lib/kubelet/plugins_registry``,
+    #: ``/var/lib/kubelet/plugins``, ``/etc/cdi``, ``/var/run/cdi``, the service account's files). ``None``: exactly
+    #: when no directory placeholder appears in ``argv`` or ``env``.
+    standard_paths: bool | None = None
+
+    def uses_standard_paths(self) -> bool:
+        if self.standard_paths is not None:
+            return self.standard_paths
+        return not any(p in a for a in [*self.argv, *self.env.values()] for p in DIR_PLACEHOLDERS)
+
+
+@dataclass(frozen=True)
+class RegistrationRecord:
+    """One outcome of the kubelet's plugin watcher: ``kind`` registered / failed / deregistered."""
+
+    kind: str
+    socket: str
+    name: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class DRACallRecord:
+    """One NodePrepareResources / NodeUnprepareResources the kubelet made ("" error: the call succeeded as a whole)."""
+
+    driver: str
+    method: str
+    claim_uids: tuple[str, ...]
+    error: str
+    at: float
+
+
+@runtime_checkable
+class DRABackend(Protocol):
+    """A node's DRA side as the fixtures drive it. Objects are JSON-shaped dicts."""
+
+    #: The API server, for ResourceSlices, DeviceClasses, ResourceClaims and templates.
+    rest: KubeRest
+
+    # -- the driver under test -------------------------------------------------------------------
+    def deploy_driver(self, node: str, spec: DriverSpec) -> None: ...
+
+    def remove_driver(self, node: str) -> None: ...
+
+    def stop_driver(self, node: str) -> None:
+        """SIGTERM; returns once the kubelet has seen it go (deregistered or disconnected)."""
+
+    def kill_driver(self, node: str) -> None:
+        """SIGKILL (sockets left behind); returns once the kubelet has seen it go."""
+
+    def start_driver(self, node: str) -> None: ...
+
+    def driver_running(self, node: str) -> bool: ...
+
+    def driver_exit(self, node: str) -> str | None:
+        """How the driver process ended (``"exited with status 1"``), ``None`` while it runs or may start."""
+
+    def driver_log(self, node: str) -> str: ...
+
+    def driver_restarts(self, node: str) -> int:
+        """How many times the node restarted the driver's process on its own since it was started (a DaemonSet
+        pod's ``restartCount``)."""
+
+    # -- the kubelet's view ----------------------------------------------------------------------
+    def kubelet_running(self, node: str) -> bool: ...
+
+    def registered_drivers(self, node: str) -> dict[str, list[str]]:
+        """Driver name -> endpoints of its plugins the kubelet has registered."""
+
+    def driver_usable(self, node: str, driver: str) -> bool:
+        """A plugin of ``driver`` is registered and its DRA socket connected."""
+
+    def driver_service(self, node: str, driver: str) -> str | None:
+        """The gRPC service the kubelet chose for the driver (``v1.DRAPlugin``), ``None`` when not registered."""
+
+    def registration_events(self, node: str) -> list[RegistrationRecord]: ...
+
+    def dra_calls(self, node: str) -> list[DRACallRecord]:
+        """Every prepare/unprepare call the kubelet made on the node, oldest first."""
+
+    def read_dra_checkpoint(self, node: str) -> bytes | None:
+        """``dra_manager_state`` as on the node (``None``: none written yet)."""
+
+    def pending_prepares(self, node: str) -> dict[str, str]:
+        """Pod UID -> last prepare error, for pods whose containers wait for their claims."""
+
+    def call_driver(self, node: str, driver: str, method: str, claims: Sequence[Mapping[str, str]]) -> Any:
+        """Call the driver's DRA service directly, as the kubelet does (``NodePrepareResources`` or
+        ``NodeUnprepareResources`` with ``claims`` of ``namespace``/``uid``/``name``): the response message."""
+
+    def driver_health(self, node: str, driver: str) -> list[tuple[str, str, str]] | None:
+        """The first message of the driver's ``NodeWatchResources`` stream as (pool, device, health); ``None`` when the
+        driver does not serve ``v1alpha1.DRAResourceHealth`` (UNIMPLEMENTED)."""
+
+    def refuse_next_registration(self, node: str, reason: str) -> None:
+        """Make the kubelet refuse the driver's next registration attempt with ``reason``."""
+
+    # -- knobs -----------------------------------------------------------------------------------
+    def set_dra_timings(self, **seconds: float) -> None:
+        """``wiping_delay``, ``retry_period``, ``reconcile_period`` (sim; real kubelets raise UnsupportedOperationError)."""
+
+    def dra_timings(self) -> dict[str, float]: ...
+
+    def read_driver_mock_state(self, node: str) -> dict[str, Any]: ...
+
+    def write_driver_mock_state(self, node: str, state: dict[str, Any]) -> None: ...
+
+
+def dra_of(backend: Any) -> DRABackend:
+    """The backend's DRA side, or ``UnsupportedOperationError`` saying why there is none."""
+    dra = getattr(backend, "dra", None)
+    if dra is None:
+        name = getattr(backend, "name", "?")
+        why = (
+            "a DRA driver reads its claims from the API server and publishes ResourceSlices through it, which the "
+            "embedded control plane does not serve: run with --devplug-control-plane real (devplug conformance --dra does)"
+            if name == "sim"
+            else f"the {name} backend has no DRA side yet: DRA drivers run on the embedded kubelet with the real control "
+            "plane (--devplug-backend sim --devplug-control-plane real)"
+        )
+        raise UnsupportedOperationError(why)
+    if not isinstance(dra, DRABackend):
+        raise TypeError(f"{backend!r}.dra is not a DRABackend")
+    return dra

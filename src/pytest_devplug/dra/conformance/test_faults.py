@@ -1,0 +1,146 @@
+"""Faults: failing prepares and unprepares, retried by the kubelet, and device health reaching the pod status.
+
+These need the driver's cooperation to fail on purpose (the ``devplug_dra_faults`` fixture, or health the driver
+reports itself); without an injector they skip naming the contract. The kubelet retries a failed prepare after
+its pod worker's back-off (10 s; 0.5 s here) while the pod stays Pending with ``FailedPrepareDynamicResources``;
+a failed unprepare is retried until it succeeds, also across a kubelet restart.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_devplug.dra.assertions import assert_claim_prepared, assert_driver_registered
+from pytest_devplug.dra.faults import DRAFaultInjector, FaultNotSupportedError
+from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle
+
+from ._support import fault, short_dra_timings, succeeded, waited
+
+
+def _failed_prepare(pod: ClaimPodHandle, driver: DriverHandle) -> str:
+    event = pod.wait_event(r"^FailedPrepareDynamicResources: Failed to prepare dynamic resources: ")
+    assert pod.phase == "Pending", f"a pod whose claims failed to prepare is {pod.phase}"
+    waiting = [(c.get("state") or {}).get("waiting", {}).get("reason") for c in pod.status.get("containerStatuses") or []]
+    assert waiting and all(w == "ContainerCreating" for w in waiting), f"its containers must wait in ContainerCreating: {waiting}"
+    return event
+
+
+@pytest.mark.devplug_disruptive
+def test_failed_prepare_keeps_pod_pending_then_runs(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
+                                                    devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+    """Upstream "must run pod if NodePrepareResources fails and then succeeds": while the driver fails the prepare,
+    the pod stays Pending with the driver's error in a FailedPrepareDynamicResources event; once it succeeds the
+    kubelet's retry runs the pod."""
+    with short_dra_timings(devplug_driver, retry_period=0.5):
+        with fault("fail NodePrepareResources"):
+            devplug_dra_faults.fail_prepare()
+        pod = devplug_claims.pod()
+        _failed_prepare(pod, devplug_driver)
+        devplug_dra_faults.fail_prepare(False)
+        assert_claim_prepared(pod, devplug_driver)
+
+
+@pytest.mark.devplug_disruptive
+def test_prepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
+                                               devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+    """Upstream "must retry NodePrepareResources after Kubelet restart": a prepare that failed before the kubelet
+    stopped is retried by the new kubelet, and the pod runs."""
+    node = devplug_driver.node
+    with fault("fail NodePrepareResources"):
+        devplug_dra_faults.fail_prepare()
+    pod = devplug_claims.pod()
+    _failed_prepare(pod, devplug_driver)
+    node.stop_kubelet()
+    try:
+        devplug_dra_faults.fail_prepare(False)
+    finally:
+        node.start_kubelet()
+    assert_driver_registered(devplug_driver, node.reregistration_timeout)
+    assert_claim_prepared(pod, devplug_driver, timeout=node.reregistration_timeout)
+
+
+def _failing_unprepare(claims: ClaimFactory, driver: DriverHandle, faults: DRAFaultInjector) -> tuple[str, int]:
+    """A running pod whose claim the driver refuses to unprepare, deleted; (claim UID, call index before)."""
+    claim = claims.claim()
+    pod = claims.pod([claim], wait=True)
+    assert_claim_prepared(pod, driver)
+    with fault("fail NodeUnprepareResources"):
+        faults.fail_unprepare()
+    uid, since = claim.uid, len(driver.node.dra_calls())
+    pod.delete()
+    failed = waited(lambda: [c for c in driver.node.dra_calls("NodeUnprepareResources", since=since) if uid in c.claim_uids], bool,
+                    "a NodeUnprepareResources call for the deleted pod's claim", driver=driver)  # fmt: skip
+    assert claim.prepared() is not None, f"the claim left dra_manager_state though its unprepare failed ({failed})"
+    return uid, since
+
+
+@pytest.mark.devplug_disruptive
+def test_failed_unprepare_is_retried(devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector) -> None:
+    """Upstream "must call NodeUnprepareResources for deleted pod": an unprepare the driver fails keeps the claim in
+    the kubelet's checkpoint and is retried until the driver succeeds."""
+    with short_dra_timings(devplug_driver, retry_period=0.5):
+        uid, since = _failing_unprepare(devplug_claims, devplug_driver, devplug_dra_faults)
+        devplug_dra_faults.fail_unprepare(False)
+        waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
+               "the unprepare retried until it succeeded", driver=devplug_driver)  # fmt: skip
+
+
+@pytest.mark.devplug_disruptive
+def test_unprepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
+                                                 devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+    """Upstream "must retry NodeUnprepareResources after Kubelet restart": an unprepare that failed before the kubelet
+    restarted is retried by the new kubelet (its reconcile loop, 1 s here) from the checkpoint."""
+    node = devplug_driver.node
+    with short_dra_timings(devplug_driver, retry_period=0.5, reconcile_period=1.0):
+        uid, since = _failing_unprepare(devplug_claims, devplug_driver, devplug_dra_faults)
+        node.stop_kubelet()
+        try:
+            devplug_dra_faults.fail_unprepare(False)
+        finally:
+            node.start_kubelet()
+        waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
+               "the unprepare retried by the restarted kubelet", driver=devplug_driver, timeout=node.reregistration_timeout)  # fmt: skip
+
+
+def _health_service(driver: DriverHandle) -> None:
+    if driver.health() is None:
+        pytest.skip(f"{driver.name} serves no v1alpha1.DRAResourceHealth (NodeWatchResources is unimplemented): it reports no device health")
+
+
+def test_device_health_reaches_pod_status(devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector) -> None:
+    """Upstream "should reflect device health changes in the Pod's status": the device of a running pod's claim reads
+    Healthy in ``allocatedResourcesStatus`` (``claim:<name>/<request>``), Unhealthy once the driver's health stream
+    reports it so, and Healthy again where the injector can make it recover."""
+    _health_service(devplug_driver)
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    (allocated,) = claim.allocated
+    waited(lambda: pod.claim_health, lambda h: bool(h) and set(h.values()) == {"Healthy"},
+           "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
+    with fault("report a device Unhealthy"):
+        devplug_dra_faults.set_unhealthy(allocated.pool, allocated.device)
+    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Unhealthy"},
+           f"device {allocated.pool}/{allocated.device} Unhealthy in the pod status", driver=devplug_driver)  # fmt: skip
+    try:
+        devplug_dra_faults.set_healthy(allocated.pool, allocated.device)
+    except FaultNotSupportedError:
+        return  # recovery is beyond this injector; the transition to Unhealthy was judged
+    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Healthy"},
+           "the device Healthy again in the pod status", driver=devplug_driver)  # fmt: skip
+
+
+@pytest.mark.devplug_disruptive
+def test_device_health_unknown_after_driver_stops(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """Upstream "should update health to Unknown when plugin stops and recover upon restart": with the driver gone its
+    devices read Unknown in the pod status; started again, it reports them Healthy again."""
+    _health_service(devplug_driver)
+    pod = devplug_claims.pod(wait=True)
+    waited(lambda: pod.claim_health, lambda h: bool(h) and set(h.values()) == {"Healthy"},
+           "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
+    devplug_driver.stop()
+    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Unknown"}, "the device Unknown once the driver stopped",
+           driver=devplug_driver)  # fmt: skip
+    devplug_driver.start()
+    assert_driver_registered(devplug_driver)
+    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Healthy"}, "the device Healthy again after the driver restarted",
+           driver=devplug_driver)  # fmt: skip

@@ -1,0 +1,79 @@
+"""NodePrepareResources and NodeUnprepareResources: what the kubelet asks of a driver for every pod with claims.
+
+A pod's containers start only once the driver prepared its claims; the devices it returns must be the ones the
+scheduler allocated, and the CDI device IDs it returns must resolve from the spec files it wrote (a CDI-enabled
+runtime refuses the container otherwise). Both calls must be idempotent: the kubelet prepares again after a
+restart and repeats an unprepare that it could not record.
+"""
+
+from __future__ import annotations
+
+from pytest_devplug.dra.assertions import assert_claim_prepared
+from pytest_devplug.dra.handles import ClaimFactory, DriverHandle
+
+from ._support import claim_ref, need_devices, succeeded, waited
+
+
+def test_claim_prepared_and_container_sees_it(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """Upstream "must prepare and unprepare resources" (the prepare half): a pod with a claim for one device runs, the
+    kubelet's checkpoint holds exactly the allocated device as the driver prepared it, and the container got the CDI
+    devices the driver returned, resolved from the specs it wrote."""
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    (prepared,) = assert_claim_prepared(pod, devplug_driver)
+    assert prepared.claim_uid == claim.uid
+
+
+def test_claim_for_two_devices(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """A claim for two devices: both allocated devices are prepared, one entry each."""
+    need_devices(devplug_driver, 2)
+    claim = devplug_claims.claim(count=2)
+    pod = devplug_claims.pod([claim], wait=True)
+    (prepared,) = assert_claim_prepared(pod, devplug_driver)
+    devices = [(d.pool, d.device) for d in prepared.devices[devplug_driver.name]]
+    assert len(devices) == len(set(devices)) == 2, f"two devices allocated, the driver prepared {devices}"
+
+
+def test_claim_from_template(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """A pod using a ResourceClaimTemplate gets a claim of its own, owned by the pod; the kubelet prepares it only
+    because the pod owns it, and the driver prepares it like any other."""
+    template = devplug_claims.template()
+    pod = devplug_claims.pod(templates=[template], wait=True)
+    (prepared,) = assert_claim_prepared(pod, devplug_driver)
+    (claim,) = pod.claims
+    owners = [(o.get("kind"), o.get("uid")) for o in claim.obj["metadata"].get("ownerReferences") or [] if o.get("controller")]
+    assert owners == [("Pod", pod.uid)], f"the claim made from the template is owned by {owners}, not the pod"
+    assert prepared.claim_name == claim.name
+
+
+def test_prepare_is_idempotent(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """NodePrepareResources for a claim that is already prepared (as the kubelet sends after a restart) answers the
+    same devices and CDI device IDs, without an error."""
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    (prepared,) = assert_claim_prepared(pod, devplug_driver)
+    answer = devplug_driver.call("NodePrepareResources", [claim_ref(claim)])
+    result = answer.claims.get(prepared.claim_uid)
+    assert result is not None, f"NodePrepareResources answered no entry for claim {prepared.claim_uid}: {answer}"
+    assert not result.error, f"preparing the claim again failed: {result.error}"
+    again = sorted((d.pool_name, d.device_name, tuple(d.cdi_device_ids)) for d in result.devices)
+    first = sorted((d.pool, d.device, d.cdi_device_ids) for d in prepared.devices[devplug_driver.name])
+    assert again == first, f"preparing the claim again answered {again}; the first prepare answered {first}"
+
+
+def test_unprepared_when_pod_deleted_and_unprepare_is_idempotent(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """Upstream "must prepare and unprepare resources" (the unprepare half): deleting the pod makes the kubelet unprepare
+    its claim (NodeUnprepareResources succeeds, the claim leaves the checkpoint); unpreparing it again, as the kubelet
+    does when it could not record the first answer, succeeds too."""
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    assert_claim_prepared(pod, devplug_driver)
+    uid, since = claim.uid, len(devplug_driver.node.dra_calls())
+    pod.delete()
+    waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
+           f"a NodeUnprepareResources of claim {uid} that succeeded", driver=devplug_driver)  # fmt: skip
+    waited(claim.prepared, lambda p: p is None, "the claim gone from dra_manager_state", driver=devplug_driver)
+    answer = devplug_driver.call("NodeUnprepareResources", [claim_ref(claim)])
+    result = answer.claims.get(uid)
+    assert result is not None, f"NodeUnprepareResources answered no entry for claim {uid}: {answer}"
+    assert not result.error, f"unpreparing the claim a second time failed: {result.error}"

@@ -1,0 +1,391 @@
+"""Handles for DRA tests: ``driver.slices()``, ``claim.allocated``, ``pod.claim_health``, ``node.dra_checkpoint()``.
+
+As with the device-plugin handles, every property asks the cluster afresh and only the ``wait_*`` methods poll,
+each with a bounded timeout that stops at once when the driver process has exited.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..backends.base import DEFAULT_IMAGE, Backend
+from ..backends.dra import DRABackend, DRACallRecord, DriverSpec, RegistrationRecord
+from ..errors import ObjectNotFoundError
+from ..handles import NodeHandle, PluginChanges, PodHandle, exit_report
+from ..kuberest import KubeRest, RestError
+from ..waiting import wait_for
+from .objects import (
+    RESOURCE_API,
+    AllocatedDevice,
+    DRACheckpoint,
+    PreparedClaim,
+    SliceView,
+    claim_manifest,
+    device_class_manifest,
+    list_slices,
+    parse_dra_checkpoint,
+    template_manifest,
+)
+
+__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory"]
+
+
+class DRANodeHandle(NodeHandle):
+    """A node with its kubelet's DRA side: the drivers it registered, its ``dra_manager_state``, its calls."""
+
+    def __init__(self, backend: Backend, dra: DRABackend, name: str, *, timeout: float, reregistration_timeout: float) -> None:
+        super().__init__(backend, name, timeout=timeout, reregistration_timeout=reregistration_timeout)
+        self.dra = dra
+
+    @property
+    def kubelet_running(self) -> bool:
+        return self.dra.kubelet_running(self.name)
+
+    def registered_drivers(self) -> dict[str, list[str]]:
+        return self.dra.registered_drivers(self.name)
+
+    def registration_events(self) -> list[RegistrationRecord]:
+        return self.dra.registration_events(self.name)
+
+    def dra_calls(self, method: str | None = None, *, driver: str | None = None, since: int = 0) -> list[DRACallRecord]:
+        """The kubelet's NodePrepareResources / NodeUnprepareResources calls on this node, oldest first, from its
+        ``since``-th call on (``len(node.dra_calls())`` taken before a step counts the calls after it)."""
+        calls = self.dra.dra_calls(self.name)[since:]
+        return [c for c in calls if method in (None, c.method) and driver in (None, c.driver)]
+
+    def dra_checkpoint(self) -> DRACheckpoint | None:
+        raw = self.dra.read_dra_checkpoint(self.name)
+        return None if raw is None else parse_dra_checkpoint(raw)
+
+    def prepared_claim(self, namespace: str, name: str) -> PreparedClaim | None:
+        """What the kubelet checkpointed for claim ``namespace/name`` (``None``: not tracked)."""
+        cp = self.dra_checkpoint()
+        return None if cp is None else cp.claim(namespace, name)
+
+    def pending_prepares(self) -> dict[str, str]:
+        return self.dra.pending_prepares(self.name)
+
+    def slices(self, driver: str | None = None) -> list[SliceView]:
+        return list_slices(self.dra.rest, node=self.name, driver=driver)
+
+    def refuse_next_registration(self, reason: str) -> None:
+        self.dra.refuse_next_registration(self.name, reason)
+
+
+class DriverHandle:
+    """The DRA driver under test as deployed on one node; changes are reported to ``changes`` (the deployment
+    restarts or redeploys it after the test)."""
+
+    def __init__(self, node: DRANodeHandle, spec: DriverSpec, *, changes: PluginChanges | None = None) -> None:
+        self.node = node
+        self.dra = node.dra
+        self.spec = spec
+        self._changes = PluginChanges() if changes is None else changes
+        #: stop()/kill() was called and no start() since: an exit then is the test's doing.
+        self.stopped = False
+
+    def __repr__(self) -> str:
+        return f"DriverHandle({self.name!r} on {self.node.name!r})"
+
+    @property
+    def name(self) -> str:
+        return self.spec.driver_name
+
+    def mark_changed(self, *, devices: bool = False) -> None:
+        self._changes.note(devices=devices)
+
+    # -- the process -------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.dra.driver_running(self.node.name)
+
+    def log(self) -> str:
+        return self.dra.driver_log(self.node.name)
+
+    @property
+    def restarts(self) -> int:
+        """How many times the node restarted the driver's process on its own (``restartCount``)."""
+        return self.dra.driver_restarts(self.node.name)
+
+    def stop(self) -> None:
+        """SIGTERM; returns once the kubelet has seen the driver go."""
+        self.mark_changed()
+        self.stopped = True
+        self.dra.stop_driver(self.node.name)
+
+    def kill(self) -> None:
+        """SIGKILL (its sockets stay behind); returns once the kubelet has seen the driver go."""
+        self.mark_changed()
+        self.stopped = True
+        self.dra.kill_driver(self.node.name)
+
+    def start(self) -> None:
+        self.mark_changed()
+        self.stopped = False
+        self.dra.start_driver(self.node.name)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def exited(self, log_lines: int = 12) -> str | None:
+        """How the driver process ended and its last log lines; ``None`` while it runs or may still start."""
+        how = self.dra.driver_exit(self.node.name)
+        return None if how is None else exit_report("driver", how, self.log(), log_lines)
+
+    def crashed(self) -> str | None:
+        """:meth:`exited`, unless the test stopped or killed the driver itself (a wait's ``give_up``)."""
+        return None if self.stopped else self.exited()
+
+    # -- the kubelet's and the API's view ----------------------------------------------------------
+    @property
+    def registered(self) -> bool:
+        return self.name in self.node.registered_drivers()
+
+    @property
+    def usable(self) -> bool:
+        """Registered and its DRA socket connected."""
+        return self.dra.driver_usable(self.node.name, self.name)
+
+    @property
+    def service(self) -> str | None:
+        """The DRA service the kubelet chose (``v1.DRAPlugin``, ``v1beta1.DRAPlugin``)."""
+        return self.dra.driver_service(self.node.name, self.name)
+
+    def slices(self) -> list[SliceView]:
+        """The ResourceSlices of this driver on this node."""
+        return self.node.slices(self.name)
+
+    def devices(self) -> list[tuple[str, str]]:
+        """(pool, device) of every device the driver publishes for this node."""
+        return sorted((s.pool, d) for s in self.slices() for d in s.devices)
+
+    def call(self, method: str, claims: Sequence[Mapping[str, str]]) -> Any:
+        """Call the driver's DRA service as the kubelet does (``NodePrepareResources``/``NodeUnprepareResources``)."""
+        return self.dra.call_driver(self.node.name, self.name, method, claims)
+
+    def health(self) -> list[tuple[str, str, str]] | None:
+        """What the driver's health stream reports first, (pool, device, health) each; ``None``: it has no health
+        service (``v1alpha1.DRAResourceHealth`` unimplemented)."""
+        return self.dra.driver_health(self.node.name, self.name)
+
+    def wait_usable(self, timeout: float | None = None) -> None:
+        """Wait until the kubelet has the driver registered and connected; stops at once when it exited."""
+        wait_for(lambda: self.usable, bool, timeout=self.node.timeout if timeout is None else timeout,
+                 what=f"DRA driver {self.name} registered and connected on {self.node.name}", give_up=self.crashed)  # fmt: skip
+
+
+class ClaimHandle:
+    """A ResourceClaim: its allocation (the scheduler's), reservation and what the node's kubelet prepared."""
+
+    def __init__(self, rest: KubeRest, namespace: str, name: str, *, node: DRANodeHandle, timeout: float) -> None:
+        self.rest = rest
+        self.namespace = namespace
+        self.name = name
+        self.node = node
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"ClaimHandle({self.namespace}/{self.name})"
+
+    @property
+    def obj(self) -> dict[str, Any]:
+        try:
+            return self.rest.get(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims/{self.name}")
+        except RestError as exc:
+            if exc.not_found:
+                raise ObjectNotFoundError(str(exc)) from None
+            raise
+
+    @property
+    def uid(self) -> str:
+        return str(self.obj["metadata"]["uid"])
+
+    @property
+    def allocation(self) -> dict[str, Any] | None:
+        value = (self.obj.get("status") or {}).get("allocation")
+        return None if value is None else dict(value)
+
+    @property
+    def allocated(self) -> list[AllocatedDevice]:
+        """The devices the scheduler allocated (``status.allocation.devices.results``)."""
+        return [AllocatedDevice.from_result(r) for r in ((self.allocation or {}).get("devices") or {}).get("results") or []]
+
+    @property
+    def reserved_for(self) -> list[str]:
+        """Names of the pods the claim is reserved for."""
+        return [str(r.get("name")) for r in (self.obj.get("status") or {}).get("reservedFor") or []]
+
+    def prepared(self) -> PreparedClaim | None:
+        """What the node's kubelet checkpointed for this claim."""
+        return self.node.prepared_claim(self.namespace, self.name)
+
+    def wait_allocated(self, timeout: float | None = None) -> list[AllocatedDevice]:
+        return wait_for(lambda: self.allocated, bool, timeout=self.timeout if timeout is None else timeout,
+                        what=f"ResourceClaim {self.namespace}/{self.name} allocated")  # fmt: skip
+
+    def delete(self) -> None:
+        try:
+            self.rest.delete(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims/{self.name}")
+        except RestError as exc:
+            if not exc.not_found:
+                raise
+
+
+class ClaimPodHandle(PodHandle):
+    """A pod using ResourceClaims; ``claims`` resolves the claims made from templates for it."""
+
+    def __init__(self, backend: Backend, name: str, namespace: str, *, container: str, timeout: float, node: DRANodeHandle) -> None:
+        super().__init__(backend, name, namespace, container=container, resource_name="", timeout=timeout)
+        self.node = node
+
+    def claim_names(self) -> dict[str, str | None]:
+        """Pod claim name -> the ResourceClaim it uses (``None`` while a template's claim is not made yet)."""
+        pod = self.obj
+        generated = {s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        out: dict[str, str | None] = {}
+        for c in (pod.get("spec") or {}).get("resourceClaims") or []:
+            out[str(c["name"])] = c.get("resourceClaimName") or generated.get(c["name"])
+        return out
+
+    @property
+    def claims(self) -> list[ClaimHandle]:
+        return [ClaimHandle(self.node.dra.rest, self.namespace, n, node=self.node, timeout=self.timeout)
+                for n in self.claim_names().values() if n]  # fmt: skip
+
+    @property
+    def claim_health(self) -> dict[tuple[str, str], str]:
+        """``allocatedResourcesStatus`` of the default container for claims: (``claim:<name>[/<request>]``, resourceID)
+        -> health."""
+        out: dict[tuple[str, str], str] = {}
+        for entry in self.container_status().get("allocatedResourcesStatus") or []:
+            if str(entry.get("name", "")).startswith("claim:"):
+                for r in entry.get("resources") or []:
+                    out[(str(entry["name"]), str(r.get("resourceID")))] = str(r.get("health"))
+        return out
+
+    @property
+    def scheduled_condition(self) -> dict[str, Any] | None:
+        return next((c for c in self.conditions if c.get("type") == "PodScheduled"), None)
+
+
+def _dns(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or "dra"
+
+
+class ClaimFactory:
+    """Makes DeviceClasses, ResourceClaims, templates and pods using them for the driver under test; ``cleanup()``
+    deletes them (pods first, so the claims are released before they go)."""
+
+    _counter = itertools.count(1)
+
+    def __init__(self, backend: Backend, driver: DriverHandle, *, timeout: float, prefix: str = "dra", namespace: str | None = None) -> None:
+        self.backend = backend
+        self.driver = driver
+        self.rest = driver.dra.rest
+        self.node = driver.node
+        self.timeout = timeout
+        self.prefix = _dns(prefix)
+        self.namespace: str = namespace or str(getattr(backend, "pod_namespace", "default"))
+        self._made: list[str] = []  # API paths, oldest first
+        self.pods: list[tuple[str, str]] = []
+        self._class: str | None = None
+
+    def _name(self, kind: str) -> str:
+        return f"{self.prefix}-{kind}-{next(self._counter)}"
+
+    def _create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+        made = self.rest.create(collection, body)
+        self._made.append(f"{collection}/{made['metadata']['name']}")
+        return made
+
+    def device_class(self, name: str | None = None, *, selectors: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """A DeviceClass selecting the driver's devices (and ``selectors``); its name."""
+        body = device_class_manifest(name or self._name("class"), self.driver.name, selectors)
+        return str(self._create(f"{RESOURCE_API}/deviceclasses", body)["metadata"]["name"])
+
+    @property
+    def default_class(self) -> str:
+        """One DeviceClass of the driver's devices, made at first use."""
+        if self._class is None:
+            self._class = self.device_class()
+        return self._class
+
+    def claim(
+        self, name: str | None = None, *, count: int = 1, device_class: str | None = None,
+        requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
+    ) -> ClaimHandle:  # fmt: skip
+        """A ResourceClaim for ``count`` of the driver's devices (or ``requests`` as given)."""
+        body = claim_manifest(name or self._name("claim"), self.namespace, device_class or self.default_class,
+                              count=count, requests=requests, selectors=selectors)  # fmt: skip
+        made = self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims", body)
+        return ClaimHandle(self.rest, self.namespace, made["metadata"]["name"], node=self.node, timeout=self.timeout)
+
+    def template(self, name: str | None = None, *, count: int = 1, device_class: str | None = None,
+                 requests: Sequence[Mapping[str, Any]] | None = None) -> str:  # fmt: skip
+        """A ResourceClaimTemplate; its name."""
+        body = template_manifest(name or self._name("template"), self.namespace, device_class or self.default_class,
+                                 count=count, requests=requests)  # fmt: skip
+        return str(self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaimtemplates", body)["metadata"]["name"])
+
+    def manifest(
+        self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, name: str | None = None,
+        containers: int = 1, node: str | None = None, image: str = DEFAULT_IMAGE,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A pod whose containers each use every claim (by name) and template given, pinned to the node by nodeSelector
+        (the scheduler allocates the claims)."""
+        pod_claims = [{"name": f"c{i}", "resourceClaimName": c.name if isinstance(c, ClaimHandle) else c} for i, c in enumerate(claims)]
+        pod_claims += [{"name": f"t{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
+        refs = [{"name": c["name"]} for c in pod_claims]
+        spec: dict[str, Any] = {
+            "containers": [
+                {"name": "main" if i == 0 else f"c{i}", "image": image, "command": ["sleep", "3600"], "resources": {"claims": refs}}
+                for i in range(containers)
+            ],
+            "resourceClaims": pod_claims,
+            "nodeSelector": {"kubernetes.io/hostname": node or self.node.name},
+            "terminationGracePeriodSeconds": 1,
+        }
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name or self._name("pod"), "namespace": self.namespace}, "spec": spec}
+
+    def pod(
+        self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, manifest: Mapping[str, Any] | None = None,
+        wait: bool = False, **kwargs: Any,
+    ) -> ClaimPodHandle:  # fmt: skip
+        """Create a pod using ``claims`` / ``templates`` (none given: a new claim for one device); ``wait``: until it runs."""
+        if manifest is None and not claims and not templates:
+            claims = [self.claim()]
+        body = dict(manifest) if manifest is not None else self.manifest(claims, templates, **kwargs)
+        created = self.backend.create_pod(body)
+        name, namespace = created["metadata"]["name"], created["metadata"].get("namespace", self.namespace)
+        self.pods.append((name, namespace))
+        app = (body.get("spec") or {}).get("containers") or [{"name": "main"}]
+        pod = ClaimPodHandle(self.backend, name, namespace, container=str(app[0]["name"]), timeout=self.timeout, node=self.node)
+        if wait:
+            pod.wait_running()
+        return pod
+
+    def cleanup(self) -> list[str]:
+        """Delete every pod and object made here (newest first); the errors, one per object not deleted."""
+        errors = []
+        for name, ns in reversed(self.pods):
+            try:
+                self.backend.delete_pod(name, ns)
+            except ObjectNotFoundError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - cleanup must not stop at the first
+                errors.append(f"pod {ns}/{name}: {exc}")
+        for path in reversed(self._made):
+            try:
+                self.rest.delete(path)
+            except RestError as exc:
+                if not exc.not_found:
+                    errors.append(f"{path}: {exc}")
+        self.pods.clear()
+        self._made.clear()
+        self._class = None
+        return errors
+

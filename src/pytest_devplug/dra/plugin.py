@@ -1,0 +1,305 @@
+"""pytest entry point of the DRA side: its options (in the ``devplug`` group), fixtures and report evidence.
+
+Fixtures, from widest to narrowest:
+
+- ``devplug_driver_spec`` (session): the DRA driver to deploy; override it in a ``conftest.py`` for your driver.
+- ``devplug_dra_node`` (session): the node the driver runs on, with its kubelet's DRA side (``DRANodeHandle``).
+- ``devplug_driver`` (function): the driver, registered and publishing its slices; deployed once per session and
+  started again (or redeployed, after a fault) after a test that changed it.
+- ``devplug_driver_started`` (function): deployed, not waited for.
+- ``devplug_claims`` (function): makes DeviceClasses, ResourceClaims, templates and pods using them; deletes them
+  after the test.
+- ``devplug_dra_faults`` (function): the driver's :class:`~pytest_devplug.dra.faults.DRAFaultInjector`.
+- ``devplug_dra_resync`` (session): a second copy of the driver on a node of its own whose kubelet restarts once, for
+  the check of the slices published again after a kubelet start (started with the first test when it is collected).
+
+DRA needs the API server: run with ``--devplug-control-plane real`` (``devplug conformance --dra`` does);
+without it the DRA fixtures skip saying so.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ..backends.base import NodeSpec, UnsupportedOperationError
+from ..backends.dra import DEFAULT_DRIVER_NAME, DriverSpec, dra_of
+from ..evidence import DevplugAssertionError
+from ..handles import ClusterHandle, PluginChanges
+from ..plugin import NODE_NAME, DevplugSettings, _opt, _say, add_options, get_settings, included_plugin_installed
+from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
+from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults, DRANvmlXidFaults
+from .handles import ClaimFactory, DRANodeHandle, DriverHandle
+from .resync import RESYNC_MARKER, ResyncWatch
+
+__all__ = ["DRASettings", "default_driver_argv", "get_dra_settings"]
+
+_SETTINGS_KEY = pytest.StashKey["DRASettings"]()
+_DRIVER_KEY = pytest.StashKey["tuple[DriverHandle, ClaimFactory | None]"]()
+
+
+@dataclass(frozen=True)
+class DRASettings:
+    """The DRA options as parsed once (``pytest_configure``)."""
+
+    driver: DriverSpec
+    #: No driver option given: the included GPU plugin's DRA mode is the driver under test.
+    included: bool
+
+
+def default_driver_argv(driver_name: str) -> list[str]:
+    """The included GPU plugin as a DRA driver on the mock NVML, at the kubelet's standard paths."""
+    return [sys.executable, "-m", "devplug_gpu_plugin", "--dra", "--driver-name", driver_name,
+            "--nvml", "mock", "--mock-state", "{mock_state}"]  # fmt: skip
+
+
+_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "driver-cmd",
+        "command line of the DRA driver under test (sim, --devplug-control-plane real); placeholders {plugins_registry}, "
+        "{plugins_dir}, {cdi_root}, {node_name}, {kubeconfig}, {mock_state}, {python}. Without a directory placeholder it "
+        "runs as its DaemonSet would: at the kubelet's standard paths, NODE_NAME set, in-cluster API credentials. "
+        "Default: the included GPU plugin's DRA mode (devplug-gpu-plugin --dra)",
+        {},
+    ),
+    ("driver-name", "the DRA driver's name (what it registers and publishes ResourceSlices under)", {"default": DEFAULT_DRIVER_NAME}),
+]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser, _OPTIONS)
+
+
+def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DRASettings:
+    name = str(_opt(config, "devplug_driver_name"))
+    cmd = _opt(config, "devplug_driver_cmd")
+    if cmd:
+        try:
+            words = shlex.split(str(cmd))
+        except ValueError as exc:
+            raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: {exc}") from None
+        if not words:
+            raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: empty command line")
+        argv = [w.replace("{python}", sys.executable) for w in words]
+    else:
+        argv = default_driver_argv(name)
+    explicit_mock = _opt(config, "devplug_mock")
+    mock = (not cmd) if explicit_mock is None else bool(explicit_mock)
+    spec = DriverSpec(driver_name=name, argv=tuple(argv), mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes)
+    return DRASettings(spec, included=not cmd)
+
+
+def get_dra_settings(config: pytest.Config) -> DRASettings:
+    settings = config.stash.get(_SETTINGS_KEY, None)
+    if settings is None:
+        settings = config.stash[_SETTINGS_KEY] = dra_settings_from_config(config, get_settings(config))
+    return settings
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Parse the DRA options once, after the device-plugin ones they build on: a bad value stops the run here."""
+    if not config.getoption("help", default=False):
+        get_dra_settings(config)
+    config.addinivalue_line(
+        "markers",
+        f"{RESYNC_MARKER}: the verdict on a driver's slices after a kubelet start; runs last, its node's kubelet restarts "
+        "when the first DRA check begins (overlapped with the suite)",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The resync verdict runs last, so the driver's resync delay overlaps every other check."""
+    last = [i for i in items if i.get_closest_marker(RESYNC_MARKER) is not None]
+    if last:
+        items[:] = [i for i in items if i.get_closest_marker(RESYNC_MARKER) is None] + last
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def devplug_driver_spec(pytestconfig: pytest.Config) -> DriverSpec:
+    """What ``devplug_driver`` deploys. Override in your conftest.py to test your own DRA driver."""
+    settings = get_dra_settings(pytestconfig)
+    if settings.included and not included_plugin_installed():
+        pytest.exit(
+            "devplug: no DRA driver to test: no --devplug-driver-cmd (devplug conformance --dra: --driver-cmd) was given "
+            "and the included GPU plugin is not installed: pip install 'pytest-devplug[gpu-plugin]', or "
+            '--devplug-driver-cmd "my-kubelet-plugin" --devplug-driver-name example.com/widget',
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+    return settings.driver
+
+
+@pytest.fixture(scope="session")
+def devplug_dra_node(devplug_cluster: ClusterHandle) -> DRANodeHandle:
+    """The node (a DRANodeHandle) the DRA driver runs on, with its kubelet's DRA side, for the whole session."""
+    dra = dra_of(devplug_cluster.backend)
+    name = devplug_cluster.backend.ensure_node(NodeSpec(NODE_NAME))
+    return DRANodeHandle(devplug_cluster.backend, dra, name, timeout=devplug_cluster.timeout,
+                         reregistration_timeout=devplug_cluster.reregistration_timeout)  # fmt: skip
+
+
+class _DriverDeployment:
+    """The session's deployment of the driver, started again or redeployed when a test left it changed."""
+
+    def __init__(self, node: DRANodeHandle, spec: DriverSpec) -> None:
+        self.node, self.spec = node, spec
+        self.handle: DriverHandle | None = None
+        self.failure: AssertionError | None = None
+        self.failed_in = ""
+        self.ready = False
+        #: The devices the driver published when it came up.
+        self.baseline: list[tuple[str, str]] = []
+        self._changes = PluginChanges()
+
+    def started(self) -> DriverHandle:
+        if self.handle is None:
+            self._changes = PluginChanges()
+            self.node.dra.deploy_driver(self.node.name, self.spec)
+            self.handle = DriverHandle(self.node, self.spec, changes=self._changes)
+            self.ready = False
+        return self.handle
+
+    def get(self, test: str) -> DriverHandle:
+        if self.failure is not None:
+            first = (str(self.failure).splitlines() or [type(self.failure).__name__])[0]
+            raise AssertionError(f"the DRA driver under test did not come up (reported in full in {self.failed_in}): {first[:300]}")
+        handle = self.started()
+        if not self.ready:
+            try:
+                assert_driver_registered(handle)
+                assert_slices_published(handle)
+            except AssertionError as exc:
+                self.failure, self.failed_in = exc, test
+                raise
+            self.ready = True
+            self.baseline = handle.devices()
+        return handle
+
+    def reset_if_needed(self) -> None:
+        h = self.handle
+        if h is None:
+            return
+        if not self.node.kubelet_running:
+            self.node.start_kubelet()  # a test that failed between stopping and starting it
+        if not self._changes.touched and h.running and h.devices() == self.baseline:
+            return
+        # A kubelet restart deletes the node's slices; a driver publishes them again at once when it starts (its
+        # resync after a deletion may take 30 s), so a restart also restores them for the next test.
+        if self._changes.devices or not self._restarted(h):
+            self.node.dra.remove_driver(self.node.name)
+            self.handle = None
+            self.get("a redeploy after the previous test")
+        self._changes.clear()
+
+    def _restarted(self, h: DriverHandle) -> bool:
+        if h.running and h.devices() != self.baseline:
+            h.stop()
+        if not h.running:
+            h.start()
+        try:
+            assert_driver_registered(h)
+            assert_slices_published(h)
+        except AssertionError:
+            return False
+        return h.devices() == self.baseline
+
+
+@pytest.fixture(scope="session")
+def _devplug_driver_deployment(pytestconfig: pytest.Config, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> _DriverDeployment:
+    how = "at the kubelet's standard paths" if devplug_driver_spec.uses_standard_paths() else "with the node's paths as flags"
+    _say(pytestconfig, f"devplug: DRA driver under test: {devplug_driver_spec.driver_name}: {shlex.join(devplug_driver_spec.argv)} ({how})")
+    return _DriverDeployment(devplug_dra_node, devplug_driver_spec)
+
+
+@pytest.fixture
+def devplug_driver(request: pytest.FixtureRequest, _devplug_driver_deployment: _DriverDeployment) -> Iterator[DriverHandle]:
+    """The DRA driver under test (a DriverHandle), registered with the kubelet and publishing its ResourceSlices.
+    Deployed once per session; a test that stopped, killed or faulted it gets it started again (or redeployed)."""
+    handle = _devplug_driver_deployment.get(request.node.nodeid)
+    request.node.stash[_DRIVER_KEY] = (handle, None)
+    yield handle
+    _devplug_driver_deployment.reset_if_needed()
+
+
+@pytest.fixture
+def devplug_driver_started(request: pytest.FixtureRequest, _devplug_driver_deployment: _DriverDeployment) -> Iterator[DriverHandle]:
+    """The DRA driver under test, deployed but not waited for: for checks that judge registration themselves."""
+    handle = _devplug_driver_deployment.started()
+    request.node.stash[_DRIVER_KEY] = (handle, None)
+    yield handle
+    _devplug_driver_deployment.ready = _devplug_driver_deployment.ready or handle.usable
+    _devplug_driver_deployment.reset_if_needed()
+
+
+@pytest.fixture(scope="session")
+def devplug_dra_resync(devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> Iterator[ResyncWatch]:
+    """A second copy of the driver on a node of its own (a ResyncWatch), for the whole session: its kubelet restarts
+    once, when the first DRA check begins; ``.verdict()`` judges the slices the driver published again since."""
+    watch = ResyncWatch(devplug_cluster, devplug_driver_spec, devplug_dra_node.name)
+    try:
+        watch.start()
+        yield watch
+    finally:
+        watch.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _devplug_dra_resync_early(request: pytest.FixtureRequest) -> None:
+    """Start the resync watch with the session's first test when its verdict is collected."""
+    if any(i.get_closest_marker(RESYNC_MARKER) is not None for i in request.session.items):
+        request.getfixturevalue("devplug_dra_resync")
+
+
+@pytest.fixture
+def devplug_claims(request: pytest.FixtureRequest, devplug_cluster: ClusterHandle, devplug_driver: DriverHandle) -> Iterator[ClaimFactory]:
+    """A ClaimFactory for the driver under test: ``.claim(count=1)``, ``.template()``, ``.device_class()``,
+    ``.pod(claims=[...], wait=True)``; everything it made is deleted after the test (pods first)."""
+    factory = ClaimFactory(devplug_cluster.backend, devplug_driver, timeout=devplug_cluster.timeout, prefix=request.node.name)
+    request.node.stash[_DRIVER_KEY] = (devplug_driver, factory)
+    yield factory
+    errors = factory.cleanup()
+    if errors:
+        raise RuntimeError("devplug_claims could not delete: " + "; ".join(errors))
+
+
+@pytest.fixture
+def devplug_dra_faults(pytestconfig: pytest.Config, devplug_driver: DriverHandle) -> DRAFaultInjector:
+    """How the DRA fault checks make the driver fail (a DRAFaultInjector), for one test; the driver is redeployed
+    after it. Default: the mock NVML for a driver deployed with it (the included driver: a lost GPU, ``fail_allocate``;
+    another driver: what NVML expresses, a critical Xid); otherwise override this fixture in your conftest.py.
+    Without an injector a check needing it skips (``--devplug-missing-faults=fail``: fails)."""
+    if devplug_driver.spec.mock:
+        node, dra = devplug_driver.node.name, devplug_driver.dra
+        kind = DRAMockNvmlFaults if get_dra_settings(pytestconfig).included else DRANvmlXidFaults
+        return kind(devplug_driver, lambda: dra.read_driver_mock_state(node), lambda s: dra.write_driver_mock_state(node, s))
+    reason = f"needs a fault injector: the DRA driver under test ({devplug_driver.name}) does not read the mock-NVML state and no conftest overrides the devplug_dra_faults fixture to return a {DRA_CONTRACT}"
+    if get_settings(pytestconfig).missing_faults == "fail":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+# -- report evidence -------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A DRA check that failed with a plain assertion gets the driver's evidence (the helpers attach their own)."""
+    report = yield
+    found = item.stash.get(_DRIVER_KEY, None)
+    if not report.failed or call.excinfo is None or call.when == "teardown" or found is None:
+        return report
+    if call.excinfo.errisinstance((DevplugAssertionError, UnsupportedOperationError)):
+        return report
+    driver, factory = found
+    for ev in dra_evidence(driver, list(factory.pods) if factory is not None else []):
+        report.sections.append((f"devplug: {ev.title}", ev.text))
+    return report

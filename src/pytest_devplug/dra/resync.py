@@ -1,0 +1,135 @@
+"""The slices-after-a-kubelet-start check, overlapped with the rest of the suite on a node of its own.
+
+A starting kubelet deletes every ResourceSlice of its node (no driver has registered yet); the driver must
+publish its own again, or the scheduler allocates nothing on the node. Drivers on upstream's ``kubeletplugin``
+helper do so only after its resync delay (30 s after the deletion, or once a slice they made is a minute old),
+so the check would add up to 90 s to the suite. Instead a second copy of the driver runs on a node of its own,
+whose kubelet is restarted (with a stale slice of that node and one of another node planted while it is down)
+when the session's first DRA check begins; the check, run last, judges what the API server holds by then.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..backends.base import NodeSpec, UnsupportedOperationError
+from ..backends.dra import DriverSpec, dra_of
+from ..handles import ClusterHandle
+from ..kuberest import RestError
+from ..waiting import WaitTimeout, wait_for
+from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
+from .handles import DRANodeHandle, DriverHandle
+from .objects import RESOURCE_API, list_slices
+
+__all__ = ["REPUBLISH_S", "RESYNC_MARKER", "RESYNC_NODE", "STALE_DRIVER", "ResyncWatch"]
+
+RESYNC_MARKER = "devplug_dra_resync"
+RESYNC_NODE = "devplug-dra-resync"
+#: The driver name of the slices planted while the kubelet is down.
+STALE_DRIVER = "stale.devplug.io"
+#: How long a driver may take to publish its slices again after the kubelet deleted them: ``kubeletplugin``'s
+#: ``resourceslice.DefaultSyncDelay`` (30 s) after the deletion, ``DefaultMutationCacheTTL`` (1 min) after it made them.
+REPUBLISH_S = 90.0
+
+
+def _slice(name: str, node: str) -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {"driver": STALE_DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "stale-0"}]},
+    }  # fmt: skip
+
+
+class ResyncWatch:
+    """A copy of the driver on ``node_name`` whose kubelet restarts once, at :meth:`start`."""
+
+    def __init__(
+        self, cluster: ClusterHandle, spec: DriverSpec, main_node: str, node_name: str = RESYNC_NODE, *, republish_s: float = REPUBLISH_S
+    ) -> None:
+        self.cluster, self.spec, self.main_node, self.node_name = cluster, spec, main_node, node_name
+        #: The bound of the republish (:data:`REPUBLISH_S`; a test of the check itself shortens it).
+        self.republish_s = republish_s
+        self.driver: DriverHandle | None = None
+        self.devices: list[tuple[str, str]] = []
+        self.wiped_at: float | None = None
+        #: Why there is no verdict on this backend (the check skips quoting it).
+        self.unsupported: str | None = None
+        #: Why the copy did not come up or the kubelet restart failed (the check fails quoting it).
+        self.failed_start: str | None = None
+
+    @property
+    def other_node(self) -> str:
+        return f"{self.node_name}-other"
+
+    def start(self) -> None:
+        """Deploy, wait until published, then restart the node's kubelet around two planted slices. Never raises for
+        the driver's faults (the verdict reports them)."""
+        try:
+            dra = dra_of(self.cluster.backend)
+        except UnsupportedOperationError as exc:
+            self.unsupported = str(exc)
+            return
+        name = self.cluster.backend.ensure_node(NodeSpec(self.node_name))
+        if name == self.main_node:
+            self.unsupported = f"the check needs a node of its own beside {self.main_node}; the backend cannot add one"
+            return
+        node = DRANodeHandle(self.cluster.backend, dra, name, timeout=self.cluster.timeout,
+                             reregistration_timeout=self.cluster.reregistration_timeout)  # fmt: skip
+        dra.deploy_driver(name, self.spec)
+        self.driver = DriverHandle(node, self.spec)
+        try:
+            assert_driver_registered(self.driver)
+            assert_slices_published(self.driver)
+            self.devices = self.driver.devices()
+            node.stop_kubelet()
+            try:
+                dra.rest.create(f"{RESOURCE_API}/resourceslices", _slice(f"{name}-stale", name))
+                dra.rest.create(f"{RESOURCE_API}/resourceslices", _slice(self.other_node, self.other_node))
+            finally:
+                node.start_kubelet()
+        except (AssertionError, RestError) as exc:
+            self.failed_start = str(exc).splitlines()[0]
+            return
+        self.wiped_at = time.monotonic()
+
+    def verdict(self) -> None:
+        """The stale slice of the node is gone, the other node's is not, and the driver's devices are published again
+        within ``republish_s`` of the kubelet start (plus the timeout)."""
+        __tracebackhide__ = True
+        if self.unsupported is not None:
+            raise UnsupportedOperationError(self.unsupported)
+        driver = self.driver
+        if driver is None or self.wiped_at is None:
+            raise AssertionError(f"the driver's copy on {self.node_name} did not come up: {self.failed_start}")
+        from ..evidence import DevplugAssertionError
+
+        stale = sorted(s.name for s in list_slices(driver.dra.rest, driver=STALE_DRIVER))
+        if stale != [self.other_node]:
+            raise DevplugAssertionError(
+                f"expected the starting kubelet of {driver.node.name} to delete exactly its node's slices: of the two slices "
+                f"planted while it was down (driver {STALE_DRIVER}), {self.other_node} (another node) must be left; "
+                f"left now: {stale}", dra_evidence(driver),
+            )  # fmt: skip
+        left = max(self.republish_s - (time.monotonic() - self.wiped_at), 0.0) + driver.node.timeout
+        try:
+            wait_for(driver.devices, lambda now: now == self.devices, timeout=left, interval=0.5, give_up=driver.crashed,
+                     what=f"{driver.name}'s devices on {driver.node.name} published again")  # fmt: skip
+        except WaitTimeout as exc:
+            since = time.monotonic() - self.wiped_at
+            raise DevplugAssertionError(
+                f"the kubelet of {driver.node.name} deleted the node's ResourceSlices when it started, {since:.0f} s ago; "
+                f"expected {driver.name} to publish its devices again ({self.devices}) within {self.republish_s:g} s, "
+                f"saw {exc.last}" + (f"; {exc.reason}" if exc.reason else "") + ": the scheduler allocates nothing "
+                "on the node until it does", dra_evidence(driver),
+            ) from None  # fmt: skip
+
+    def close(self) -> None:
+        if self.driver is None:
+            return
+        self.driver.dra.remove_driver(self.driver.node.name)
+        try:
+            self.driver.dra.rest.delete(f"{RESOURCE_API}/resourceslices/{self.other_node}")
+        except RestError:
+            pass  # the control plane is going away with the run

@@ -1,0 +1,256 @@
+"""dra.devplug.example: a small DRA kubelet plugin, written for the harness's own tests of the DRA suite.
+
+It does what a driver built on ``k8s.io/dynamic-resource-allocation/kubeletplugin`` does, in Python: serves
+``pluginregistration.Registration`` on ``<registry>/<driver>-reg.sock`` and ``v1.DRAPlugin`` +
+``v1alpha1.DRAResourceHealth`` on ``<plugins>/<driver>/dra.sock``; publishes one ResourceSlice for its node (and
+publishes it again when it is deleted); prepares a claim by reading it from the API server and writing a CDI spec
+under ``--cdi-root``, idempotently. The API is reached the in-cluster way (service-account files, KUBERNETES_SERVICE_*)
+unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
+
+``--control FILE`` (JSON, re-read on every call) injects faults: ``fail_prepare``, ``fail_unprepare`` (bools) and
+``unhealthy`` (device names reported Unhealthy on the health stream). ``--break`` makes it wrong the way drivers are:
+
+* ``prepare-not-idempotent``: a second prepare of a claim answers other CDI IDs;
+* ``wrong-device``: prepares another device than the one allocated;
+* ``no-republish``: never publishes its slice again after it was deleted;
+* ``exit-on-refusal``: exits when the kubelet refuses its registration;
+* ``unprepare-unknown-fails``: unpreparing a claim it does not know is an error.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import kubernetes
+
+from pytest_devplug.api.dra import v1_pb2 as pb
+from pytest_devplug.api.dra import v1_pb2_grpc as pbg
+from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
+from pytest_devplug.api.drahealth import v1alpha1_pb2_grpc as hpbg
+from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
+from pytest_devplug.api.pluginregistration import v1_pb2_grpc as rpbg
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--driver-name", default="dra.devplug.example")
+parser.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry")
+parser.add_argument("--plugins-dir", default="/var/lib/kubelet/plugins")
+parser.add_argument("--cdi-root", default="/var/run/cdi")
+parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
+parser.add_argument("--kubeconfig", default="")
+parser.add_argument("--devices", type=int, default=3)
+parser.add_argument("--control", default="")
+parser.add_argument("--break", dest="broken", default="none",
+                    choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails"])
+args = parser.parse_args()
+if not args.node_name:
+    sys.exit("dra-widget: --node-name or NODE_NAME is required")
+
+DRIVER, NODE = args.driver_name, args.node_name
+VENDOR = "devplug.example/widget"
+DEVICES = [f"w-{hashlib.sha256(f'{NODE}/{i}'.encode()).hexdigest()[:10]}" for i in range(args.devices)]
+SLICE = f"{NODE}-{DRIVER.replace('.', '-')}"
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+if args.kubeconfig:
+    kubernetes.config.load_kube_config(config_file=args.kubeconfig)
+else:
+    kubernetes.config.load_incluster_config()
+api = kubernetes.client.ApiClient()
+
+
+def request(method, path, body=None):
+    m, url, headers, data, _ = api.param_serialize(method, path, header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                                                   body=body, auth_settings=["BearerToken"])
+    resp = api.call_api(m, url, header_params=headers, body=data, _request_timeout=10)
+    raw = resp.read()
+    if not 200 <= resp.status < 300:
+        raise RuntimeError(f"{method} {path}: {resp.status} {raw[:300]!r}")
+    return json.loads(raw) if raw else {}
+
+
+def control():
+    try:
+        with open(args.control) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def log(message):
+    print(f"dra-widget: {message}", file=sys.stderr, flush=True)
+
+
+# -- ResourceSlice ------------------------------------------------------------------------------
+
+def slice_body():
+    devices = [{"name": d, "attributes": {"index": {"int": i}}} for i, d in enumerate(DEVICES)]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": SLICE},
+            "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+
+
+def publish_loop():
+    published = False
+    while not stop.is_set():
+        try:
+            request("GET", f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}")
+            published = True
+        except RuntimeError as exc:
+            if " 404 " not in str(exc):
+                log(f"reading my slice: {exc}")
+            elif not (published and args.broken == "no-republish"):
+                try:
+                    request("POST", "/apis/resource.k8s.io/v1/resourceslices", slice_body())
+                    log(f"published {SLICE} with {len(DEVICES)} devices")
+                    published = True
+                except RuntimeError as err:
+                    log(f"publishing: {err}")
+        stop.wait(0.3)
+
+
+# -- DRA service --------------------------------------------------------------------------------
+
+prepared = {}  # claim uid -> [pb.Device]
+lock = threading.Lock()
+serial = [0]
+
+
+def cdi_spec_path(uid):
+    return os.path.join(args.cdi_root, f"devplug-widget-{uid}.json")
+
+
+def prepare(claim):
+    if control().get("fail_prepare"):
+        raise RuntimeError("preparation failed on purpose (control file)")
+    with lock:
+        if claim.uid in prepared and args.broken != "prepare-not-idempotent":
+            return prepared[claim.uid]
+        obj = request("GET", f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}")
+        if obj["metadata"]["uid"] != claim.uid:
+            raise RuntimeError(f"claim {claim.namespace}/{claim.name} has uid {obj['metadata']['uid']}, not {claim.uid}")
+        allocation = (obj.get("status") or {}).get("allocation")
+        if not allocation:
+            raise RuntimeError(f"claim {claim.namespace}/{claim.name} is not allocated")
+        serial[0] += 1
+        devices, cdi_devices = [], []
+        for r in allocation["devices"]["results"]:
+            if r["driver"] != DRIVER:
+                continue
+            name = r["device"]
+            if args.broken == "wrong-device":
+                name = next(d for d in DEVICES if d != name)
+            cdi_name = f"{claim.uid}-{name}" + (f"-{serial[0]}" if args.broken == "prepare-not-idempotent" else "")
+            cdi_devices.append({"name": cdi_name, "containerEdits": {"env": [f"WIDGET_{DEVICES.index(name)}={name}"]}})
+            devices.append(pb.Device(request_names=[r["request"]], pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]))
+        os.makedirs(args.cdi_root, exist_ok=True)
+        tmp = cdi_spec_path(claim.uid) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"cdiVersion": "0.6.0", "kind": VENDOR, "devices": cdi_devices}, f)
+        os.replace(tmp, cdi_spec_path(claim.uid))
+        prepared[claim.uid] = devices
+        return devices
+
+
+class DRA(pbg.DRAPluginServicer):
+    def NodePrepareResources(self, request_, context):
+        resp = pb.NodePrepareResourcesResponse()
+        for claim in request_.claims:
+            try:
+                for d in prepare(claim):
+                    resp.claims[claim.uid].devices.append(d)
+                resp.claims[claim.uid].SetInParent()
+            except Exception as exc:  # noqa: BLE001 - reported per claim, as kubeletplugin does
+                resp.claims[claim.uid].error = str(exc)
+        return resp
+
+    def NodeUnprepareResources(self, request_, context):
+        resp = pb.NodeUnprepareResourcesResponse()
+        for claim in request_.claims:
+            if control().get("fail_unprepare"):
+                resp.claims[claim.uid].error = "unpreparation failed on purpose (control file)"
+                continue
+            with lock:
+                if claim.uid not in prepared and args.broken == "unprepare-unknown-fails":
+                    resp.claims[claim.uid].error = f"claim {claim.uid} is not prepared"
+                    continue
+                prepared.pop(claim.uid, None)
+                try:
+                    os.unlink(cdi_spec_path(claim.uid))
+                except FileNotFoundError:
+                    pass
+            resp.claims[claim.uid].SetInParent()
+        return resp
+
+
+class Health(hpbg.DRAResourceHealthServicer):
+    def NodeWatchResources(self, request_, context):
+        last = None
+        while context.is_active() and not stop.is_set():
+            bad = set(control().get("unhealthy") or [])
+            now = [(d, hpb.UNHEALTHY if d in bad else hpb.HEALTHY) for d in DEVICES]
+            if now != last:
+                yield hpb.NodeWatchResourcesResponse(devices=[
+                    hpb.DeviceHealth(device=hpb.DeviceIdentifier(pool_name=NODE, device_name=d), health=h, last_updated_time=int(time.time()))
+                    for d, h in now
+                ])
+                last = now
+            stop.wait(0.1)
+
+
+class Registration(rpbg.RegistrationServicer):
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+
+    def GetInfo(self, request_, context):
+        return rpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=self.endpoint, supported_versions=["v1.DRAPlugin"])
+
+    def NotifyRegistrationStatus(self, request_, context):
+        if request_.plugin_registered:
+            log("registered with the kubelet")
+        else:
+            log(f"registration refused: {request_.error}")
+            if args.broken == "exit-on-refusal":
+                os._exit(4)
+        return rpb.RegistrationStatusResponse()
+
+
+def main():
+    sock_dir = os.path.join(args.plugins_dir, DRIVER)
+    os.makedirs(sock_dir, exist_ok=True)
+    os.makedirs(args.registry_dir, exist_ok=True)
+    dra_sock = os.path.join(sock_dir, "dra.sock")
+    reg_sock = os.path.join(args.registry_dir, f"{DRIVER}-reg.sock")
+    for path in (dra_sock, reg_sock):
+        try:
+            os.unlink(path)  # left by a killed predecessor
+        except FileNotFoundError:
+            pass
+    dra = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pbg.add_DRAPluginServicer_to_server(DRA(), dra)
+    hpbg.add_DRAResourceHealthServicer_to_server(Health(), dra)
+    dra.add_insecure_port(f"unix://{dra_sock}")
+    dra.start()
+    threading.Thread(target=publish_loop, daemon=True).start()
+    reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rpbg.add_RegistrationServicer_to_server(Registration(dra_sock), reg)
+    reg.add_insecure_port(f"unix://{reg_sock}")
+    reg.start()
+    log(f"serving {DRIVER} on {dra_sock}, registration on {reg_sock}")
+    stop.wait()
+    reg.stop(grace=None)
+    for path in (reg_sock, dra_sock):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    dra.stop(grace=None)
+
+
+main()
