@@ -352,8 +352,9 @@ class PluginHandle:
         self.start()
 
     def surge(self) -> None:
-        """Start a second instance of the plugin beside this one (a rolling update's new pod); see :meth:`retire`."""
-        self.mark_changed()
+        """Start a second instance of the plugin beside this one (a rolling update's new pod); see :meth:`retire`.
+        The plugin is redeployed after the test: a test that ends before ``retire`` must not leave two."""
+        self.mark_changed(devices=True)
         self.backend.surge_plugin(self.node.name)
 
     def retire(self, *, newest: bool = False) -> None:
