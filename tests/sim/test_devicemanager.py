@@ -622,10 +622,13 @@ def test_concurrent_admissions_never_double_allocate(dm_make: Make, dm_fake: Cal
     dm.admit_container(big, big.containers[0])  # nothing leaked by rejections or races
 
 
-def test_reported_numa_node_is_listed_as_sent_until_a_restart(dm_dir: Path, dm_make: Make, dm_fake: Callable[..., FakePlugin]) -> None:
-    """Upstream keeps the allocated ``Device`` as the plugin sent it: pod-resources lists a device reported on NUMA
-    ``-1`` under ``-1``. The checkpoint files it under ``-1``, the key of a device without topology, so after a
-    restart it is listed without topology."""
+def test_numa_node_minus_one_is_filed_as_no_topology_before_and_after_a_restart(
+    dm_dir: Path, dm_make: Make, dm_fake: Callable[..., FakePlugin]
+) -> None:
+    """A device the plugin reports on NUMA node ``-1`` is filed under ``-1``, the key of a device without topology
+    (``allocateContainerResources``), so pod-resources lists it without topology (``getContainerDevices`` skips
+    ``nodeWithoutTopology``), before a restart and after it from the checkpoint alike; the allocatable list keeps the
+    device as the plugin sent it."""
     dm, w = dm_make()
     dev = pb.Device(ID="odd", health="Healthy")
     dev.topology.nodes.add(ID=-1)
@@ -634,7 +637,8 @@ def test_reported_numa_node_is_listed_as_sent_until_a_restart(dm_dir: Path, dm_m
     registered(dm, w, 1)
     p = pod("u1", gpus(1))
     dm.admit_container(p, p.containers[0])
-    assert dm.container_device_topology("u1", "c") == {GPU: {"odd": [-1]}}
+    assert dm.container_device_topology("u1", "c") == {GPU: {"odd": []}}
+    assert dm.allocatable_devices() == {GPU: [("odd", -1)]}
     (entry,) = read_checkpoint(dm.checkpoint_path).pod_device_entries or []
     assert entry.device_ids == {-1: ["odd"]}
     dm.stop()

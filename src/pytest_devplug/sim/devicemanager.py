@@ -479,12 +479,11 @@ class DeviceManager:
                 raise
             with self._lock:
                 numa: dict[int, list[str]] = {}
-                reported: dict[str, list[int]] = {}
                 for d in sorted(devices):
-                    nodes = reported[d] = _device_nodes(self._all.get(resource, {}).get(d))
+                    nodes = _device_nodes(self._all.get(resource, {}).get(d))
                     for n in nodes or [NO_NUMA]:
                         numa.setdefault(n, []).append(d)
-                self._pod_devices.insert(pod.uid, container.name, resource, numa, resp.container_responses[0], reported)
+                self._pod_devices.insert(pod.uid, container.name, resource, numa, resp.container_responses[0])
                 self._release(token)
         if needs_checkpoint:
             try:

@@ -32,9 +32,6 @@ class DeviceAllocateInfo:
     device_ids: Mapping[int, tuple[str, ...]]
     #: The plugin's Allocate answer for the container, cached (``allocResp``).
     alloc_resp: pb.ContainerAllocateResponse
-    #: Device -> the NUMA nodes its plugin reported at allocation: upstream keeps the ``Device`` itself, so a node
-    #: ``-1`` is listed as ``-1`` until a restart; ``None`` when read back from the checkpoint, where ``-1`` is none.
-    reported: Mapping[str, tuple[int, ...]] | None = None
 
     def devices(self) -> set[str]:
         return {d for ids in self.device_ids.values() for d in ids}
@@ -51,17 +48,9 @@ class PodDevices:
         return set(self._devs)
 
     def insert(
-        self,
-        pod_uid: str,
-        container: str,
-        resource: str,
-        device_ids: Mapping[int, Sequence[str]],
-        resp: pb.ContainerAllocateResponse,
-        reported: Mapping[str, Sequence[int]] | None = None,
+        self, pod_uid: str, container: str, resource: str, device_ids: Mapping[int, Sequence[str]], resp: pb.ContainerAllocateResponse
     ) -> None:
-        """``reported``: device -> the NUMA nodes its plugin sent (see :attr:`DeviceAllocateInfo.reported`)."""
-        kept = None if reported is None else {d: tuple(nodes) for d, nodes in reported.items()}
-        info = DeviceAllocateInfo({n: tuple(ids) for n, ids in device_ids.items()}, resp, kept)
+        info = DeviceAllocateInfo({n: tuple(ids) for n, ids in device_ids.items()}, resp)
         self._devs.setdefault(pod_uid, {}).setdefault(container, {})[resource] = info
 
     def delete(self, pod_uids: Iterable[str]) -> None:
@@ -96,9 +85,6 @@ class PodDevices:
         (``getContainerDevices``)."""
         out: dict[str, dict[str, list[int]]] = {}
         for resource, info in sorted(self._devs.get(pod_uid, {}).get(container, {}).items()):
-            if info.reported is not None:
-                out[resource] = {d: list(nodes) for d, nodes in sorted(info.reported.items())}
-                continue
             per: dict[str, list[int]] = {}
             for node, ids in sorted(info.device_ids.items()):
                 for d in ids:
