@@ -76,7 +76,7 @@ class QuietTransport:
         self.scripts.append(script)
         return ExecResult(0, "", "")
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
+    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
         return b""
 
     def close(self) -> None:

@@ -137,6 +137,20 @@ class PluginSpec:
     #: Opt-in checks of one plugin family's conventions the suite runs for this plugin (names in
     #: ``pytest_devplug.plugin.CONVENTIONS``); the kubelet requires none of them.
     conventions: frozenset[str] = frozenset()
+    #: More resources the same plugin process advertises beside ``resource_name`` (each registered on its own,
+    #: e.g. NVIDIA's mixed MIG strategy: ``nvidia.com/gpu`` and ``nvidia.com/mig-1g.5gb``). The single-resource
+    #: checks judge ``resource_name``; the several-resources checks judge them all.
+    extra_resource_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = self.resource_names
+        if len(set(names)) != len(names):
+            raise ValueError(f"PluginSpec: a resource is named twice in {list(names)}")
+
+    @property
+    def resource_names(self) -> tuple[str, ...]:
+        """Every resource the plugin advertises, ``resource_name`` first."""
+        return (self.resource_name, *self.extra_resource_names)
 
     def uses_standard_paths(self) -> bool:
         """Whether the sim runs this plugin at the kubelet's standard paths (see ``standard_paths``)."""
@@ -255,6 +269,17 @@ class Backend(Protocol):
 
     def plugin_log(self, node: str) -> str: ...
 
+    def surge_plugin(self, node: str) -> None:
+        """Start a second instance of the node's plugin beside the running one, with the same spec (a DaemonSet
+        rollout with ``maxSurge``: the new pod starts before the old one stops). Until :meth:`retire_plugin`,
+        the other plugin calls act on the first instance; ``plugin_exit`` also reports the second one's exit.
+        Raises ``UnsupportedOperationError`` where the backend cannot run two instances on one node."""
+
+    def retire_plugin(self, node: str, *, newest: bool = False) -> None:
+        """End a :meth:`surge_plugin` overlap: stop the first instance gracefully (SIGTERM, its pod deleted),
+        so the second one is the node's plugin from now on; ``newest``: stop the second one instead (the
+        rollout is abandoned) and keep the first."""
+
     def plugin_restarts(self, node: str) -> PluginRestarts:
         """How often the kubelet restarted the plugin on ``node`` since the harness started it, and whether it
         crash-loops (for reports and evidence; nothing waits on it). No plugin deployed: ``PluginRestarts()``."""
@@ -300,6 +325,11 @@ class Backend(Protocol):
 
     def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
         """pod-resources v1 ``GetAllocatableResources`` on the node."""
+
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        """pod-resources v1 ``Get`` of one pod on the node; raises ``BackendError`` quoting the kubelet's answer
+        when it does not know the pod (``pod <name> in namespace <ns> not found``), ``UnsupportedOperationError``
+        when its feature gate ``KubeletPodResourcesGet`` is off."""
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:

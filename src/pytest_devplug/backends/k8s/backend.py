@@ -470,6 +470,9 @@ class KubeBackend:
     def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
         return self.nodeops.allocatable_devices(node)
 
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        return self.nodeops.pod_resources_get(node, name, namespace)
+
     # -- the plugin --------------------------------------------------------------------------------
     def _adopted(self) -> tuple[str, str] | None:
         ref = self.options.plugin_daemonset
@@ -645,6 +648,17 @@ class KubeBackend:
                 code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
                 return f"container {st.get('name')} of pod {pod} is {reason}{code}"
         return None
+
+    def surge_plugin(self, node: str) -> None:
+        raise UnsupportedOperationError(
+            f"{self.name}: a second instance of the plugin beside the first on one node (a DaemonSet rollout with "
+            "maxSurge) is not implemented on this backend; and a real kubelet before kubernetes/kubernetes#135437 "
+            "disconnects the newer instance when the older one's connection ends (kubernetes/kubernetes#121994), so "
+            "a correct plugin would fail there"
+        )
+
+    def retire_plugin(self, node: str, *, newest: bool = False) -> None:
+        raise UnsupportedOperationError(f"{self.name}: no second instance of the plugin to retire (surge_plugin is not implemented)")
 
     def plugin_restarts(self, node: str) -> PluginRestarts:
         """The plugin pods' containers' ``restartCount`` (a pod the harness deletes takes its count with it)."""

@@ -151,8 +151,8 @@ class HostPodTransport:
     def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
         return self._exec(node, [*_NSENTER, "sh", "-c", script])
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
-        res = self._exec(node, ["python3", "-c", POD_RESOURCES_CALL, method, str(timeout)])
+    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
+        res = self._exec(node, ["python3", "-c", POD_RESOURCES_CALL, method, str(timeout), base64.b64encode(request).decode()])
         if res.returncode != 0:
             raise BackendError(f"pod-resources {method} on node {node} failed ({res.returncode}): {res.stderr.strip()[-1500:]}")
         return base64.b64decode(res.stdout.strip())

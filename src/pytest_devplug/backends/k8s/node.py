@@ -21,7 +21,7 @@ import grpc
 
 from ...api.podresources import v1_pb2
 from ...waiting import WaitTimeout, wait_for
-from ..base import BackendError, ExecResult, PodResourcesDevices, PodResourcesPod
+from ..base import BackendError, ExecResult, PodResourcesDevices, PodResourcesPod, UnsupportedOperationError
 
 __all__ = [
     "NodeTransport",
@@ -38,16 +38,20 @@ CHECKPOINT_PATH = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: kubeadm's (and kind's) kubelet config file; the Topology Manager tests switch its policy.
 KUBELET_CONFIG_PATH = "/var/lib/kubelet/config.yaml"
+#: A kubelet's answer to pod-resources Get while its feature gate ``KubeletPodResourcesGet`` is off.
+GET_DISABLED = "PodResources API Get method disabled"
 #: Where the included plugin's DaemonSet reads the mock-NVML state (a hostPath on the node).
 MOCK_STATE_PATH = "/var/lib/devplug/mock-state.json"
 
 #: A pod-resources call where only a container next to the socket reaches it: argv[1] the full method,
-#: argv[2] the timeout; prints the raw response, base64. Needs python3 with grpcio (the plugin image has both).
+#: argv[2] the timeout, argv[3] the serialized request, base64 (empty: an empty request); prints the raw
+#: response, base64. Needs python3 with grpcio (the plugin image has both).
 POD_RESOURCES_CALL = (
     "import base64,sys,grpc\n"
     "ch=grpc.insecure_channel('unix://" + POD_RESOURCES_SOCKET + "')\n"
     "f=ch.unary_unary(sys.argv[1],request_serializer=None,response_deserializer=None)\n"
-    "sys.stdout.write(base64.b64encode(f(b'',timeout=float(sys.argv[2]))).decode())\n"
+    "req=base64.b64decode(sys.argv[3]) if len(sys.argv)>3 else b''\n"
+    "sys.stdout.write(base64.b64encode(f(req,timeout=float(sys.argv[2]))).decode())\n"
 )
 
 
@@ -67,8 +71,9 @@ class NodeTransport(Protocol):
         when the node cannot be reached (a non-zero exit is returned, not raised)."""
         ...
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
-        """The raw response of pod-resources v1 ``method`` (``/v1.PodResourcesLister/List``, empty request)."""
+    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
+        """The raw response of pod-resources v1 ``method`` (``/v1.PodResourcesLister/List``) to ``request``
+        (serialized; empty by default)."""
         ...
 
     def close(self) -> None:
@@ -209,9 +214,23 @@ class NodeOps:
         return dict(json.loads(raw))
 
     # -- pod-resources ---------------------------------------------------------------------------
-    def _call(self, node: str, method: str, response_type: Any) -> Any:
-        raw = self.transport.pod_resources_call(node, f"/v1.PodResourcesLister/{method}", timeout=self.timeout)
+    def _call(self, node: str, method: str, response_type: Any, request: bytes = b"") -> Any:
+        raw = self.transport.pod_resources_call(node, f"/v1.PodResourcesLister/{method}", timeout=self.timeout, request=request)
         return response_type.FromString(raw)
+
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        request = v1_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace).SerializeToString()
+        try:
+            resp = self._call(node, "Get", v1_pb2.GetPodResourcesResponse, request)
+        except (grpc.RpcError, BackendError) as exc:  # kind calls the socket from this host; a node pod runs the script
+            text = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
+            if GET_DISABLED in text:
+                raise UnsupportedOperationError(
+                    f"the kubelet on {node} answers pod-resources Get with {GET_DISABLED!r}: its feature gate "
+                    "KubeletPodResourcesGet is off"
+                ) from None
+            raise BackendError(f"pod-resources Get({namespace}/{name}) on {node}: {text}") from None
+        return PodResourcesPod.from_proto(resp.pod_resources)
 
     def pod_resources(self, node: str) -> list[PodResourcesPod]:
         resp = self._call(node, "List", v1_pb2.ListPodResourcesResponse)

@@ -247,7 +247,9 @@ class ClusterManager:
             config = patch_config.patch(config, patch_config.host_is_cgroup_v1())
         # allocatedResourcesStatus (device health of a running pod's devices) is behind this alpha gate in
         # Kubernetes 1.34 (kubelet and API server); the conformance suite checks it, so switch it on.
-        config.setdefault("featureGates", {}).setdefault("ResourceHealthStatus", True)
+        gates = config.setdefault("featureGates", {})
+        gates.setdefault("ResourceHealthStatus", True)
+        gates.setdefault("KubeletPodResourcesGet", True)  # pod-resources Get, which the suite calls
         if verbosity := os.environ.get("DEVPLUG_KIND_KUBELET_VERBOSITY"):
             patches = list(config.get("kubeadmConfigPatches") or [])
             patches.append(KUBELET_VERBOSITY_PATCH.replace("4", str(int(verbosity))))

@@ -60,12 +60,12 @@ class DockerExecTransport:
         sock = link / "kubelet.sock"
         return str(sock) if len(str(sock)) < 100 and sock.exists() else None
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float) -> bytes:
+    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
         sock = self._host_socket(node)
         if sock is not None:
             with grpc.insecure_channel(f"unix://{sock}") as channel:
                 call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
-                return bytes(call(b"", timeout=timeout))
+                return bytes(call(request, timeout=timeout))
         helper = self._helper_image()
         if helper is None:
             raise BackendError(
@@ -74,7 +74,7 @@ class DockerExecTransport:
             )
         proc = run(
             ["docker", "run", "--rm", "--volumes-from", node, "--entrypoint", "python3", helper,
-             "-c", POD_RESOURCES_CALL, method, str(timeout)],
+             "-c", POD_RESOURCES_CALL, method, str(timeout), base64.b64encode(request).decode()],
             timeout=timeout + 60,
         )  # fmt: skip
         return base64.b64decode(proc.stdout.strip())
