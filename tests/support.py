@@ -7,10 +7,13 @@ helpers are imported relatively (``from ..support import wait_until``), never ``
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,7 +23,7 @@ from pytest_devplug.waiting import WaitTimeout, wait_for
 if TYPE_CHECKING:
     from pytest_devplug.controlplane import Binaries
 
-__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "parse_junit", "run_conformance", "wait_until"]
+__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "parse_junit", "run_conformance", "short_dir", "wait_until"]
 
 T = TypeVar("T")
 
@@ -123,3 +126,14 @@ def run_conformance(options: Sequence[str], pytest_args: Sequence[str], cwd: Pat
     result = parse_junit(junit)
     result.returncode, result.output = done.returncode, output
     return result
+
+
+@contextmanager
+def short_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp, removed afterwards: a Unix socket path holds at most 107 bytes, and pytest's
+    tmp paths (longer still under xdist, ``popen-gwN``) leave too little room for a socket name."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -242,7 +242,8 @@ class PluginServer:
     def _prove(self) -> None:
         with grpc.insecure_channel("unix://" + self.socket_path) as channel:
             stub = pb_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
-            stub.GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
+            # 15 s: a loaded host can take seconds to start serving
+            stub.GetDevicePluginOptions(pb.Empty(), timeout=15, wait_for_ready=True)
 
     def _stop_server(self) -> None:
         if self._server is not None:
