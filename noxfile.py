@@ -19,6 +19,11 @@ PYTHON = ["3.11", "3.12", "3.13", "3.10"]
 LOWEST_PYTHON = "3.10"  # requires-python's floor
 GRPC_TOOLS = "grpcio-tools==1.85.1"  # pinned: tools/genproto.py generates the .pyi stubs with exactly it
 HYPOTHESIS = "hypothesis>=6.100"  # tests/reliability: bounded fuzzing of the adversarial paths
+#: The tests run in three processes (pytest-xdist): they mostly wait on gRPC streams, plugin processes, real
+#: control planes and the kubelet's own real-time bounds (a whole suite run keeps about a fifth of a core busy),
+#: so three workers finish in about two thirds of the time on two cores, where more only raise the load and so
+#: every wait. Every test keeps to its own temp dirs, sockets, ports and processes.
+XDIST = ("pytest-xdist>=3.5", "-n", "3")
 E2E_CLUSTER = "devplug-e2e"  # the e2e session creates and deletes this one
 
 
@@ -72,32 +77,39 @@ TEST_PYTHONS = _put_pyenv_builds_on_path(PYTHON) or [PYTHON[0]]
 def tests(session: nox.Session) -> None:
     """Unit and integration tests on the embedded kubelet (no Docker needed), on every supported Python this
     machine has (``nox -s tests`` runs them all; ``nox -s "tests-3.11"`` or ``-p 3.11`` one)."""
-    _install(session, GRPC_TOOLS, "build", "twine", HYPOTHESIS)
+    _install(session, GRPC_TOOLS, "build", "twine", HYPOTHESIS, XDIST[0])
     # The real control plane's binaries for the embedded-vs-real differential: the offline kind build's cache
     # (the same dirs CI caches for it), built from Go modules when cold; instant when cached.
     session.run("devplug", "control-plane", "build")
-    session.run("pytest", "-m", "not kind", *session.posargs)
+    session.run("pytest", "-m", "not kind", *XDIST[1:], *session.posargs)
 
 
 @nox.session(python=_interpreter(LOWEST_PYTHON), venv_backend="uv")
 def tests_lowest(session: nox.Session) -> None:
     """The tests on the oldest supported Python and the oldest release of every dependency (pyproject's floors).
 
-    ``--resolution lowest-direct`` installs exactly the floors (pytest 8.0, grpcio, protobuf, ...), so a floor
-    that stops working fails here.
+    ``--resolution lowest-direct`` installs exactly the floors (pytest 8.0, grpcio, protobuf, kubernetes, ...), so a
+    floor that stops working fails here. The kubernetes client has two: the harness's own (the ``[kind]`` and
+    ``[cluster]`` extras), under which one cheap test sends the real control plane every kind of request the harness
+    makes, and the included driver's ``[dra]`` extra, installed after it for the rest.
     """
-    session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test[dra]")
-    session.install(HYPOTHESIS)  # a test tool, not a dependency: any release of it will do
-    session.run("python", "-c", "import sys, grpc, google.protobuf, pytest; print('lowest:', sys.version.split()[0], "
-                "'grpcio', grpc.__version__, 'protobuf', google.protobuf.__version__, 'pytest', pytest.__version__)")
+    session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
+    session.install(HYPOTHESIS, XDIST[0])  # test tools, not dependencies: any release of them will do
+    floors = ("import sys, grpc, google.protobuf, kubernetes, pytest; print('lowest:', sys.version.split()[0], 'grpcio', "
+              "grpc.__version__, 'protobuf', google.protobuf.__version__, 'kubernetes', kubernetes.__version__, 'pytest', pytest.__version__)")  # fmt: skip
+    session.run("python", "-c", floors)
+    session.run("devplug", "control-plane", "build")  # the binaries (cached by nox -s tests; built when cold)
+    session.run("pytest", "tests/controlplane/test_kube_client.py")
+    session.install("--resolution", "lowest-direct", "-e", "./plugin_under_test[dra]")
+    session.run("python", "-c", floors)
     # Left out: the stub drift test (needs the pinned generator, i.e. the newest grpcio), the distribution
     # tests (they build wheels and install them beside older pins themselves, in `nox -s tests`), and what
     # judges other programs rather than our floors: the peers' suite runs and the real control plane's tests
-    # (about 20 minutes, the same verdicts as in `nox -s tests`).
+    # (about 20 minutes, the same verdicts as in `nox -s tests`; the requests they make are the cheap test's above).
     session.run(
         "pytest", "-m", "not kind", "--ignore=tests/test_proto_stubs.py", "--ignore=tests/distribution",
         "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py", "--ignore=tests/dra",
-        *session.posargs,
+        *XDIST[1:], *session.posargs,
     )  # fmt: skip
 
 

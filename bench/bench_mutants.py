@@ -30,7 +30,11 @@ MUTANTS = ROOT / "bench" / "mutants"
 CACHE = Path(os.environ.get("DEVPLUG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pytest-devplug")
 RUN_TIMEOUT_S = 900
 
-PY_BUGS = ["law-ends", "no-reregister", "ids-change", "sticky-unhealthy", "init-reuse", "first-stream-only", "register-first"]
+PY_BUGS = [
+    "law-ends", "no-reregister", "ids-change", "sticky-unhealthy", "init-reuse", "first-stream-only", "register-first",
+    "single-instance", "prestart-swallows", "health-after-prestart", "numa-minus-one", "reregister-first-only",
+    "allocate-first-table",
+]  # fmt: skip
 #: Go mutants of the stub peer: name -> (what, original line, buggy line) in main.go.
 GO_BUGS = {
     "stub-ids-change": (

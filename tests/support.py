@@ -7,17 +7,23 @@ helpers are imported relatively (``from ..support import wait_until``), never ``
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "parse_junit", "run_conformance", "wait_until"]
+if TYPE_CHECKING:
+    from pytest_devplug.controlplane import Binaries
+
+__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "parse_junit", "run_conformance", "short_dir", "wait_until"]
 
 T = TypeVar("T")
 
@@ -47,16 +53,20 @@ def wait_until(
         raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last seen: {seen!r}") from None
 
 
-def control_plane_bin_dir() -> Path:
-    """The directory of the real control plane's binaries (the cache; built there when missing, as nox -s tests does)."""
+def control_plane_binaries() -> Binaries:
+    """The real control plane's binaries: the cache, built there when missing (as ``nox -s tests`` does first)."""
     from pytest_devplug.controlplane import BinariesNotFoundError, resolve
     from pytest_devplug.controlplane.binaries import build
 
     try:
-        found = resolve(download=False)
+        return resolve(download=False)
     except BinariesNotFoundError:
-        found = build()
-    return found["kube-apiserver"].parent
+        return build()
+
+
+def control_plane_bin_dir() -> Path:
+    """The directory of the real control plane's binaries (see :func:`control_plane_binaries`)."""
+    return control_plane_binaries()["kube-apiserver"].parent
 
 
 @dataclass
@@ -116,3 +126,14 @@ def run_conformance(options: Sequence[str], pytest_args: Sequence[str], cwd: Pat
     result = parse_junit(junit)
     result.returncode, result.output = done.returncode, output
     return result
+
+
+@contextmanager
+def short_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp, removed afterwards: a Unix socket path holds at most 107 bytes, and pytest's
+    tmp paths (longer still under xdist, ``popen-gwN``) leave too little room for a socket name."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

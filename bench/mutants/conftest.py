@@ -1,4 +1,5 @@
-"""The gadget plugin's project conftest: its spec and the suite's fault contract over its health file."""
+"""The gadget plugin's project conftest: its spec (two resources, the rolling-update convention declared) and the
+suite's fault contract over its health file."""
 
 import json
 import os
@@ -11,7 +12,9 @@ from pytest_devplug import FaultInjector, FaultNotSupportedError, PluginSpec
 
 HERE = Path(__file__).resolve().parent
 COUNT = 4
-INITIAL = {"count": COUNT, "unhealthy": [], "fail": False}
+INITIAL = {"count": COUNT, "unhealthy": [], "fail": False, "prestart_fail": False}
+#: The last gadget is served as a second resource by the same process.
+MINI = "example.com/gadget-mini"
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +28,12 @@ def health_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def devplug_plugin_spec(health_file: Path) -> PluginSpec:
     return PluginSpec(
         resource_name="example.com/gadget",
-        argv=[sys.executable, str(HERE / "gadget_plugin.py"), "--plugin-dir", "{plugin_dir}", "--health-file", str(health_file)],
+        extra_resource_names=(MINI,),
+        argv=[sys.executable, str(HERE / "gadget_plugin.py"), "--plugin-dir", "{plugin_dir}", "--health-file", str(health_file),
+              "--second-resource", f"{MINI}=1"],
         env={"GADGET_BUG": os.environ.get("GADGET_BUG", "none"), "PYTHONPATH": os.pathsep.join(sys.path)},
         gpus=COUNT,
+        conventions=frozenset({"rolling-update"}),
     )
 
 
@@ -60,6 +66,9 @@ class HealthFileFaults:
 
     def fail_allocate(self, device_id: str | None = None) -> None:
         self._edit(lambda h: h.__setitem__("fail", True))
+
+    def fail_pre_start(self, device_id: str | None = None) -> None:
+        self._edit(lambda h: h.__setitem__("prestart_fail", True))
 
     def add_device(self) -> str:
         raise FaultNotSupportedError("gadgets are soldered on")

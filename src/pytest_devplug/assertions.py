@@ -152,14 +152,16 @@ def _unreached_hint(node: NodeHandle) -> str:
 
 
 def assert_registered(
-    plugin: PluginHandle, *, count: int | None = None, timeout: float | None = None
+    plugin: PluginHandle, *, count: int | None = None, timeout: float | None = None, resource: str | None = None
 ) -> tuple[int, int]:
-    """The plugin registered its resource: the node lists it with capacity ``count`` (or > 0).
+    """The plugin registered its resource (``resource``: another one it advertises): the node lists it with
+    capacity ``count`` (or > 0).
 
     Returns ``(capacity, allocatable)``. On failure the message quotes the kubelet's own words about
     the resource (a rejected version or name, a plugin that registered before serving, ...).
     """
-    node, res = plugin.node, plugin.resource_name
+    __tracebackhide__ = True
+    node, res = plugin.node, resource or plugin.resource_name
 
     def ok(c: tuple[int | None, int | None]) -> bool:
         return c[0] is not None and (c[0] == count if count is not None else c[0] > 0)

@@ -79,7 +79,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--plugin-cmd", "--devplug-plugin-cmd", "your plugin's command line; {plugin_dir} {mock_state} {python} are filled in", {}),
     ("--plugin-image", "--devplug-plugin-image", "your plugin's image (kind)", {}),
     ("--plugin-manifest", "--devplug-plugin-manifest", "your plugin's DaemonSet manifest (kind)", {}),
-    ("--resource-name", "--devplug-resource-name", "the extended resource it advertises (default nvidia.com/gpu)", {}),
+    ("--resource-name", "--devplug-resource-name", "the extended resource(s) it advertises, comma-separated (default nvidia.com/gpu)", {}),
     ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
     ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
     ("--mig", "--devplug-mig", "MIG devices on every mock GPU, comma-separated profiles (e.g. 1g.5gb,2g.10gb)", {}),

@@ -18,12 +18,14 @@ from .errors import FaultNotSupportedError
 if TYPE_CHECKING:
     from .handles import PluginHandle
 
-__all__ = ["FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT", "fault_domain"]
+__all__ = [
+    "FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT", "fault_domain", "fail_pre_start",
+]  # fmt: skip
 
 #: What a ``devplug_faults`` fixture must return, in one line (quoted by skips and errors).
 CONTRACT = (
     "pytest_devplug.FaultInjector: device_ids, set_unhealthy(id), set_healthy(id), fail_allocate(id=None), "
-    "add_device() -> id, remove_device(id)"
+    "add_device() -> id, remove_device(id); optional: fail_pre_start(id=None), fault_domain(id)"
 )
 
 
@@ -31,7 +33,12 @@ CONTRACT = (
 class FaultInjector(Protocol):
     """Makes the plugin under test see faults; every change shows up in the plugin's ``ListAndWatch``
     or ``Allocate``. The fixture that returns it undoes its changes in its teardown (the suite then
-    redeploys the plugin anyway)."""
+    redeploys the plugin anyway).
+
+    Two methods are optional, looked up when a check needs them (an injector written before them stays one):
+    ``fail_pre_start(device_id=None)``, making ``PreStartContainer`` return an error for requests including
+    ``device_id`` (``None``: every device), for a plugin that registers with ``pre_start_required``; and
+    ``fault_domain(device_id)`` (see :func:`fault_domain`)."""
 
     @property
     def device_ids(self) -> list[str]:
@@ -67,6 +74,19 @@ def fault_domain(injector: FaultInjector, device_id: str) -> list[str]:
     return sorted(domain(device_id)) if callable(domain) else [device_id]
 
 
+def fail_pre_start(injector: FaultInjector, device_id: str | None = None) -> None:
+    """Make the plugin's ``PreStartContainer`` fail (for requests including ``device_id``; ``None``: every device)
+    through the injector's optional ``fail_pre_start``; raises :class:`FaultNotSupportedError` naming the method
+    when the injector has none."""
+    method = getattr(injector, "fail_pre_start", None)
+    if not callable(method):
+        raise FaultNotSupportedError(
+            f"the fault injector ({type(injector).__name__}) has no fail_pre_start(device_id=None) method (optional "
+            "in the contract: make PreStartContainer return an error)"
+        )
+    method(device_id)
+
+
 class _OnMockState:
     """An injector that acts through the plugin's mock-NVML state (``PluginHandle.mock``).
 
@@ -95,7 +115,8 @@ class _OnMockState:
 
 
 class MockNvmlFaults(_OnMockState):
-    """The contract on the mock NVML: edits the mock-state JSON (``lost``, ``fail_allocate``, ``gpus``).
+    """The contract on the mock NVML: edits the mock-state JSON (``lost``, ``fail_allocate``, ``fail_pre_start``,
+    ``gpus``).
 
     Unhealthy is a lost GPU (not an Xid) so that :meth:`set_healthy` can undo it: the included
     plugin's health policy keeps a GPU with a critical Xid Unhealthy until it is reset. Removing a
@@ -111,6 +132,10 @@ class MockNvmlFaults(_OnMockState):
     def fail_allocate(self, device_id: str | None = None) -> None:
         for uuid in self._mock.uuids if device_id is None else [self._gpu(device_id)]:
             self._mock.fail_allocate(uuid)
+
+    def fail_pre_start(self, device_id: str | None = None) -> None:
+        for uuid in self._mock.uuids if device_id is None else [self._gpu(device_id)]:
+            self._mock.fail_pre_start(uuid)
 
     def add_device(self) -> str:
         return self._mock.add_gpu(numa_node=0)
@@ -154,6 +179,12 @@ class NvmlXidFaults(_OnMockState):
         raise FaultNotSupportedError(
             "a failing Allocate has no NVML meaning: fail_allocate in the mock-NVML state is read by the included "
             "plugin only"
+        )
+
+    def fail_pre_start(self, device_id: str | None = None) -> None:
+        raise FaultNotSupportedError(
+            "a failing PreStartContainer has no NVML meaning: fail_pre_start in the mock-NVML state is read by the "
+            "included plugin only"
         )
 
     def add_device(self) -> str:

@@ -143,6 +143,10 @@ class NodeHandle:
     def pod_resources(self) -> list[PodResourcesPod]:
         return self.backend.pod_resources(self.name)
 
+    def pod_resources_get(self, name: str, namespace: str) -> PodResourcesPod:
+        """pod-resources v1 ``Get`` of one pod on this node (``BackendError`` when the kubelet does not know it)."""
+        return self.backend.pod_resources_get(self.name, name, namespace)
+
     def allocatable_devices(self, resource: str | None = None) -> list[PodResourcesDevices]:
         devs = self.backend.allocatable_devices(self.name)
         return [d for d in devs if resource is None or d.resource_name == resource]
@@ -215,6 +219,10 @@ class MockNvml:
     def fail_allocate(self, uuid: str, fail: bool = True) -> None:
         """Make the plugin's Allocate fail for any request including ``uuid``."""
         self._edit(lambda s: mockstate.with_fail_allocate(s, uuid, fail))
+
+    def fail_pre_start(self, uuid: str, fail: bool = True) -> None:
+        """Make the plugin's PreStartContainer fail for any request including ``uuid``."""
+        self._edit(lambda s: mockstate.with_fail_pre_start(s, uuid, fail))
 
     def add_gpu(self, numa_node: int | None = 0) -> str:
         added: list[str] = []
@@ -290,6 +298,11 @@ class PluginHandle:
         return self.spec.resource_name
 
     @property
+    def resource_names(self) -> tuple[str, ...]:
+        """Every resource the plugin advertises (``PluginSpec.resource_names``), ``resource_name`` first."""
+        return self.spec.resource_names
+
+    @property
     def has_mock(self) -> bool:
         return self.spec.mock
 
@@ -338,6 +351,17 @@ class PluginHandle:
         self.stop()
         self.start()
 
+    def surge(self) -> None:
+        """Start a second instance of the plugin beside this one (a rolling update's new pod); see :meth:`retire`.
+        The plugin is redeployed after the test: a test that ends before ``retire`` must not leave two."""
+        self.mark_changed(devices=True)
+        self.backend.surge_plugin(self.node.name)
+
+    def retire(self, *, newest: bool = False) -> None:
+        """Stop the first instance gracefully, leaving the second as the plugin (``newest``: stop the second)."""
+        self.mark_changed()
+        self.backend.retire_plugin(self.node.name, newest=newest)
+
     def exited(self, log_lines: int = 12) -> str | None:
         """``None`` while the plugin runs or may still start; else how it ended (the backend's
         ``plugin_exit``) and the last lines of its log: the reason a wait for it can stop at once."""
@@ -383,7 +407,8 @@ class PluginHandle:
 
     def wait_listed(self, timeout: float | None = None) -> None:
         """Wait until the plugin is ready as deployed: some devices allocatable and, on the mock NVML, a device
-        for every mock GPU that answers NVML — however many devices per GPU the plugin lists (replicas, MIG).
+        (of any resource it advertises) for every mock GPU that answers NVML — however many devices per GPU the
+        plugin lists (replicas, MIG).
         When a device ID names no mock GPU, any non-empty listing is ready."""
         self.wait_ready(None, timeout)
         if not self.spec.mock:
@@ -392,7 +417,7 @@ class PluginHandle:
 
         def unlisted() -> list[str]:
             try:
-                backed = mock.backed_devices()
+                backed = mock.backed_devices([i for r in self.resource_names for i in self.node.device_ids(r)])
             except backing.UnknownBackingError:
                 return []
             lost = {str(g["uuid"]) for g in mock.state["gpus"] if g.get("lost")}
@@ -642,7 +667,8 @@ class PodFactory:
 
     ``count`` (first argument; ``gpus=`` is an alias) sets the limit of the resource under test, whatever
     it is (the API server copies it into requests). ``limits``/``requests`` set them explicitly (ints or
-    quantity strings, e.g. ``requests=1`` alone, or ``limits="0.5"``); ``manifest`` takes a full pod dict
+    quantity strings, e.g. ``requests=1`` alone, or ``limits="0.5"``); ``resources={name: count}`` sets the limits of
+    several resources (a plugin that advertises more than one); ``manifest`` takes a full pod dict
     instead. Pods are pinned to ``node`` with a nodeSelector on ``kubernetes.io/hostname`` unless the
     manifest says otherwise. Each call returns a :class:`PodHandle`.
     """
@@ -674,16 +700,22 @@ class PodFactory:
         image: str = DEFAULT_IMAGE,
         containers: int = 1,
         restart_policy: str | None = None,
+        resources: Mapping[str, int] | None = None,
     ) -> dict[str, Any]:
-        """The pod :meth:`__call__` would create, for tests that tweak it first."""
+        """The pod :meth:`__call__` would create, for tests that tweak it first. ``resources`` (resource name ->
+        count) sets the limits of several resources (or of another one) instead of ``count``."""
         count = _count(count, gpus)
+        if resources is not None and (count is not None or limits is not None or requests is not None):
+            raise TypeError("give resources={name: count} or count/limits/requests of the resource under test, not both")
         if count is not None and limits is None:
             limits = count
-        resources: dict[str, dict[str, str]] = {}
+        wanted: dict[str, dict[str, str]] = {}
+        if resources is not None:
+            wanted["limits"] = {name: str(n) for name, n in resources.items()}
         if limits is not None:
-            resources["limits"] = {self.resource_name: str(limits)}
+            wanted["limits"] = {self.resource_name: str(limits)}
         if requests is not None:
-            resources["requests"] = {self.resource_name: str(requests)}
+            wanted["requests"] = {self.resource_name: str(requests)}
         name = name or f"{self.prefix}-{next(self._counter)}"
         spec: dict[str, Any] = {
             "containers": [
@@ -691,7 +723,7 @@ class PodFactory:
                     "name": "main" if i == 0 else f"c{i}",
                     "image": image,
                     "command": ["sleep", "3600"],
-                    "resources": resources,
+                    "resources": wanted,
                 }
                 for i in range(containers)
             ],

@@ -1,10 +1,13 @@
 """The Kubernetes REST API as JSON dicts over a ``kubernetes.client.ApiClient``, for any API group.
 
-The typed client's model classes come and go with its versions (``ResourceV1Api`` exists from 34.1 on, the
-project supports 30+), and its models refuse what the API server itself should judge. Requests here are
-built from paths, bodies are sent as they are and answers decoded as the API server sent them (camelCase
-keys), so the embedded kubelet's DRA side and the DRA fixtures read ``resource.k8s.io/v1`` with any client
-version. Refusals raise :class:`RestError` carrying the API server's status, reason and message.
+The typed client changes shape between the releases the extras allow (30 and later): ``ResourceV1Api`` exists
+from 34.1 on; 37 regenerated every API class (``_content_type`` and ``param_serialize`` came, the old
+``call_api`` went) and turns a dict body into the operation's model before sending it, so a value the model
+re-serialises differently is refused (a whole-second ``renewTime`` goes out as ``...05+00:00``, not a MicroTime).
+Requests here are built from paths and sent on the client's own connection pool with its configuration (server,
+TLS, bearer token): nothing of the generated code is used, bodies go out as they are and answers come back as
+the API server sent them (camelCase keys), with any client release. Refusals raise :class:`RestError` carrying
+the API server's status, reason and message.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from .errors import DevplugError
 
@@ -23,27 +27,31 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 
 class RestError(DevplugError):
     """The API server refused a request; ``str()`` is its own message (e.g. ``resourceclaims.resource.k8s.io "x"
-    not found``), as client-go's error reads."""
+    not found``), as client-go's error reads. ``details``: the Status's ``details`` (``kind``, ``name``, ...)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
         self.message = message
+        self.details = dict(details or {})
 
     @property
     def not_found(self) -> bool:
         return self.status == 404
 
 
-def _error(exc: Any) -> RestError:
+def _error(status: int, http_reason: str, raw: bytes) -> RestError:
+    """The API server's ``Status`` answer as an error; its reason or the HTTP one when the body is no Status."""
     try:
-        body = json.loads(getattr(exc, "body", None) or "{}")
+        body = json.loads(raw or b"{}")
     except ValueError:
         body = {}
-    status = int(getattr(exc, "status", 0) or 0)
-    reason = str(body.get("reason") or getattr(exc, "reason", "") or "")
-    return RestError(status, reason, str(body.get("message") or getattr(exc, "body", None) or reason or exc))
+    if not isinstance(body, dict):
+        body = {}
+    reason = str(body.get("reason") or http_reason)
+    message = str(body.get("message") or raw.decode(errors="replace").strip() or reason or f"HTTP {status}")
+    return RestError(status, reason, message, body.get("details") or {})
 
 
 class KubeRest:
@@ -52,6 +60,28 @@ class KubeRest:
     def __init__(self, client: Any, timeout: float) -> None:
         self.client = client
         self.timeout = timeout
+
+    def send(self, method: str, path: str, data: bytes | None = None, content_type: str = "application/json") -> tuple[int, str, bytes]:
+        """One HTTP request of ``path`` (its query included) with ``data`` as the body: the status, its reason and the
+        answer's body, whatever the status. Raises :class:`RestError` (status 0) when no answer came (connection
+        refused, timeout, TLS)."""
+        import urllib3
+
+        config = self.client.configuration
+        headers = {**self.client.default_headers, "Accept": "application/json"}
+        for auth in config.auth_settings().values():  # the bearer token (a kubeconfig's, refreshed by its hook)
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        if data is not None:
+            headers["Content-Type"] = content_type
+        try:
+            resp = self.client.rest_client.pool_manager.urlopen(
+                method, config.host.rstrip("/") + path, body=data, headers=headers,
+                timeout=urllib3.Timeout(total=self.timeout), preload_content=True,
+            )  # fmt: skip
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise RestError(0, "ConnectionError", f"{method} {path}: {exc}") from None
+        return int(resp.status), str(resp.reason or ""), bytes(resp.data or b"")
 
     def request(
         self,
@@ -62,26 +92,13 @@ class KubeRest:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        """One request; the decoded answer (``{}`` for an empty one). Raises :class:`RestError` for any status >= 300
-        and for a connection that fails (status 0)."""
-        from kubernetes.client import ApiException
-
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        try:
-            m, url, hdrs, data, _ = self.client.param_serialize(
-                method, path, header_params=headers, body=body, query_params=list((query or {}).items()),
-                auth_settings=["BearerToken"],  # a token kubeconfig's; client certificates need none
-            )
-            resp = self.client.call_api(m, url, header_params=hdrs, body=data, _request_timeout=self.timeout)
-            raw = resp.read()
-        except ApiException as exc:
-            raise _error(exc) from None
-        except Exception as exc:  # noqa: BLE001 - urllib3's connection errors, as client-go's "connection refused"
-            raise RestError(0, "ConnectionError", f"{method} {path}: {exc}") from None
-        if not 200 <= int(resp.status) < 300:
-            raise _error(ApiException(http_resp=resp))
+        """One request with ``body`` as JSON; the decoded answer (``{}`` for an empty one). Raises :class:`RestError`
+        for any status >= 300 and for a connection that fails (status 0)."""
+        target = path + (f"?{urlencode(list(query.items()))}" if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        status, reason, raw = self.send(method, target, data, content_type)
+        if not 200 <= status < 300:
+            raise _error(status, reason, raw)
         return dict(json.loads(raw)) if raw else {}
 
     def get(self, path: str, **query: str) -> dict[str, Any]:

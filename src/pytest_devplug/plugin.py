@@ -26,7 +26,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -47,7 +47,7 @@ from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
-from .report import ReportWriter, note_plugin, note_run
+from .report import ReportWriter, is_dra_run, note_plugin, note_run
 from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
 __all__ = [
@@ -79,11 +79,14 @@ CONVENTIONS: dict[str, str] = {
     "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
     "nvml-xid": "on the mock NVML, a critical Xid makes every device backed by that GPU Unhealthy and the "
     "application-error Xids leave it Healthy (NVML health monitoring)",
+    "rolling-update": "a second instance of the plugin started beside the running one (a DaemonSet rollout with "
+    "maxSurge) takes over its resource with no moment at 0 allocatable, and the first one's exit leaves it registered",
 }
 
 #: Values of ``--devplug-control-plane``.
 CONTROL_PLANES = ("embedded", "real")
 
+S = TypeVar("S")
 _STATE_KEY = pytest.StashKey["_TestState"]()
 #: The options as parsed once, in ``pytest_configure``.
 _SETTINGS_KEY = pytest.StashKey["DevplugSettings"]()
@@ -122,8 +125,11 @@ def included_plugin_installed() -> bool:
     return importlib.util.find_spec("devplug_gpu_plugin") is not None
 
 
-def default_plugin_argv(resource_name: str, *, pre_start_required: bool = True) -> list[str]:
-    """The included GPU plugin on the mock NVML, with the harness's placeholders."""
+def default_plugin_argv(
+    resource_name: str, *, pre_start_required: bool = True, second_resource: tuple[str, int] | None = None
+) -> list[str]:
+    """The included GPU plugin on the mock NVML, with the harness's placeholders; ``second_resource``
+    (name, GPUs) has it advertise that many of its GPUs as a second resource from the same process."""
     argv = [
         sys.executable, "-m", "devplug_gpu_plugin",
         "--plugin-dir", "{plugin_dir}", "--resource-name", resource_name,
@@ -131,6 +137,8 @@ def default_plugin_argv(resource_name: str, *, pre_start_required: bool = True) 
     ]  # fmt: skip
     if pre_start_required:
         argv.append("--pre-start-required")
+    if second_resource is not None:
+        argv += ["--second-resource", f"{second_resource[0]}={second_resource[1]}"]
     return argv
 
 
@@ -181,7 +189,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("workload-image", "kind, cluster: image of the test pods (default busybox; any image with sh and sleep)", {}),
-    ("resource-name", "extended resource the plugin advertises", {"default": DEFAULT_RESOURCE_NAME}),
+    (
+        "resource-name",
+        "extended resource the plugin advertises; several, comma-separated, for a plugin that advertises more than "
+        "one from one process (the first is the one the single-resource checks judge; the included plugin takes two: "
+        "half its GPUs, rounded down, become the second)",
+        {"default": DEFAULT_RESOURCE_NAME},
+    ),
     ("gpus", "GPUs in the mock NVML state", {"type": int, "default": 4}),
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology", {"type": int, "default": 2}),
     (
@@ -368,7 +382,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     calls it once: read the result with :func:`get_settings`."""
     backend = _choice(config, "devplug_backend", BACKENDS)
     control_plane = _choice(config, "devplug_control_plane", CONTROL_PLANES)
-    resource = str(_opt(config, "devplug_resource_name"))
+    resource, *extra_resources = _resource_names(_opt(config, "devplug_resource_name"))
     cmd = _opt(config, "devplug_plugin_cmd")
     image = _opt(config, "devplug_plugin_image")
     manifest = _opt(config, "devplug_plugin_manifest")
@@ -388,9 +402,10 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
             raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: empty command line")
         argv = words  # placeholders are filled when the plugin starts (PluginSpec.command)
     else:
-        argv = default_plugin_argv(resource, pre_start_required=pre_start)
+        argv = default_plugin_argv(resource, pre_start_required=pre_start, second_resource=_included_second(config, extra_resources))
     spec = PluginSpec(
         resource_name=resource,
+        extra_resource_names=tuple(extra_resources),
         argv=tuple(argv),
         image=image,
         manifest=manifest,
@@ -433,6 +448,29 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         soak=_number(config, "devplug_soak", float),
         device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
     )
+
+
+def _resource_names(value: Any) -> list[str]:
+    names = [n.strip() for n in str(value).split(",")]
+    if not all(names) or len(set(names)) != len(names):
+        raise pytest.UsageError(
+            f"{_flag('devplug_resource_name')} = {value!r}: expected one resource name or several, comma-separated, "
+            "each once (e.g. nvidia.com/gpu,nvidia.com/mig-1g.5gb)"
+        )
+    return names
+
+
+def _included_second(config: pytest.Config, extra: list[str]) -> tuple[str, int] | None:
+    """The included plugin's ``--second-resource``: the second name and half the mock GPUs (rounded down)."""
+    if not extra:
+        return None
+    gpus = _number(config, "devplug_gpus", int)
+    if len(extra) > 1 or gpus < 2:
+        raise pytest.UsageError(
+            f"{_flag('devplug_resource_name')}: the included plugin advertises at most two resources, and needs 2+ "
+            f"GPUs for two (--devplug-gpus {gpus}; resources {extra!r} beside the first)"
+        )
+    return extra[0], gpus // 2
 
 
 def _mig(value: Any) -> tuple[str, ...]:
@@ -522,30 +560,41 @@ def _describe(backend: str, spec: PluginSpec) -> str:
     return f"resource={spec.resource_name} mock={spec.mock} plugin: {what}"
 
 
-def _spec_overrides(config: pytest.Config) -> list[str]:
-    """Loaded conftests (or plugins) that define their own ``devplug_plugin_spec``, as paths from the rootdir."""
+def _fixture_overrides(config: pytest.Config, name: str, ours: object) -> list[str]:
+    """Loaded conftests (or plugins) that define their own fixture ``name`` (``ours``: the harness's), as paths from
+    the rootdir."""
     found = []
     for plugin in config.pluginmanager.get_plugins():
-        fixture = getattr(plugin, "devplug_plugin_spec", None)
-        if isinstance(plugin, ModuleType) and fixture is not None and fixture is not devplug_plugin_spec:
+        fixture = getattr(plugin, name, None)
+        if isinstance(plugin, ModuleType) and fixture is not None and fixture is not ours:
             path = Path(plugin.__file__ or plugin.__name__)
             found.append(str(path.relative_to(config.rootpath)) if path.is_relative_to(config.rootpath) else str(path))
     return sorted(found)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """The plugin under test: from the options, or, when a conftest overrides ``devplug_plugin_spec``, a
-    pointer to the line printed when that fixture's plugin is deployed (its value needs a fixture run)."""
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The plugin under test (a DRA run's header describes its driver instead: ``dra/plugin.py``)."""
+    if is_dra_run(config):
+        return None
     s = get_settings(config)
-    overrides = _spec_overrides(config)
+    return _subject_header(config, s.plugin, _describe(s.backend, s.plugin), what="the plugin", fixture="devplug_plugin_spec",
+                           ours=devplug_plugin_spec, key=_HEADER_SPEC_KEY)  # fmt: skip
+
+
+def _subject_header(
+    config: pytest.Config, spec: S, description: str, *, what: str, fixture: str, ours: object, key: pytest.StashKey[S | None]
+) -> str:
+    """The header's line on what the run tests (``what``: the plugin, the DRA driver): its ``description`` from the
+    options, or, when a conftest overrides ``fixture`` (``ours``: the harness's), a pointer to the line printed when
+    what that fixture names is deployed (its value needs a fixture run). ``key`` keeps what was shown (``None``: the
+    pointer), so the deployment prints only what the header did not show."""
+    s = get_settings(config)
+    overrides = _fixture_overrides(config, fixture, ours)
     if overrides:
-        config.stash[_HEADER_SPEC_KEY] = None
-        return (
-            f"devplug: backend={s.backend}; devplug_plugin_spec is overridden in {', '.join(overrides)}: "
-            "the plugin under test is printed when it is deployed"
-        )
-    config.stash[_HEADER_SPEC_KEY] = s.plugin
-    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {_describe(s.backend, s.plugin)}"
+        config.stash[key] = None
+        return f"devplug: backend={s.backend}; {fixture} is overridden in {', '.join(overrides)}: {what} under test is printed when it is deployed"
+    config.stash[key] = spec
+    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {description}"
 
 
 def _control_plane_header(s: DevplugSettings) -> str:
@@ -675,7 +724,7 @@ class _Deployment:
     def __init__(self, cluster: ClusterHandle, node: NodeHandle, spec: PluginSpec) -> None:
         self.cluster, self.node, self.spec = cluster, node, spec
         self.handle: PluginHandle | None = None
-        self.baseline: tuple[int | None, int | None] = (None, None)
+        self.baseline: tuple[tuple[int | None, int | None], ...] = ()
         self.ready = False
         self.failure: AssertionError | None = None
         self.failed_in = ""  # the test whose set-up reported the failure, in full
@@ -706,21 +755,27 @@ class _Deployment:
         if not self.ready:
             try:
                 # The kubelet's capacity is whatever ListAndWatch lists (replicas, MIG devices): no count demanded.
-                assert_registered(handle)
+                for resource in self.spec.resource_names:
+                    assert_registered(handle, resource=resource)
                 handle.wait_listed()
             except AssertionError as exc:
                 self.failure, self.failed_in = exc, test
                 raise
             self.ready = True
-            self.baseline = self.node.counts(self.spec.resource_name)
-            _warn_odd_ids(self.spec.resource_name, self.node.device_ids(self.spec.resource_name))
+            self.baseline = self._counts()
+            for resource in self.spec.resource_names:
+                _warn_odd_ids(resource, self.node.device_ids(resource))
         return handle
+
+    def _counts(self) -> tuple[tuple[int | None, int | None], ...]:
+        """(capacity, allocatable) of every resource the plugin advertises."""
+        return tuple(self.node.counts(r) for r in self.spec.resource_names)
 
     def reset_if_needed(self) -> None:
         h = self.handle
         if h is None:
             return
-        clean = not self._changes.touched and h.running and self.node.counts(self.spec.resource_name) == self.baseline
+        clean = not self._changes.touched and h.running and self._counts() == self.baseline
         if clean:
             return
         if not self._changes.devices and self._restored(h):
@@ -739,14 +794,15 @@ class _Deployment:
             h.wait_listed()
         except AssertionError:
             return False
-        if self.node.counts(self.spec.resource_name) != self.baseline:
+        if self._counts() != self.baseline:
             return False
         self._changes.clear()
         return True
 
 
-def _kubernetes_version(cluster: ClusterHandle, node: NodeHandle) -> str:
-    info = cluster.backend.get_node(node.name).get("status", {}).get("nodeInfo", {})
+def _kubernetes_version(cluster: ClusterHandle, node: str) -> str:
+    """What the report says of the Kubernetes the subject ran on: the node's kubelet version."""
+    info = cluster.backend.get_node(node).get("status", {}).get("nodeInfo", {})
     version = info.get("kubeletVersion")
     return f"kubelet {version}" if version else "none: the embedded kubelet"
 
@@ -760,7 +816,7 @@ def _devplug_deployment(
     devplug_plugin_spec: PluginSpec,
 ) -> _Deployment:
     _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
-    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node))
+    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node.name))
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 

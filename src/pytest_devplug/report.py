@@ -2,7 +2,8 @@
 
 One row per check (passed / failed / skipped with the reason / error, and its duration), grouped into the
 suite's core checks, its opt-in convention checks and its fault-injection checks, under a header that says
-what was tested where: the plugin's command (or image), its resource, the backend and the Kubernetes version.
+what was tested where: the plugin's command (or image), its resource, the backend and the Kubernetes version
+(in a DRA run, one the DRA plugin marks as such: the driver's command and name, under a title that says so).
 A plugin that exited by itself and was restarted by the kubelet (its DaemonSet's pod would be), or that
 crash-loops, is counted per check and in the header: a check may pass over a restart it never noticed.
 It sits beside pytest's own reports (``--junitxml`` and the terminal) and changes neither.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from .backends.base import Backend, PluginSpec
+from .backends.dra import DriverSpec
 from .errors import DevplugError
 
 __all__ = [
@@ -30,7 +32,10 @@ __all__ = [
     "ReportWriter",
     "RunInfo",
     "check_group",
+    "is_dra_run",
     "json_path_for",
+    "mark_dra_run",
+    "note_driver",
     "note_plugin",
     "note_run",
     "render_markdown",
@@ -44,6 +49,8 @@ GROUPS: tuple[tuple[str, str, frozenset[str]], ...] = (
 )
 _ORDER = ("core", "conventions", "faults")
 _KEY = pytest.StashKey["ReportWriter"]()
+#: Set when the run judges a DRA driver rather than a device plugin (decided once, at configure time).
+_DRA_RUN_KEY = pytest.StashKey[bool]()
 SCHEMA = "pytest-devplug/report/v1"
 
 
@@ -54,6 +61,15 @@ def check_group(item: pytest.Item) -> str:
         if names & markers:
             return group
     return "core"
+
+
+def mark_dra_run(config: pytest.Config) -> None:
+    """This run judges a DRA driver: the pytest header and the report describe the driver, not a device plugin."""
+    config.stash[_DRA_RUN_KEY] = True
+
+
+def is_dra_run(config: pytest.Config) -> bool:
+    return config.stash.get(_DRA_RUN_KEY, False)
 
 
 def json_path_for(path: Path) -> Path:
@@ -87,6 +103,9 @@ class RunInfo:
     resource: str = ""
     mock: bool | None = None
     kubernetes: str = ""
+    #: The DRA driver's command and the name it registers under, once deployed.
+    driver: str = ""
+    driver_name: str = ""
 
 
 def _describe_plugin(spec: PluginSpec, backend: str) -> str:
@@ -100,7 +119,16 @@ def note_run(config: pytest.Config, backend: str, spec: PluginSpec, kubernetes: 
     """Record the run's plugin and cluster for the report (no-op without ``--devplug-report``)."""
     writer = config.stash.get(_KEY, None)
     if writer is not None:
-        writer.info = RunInfo(backend, _describe_plugin(spec, backend), spec.resource_name, spec.mock, kubernetes)
+        writer.info = replace(writer.info, backend=backend, plugin=_describe_plugin(spec, backend), resource=spec.resource_name,
+                              mock=spec.mock, kubernetes=kubernetes)  # fmt: skip
+
+
+def note_driver(config: pytest.Config, backend: str, spec: DriverSpec, kubernetes: str) -> None:
+    """Record the run's DRA driver and cluster for the report (no-op without ``--devplug-report``)."""
+    writer = config.stash.get(_KEY, None)
+    if writer is not None:
+        writer.info = replace(writer.info, backend=backend, driver=shlex.join(spec.argv), driver_name=spec.driver_name,
+                              mock=spec.mock, kubernetes=kubernetes)  # fmt: skip
 
 
 def note_plugin(config: pytest.Config, nodeid: str, backend: Backend, node: str) -> None:
@@ -219,7 +247,8 @@ class ReportWriter:
             "duration_s": round(time.time() - self.started, 3),
             "exit_status": int(exitstatus),
             "interrupted": int(exitstatus) == int(pytest.ExitCode.INTERRUPTED),
-            "run": {**asdict(self.info), **plugin},
+            # subject: what the run judged, ``device-plugin`` or ``dra-driver`` (a DRA run: :func:`mark_dra_run`)
+            "run": {**asdict(self.info), "subject": "dra-driver" if is_dra_run(self.config) else "device-plugin", **plugin},
             "summary": counts,
             "checks": [dict(asdict(c), duration_s=round(c.duration_s, 3)) for c in ordered],
         }
@@ -267,14 +296,32 @@ def _plugin_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _subject_rows(data: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+    """The title and the rows on what was judged: the device plugin, or in a DRA run the driver (each subject's rows
+    also when it was deployed beside the other)."""
+    run = data["run"]
+    dra = run.get("subject") == "dra-driver"
+    plugin = [
+        ("plugin", f"`{run['plugin']}`" if run["plugin"] else "(no plugin was deployed in this run)"),
+        *_plugin_rows(data),
+        ("resource", f"`{run['resource']}`" if run["resource"] else ""),
+    ]
+    driver = [
+        ("DRA driver", f"`{run['driver']}`" if run.get("driver") else "(no DRA driver was deployed in this run)"),
+        ("driver name", f"`{run['driver_name']}`" if run.get("driver_name") else ""),
+    ]
+    if dra:
+        return "DRA driver conformance report", driver + (plugin if run["plugin"] else [])
+    return "Device plugin conformance report", plugin + (driver if run.get("driver") else [])
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     """The report as Markdown (``data`` as written to the JSON file)."""
     run = data["run"]
     mock = {True: "yes (mock-NVML state file)", False: "no", None: ""}[run["mock"]]
+    title, subject = _subject_rows(data)
     header = [
-        ("plugin", f"`{run['plugin']}`" if run["plugin"] else "(no plugin was deployed in this run)"),
-        *_plugin_rows(data),
-        ("resource", f"`{run['resource']}`" if run["resource"] else ""),
+        *subject,
         ("mock controls", mock),
         ("backend", _BACKENDS.get(run["backend"], run["backend"])),
         ("Kubernetes", run["kubernetes"]),
@@ -283,7 +330,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         ("result", f"{_summary(data['summary'])} in {data['duration_s']:.1f} s"
          + (" (interrupted)" if data["interrupted"] else "")),
     ]  # fmt: skip
-    lines = ["# Device plugin conformance report", "", "| | |", "|---|---|"]
+    lines = [f"# {title}", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in header if v]
     titles = {g: title for g, title, _ in GROUPS}
     with_plugin = any(_plugin_cell(c) for c in data["checks"])

@@ -8,6 +8,7 @@ verdicts, and one more skip, for what a real kubelet cannot be made to do.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -37,18 +38,24 @@ KIND_SUITE_TIMEOUT_S = 1800
 
 
 def _assert_verdicts(options: list[str], pytest_args: list[str], tmp_path: Path, timeout: float, *, skips: list[re.Pattern[str]]) -> None:
+    """The suite passed (every fault check too), every skip explained by ``skips``, and the report judged the driver."""
     __tracebackhide__ = True
-    result = run_conformance(options, pytest_args, tmp_path, timeout=timeout)
+    result = run_conformance([*options, "--report", str(tmp_path / "report.md")], pytest_args, tmp_path, timeout=timeout)
     assert not result.failed, "the included driver: failed/errors:\n" + "\n".join(result.failed) + result.output
     assert result.returncode == 0, f"devplug conformance {' '.join(options)} exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in skips)}
     assert not unexplained, f"skips the included driver has no reason for: {unexplained}"
     assert FAULT_CHECKS <= set(result.passed), f"fault checks that did not pass on the included driver: {result.verdicts()}"
+    report = json.loads((tmp_path / "report.json").read_text())["run"]  # what was judged: the driver, as deployed
+    assert report["subject"] == "dra-driver" and report["driver_name"] == "gpu.devplug.io", report
+    assert report["plugin"] == "", report
+    assert (tmp_path / "report.md").read_text().startswith("# DRA driver conformance report\n")
     print(f"verdict: {len(result.passed)} passed, {len(result.skipped)} skipped, 0 failed: {sorted(result.skipped)}")
 
 
 def test_dra_suite_passes_on_the_included_driver(tmp_path: Path) -> None:
     _assert_verdicts(["--dra"], [], tmp_path, SUITE_TIMEOUT_S, skips=[ALLOWED_SKIPS])
+    assert "-m devplug_gpu_plugin --dra" in json.loads((tmp_path / "report.json").read_text())["run"]["driver"]
 
 
 @pytest.mark.kind

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -10,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.backends import mockstate
+from pytest_devplug.nvml import STATE_ENV
+from pytest_devplug.nvml.build import find_compiler
 from pytest_devplug.nvml.probe import Handle, Nvml, NvmlError
 
 from .nvml_helpers import StateFile
@@ -232,3 +237,40 @@ def test_topology_answers_of_pcie_only_gpus(nvml: Nvml) -> None:
     with pytest.raises(NvmlError) as info:
         nvml.call("nvmlDeviceGetNvLinkState", h[0], ctypes.c_uint(0), ctypes.byref(level))
     assert info.value.code == NOT_SUPPORTED
+
+
+NO_INOTIFY_SHIM = """
+#include <errno.h>
+int inotify_init1(int flags) { (void)flags; errno = EMFILE; return -1; }
+"""
+
+EVENT_WITHOUT_INOTIFY = """
+import sys, threading, time
+from pytest_devplug.backends import mockstate
+from pytest_devplug.nvml.probe import Nvml
+from tests.nvml.nvml_helpers import StateFile
+
+state = StateFile(__import__("pathlib").Path(sys.argv[2]))
+nvml = Nvml(sys.argv[1])
+nvml.init()
+es = nvml.event_set()
+nvml.register_events(nvml.handles()[1], 0x8, es)
+doc = mockstate.with_xid(mockstate.initial_state(4, 2), mockstate.gpu_uuid(1), 79)
+threading.Timer(0.2, state.write, args=(doc,)).start()
+data = nvml.wait(es, 10_000)
+print("xid", data.eventData)
+"""
+
+
+def test_changes_are_seen_without_inotify(mock_lib_path: Path, state: StateFile, tmp_path: Path) -> None:
+    """With the user's inotify instances used up (inotify_init1 failing EMFILE), the library looks at the file
+    instead: an Xid written after nvmlInit still wakes the wait."""
+    shim = tmp_path / "no_inotify.so"
+    (tmp_path / "no_inotify.c").write_text(NO_INOTIFY_SHIM)
+    subprocess.run([*find_compiler(), "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "no_inotify.c")], check=True)
+    env = {**os.environ, "LD_PRELOAD": str(shim), STATE_ENV: str(state.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", EVENT_WITHOUT_INOTIFY, str(mock_lib_path), str(state.path)],
+        capture_output=True, text=True, env=env, timeout=60, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0 and "xid 79" in done.stdout, done.stdout + done.stderr

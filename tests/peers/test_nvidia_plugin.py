@@ -43,8 +43,8 @@ MUST_PASS = (
 )
 #: What NVIDIA's plugin lacks or does differently: faults with no NVML meaning (recovery, hot-plug,
 #: fail_allocate), no PreStartContainer, NUMA read from sysfs rather than NVML (so no topology here),
-#: and convention checks it does not declare (skipped by design).
-ALLOWED_SKIPS = re.compile(r"NVML|pre_start_required|topology|NUMA|convention check", re.I)
+#: convention checks it does not declare (skipped by design), one resource (its default strategy).
+ALLOWED_SKIPS = re.compile(r"NVML|pre_start_required|topology|NUMA|convention check|serves one resource", re.I)
 #: Its time-slicing configuration (``sharing.timeSlicing``, 2 replicas: device IDs ``<uuid>::<n>``).
 TIME_SLICING = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"
 #: NVIDIA's bug #1929 (every release to v0.19.1): a critical Xid marks one replica of the GPU Unhealthy, the

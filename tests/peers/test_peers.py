@@ -26,6 +26,8 @@ NO_PRE_START = re.compile(r"pre_start_required", re.I)
 NO_TOPOLOGY = re.compile(r"topology|NUMA", re.I)
 #: Opt-in checks of one plugin family's conventions, off for a plugin that does not declare them.
 CONVENTION_OFF = re.compile(r"convention check '[a-z-]+' .* does not declare it")
+#: The several-resources checks, for a plugin that advertises one resource.
+ONE_RESOURCE = re.compile(r"the plugin under test serves one resource")
 #: One suite run on the embedded kubelet takes ~30 s; two kubelet restarts wait ~10 s each for the peers.
 SUITE_TIMEOUT_S = 600
 
@@ -43,15 +45,19 @@ class Peer:
 
 
 PEERS = [
+    # The sample plugin serves on a socket named after its start time (dp.<unix seconds>), so a second instance
+    # beside a running one never shares its socket: it is run with the rolling-update convention on.
     Peer(
-        "sample-device-plugin", "example.com/resource", (), (NO_MOCK, CONVENTION_OFF, NO_PRE_START, NO_TOPOLOGY),
-        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart"),
+        "sample-device-plugin", "example.com/resource", ("--conventions", "rolling-update"),
+        (NO_MOCK, CONVENTION_OFF, NO_PRE_START, NO_TOPOLOGY, ONE_RESOURCE),
+        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
+         "test_convention_rolling_update_without_downtime"),
     ),
     # The stub's Allocate lists the IDs it hands in and its GetPreferredAllocation packs NUMA nodes, so
     # it is run with those two conventions on.
     Peer(
         "stub-plugin", "example.com/stub", ("--pre-start-required", "--conventions", "ids-visible,numa-packing"),
-        (NO_MOCK, CONVENTION_OFF),
+        (NO_MOCK, CONVENTION_OFF, ONE_RESOURCE),
         ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
          "test_prestart_container_called_before_start", "test_single_numa_node_policy_rejects_cross_numa_request",
          "test_convention_ids_visible_in_injections", "test_convention_numa_packing_fills_one_node_first"),

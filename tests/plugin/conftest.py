@@ -10,14 +10,14 @@ import pytest
 
 from pytest_devplug.nvml import mock_env
 
+from ..support import short_dir
 from .gpu_plugin_helpers import RESOURCE, FakeKubelet, MockStateFile, PluginProcess
 
 
 @pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "dp"  # short: unix socket paths are limited to 107 bytes
-    d.mkdir()
-    return d
+def plugin_dir() -> Iterator[Path]:
+    with short_dir("dp") as d:
+        yield d
 
 
 @pytest.fixture
@@ -26,11 +26,11 @@ def mock_state(tmp_path: Path) -> MockStateFile:
 
 
 @pytest.fixture
-def kubelet_factory(plugin_dir: Path) -> Iterator[Callable[..., FakeKubelet]]:
+def kubelet_factory(plugin_dir: Path, tmp_path: Path) -> Iterator[Callable[..., FakeKubelet]]:
     started: list[FakeKubelet] = []
 
     def make(refuse: str | None = None) -> FakeKubelet:
-        k = FakeKubelet(plugin_dir, refuse).start()
+        k = FakeKubelet(plugin_dir, refuse, log_dir=tmp_path).start()
         started.append(k)
         return k
 

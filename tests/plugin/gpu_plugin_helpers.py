@@ -123,26 +123,29 @@ class Registration:
 class FakeKubelet(pb_grpc.RegistrationServicer):
     """Registration on kubelet.sock: validates like the kubelet, dials back, opens ListAndWatch."""
 
-    def __init__(self, plugin_dir: Path, refuse: str | None = None) -> None:
+    def __init__(self, plugin_dir: Path, refuse: str | None = None, *, log_dir: Path | None = None) -> None:
         self.plugin_dir = plugin_dir
+        self.log_dir = log_dir  # where the plugins' logs (plugin-*.log) are, for a failure's evidence
         self.refuse = refuse
         self.registrations: queue.Queue[Registration] = queue.Queue()
         self._all: list[Registration] = []
+        #: Every Register answered with an error, as "resource: error" (the evidence when one never arrives).
+        self.refused: list[str] = []
         self._server: Any = None
 
     def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:
         if self.refuse:
-            context.abort(grpc.StatusCode.UNKNOWN, self.refuse)
+            self._refuse(request, context, self.refuse)
         if request.version != "v1beta1":
-            context.abort(grpc.StatusCode.UNKNOWN, f'requested API version "{request.version}" is not supported')
+            self._refuse(request, context, f'requested API version "{request.version}" is not supported')
         channel = grpc.insecure_channel(f"unix://{self.plugin_dir / request.endpoint}")
         stub = pb_grpc.DevicePluginStub(channel)
         try:
-            # Like the kubelet: the endpoint must already answer while Register is in flight.
-            options = stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
+            # Like the kubelet (a 10 s dial): the endpoint must already answer while Register is in flight.
+            options = stub.GetDevicePluginOptions(pb.Empty(), timeout=10)
         except grpc.RpcError as exc:
             channel.close()
-            context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {exc.details()}")
+            self._refuse(request, context, f"failed to dial device plugin: {exc.details()}")
         reg = Registration(request, options, time.monotonic(), channel, stub)
         stream = stub.ListAndWatch(pb.Empty())
 
@@ -157,6 +160,10 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
         self._all.append(reg)
         self.registrations.put(reg)
         return pb.Empty()
+
+    def _refuse(self, request: pb.RegisterRequest, context: Any, message: str) -> None:
+        self.refused.append(f"{request.resource_name}: {message}")
+        context.abort(grpc.StatusCode.UNKNOWN, message)
 
     def start(self) -> FakeKubelet:
         server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(max_workers=4))
@@ -174,10 +181,19 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
             reg.channel.close()
 
     def next_registration(self, timeout: float = WAIT) -> Registration:
+        """The next registration; on timeout, what was refused and the tail of every plugin log say why."""
         try:
             return self.registrations.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"the plugin did not register within {timeout}s") from None
+            logs = sorted(self.log_dir.glob("plugin-*.log")) if self.log_dir else []
+            tails = "".join(
+                f"\n--- {p.name} (last 30 lines) ---\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
+                for p in logs
+            )
+            raise AssertionError(
+                f"the plugin did not register within {timeout}s; {len(self._all)} registered before, "
+                f"refused: {self.refused or 'none'}{tails}"
+            ) from None
 
 
 class PluginProcess:

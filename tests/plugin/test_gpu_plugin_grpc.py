@@ -318,6 +318,73 @@ def test_pre_start_required_flag(start_plugin, kubelet: FakeKubelet) -> None:
     plugin.wait_log(f"PreStartContainer: devices {UUIDS[0]},{UUIDS[2]}")
 
 
+def test_fail_pre_start_refuses_prestart_for_that_gpu(
+    start_plugin, kubelet: FakeKubelet, mock_state: MockStateFile
+) -> None:
+    """``fail_pre_start`` in the mock state: PreStartContainer answers an error naming the GPU; others still pass."""
+    plugin = start_plugin("--pre-start-required")
+    reg = kubelet.next_registration()
+    mock_state.set(UUIDS[1], fail_pre_start=True)
+    with pytest.raises(grpc.RpcError) as failed:
+        reg.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=[UUIDS[0], UUIDS[1]]), timeout=5)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert UUIDS[1] in failed.value.details() and "fail_pre_start" in failed.value.details()
+    plugin.wait_log("PreStartContainer refused")
+    assert reg.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=[UUIDS[0]]), timeout=5) == pb.PreStartContainerResponse()
+    assert allocate(reg, [UUIDS[1]]).container_responses, "fail_pre_start leaves Allocate alone"
+
+
+def test_second_resource_from_one_process(start_plugin, kubelet: FakeKubelet, plugin_dir: Path) -> None:
+    """``--second-resource NAME=1``: the GPU with the highest minor is NAME's, on its own socket and registration;
+    each resource lists and allocates only its own GPUs."""
+    plugin = start_plugin("--second-resource", "example.com/gpu-small=1")
+    regs = {r.request.resource_name: r for r in (kubelet.next_registration(), kubelet.next_registration())}
+    assert set(regs) == {RESOURCE, "example.com/gpu-small"}
+    small = regs["example.com/gpu-small"]
+    assert small.request.endpoint == "devplug-example.com-gpu-small.sock" != regs[RESOURCE].request.endpoint
+    assert [d.ID for d in regs[RESOURCE].next_update().devices] == UUIDS[:3]
+    assert [d.ID for d in small.next_update().devices] == UUIDS[3:]
+    assert allocate(small, [UUIDS[3]]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == UUIDS[3]
+    with pytest.raises(grpc.RpcError) as other:
+        allocate(small, [UUIDS[0]])
+    assert other.value.code() == grpc.StatusCode.INVALID_ARGUMENT, "a GPU of the other resource is unknown here"
+    plugin.signal(signal.SIGTERM)
+    assert plugin.wait_exit() == 0, plugin.log()
+    assert not list(plugin_dir.glob("devplug-*.sock")), "both sockets are removed on exit"
+
+
+def test_second_resource_needs_a_gpu_left_for_the_first(start_plugin, kubelet: FakeKubelet) -> None:
+    plugin = start_plugin("--second-resource", "example.com/gpu-small=4")
+    assert plugin.wait_exit() == 2
+    assert "example.com/gpu-small asks for 4 GPUs, the node has 4" in plugin.log()
+
+
+def test_second_instance_beside_a_live_one_serves_on_its_own_socket(
+    start_plugin, kubelet: FakeKubelet, plugin_dir: Path
+) -> None:
+    """A rolling update: the new instance takes a socket of its own while the old one serves, registers (the
+    kubelet switches to it), and the old one's exit leaves it serving; a stale socket file is taken over."""
+    first = start_plugin()
+    assert kubelet.next_registration().request.endpoint == SOCKET
+    second = start_plugin()
+    try:
+        reg = kubelet.next_registration()
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the second instance's log:\n{second.log()[-3000:]}") from None
+    assert reg.request.endpoint != SOCKET and reg.request.endpoint.startswith("devplug-")
+    first.signal(signal.SIGTERM)
+    assert first.wait_exit() == 0
+    assert (plugin_dir / reg.request.endpoint).exists(), "the old instance removed the new one's socket"
+    assert [d.ID for d in reg.next_update().devices] == UUIDS
+    assert reg.stub.GetDevicePluginOptions(pb.Empty(), timeout=5) is not None
+    second.proc.kill()
+    assert second.wait_exit() != 0
+    third = start_plugin()
+    assert kubelet.next_registration().request.endpoint == SOCKET, "nothing answers on the default name: take it"
+    third.signal(signal.SIGTERM)
+    assert third.wait_exit() == 0
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_cleanly(start_plugin, kubelet: FakeKubelet, plugin_dir: Path, signum: int) -> None:
     plugin = start_plugin()

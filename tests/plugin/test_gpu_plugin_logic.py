@@ -26,7 +26,7 @@ from devplug_gpu_plugin.allocation import (
 )
 from devplug_gpu_plugin.devices import DeviceState, GpuInfo, Probe, UnsafeDeviceIdError
 from devplug_gpu_plugin.health import HealthMonitor
-from devplug_gpu_plugin.mock_faults import AllocateFaults
+from devplug_gpu_plugin.mock_faults import MockFaults
 from pytest_devplug.nvml import STATE_ENV, mock_library
 
 from .gpu_plugin_helpers import UUIDS, MockStateFile
@@ -196,7 +196,8 @@ def test_cli_env_equivalents_and_defaults(monkeypatch: pytest.MonkeyPatch) -> No
     args = cli.parse_args(["--nvml", "mock", "--mock-state", "/s.json"])
     assert args.plugin_dir == "/var/lib/kubelet/device-plugins"
     assert args.resource_name == "nvidia.com/gpu"
-    assert args.socket_name == "devplug-nvidia.com-gpu.sock"
+    assert args.socket_name is None, "chosen at start: devplug-<resource>.sock unless another instance serves on it"
+    assert args.second_resource is None
     assert args.device_list_strategy == ("envvar",)
     assert args.ignored_xids == (13, 31, 43, 45, 68, 109)
     assert args.cdi_spec_dir == "/var/run/cdi" and args.dev_root == "/dev"
@@ -210,6 +211,9 @@ def test_cli_env_equivalents_and_defaults(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("DP_SOCKET_NAME", "x.sock")
     args = cli.parse_args([])
     assert (args.nvml, args.mock_state, args.resource_name) == ("mock", "/m.json", "example.com/gpu")
+    assert cli.parse_args(["--socket-name", "", "--second-resource", "example.com/mig-1g=2"]).second_resource == (
+        "example.com/mig-1g", 2
+    )
     assert args.pre_start_required is True
     assert args.device_list_strategy == ("cdi-cri", "volume-mounts")
     assert args.ignored_xids == ()
@@ -225,6 +229,11 @@ def test_cli_env_equivalents_and_defaults(monkeypatch: pytest.MonkeyPatch) -> No
         (["--nvml", "mock"], "--mock-state"),
         (["--replicas", "0"], "--replicas: must be at least 1"),
         (["--replicas", "two"], "--replicas: expected a whole number"),
+        (["--second-resource", "example.com/mig"], "is not NAME=N"),
+        (["--second-resource", "mig=1"], "is not NAME=N"),
+        (["--second-resource", "example.com/mig=0"], "is not NAME=N"),
+        (["--second-resource", "nvidia.com/gpu=1"], "is already --resource-name"),
+        (["--second-resource", "example.com/mig=1", "--socket-name", "x.sock"], "each resource has its own"),
     ],
 )
 def test_cli_rejects_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -377,21 +386,52 @@ def test_health_loop_idle_timeout_probes_only_on_change(nvml: None, mock_state: 
         monitor.stop()
 
 
-def test_fail_allocate_flags_survive_bad_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_fault_flags_survive_bad_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     state = MockStateFile(tmp_path / "s.json")
-    faults = AllocateFaults(str(state.path))
-    assert faults(UUIDS[0]) is None
+    faults = MockFaults(str(state.path))
+    assert faults.allocate(UUIDS[0]) is None and faults.pre_start(UUIDS[0]) is None
     state.set(UUIDS[0], fail_allocate=True)
-    assert faults(UUIDS[0]) == f"fail_allocate is set for {UUIDS[0]} in mock state {state.path}"
+    assert faults.allocate(UUIDS[0]) == f"fail_allocate is set for {UUIDS[0]} in mock state {state.path}"
+    assert faults.pre_start(UUIDS[0]) is None, "each flag fails its own RPC only"
+    state.set(UUIDS[0], fail_allocate=False, fail_pre_start=True)
+    assert faults.allocate(UUIDS[0]) is None
+    assert faults.pre_start(UUIDS[0]) == f"fail_pre_start is set for {UUIDS[0]} in mock state {state.path}"
     for bad in (b'{"gpus": [\xff]}', b"[" * 100_000, b'{"gpus": 1}'):
         state.path.write_bytes(bad)
-        assert faults(UUIDS[0]) is not None, "a bad file must keep the last good flags"
-    assert caplog.text.count("keeping the last fail_allocate flags") == 3
+        assert faults.pre_start(UUIDS[0]) is not None, "a bad file must keep the last good flags"
+    assert caplog.text.count("keeping the last fail_allocate/fail_pre_start flags") == 3
     state.path.unlink()
-    assert faults(UUIDS[0]) is not None
+    assert faults.pre_start(UUIDS[0]) is not None
 
 
 # ---- inotify ---------------------------------------------------------------------------------
+def test_no_inotify_instance_left_falls_back_to_the_periodic_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a host whose inotify instances are used up (EMFILE) the plugin keeps running: its run loop checks the
+    plugin dir every second anyway."""
+    import errno
+
+    from devplug_gpu_plugin import server as srv
+
+    def exhausted() -> watch.Inotify:
+        raise OSError(errno.EMFILE, "inotify_init1: Too many open files")
+
+    monkeypatch.setattr(srv, "Inotify", exhausted)
+    plugin = srv.PluginServer(srv.ServerConfig(str(tmp_path), "example.com/gpu", "x.sock"), None, threading.Event())  # type: ignore[arg-type]
+    plugin.start_watching()
+    assert "checking it every second instead" in caplog.text and "Too many open files" in caplog.text
+
+
+def test_a_socket_path_too_long_for_unix_is_refused_naming_it() -> None:
+    from devplug_gpu_plugin import server as srv
+
+    long_dir = "/var/lib/kubelet/" + "d" * 90
+    plugin = srv.PluginServer(srv.ServerConfig(long_dir, "example.com/gpu", "devplug-x.sock"), None, threading.Event())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"is 122 bytes: a Unix socket path holds at most 107"):
+        plugin.serve()
+
+
 def test_inotify_sees_create_delete_and_rename(tmp_path: Path) -> None:
     with watch.Inotify() as ino:
         ino.add_watch(str(tmp_path), watch.IN_CREATE | watch.IN_DELETE | watch.IN_MOVED_TO)

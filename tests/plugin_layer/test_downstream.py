@@ -284,6 +284,8 @@ FAULT_TESTS = (
     "test_removed_and_added_devices_change_capacity",
     "test_failing_allocate_fails_the_pod",
     "test_health_reported_after_kubelet_and_plugin_restarts",
+    "test_device_health_reported_for_a_pod_that_never_started",
+    "test_failing_prestart_keeps_the_container_from_starting",  # with an injector: the pre_start skip below
 )
 #: Conformance tests that cannot apply to the widget plugin whatever its conftest, and the reason each gives.
 OTHER_SKIPS = {
@@ -294,11 +296,15 @@ OTHER_SKIPS = {
     "test_convention_numa_packing_fills_one_node_first": "convention check 'numa-packing'",
     "test_single_numa_node_policy_rejects_cross_numa_request": "report no topology",
     "test_prestart_container_called_before_start": "registered with pre_start_required=false",
+    "test_failing_prestart_keeps_the_container_from_starting": "registered with pre_start_required=false",
+    "test_every_resource_registers_and_allocates": "serves one resource",
+    "test_every_resource_reregisters_after_kubelet_restart": "serves one resource",
+    "test_convention_rolling_update_without_downtime": "convention check 'rolling-update'",
     "test_critical_xid_turns_that_gpu_unhealthy": "convention check 'nvml-xid'",
     "test_application_xids_leave_the_gpu_healthy": "convention check 'nvml-xid'",
 }
-EXPECTED_SKIPS = {**{t: "needs a fault injector" for t in FAULT_TESTS}, **OTHER_SKIPS}
-SUITE_SIZE = 41
+EXPECTED_SKIPS = {**OTHER_SKIPS, **{t: "needs a fault injector" for t in FAULT_TESTS}}
+SUITE_SIZE = 47
 
 
 @pytest.fixture

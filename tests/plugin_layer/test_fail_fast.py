@@ -3,6 +3,8 @@ exited (status and last log lines), a terminal pod phase, a refused registration
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -184,3 +186,31 @@ def test_a_plugin_that_exits_on_a_failed_register_is_restarted_once_the_kubelet_
     plugin.node.start_kubelet()
     assert_registered(plugin, count=3)
     assert "--- restarted by the kubelet (restartPolicy Always): restart 1" in plugin.log(), plugin.log()
+
+
+def test_a_second_instance_is_kept_running_like_the_first_and_retired_for_good(cluster: ClusterHandle) -> None:
+    """A rolling update's second instance is a DaemonSet pod too: its crash is restarted by the kubelet (counted in the
+    plugin's restarts, no reason for a wait to give up); retired, it stays down, running or crashed when retired."""
+    plugin = deploy(cluster)
+    assert_registered(plugin, count=3)
+    backend, node = plugin.backend, plugin.node.name
+    assert cluster.backend is backend and isinstance(backend, SimBackend) and backend.cluster is not None
+    backend.surge_plugin(node)
+    (second,) = [d for name, d in backend.cluster.node(node).plugins.items() if name.endswith("-2")]
+    wait_for(lambda: second.pid, lambda pid: pid is not None, timeout=TIMEOUT, what="the second instance started")
+    crashed = second.pid
+    assert crashed is not None
+    os.kill(crashed, signal.SIGKILL)  # not the harness's hand: a crash
+    wait_for(lambda: (second.running, second.pid), lambda s: s[0] and s[1] != crashed, timeout=TIMEOUT,
+             what="the kubelet restarting the crashed second instance")  # fmt: skip
+    assert backend.plugin_restarts(node).count == 1, backend.plugin_restarts(node)
+    assert plugin.crashed() is None, plugin.crashed()
+    second.proc.kill(signal.SIGKILL)  # crashed again: in back-off now, retired before the kubelet restarts it
+    how = wait_for(lambda: backend.plugin_exit(node), lambda h: h is not None, timeout=TIMEOUT,
+                   what="the second instance's crash loop reported")  # fmt: skip
+    assert how is not None and how.startswith("the second instance killed by signal 9 and is crash-looping"), how
+    backend.retire_plugin(node, newest=True)
+    time.sleep(1.0)  # ten relists of its supervisor
+    assert not second.running and second.restarts == 1, second
+    assert plugin.running and plugin.crashed() is None, plugin.crashed()
+    assert "--- second instance" not in plugin.log(), "a retired instance's log is no longer the plugin's"

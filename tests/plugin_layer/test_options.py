@@ -33,6 +33,9 @@ def test_disruptive():
         ([], "devplug_gpus = 2.5", ["devplug_gpus", "'2.5'", "an integer"]),
         ([], "devplug_missing_faults = maybe", ["devplug_missing_faults", "skip, fail"]),
         (["--devplug-plugin-cmd", "'unclosed"], "", ["--devplug-plugin-cmd", "quotation"]),
+        (["--devplug-resource-name", "nvidia.com/gpu,nvidia.com/gpu"], "", ["--devplug-resource-name", "each once"]),
+        ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
+        ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
         (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
         ([], "devplug_mig = 7g.40gb,1g.5gb", ["devplug_mig", "do not fit on one GPU: 8 of 7 compute slices"]),
     ],
@@ -97,4 +100,21 @@ def test_bounds(devplug_settings):
 """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--devplug-timeout", "60")
+    result.assert_outcomes(passed=1)
+
+
+def test_several_resource_names_declare_extra_resources(pytester: pytest.Pytester) -> None:
+    """``--devplug-resource-name a,b``: ``a`` is the resource the single-resource checks judge, ``b`` an extra one,
+    which the included plugin serves from half its GPUs (``--second-resource``)."""
+    pytester.makepyfile(
+        """
+def test_spec(devplug_settings):
+    spec = devplug_settings.plugin
+    assert (spec.resource_name, spec.extra_resource_names) == ("nvidia.com/gpu", ("example.com/gpu-half",))
+    assert list(spec.argv[-2:]) == ["--second-resource", "example.com/gpu-half=3"]
+"""
+    )
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--devplug-resource-name", "nvidia.com/gpu, example.com/gpu-half", "--devplug-gpus", "7"
+    )
     result.assert_outcomes(passed=1)

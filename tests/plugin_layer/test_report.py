@@ -96,6 +96,45 @@ def test_report_header_names_the_plugin_resource_and_backend(pytester: pytest.Py
     assert "| backend | sim (embedded kubelet) |" in md and "| resource | `nvidia.com/gpu` |" in md
 
 
+def test_a_dra_run_describes_its_driver_in_the_header_and_the_report(pytester: pytest.Pytester) -> None:
+    """A driver command makes the run a DRA run: the header and the report describe the driver, not the device
+    plugin (nothing deployed here: the driver's row says so)."""
+    pytester.makepyfile(test_x="def test_x(): pass")
+    cmd = "{python} my_driver.py --registry {plugins_registry}"
+    result = pytester.runpytest(f"--devplug-driver-cmd={cmd}", "--devplug-driver-name=widget.example.com", "--devplug-report=r.md")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["devplug: backend=sim; driver=widget.example.com mock=False DRA driver: "
+                                 "'{python}' my_driver.py --registry '{plugins_registry}' (with the node's paths as flags)"])  # fmt: skip
+    assert "plugin: " not in result.stdout.str(), "the device plugin is not what a DRA run tests"
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert data["run"]["subject"] == "dra-driver" and data["run"]["driver"] == "", data["run"]
+    md = (pytester.path / "r.md").read_text()
+    assert md.startswith("# DRA driver conformance report\n"), md
+    assert "| DRA driver | (no DRA driver was deployed in this run) |" in md and "| plugin |" not in md, md
+
+
+def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pytester) -> None:
+    """With no driver option: the DRA suite named on the command line (the included driver is then under test), or
+    a conftest's own ``devplug_driver_spec`` (printed when deployed, as for ``devplug_plugin_spec``)."""
+    result = pytester.runpytest("--pyargs", "pytest_devplug.dra.conformance", "--collect-only")
+    result.stdout.fnmatch_lines(["devplug: backend=sim; driver=gpu.devplug.io mock=True DRA driver: * -m devplug_gpu_plugin --dra *"])
+    pytester.makeconftest(
+        """
+        import pytest
+        from pytest_devplug.backends.dra import DriverSpec
+
+        @pytest.fixture(scope="session")
+        def devplug_driver_spec():
+            return DriverSpec(driver_name="mine.example.com", argv=["./mine"])
+        """
+    )
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["devplug: backend=sim; devplug_driver_spec is overridden in conftest.py: the DRA driver under test "
+                                 "is printed when it is deployed"])  # fmt: skip
+
+
 def test_report_refuses_a_json_target(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest("--devplug-report=report.json")

@@ -56,6 +56,7 @@ def test_every_row_is_complete() -> None:
             assert backends and backends != "—", f"{text!r}: no backends"
     texts = [r[1] for r in rows]
     assert len(texts) == len(set(texts)), "a scenario is listed twice"
+    assert {r[0] for r in rows} == UPSTREAM_FILES, f"files without a row: {sorted(UPSTREAM_FILES - {r[0] for r in rows})}"
 
 
 DRA_TABLE = ROOT / "docs" / "upstream-dra-scenarios.md"

@@ -4,9 +4,7 @@ device managers whose ``on_change`` drives bounded waits."""
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,16 +15,15 @@ from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.process import PluginProcess
 
+from ..support import short_dir
 from .dm_helpers import GPU, DmMockState, DmWaiter, FakePlugin, dm_gpu
 
 
 @pytest.fixture
 def dm_dir() -> Iterator[Path]:
-    """A short directory (Unix socket paths are limited to 107 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="dm", dir="/tmp"))
-    (d / "dp").mkdir()
-    yield d / "dp"
-    shutil.rmtree(d, ignore_errors=True)
+    with short_dir("dm") as d:
+        (d / "dp").mkdir()
+        yield d / "dp"
 
 
 @pytest.fixture

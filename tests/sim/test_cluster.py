@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,10 +115,13 @@ def test_close_stops_plugins_and_removes_the_workdir(tmp_path: Path) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(proc.pid, 0)
     assert not workdir.exists()
-    given = tmp_path / "given"
-    with SimCluster(given) as c2:
-        c2.add_node("n")
-    assert given.exists()  # a caller's dir is left in place
+    given = Path(tempfile.mkdtemp(prefix="dpg-", dir="/tmp"))  # short: the node's sockets go under it
+    try:
+        with SimCluster(given) as c2:
+            c2.add_node("n")
+        assert given.exists()  # a caller's dir is left in place
+    finally:
+        shutil.rmtree(given, ignore_errors=True)
 
 
 @pytest.mark.parametrize("bound_by", ["scheduler", "nodeName"])

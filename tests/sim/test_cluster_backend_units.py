@@ -6,14 +6,19 @@ CLI, reached only through its kubeconfig).
 
 from __future__ import annotations
 
+import base64
 import subprocess
+import sys
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from pytest_devplug.backends import create_backend
 from pytest_devplug.backends.base import (
+    BackendError,
     BackendOptions,
     BackendUnavailableError,
     ExecResult,
@@ -25,7 +30,8 @@ from pytest_devplug.backends.k8s import gpunode
 from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, NODE_POD_DEADLINE_S, node_pod_manifest
 from pytest_devplug.backends.k8s.manifests import own_daemonset, render_daemonsets, selector_of
-from pytest_devplug.backends.k8s.node import NodeCommandError, NodeOps
+from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
+from pytest_devplug.backends.k8s.node import GRPC_CALL, NodeCommandError, NodeGrpcError, NodeOps
 
 pytest_plugins = ["pytester"]
 
@@ -59,6 +65,52 @@ def test_node_files_round_trip_binary_content_atomically(tmp_path: Path) -> None
     assert ops.read_file("n1", str(target)) == data
     assert ops.read_file("n1", str(tmp_path / "missing")) is None
     assert not list(target.parent.glob("*.devplug-tmp"))
+
+
+class _GetOnly(v1_pb2_grpc.PodResourcesListerServicer):
+    """A pod-resources server that answers ``Get`` with the pod it was asked for, one device per container (or, with
+    ``disabled``, as a kubelet whose KubeletPodResourcesGet gate is off)."""
+
+    def __init__(self, disabled: bool = False) -> None:
+        self.disabled = disabled
+
+    def Get(self, request: v1_pb2.GetPodResourcesRequest, context: Any) -> v1_pb2.GetPodResourcesResponse:  # noqa: N802
+        if self.disabled:
+            context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
+        devices = [v1_pb2.ContainerDevices(resource_name="example.com/x", device_ids=["x-1"])]
+        pod = v1_pb2.PodResources(name=request.pod_name, namespace=request.pod_namespace,
+                                  containers=[v1_pb2.ContainerResources(name="main", devices=devices)])  # fmt: skip
+        return v1_pb2.GetPodResourcesResponse(pod_resources=pod)
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["served", "gate-off"])
+def test_pod_resources_get_sends_its_request_through_the_node_script(tmp_path: Path, disabled: bool) -> None:
+    """The script a node transport runs next to the kubelet's socket carries ``Get``'s request (base64); a kubelet
+    with Get switched off is a backend that cannot, naming the feature gate."""
+    sock = tmp_path / "pr.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    v1_pb2_grpc.add_PodResourcesListerServicer_to_server(_GetOnly(disabled), server)  # type: ignore[no-untyped-call]
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+
+    class ScriptTransport(LocalTransport):
+        def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+            argv = [sys.executable, "-c", GRPC_CALL, str(sock), method, base64.b64encode(request).decode(), str(timeout), "unary"]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            if done.returncode != 0:  # as the node-pod transport reports a failed call
+                raise NodeGrpcError.from_stderr(done.stderr) or BackendError(f"{method} on node {node} failed: {done.stderr[-1500:]}")
+            return base64.b64decode(done.stdout)
+
+    try:
+        if disabled:
+            with pytest.raises(UnsupportedOperationError, match="KubeletPodResourcesGet is off"):
+                NodeOps(ScriptTransport(), timeout=10).pod_resources_get("n1", "web-1", "team-a")
+            return
+        got = NodeOps(ScriptTransport(), timeout=10).pod_resources_get("n1", "web-1", "team-a")
+    finally:
+        server.stop(0)
+    assert (got.name, got.namespace) == ("web-1", "team-a")
+    assert [(c.name, c.device_ids("example.com/x")) for c in got.containers] == [("main", ["x-1"])]
 
 
 def test_a_failing_node_command_names_the_node_and_the_error() -> None:

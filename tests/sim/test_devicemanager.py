@@ -296,6 +296,35 @@ def test_reregistration_replaces_endpoint_and_old_stream_end_is_ignored(
     assert set(dm.device_health(GPU)) == {"b-0", "b-1", "b-2"}
 
 
+def test_second_instance_failing_its_registration_leaves_the_first_serving(
+    dm_make: Make, dm_fake: Callable[..., FakePlugin]
+) -> None:
+    """Upstream's "DP2 takes long time to start working": a second instance whose GetDevicePluginOptions fails
+    is not registered and the first one's endpoint keeps serving (allocations go to it); a third instance then
+    takes over, and the first one's exit leaves it registered."""
+    dm, w = dm_make()
+    dp1 = dm_fake("dp1.sock")
+    dp1.register()
+    registered(dm, w, 2)
+    dp2 = dm_fake("dp2.sock")
+    dp2.options_error = "GetDevicePluginOptions failed"
+    with pytest.raises(grpc.RpcError) as exc:
+        dp2.register()
+    assert "failed to get device plugin options" in str(exc.value.details())
+    assert dm.capacity()[:2] == ({GPU: 2}, {GPU: 2}) and dp2.law_calls == 0
+    p = pod("u1", gpus(1))
+    dm.admit_container(p, p.containers[0])
+    assert len(dp1.allocate_calls) == 1
+    dp3 = dm_fake("dp3.sock")
+    dp3.register()
+    w.until("dp3's stream", lambda: dp3.law_calls, lambda n: n == 1)
+    dp1.stop()
+    q = pod("u2", gpus(1))
+    dm.admit_container(q, q.containers[0])
+    assert len(dp3.allocate_calls) == 1 and len(dp1.allocate_calls) == 1
+    assert dm.capacity()[:2] == ({GPU: 2}, {GPU: 2})
+
+
 # --- allocation -----------------------------------------------------------------------------------
 
 
@@ -591,6 +620,30 @@ def test_concurrent_admissions_never_double_allocate(dm_make: Make, dm_fake: Cal
     assert len(f.allocate_calls) + rejected == 200
     big = pod("all", gpus(8))
     dm.admit_container(big, big.containers[0])  # nothing leaked by rejections or races
+
+
+def test_numa_node_minus_one_is_filed_as_no_topology_before_and_after_a_restart(
+    dm_dir: Path, dm_make: Make, dm_fake: Callable[..., FakePlugin]
+) -> None:
+    """A device the plugin reports on NUMA node ``-1`` is filed under ``-1``, the key of a device without topology
+    (``allocateContainerResources``), so pod-resources lists it without topology (``getContainerDevices`` skips
+    ``nodeWithoutTopology``), before a restart and after it from the checkpoint alike; the allocatable list keeps the
+    device as the plugin sent it."""
+    dm, w = dm_make()
+    dev = pb.Device(ID="odd", health="Healthy")
+    dev.topology.nodes.add(ID=-1)
+    f = dm_fake(devices=[dev])
+    f.register()
+    registered(dm, w, 1)
+    p = pod("u1", gpus(1))
+    dm.admit_container(p, p.containers[0])
+    assert dm.container_device_topology("u1", "c") == {GPU: {"odd": []}}
+    assert dm.allocatable_devices() == {GPU: [("odd", -1)]}
+    (entry,) = read_checkpoint(dm.checkpoint_path).pod_device_entries or []
+    assert entry.device_ids == {-1: ["odd"]}
+    dm.stop()
+    again, _ = dm_make()
+    assert again.container_device_topology("u1", "c") == {GPU: {"odd": []}}
 
 
 # --- restart ---------------------------------------------------------------------------------------

@@ -16,13 +16,13 @@ from typing import Any
 import kubernetes
 import pytest
 
-from pytest_devplug.controlplane import BinariesNotFoundError, ControlPlane, resolve
-from pytest_devplug.controlplane.binaries import build
+from pytest_devplug.controlplane import ControlPlane
 from pytest_devplug.sim.apicluster import ApiCluster
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.clusterapi import ClusterApi
 from pytest_devplug.sim.errors import ApiError
 
+from ..support import control_plane_binaries
 from ._helpers import GPU, allocatable, phase, pod, start_gpu_node, wait_for
 
 Sides = dict[str, ClusterApi]
@@ -30,11 +30,7 @@ Sides = dict[str, ClusterApi]
 
 @pytest.fixture(scope="module")
 def control_plane() -> Iterator[ControlPlane]:
-    try:
-        found = resolve(download=False)
-    except BinariesNotFoundError:
-        found = build()  # the offline kind build's Go-module build, cached (nox -s tests runs it first)
-    with ControlPlane(found) as cp:
+    with ControlPlane(control_plane_binaries()) as cp:
         yield cp
 
 

@@ -123,6 +123,59 @@ def test_pre_start_container_is_called_when_required(cluster: SimCluster, tmp_pa
     assert "PreStartContainer" in node.kubelet_log()
 
 
+def test_failing_pre_start_container_keeps_the_container_from_starting(cluster: SimCluster, tmp_path: Path) -> None:
+    """``GetDeviceRunContainerOptions`` fails: kuberuntime reports ``CreateContainerConfigError`` with the device
+    manager's error, the container never runs, the pod (admitted, devices held) stays Pending."""
+    state = tmp_path / "s.json"
+    write_state(state, [gpu(0, fail_pre_start=True)])
+    start_gpu_node(cluster, "node-1", state, 1, "--pre-start-required")
+    st = cluster.create_pod(pod("x", 1))["status"]
+    assert st["phase"] == "Pending"
+    (cs,) = st["containerStatuses"]
+    waiting = cs["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerConfigError" and not cs["started"], cs
+    assert waiting["message"].startswith("device plugin PreStartContainer rpc failed with err: rpc error: code = Internal desc = ")
+    assert "fail_pre_start is set for GPU-0000" in waiting["message"]
+    assert cs["allocatedResourcesStatus"] == [{"name": GPU, "resources": [{"resourceID": "GPU-0000", "health": "Healthy"}]}]
+    failed = [e["message"] for e in cluster.events(involved_name="x") if e["reason"] == "Failed"]
+    assert failed == [f"Error: {waiting['message']}"]
+
+
+@pytest.mark.parametrize("image", ["devplug.invalid/none:1", "invalid.registry.k8s.io/invalid/alpine:3.1"])
+def test_unpullable_image_never_starts_yet_reports_its_device_health(cluster: SimCluster, tmp_path: Path, image: str) -> None:
+    """Upstream's "Device Status for the failed pod": an image from a registry that cannot exist is never pulled
+    (``ImagePullBackOff``, PreStartContainer never called), the container holds its device from admission on, and
+    allocatedResourcesStatus follows the device's health."""
+    state = tmp_path / "s.json"
+    node = start_gpu_node(cluster, "node-1", state, 1, "--pre-start-required")
+    body = pod("x", 1)
+    body["spec"]["containers"][0]["image"] = image
+    st = cluster.create_pod(body)["status"]
+    assert st["phase"] == "Pending"
+    (cs,) = st["containerStatuses"]
+    waiting = cs["state"]["waiting"]
+    assert waiting["reason"] == "ImagePullBackOff", cs
+    assert waiting["message"].startswith(f'Back-off pulling image "{image}": ErrImagePull: rpc error: code = Unknown desc = ')
+    assert "no such host" in waiting["message"]
+    events = [(e["reason"], e["message"]) for e in cluster.events(involved_name="x")]
+    assert events[1:3] == [("Pulling", f'Pulling image "{image}"'), ("Failed", f'Failed to pull image "{image}": ' + waiting["message"].split("ErrImagePull: ", 1)[1])]
+    assert ("BackOff", f'Back-off pulling image "{image}"') in events and ("Failed", "Error: ImagePullBackOff") in events
+    assert "PreStartContainer" not in node.kubelet_log(), "the image is pulled before PreStartContainer"
+    assert cs["allocatedResourcesStatus"] == [{"name": GPU, "resources": [{"resourceID": "GPU-0000", "health": "Healthy"}]}]
+    write_state(state, [gpu(0, lost=True)])
+    res = wait_for(lambda: cluster.get_pod("x")["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0],
+                   lambda r: r["health"] == "Unhealthy", "the never-started container's device reported Unhealthy")
+    assert res["resourceID"] == "GPU-0000" and phase(cluster, "x") == "Pending"
+
+
+def test_images_of_real_registries_are_pulled() -> None:
+    from pytest_devplug.sim.runtime import image_pull_error
+
+    for image in ("busybox:1.36", "registry.k8s.io/pause:3.10", "localhost:5000/x", "my.invalid.example.com/x:1", "invalid/x"):
+        assert image_pull_error(image) is None, image
+    assert image_pull_error("devplug.invalid:5000/x") is not None
+
+
 def test_kubelet_log_is_klog_formatted(cluster: SimCluster) -> None:
     node = cluster.add_node("node-1")
     lines = node.kubelet_log().splitlines()

@@ -60,7 +60,9 @@ def test_launcher_binds_node_dirs_at_the_standard_paths_and_leaves_the_host_alon
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     # Each node dir shows at its standard path; /var/lib/kubelet holds only the node's dirs.
-    assert done.stdout.split() == [*launcher.KUBELET_PATHS, "device-plugins", "pod-resources"]
+    under_kubelet = sorted(p.rsplit("/", 1)[1] for p in launcher.KUBELET_PATHS.values() if p.startswith(KUBELET_DIR + "/"))
+    assert under_kubelet == ["device-plugins", "plugins", "plugins_registry", "pod-resources"]
+    assert done.stdout.split() == [*launcher.KUBELET_PATHS, *under_kubelet]
     assert (tmp_path / "device-plugins" / "made-inside").exists()
     assert host_view() == before
 

@@ -21,7 +21,7 @@ from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import PluginProcessError
 from pytest_devplug.sim.process import PluginProcess, live_processes
 
-from ..support import wait_until
+from ..support import WAIT, wait_until
 
 PY = sys.executable
 
@@ -134,7 +134,7 @@ def test_no_leak_when_the_harness_exits_or_is_signalled(tmp_path: Path, how: str
             proc.send_signal(signal.SIGINT)
         elif how == "sigkill":  # no handler runs: the parent-death signal takes the plugin along
             proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=WAIT)  # a hang fails here; a loaded machine may take seconds to stop the plugin first
     finally:
         if proc.poll() is None:
             proc.kill()

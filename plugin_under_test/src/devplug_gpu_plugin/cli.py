@@ -17,7 +17,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Protocol
 
@@ -25,8 +25,8 @@ from . import __name__ as _pkg
 from .allocation import STRATEGIES, AllocationConfig, ensure_dev_nodes, write_cdi_spec
 from .devices import DeviceState
 from .health import DEFAULT_IGNORED_XIDS, HealthMonitor
-from .mock_faults import AllocateFaults
-from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, default_socket_name
+from .mock_faults import MockFaults
+from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, instance_socket_name
 
 log = logging.getLogger(_pkg)
 
@@ -116,7 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
         "1",
         "device IDs advertised per GPU, <uuid>::<n> when > 1: containers share the GPU (time-slicing) (default %(default)s)",
     )
-    opt("--socket-name", None, "plugin socket file name in --plugin-dir (default devplug-<resource>.sock)")
+    opt(
+        "--second-resource",
+        None,
+        "NAME=N: advertise the N GPUs with the highest minor numbers as a second extended resource NAME, from "
+        "this same process (its own socket and registration), the others as --resource-name (as NVIDIA's mixed "
+        "MIG strategy serves nvidia.com/gpu and nvidia.com/mig-* together); GPUs found later join --resource-name",
+    )
+    opt(
+        "--socket-name",
+        None,
+        "plugin socket file name in --plugin-dir (default devplug-<resource>.sock, or a name of this process's "
+        "own while another instance serves on that one: a rolling update)",
+    )
     opt("--log-level", "info", "debug, info, warning or error (default %(default)s)")
     dra = p.add_argument_group("DRA driver (--dra)")
 
@@ -146,7 +158,10 @@ DRA_DEFAULTS = {
     "kubelet_plugins_dir": "/var/lib/kubelet/plugins",
     "cdi_root": "/var/run/cdi",
 }
-DEVICE_PLUGIN_ONLY = ("plugin_dir", "resource_name", "pre_start_required", "device_list_strategy", "cdi_spec_dir", "replicas", "socket_name")
+DEVICE_PLUGIN_ONLY = (
+    "plugin_dir", "resource_name", "pre_start_required", "device_list_strategy", "cdi_spec_dir", "replicas", "socket_name",
+    "second_resource",
+)  # fmt: skip
 DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_registrar_dir", "kubelet_plugins_dir", "cdi_root")
 #: A DRA driver name: a DNS subdomain of at most 63 characters (the API's limit) starting with a letter (CDI vendor rule).
 _DRIVER_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -189,12 +204,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.nvml == "mock" and not args.mock_state:
         parser.error("--nvml mock needs --mock-state FILE (or DP_MOCK_STATE)")
     name = args.resource_name
-    if "/" not in name or name.startswith("kubernetes.io/") or not name.split("/", 1)[1]:
+    if not _extended(name):
         parser.error(f"--resource-name: {name!r} is not an extended resource name like vendor.com/gpu")
-    if args.socket_name is None:
-        args.socket_name = default_socket_name(name)
-    if "/" in args.socket_name or args.socket_name == "kubelet.sock":
+    args.second_resource = _second_resource(parser, args.second_resource, name)
+    args.socket_name = args.socket_name or None
+    if args.socket_name is not None and ("/" in args.socket_name or args.socket_name == "kubelet.sock"):
         parser.error(f"--socket-name: {args.socket_name!r} must be a plain file name other than kubelet.sock")
+    if args.socket_name is not None and args.second_resource is not None:
+        parser.error("--socket-name names one socket; with --second-resource each resource has its own (leave it out)")
     try:
         args.replicas = int(args.replicas)
     except ValueError:
@@ -215,6 +232,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--log-level: unknown level {args.log_level!r}")
     args.log_level = level
     return args
+
+
+def _extended(name: str) -> bool:
+    return "/" in name and not name.startswith("kubernetes.io/") and bool(name.split("/", 1)[1])
+
+
+def _second_resource(parser: argparse.ArgumentParser, value: str | None, first: str) -> tuple[str, int] | None:
+    """``--second-resource NAME=N`` as ``(NAME, N)``."""
+    if value is None or not value.strip():
+        return None
+    name, sep, count = value.strip().rpartition("=")
+    if not sep or not _extended(name) or not count.strip().isdigit() or int(count) < 1:
+        parser.error(f"--second-resource: {value!r} is not NAME=N (an extended resource name like vendor.com/mig, N >= 1)")
+    if name == first:
+        parser.error(f"--second-resource: {name!r} is already --resource-name")
+    return name, int(count)
 
 
 MOCK_STATE_ENV = "DEVPLUG_NVML_STATE"
@@ -251,46 +284,89 @@ class _Runner(Protocol):
 
 
 class _DevicePlugin:
-    """The device plugin's serving part: socket, registration, and the files that mirror the device list."""
+    """The device plugin's serving part: a socket and registration per resource (``--resource-name``, and
+    ``--second-resource`` from the same process), and the files that mirror the device list."""
 
-    def __init__(self, args: argparse.Namespace, state: DeviceState, faults: AllocateFaults | None, stopping: threading.Event) -> None:
+    def __init__(self, args: argparse.Namespace, state: DeviceState, faults: MockFaults | None, stopping: threading.Event) -> None:
         self.args = args
         self.state = state
-        self.alloc = AllocationConfig(
-            resource_name=args.resource_name,
-            strategies=args.device_list_strategy,
-            dev_root=args.dev_root,
-            driver_lib_dir=args.driver_lib_dir,
-            cdi_spec_dir=args.cdi_spec_dir,
-            replicas=args.replicas,
-        )
-        servicer = DevicePluginServicer(state, self.alloc, args.pre_start_required, faults, stopping)
-        self.server = PluginServer(
-            ServerConfig(args.plugin_dir, args.resource_name, args.socket_name, args.pre_start_required),
-            servicer,
-            stopping,
-        )
+        self.stopping = stopping
+        #: The GPUs of --second-resource, chosen at the first probe; every other GPU is --resource-name's.
+        second = args.second_resource is not None
+        self._second: set[str] | None = None if second else set()
+        self.resources: list[tuple[str, Callable[[str], bool]]] = [(args.resource_name, self._first_owns)]
+        if second:
+            self.resources.append((args.second_resource[0], lambda uuid: not self._first_owns(uuid)))
+        self.allocs = [
+            AllocationConfig(
+                resource_name=name,
+                strategies=args.device_list_strategy,
+                dev_root=args.dev_root,
+                driver_lib_dir=args.driver_lib_dir,
+                cdi_spec_dir=args.cdi_spec_dir,
+                replicas=args.replicas,
+            )
+            for name, _ in self.resources
+        ]
+        self.servers: list[PluginServer] = []
+        for alloc, (name, member) in zip(self.allocs, self.resources, strict=True):
+            servicer = DevicePluginServicer(
+                state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
+                pre_start_fault=faults.pre_start if faults else None, member=member if second else None,
+            )  # fmt: skip
+            socket_name = args.socket_name or instance_socket_name(args.plugin_dir, name)
+            self.servers.append(
+                PluginServer(ServerConfig(args.plugin_dir, name, socket_name, args.pre_start_required), servicer, stopping)
+            )
+
+    def _first_owns(self, uuid: str) -> bool:
+        return self._second is None or uuid not in self._second
 
     def on_change(self) -> None:
-        """Keep the files that mirror the device list (CDI spec, fake dev nodes) current."""
+        """Keep the files that mirror the device list (CDI spec, fake dev nodes) current. The first call (after
+        the first probe) also chooses the second resource's GPUs."""
+        if self._second is None:
+            self._second = _split_gpus(self.state, *self.args.second_resource)
         gpus = self.state.snapshot().gpus
         try:
             if self.args.create_dev_nodes:
                 ensure_dev_nodes(self.args.dev_root, [g.info.minor for g in gpus])
-            if self.alloc.uses_cdi:
-                log.info("CDI spec written to %s", write_cdi_spec(self.alloc, gpus))
+            for alloc, (_, member) in zip(self.allocs, self.resources, strict=True):
+                if alloc.uses_cdi:
+                    log.info("CDI spec written to %s", write_cdi_spec(alloc, [g for g in gpus if member(g.uuid)]))
         except OSError as exc:
             log.error("cannot update device files: %s", exc)
 
     def run(self) -> None:
+        """Run every resource's server (one thread each) until all return; the first error stops the others."""
         os.makedirs(self.args.plugin_dir, exist_ok=True)
-        self.server.run()
+        errors: list[BaseException] = []
+
+        def run(server: PluginServer) -> None:
+            try:
+                server.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which reports it
+                errors.append(exc)
+                self.request_stop()
+
+        threads = [threading.Thread(target=run, args=(s,), name=f"serve-{s.config.resource_name}") for s in self.servers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)  # in slices: the main thread must stay free for SIGTERM's handler
+        if errors:
+            raise errors[0]
 
     def request_stop(self) -> None:
-        self.server.request_stop()
+        for server in self.servers:
+            server.request_stop()
+        self.stopping.set()
 
     def stop(self) -> None:
-        self.server.stop()
+        self.stopping.set()
+        for server in self.servers:
+            server.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -309,11 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     import pynvml
 
-    faults: AllocateFaults | None = None
+    faults: MockFaults | None = None
     if args.nvml == "mock":
         # The same NVML code as on a GPU node, on the mock library; it reads the state file named here.
         os.environ[MOCK_STATE_ENV] = args.mock_state
-        faults = AllocateFaults(args.mock_state)
+        faults = MockFaults(args.mock_state)
     try:
         _load_nvml(args.nvml_lib)
     except pynvml.NVMLError as exc:
@@ -340,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if api is not None:
         from .dra.driver import Driver
 
-        runner = Driver(args, api, state, faults, stopping)
+        runner = Driver(args, api, state, faults.allocate if faults else None, stopping)
     else:
         runner = _DevicePlugin(args, state, faults, stopping)
 
@@ -361,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("registration refused by the kubelet: %s", exc)
         print(f"{PROG}: error: registration refused by the kubelet: {exc}", file=sys.stderr)
         rc = 1
+    except SecondResourceError as exc:
+        print(f"{PROG}: error: --second-resource: {exc}", file=sys.stderr)
+        rc = 2
     except Exception as exc:
         log.exception("fatal: %s", exc)
         rc = 1
@@ -375,6 +454,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pass
     log.info("stopped (exit %d)", rc)
     return rc
+
+
+class SecondResourceError(Exception):
+    """``--second-resource`` asks for more GPUs than the node has beside the first resource's."""
+
+
+def _split_gpus(state: DeviceState, name: str, count: int) -> set[str]:
+    """The UUIDs of the ``count`` GPUs with the highest minor numbers, for the second resource."""
+    gpus = state.snapshot().gpus  # ordered by minor number
+    if count >= len(gpus):
+        raise SecondResourceError(
+            f"{name} asks for {count} GPUs, the node has {len(gpus)}: at least one must stay the first resource's"
+        )
+    chosen = {g.uuid for g in gpus[len(gpus) - count :]}
+    log.info("second resource %s: GPUs %s", name, ",".join(sorted(chosen)))
+    return chosen
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +22,7 @@ from typing import Any
 import grpc
 import tenacity
 
-from .allocation import AllocationConfig, AllocationError, container_response, preferred_allocation, replica_ids
+from .allocation import AllocationConfig, AllocationError, container_response, gpu_of, preferred_allocation, replica_ids
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from .devices import DeviceState, Snapshot
@@ -31,6 +33,8 @@ log = logging.getLogger("devplug_gpu_plugin.server")
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 STREAM_POLL_S = 0.25
+#: Bytes of a Unix socket path (``sun_path`` less its terminating NUL).
+MAX_SOCKET_PATH = 107
 
 
 class RegistrationRefused(Exception):
@@ -53,6 +57,28 @@ def serve_unix(path: str, add_services: Callable[[Any], None], workers: int) -> 
 def default_socket_name(resource_name: str) -> str:
     """``nvidia.com/gpu`` -> ``devplug-nvidia.com-gpu.sock``: one socket per resource."""
     return "devplug-" + resource_name.replace("/", "-") + ".sock"
+
+
+def socket_answers(path: str) -> bool:
+    """Whether a server accepts connections on the Unix socket ``path`` (a socket file left by a killed
+    process refuses them)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def instance_socket_name(plugin_dir: str, resource_name: str) -> str:
+    """The default socket name, unless another instance of the plugin serves on it now (a rolling update
+    starts the new pod before the old one stops): then a name of this process's own, so that neither
+    instance removes the other's socket. A stale file at the default name is taken over."""
+    name = default_socket_name(resource_name)
+    if not socket_answers(os.path.join(plugin_dir, name)):
+        return name
+    return f"devplug-{secrets.token_hex(4)}.sock"  # short: a Unix socket path holds 107 bytes
 
 
 def to_devices(gpu: Any, replicas: int = 1) -> list[pb.Device]:
@@ -80,12 +106,24 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         pre_start_required: bool,
         fault: Callable[[str], str | None] | None,
         stopping: threading.Event,
+        *,
+        pre_start_fault: Callable[[str], str | None] | None = None,
+        member: Callable[[str], bool] | None = None,
     ) -> None:
         self.state = state
         self.config = config
         self.pre_start_required = pre_start_required
         self.fault = fault
+        self.pre_start_fault = pre_start_fault
         self.stopping = stopping
+        #: Which GPUs (by UUID) this resource advertises; ``None``: all of them (one resource per process).
+        self.member = member
+
+    def snapshot(self, snap: Snapshot | None = None) -> Snapshot:
+        """The device state as this resource sees it: only its own GPUs."""
+        snap = self.state.snapshot() if snap is None else snap
+        member = self.member
+        return snap if member is None else Snapshot(snap.version, [g for g in snap.gpus if member(g.uuid)])
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
@@ -93,20 +131,27 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         )
 
     def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
-        snap = self.state.snapshot()
-        log.info("ListAndWatch: sending %d devices (version %d)", len(snap.gpus), snap.version)
-        yield list_response(snap, self.config.replicas)
+        snap = self.snapshot()
+        sent = list_response(snap, self.config.replicas)
+        log.info("ListAndWatch: sending %d %s devices (version %d)", len(snap.gpus), self.config.resource_name, snap.version)
+        yield sent
         while context.is_active() and not self.stopping.is_set():
             new = self.state.wait_for_change(snap.version, STREAM_POLL_S)
-            if new.version != snap.version:
-                snap = new
-                log.info("ListAndWatch: sending %d devices (version %d)", len(snap.gpus), snap.version)
-                yield list_response(snap, self.config.replicas)
+            if new.version == snap.version:
+                continue
+            snap = self.snapshot(new)
+            resp = list_response(snap, self.config.replicas)
+            if resp != sent:  # another resource's GPU changed: nothing new for this stream
+                sent = resp
+                log.info(
+                    "ListAndWatch: sending %d %s devices (version %d)", len(snap.gpus), self.config.resource_name, snap.version
+                )
+                yield resp
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
-        infos = {i: g.info for g in self.state.snapshot().gpus for i in replica_ids(g.uuid, self.config.replicas)}
+        infos = {i: g.info for g in self.snapshot().gpus for i in replica_ids(g.uuid, self.config.replicas)}
         resp = pb.PreferredAllocationResponse()
         for req in request.container_requests:
             ids = preferred_allocation(
@@ -116,7 +161,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return resp
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
-        snap = self.state.snapshot()
+        snap = self.snapshot()
         resp = pb.AllocateResponse()
         try:
             for req in request.container_requests:
@@ -137,6 +182,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self, request: pb.PreStartContainerRequest, context: Any
     ) -> pb.PreStartContainerResponse:
         log.info("PreStartContainer: devices %s", ",".join(request.devices_ids))
+        if self.pre_start_fault is not None:
+            for uuid in dict.fromkeys(gpu_of(i) for i in request.devices_ids):
+                why = self.pre_start_fault(uuid)
+                if why:
+                    message = f"preparing GPU {uuid} for the container failed: {why}"
+                    log.error("PreStartContainer refused: %s", message)
+                    context.abort(grpc.StatusCode.INTERNAL, message)
         return pb.PreStartContainerResponse()
 
 
@@ -173,6 +225,11 @@ class PluginServer:
     # ---- serving -----------------------------------------------------------------------------
     def serve(self) -> None:
         """(Re)start the gRPC server on our socket and prove it answers."""
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"socket path {self.socket_path} is {len(os.fsencode(self.socket_path))} bytes: a Unix socket path "
+                f"holds at most {MAX_SOCKET_PATH} (a shorter --plugin-dir or --socket-name)"
+            )
         self._stop_server()
         self._server = serve_unix(
             self.socket_path,
@@ -185,7 +242,8 @@ class PluginServer:
     def _prove(self) -> None:
         with grpc.insecure_channel("unix://" + self.socket_path) as channel:
             stub = pb_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
-            stub.GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
+            # 15 s: a loaded host can take seconds to start serving
+            stub.GetDevicePluginOptions(pb.Empty(), timeout=15, wait_for_ready=True)
 
     def _stop_server(self) -> None:
         if self._server is not None:
@@ -260,8 +318,19 @@ class PluginServer:
 
     # ---- kubelet restarts --------------------------------------------------------------------
     def start_watching(self) -> None:
-        watcher = Inotify()
-        watcher.add_watch(self.config.plugin_dir, IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)
+        """Watch the plugin dir (inotify) so a kubelet restart is answered at once. Without a watcher (the
+        host's inotify instances used up: EMFILE) the run loop's once-a-second check still sees it."""
+        try:
+            watcher = Inotify()
+        except OSError as exc:
+            log.warning("cannot watch %s (%s): checking it every second instead", self.config.plugin_dir, exc)
+            return
+        try:
+            watcher.add_watch(self.config.plugin_dir, IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)
+        except OSError as exc:
+            watcher.close()
+            log.warning("cannot watch %s (%s): checking it every second instead", self.config.plugin_dir, exc)
+            return
         own, kubelet = self.config.socket_name, KUBELET_SOCKET
 
         def handle(events: list[InotifyEvent]) -> None:

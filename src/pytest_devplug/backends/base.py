@@ -46,6 +46,7 @@ __all__ = [
     "CheckpointEntry",
     "parse_checkpoint",
     "applied_view",
+    "fill_placeholders",
     "DEFAULT_RESOURCE_NAME",
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
@@ -69,8 +70,21 @@ DEFAULT_GRACE_PERIOD = 300.0
 DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
-#: The placeholders of a plugin's command line (:meth:`PluginSpec.command`), filled in one pass.
-_PLACEHOLDER = re.compile(r"\{(plugin_dir|mock_state|python)\}")
+
+
+def fill_placeholders(
+    argv: Sequence[str], env: Mapping[str, str], values: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """``argv`` and ``env``'s values with each ``{name}`` of ``values`` (and ``{python}``: this interpreter) put in, in
+    one pass: a value is never filled again, other braces stay as written. What :meth:`PluginSpec.command` and
+    ``DriverSpec.command`` share."""
+    values = {"python": sys.executable, **values}
+    pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")\}")
+
+    def fill(text: str) -> str:
+        return pattern.sub(lambda m: values[m.group(1)], text)
+
+    return [fill(a) for a in argv], {k: fill(v) for k, v in env.items()}
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,20 @@ class PluginSpec:
     #: Opt-in checks of one plugin family's conventions the suite runs for this plugin (names in
     #: ``pytest_devplug.plugin.CONVENTIONS``); the kubelet requires none of them.
     conventions: frozenset[str] = frozenset()
+    #: More resources the same plugin process advertises beside ``resource_name`` (each registered on its own,
+    #: e.g. NVIDIA's mixed MIG strategy: ``nvidia.com/gpu`` and ``nvidia.com/mig-1g.5gb``). The single-resource
+    #: checks judge ``resource_name``; the several-resources checks judge them all.
+    extra_resource_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = self.resource_names
+        if len(set(names)) != len(names):
+            raise ValueError(f"PluginSpec: a resource is named twice in {list(names)}")
+
+    @property
+    def resource_names(self) -> tuple[str, ...]:
+        """Every resource the plugin advertises, ``resource_name`` first."""
+        return (self.resource_name, *self.extra_resource_names)
 
     def uses_standard_paths(self) -> bool:
         """Whether the sim runs this plugin at the kubelet's standard paths (see ``standard_paths``)."""
@@ -134,12 +162,7 @@ class PluginSpec:
         """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
         directory, ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter.
         The one place the placeholders are filled."""
-        values = {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or ""), "python": sys.executable}
-
-        def fill(text: str) -> str:
-            return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
-
-        return [fill(a) for a in self.argv], {k: fill(v) for k, v in self.env.items()}
+        return fill_placeholders(self.argv, self.env, {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or "")})
 
 
 @dataclass(frozen=True)
@@ -246,6 +269,17 @@ class Backend(Protocol):
 
     def plugin_log(self, node: str) -> str: ...
 
+    def surge_plugin(self, node: str) -> None:
+        """Start a second instance of the node's plugin beside the running one, with the same spec (a DaemonSet
+        rollout with ``maxSurge``: the new pod starts before the old one stops). Until :meth:`retire_plugin`,
+        the other plugin calls act on the first instance; ``plugin_exit`` also reports the second one's exit.
+        Raises ``UnsupportedOperationError`` where the backend cannot run two instances on one node."""
+
+    def retire_plugin(self, node: str, *, newest: bool = False) -> None:
+        """End a :meth:`surge_plugin` overlap: stop the first instance gracefully (SIGTERM, its pod deleted),
+        so the second one is the node's plugin from now on; ``newest``: stop the second one instead (the
+        rollout is abandoned) and keep the first."""
+
     def plugin_restarts(self, node: str) -> PluginRestarts:
         """How often the kubelet restarted the plugin on ``node`` since the harness started it, and whether it
         crash-loops (for reports and evidence; nothing waits on it). No plugin deployed: ``PluginRestarts()``."""
@@ -291,6 +325,11 @@ class Backend(Protocol):
 
     def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
         """pod-resources v1 ``GetAllocatableResources`` on the node."""
+
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        """pod-resources v1 ``Get`` of one pod on the node; raises ``BackendError`` quoting the kubelet's answer
+        when it does not know the pod (``pod <name> in namespace <ns> not found``), ``UnsupportedOperationError``
+        when its feature gate ``KubeletPodResourcesGet`` is off."""
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:

@@ -9,12 +9,14 @@ so does an operation a backend cannot do (a real kubelet refuses no registration
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import UnsupportedOperationError
 from ..kuberest import KubeRest
+from .base import fill_placeholders
 
 __all__ = [
     "DEFAULT_DRIVER_NAME",
@@ -37,13 +39,13 @@ DIR_PLACEHOLDERS = ("{plugins_registry}", "{plugins_dir}", "{cdi_root}")
 class DriverSpec:
     """How to deploy the DRA driver under test on a node.
 
-    ``argv`` (sim) may hold ``{plugins_registry}`` (the kubelet's ``plugins_registry`` dir), ``{plugins_dir}`` (its
-    ``plugins`` dir), ``{cdi_root}`` (the node's ``/var/run/cdi``), ``{node_name}``, ``{kubeconfig}`` (a kubeconfig
-    with the driver's service-account credentials) and ``{mock_state}``; ``env`` values too. ``driver_name`` is the
-    name the driver registers and publishes its slices under. ``mock``: the driver reads the mock-NVML state.
-    On a real cluster (kind, cluster) the driver is deployed from ``manifest`` (its ServiceAccount, RBAC and
-    DaemonSet; ``None``: the included driver's) with its containers running ``image`` (``None``: the included
-    driver's image, or the manifest's own images); ``env`` is set in its containers.
+    ``argv`` (sim) and ``env`` values may hold the placeholders ``{plugins_registry}``, ``{plugins_dir}``,
+    ``{cdi_root}``, ``{node_name}``, ``{kubeconfig}``, ``{mock_state}`` and ``{python}``, filled by :meth:`command`
+    when the driver is started. ``driver_name`` is the name the driver registers and publishes its slices under.
+    ``mock``: the driver reads the mock-NVML state. On a real cluster (kind, cluster) the driver is deployed from
+    ``manifest`` (its ServiceAccount, RBAC and DaemonSet; ``None``: the included driver's) with its containers
+    running ``image`` (``None``: the included driver's image, or the manifest's own images); ``env`` is set in its
+    containers.
     """
 
     driver_name: str = DEFAULT_DRIVER_NAME
@@ -63,6 +65,25 @@ class DriverSpec:
         if self.standard_paths is not None:
             return self.standard_paths
         return not any(p in a for a in [*self.argv, *self.env.values()] for p in DIR_PLACEHOLDERS)
+
+    def command(
+        self,
+        *,
+        plugins_registry: str | os.PathLike[str],
+        plugins_dir: str | os.PathLike[str],
+        cdi_root: str | os.PathLike[str],
+        node_name: str,
+        kubeconfig: str | os.PathLike[str],
+        mock_state: str | os.PathLike[str] | None,
+    ) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` as the driver is started on a node: ``{plugins_registry}`` and ``{plugins_dir}`` are
+        the node's kubelet ``plugins_registry`` and ``plugins`` dirs, ``{cdi_root}`` its ``/var/run/cdi``,
+        ``{node_name}`` its name, ``{kubeconfig}`` a kubeconfig with the driver's service-account credentials,
+        ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter. The one place
+        the placeholders are filled."""
+        values = {"plugins_registry": plugins_registry, "plugins_dir": plugins_dir, "cdi_root": cdi_root,
+                  "node_name": node_name, "kubeconfig": kubeconfig, "mock_state": mock_state or ""}  # fmt: skip
+        return fill_placeholders(self.argv, self.env, {k: os.fspath(v) for k, v in values.items()})
 
 
 @dataclass(frozen=True)

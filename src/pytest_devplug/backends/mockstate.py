@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = [
     "MIG_PROFILES", "initial_state", "gpu_uuid", "mig_uuid", "check_mig_profiles", "with_xid", "with_lost",
-    "with_fail_allocate", "with_gpu_added", "with_gpu_removed",
+    "with_fail_allocate", "with_fail_pre_start", "with_gpu_added", "with_gpu_removed",
 ]  # fmt: skip
 
 State = dict[str, Any]
@@ -103,6 +103,14 @@ def with_lost(state: State, uuid: str, lost: bool) -> State:
 def with_fail_allocate(state: State, uuid: str, fail: bool) -> State:
     new = copy.deepcopy(state)
     _find(new, uuid)["fail_allocate"] = bool(fail)
+    return new
+
+
+def with_fail_pre_start(state: State, uuid: str, fail: bool) -> State:
+    """``fail_pre_start``: the included plugin's PreStartContainer fails for requests with that GPU (read by the
+    plugin only, like ``fail_allocate``; absent means false)."""
+    new = copy.deepcopy(state)
+    _find(new, uuid)["fail_pre_start"] = bool(fail)
     return new
 
 

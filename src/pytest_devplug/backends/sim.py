@@ -73,6 +73,10 @@ class _Deployed:
     def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
         self.proc: PluginDaemon | None = None
+        #: The second instance while a rolling update overlaps (``surge_plugin``), else ``None``.
+        self.surge: PluginDaemon | None = None
+        self.binds: list[tuple[Path, str]] = []
+        self.instances = 1
 
 
 class SimBackend:
@@ -219,10 +223,10 @@ class SimBackend:
             env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
+        dep.binds = self._node_files(node, spec)
         dep.proc = n.start_plugin(
-            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(),
-            extra_binds=self._node_files(node, spec),
-        )  # fmt: skip
+            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(), extra_binds=dep.binds
+        )
 
     def _node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
@@ -264,6 +268,8 @@ class SimBackend:
         dep = self._plugins.pop(node, None)
         if dep is None or dep.proc is None:
             return
+        if dep.surge is not None:
+            dep.surge.stop(timeout=5.0)  # held down too, running or not
         running = dep.proc.running
         dep.proc.stop(timeout=5.0)  # also when it is not running: the kubelet must not start it again
         if running:
@@ -305,6 +311,32 @@ class SimBackend:
             return
         proc.start()  # appends to the same log file: plugin_log has every run once
 
+    def surge_plugin(self, node: str) -> None:
+        """A second process of the plugin on the node, started as the first was (same argv, env, mock state and
+        mount namespace): a DaemonSet's new pod beside the old one, which the kubelet keeps running as it keeps
+        the first (an exit of its own is restarted with the crash back-off)."""
+        self._proc(node)
+        dep = self._dep(node)
+        if dep.surge is not None:
+            raise BackendError(f"a second instance of the plugin already runs on {node} (retire_plugin first)")
+        dep.instances += 1
+        dep.surge = self._node(node).start_plugin(
+            dep.argv, name=f"{dep.name}-{dep.instances}", env=dep.env or None,
+            standard_paths=dep.spec.uses_standard_paths(), extra_binds=dep.binds,
+        )  # fmt: skip
+
+    def retire_plugin(self, node: str, *, newest: bool = False) -> None:
+        """SIGTERM to the first instance (or the second, ``newest``), held down as a deleted pod is, without
+        waiting for the kubelet to see a resource go: in a rolling update it must not."""
+        first = self._proc(node)
+        dep = self._dep(node)
+        if dep.surge is None:
+            raise BackendError(f"no second instance of the plugin runs on {node} (surge_plugin first)")
+        (dep.surge if newest else first).stop(timeout=5.0)  # also when it is not running: never restarted
+        if not newest:
+            dep.proc = dep.surge
+        dep.surge = None
+
     def plugin_running(self, node: str) -> bool:
         dep = self._plugins.get(node)
         return bool(dep is not None and dep.proc is not None and dep.proc.running)
@@ -313,17 +345,31 @@ class SimBackend:
         """How the plugin ended when it was stopped or killed, or that it crash-loops (the kubelet holds its
         restart back); ``None`` while it runs or the kubelet is about to restart it (``sim/daemon.py``)."""
         dep = self._plugins.get(node)
-        return None if dep is None or dep.proc is None else dep.proc.exit_reason()
+        if dep is None or dep.proc is None:
+            return None
+        if (how := dep.proc.exit_reason()) is not None or dep.surge is None:
+            return how
+        how = dep.surge.exit_reason()
+        return None if how is None else "the second instance " + how
 
     def plugin_log(self, node: str) -> str:
+        """The plugin's log; while a second instance runs, its log follows under a ``---`` header line."""
         dep = self._dep(node)
-        return str(dep.proc.log()) if dep.proc is not None else ""
+        log = str(dep.proc.log()) if dep.proc is not None else ""
+        if dep.surge is not None:
+            log += f"--- second instance ({dep.name}-{dep.instances}) ---\n" + str(dep.surge.log())
+        return log
 
     def plugin_restarts(self, node: str) -> PluginRestarts:
         dep = self._plugins.get(node)
         if dep is None or dep.proc is None:
             return PluginRestarts()
-        return PluginRestarts(dep.proc.restarts, dep.proc.crash_loop())
+        loop, count = dep.proc.crash_loop(), dep.proc.restarts
+        if dep.surge is not None:  # a rolling update's second pod: its restarts count, as the pods' restartCounts do on kind
+            count += dep.surge.restarts
+            if loop is None and (surged := dep.surge.crash_loop()) is not None:
+                loop = "the second instance " + surged
+        return PluginRestarts(count, loop)
 
     # -- nodes -------------------------------------------------------------------------------------
     def list_nodes(self) -> list[JSONDict]:
@@ -379,6 +425,16 @@ class SimBackend:
         with channel:
             resp = stub.GetAllocatableResources(v1_pb2.AllocatableResourcesRequest(), timeout=self.options.timeout)
         return [PodResourcesDevices.from_proto(d) for d in resp.devices]
+
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        channel, stub = self._pod_resources_stub(node)
+        request = v1_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
+        try:
+            with channel:
+                resp = stub.Get(request, timeout=self.options.timeout)
+        except grpc.RpcError as exc:
+            raise BackendError(f"pod-resources Get({namespace}/{name}) on {node}: {exc.code().name}: {exc.details()}") from None
+        return PodResourcesPod.from_proto(resp.pod_resources)
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:

@@ -106,18 +106,11 @@ class SimDRA:
             mock_path = node_dir / "mock-dra" / "mock-state.json"
             mock_path.parent.mkdir(exist_ok=True)
             self.write_mock(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes))
-        fills = {
-            "{plugins_registry}": str(n.dra.registry_dir), "{plugins_dir}": str(n.dra.plugins_dir),
-            "{cdi_root}": str(node_dir / "cdi"), "{node_name}": node, "{kubeconfig}": str(creds.kubeconfig),
-            "{mock_state}": str(mock_path or ""),
-        }  # fmt: skip
-
-        def fill(text: str) -> str:
-            for key, value in fills.items():
-                text = text.replace(key, value)
-            return text
-
-        env = {"NODE_NAME": node, **creds.env, **{k: fill(v) for k, v in spec.env.items()}}
+        argv, own_env = spec.command(
+            plugins_registry=n.dra.registry_dir, plugins_dir=n.dra.plugins_dir, cdi_root=node_dir / "cdi",
+            node_name=node, kubeconfig=creds.kubeconfig, mock_state=mock_path,
+        )  # fmt: skip
+        env = {"NODE_NAME": node, **creds.env, **own_env}
         if mock_path is not None:
             env = {**_mock_nvml_env(mock_path), **env}
         standard = spec.uses_standard_paths()
@@ -125,7 +118,7 @@ class SimDRA:
         # the mock GPU node's files, as for a device plugin on the mock NVML
         binds += self._backend._node_files(node, PluginSpec(mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes))
         self._serial += 1
-        proc = n.start_plugin([fill(a) for a in spec.argv], name=f"dra-driver-{self._serial}", env=env,
+        proc = n.start_plugin(argv, name=f"dra-driver-{self._serial}", env=env,
                               standard_paths=standard, extra_binds=binds)  # fmt: skip
         self._drivers[node] = _Driver(spec, proc, mock_path)
 

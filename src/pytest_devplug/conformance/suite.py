@@ -11,7 +11,9 @@ from .test_nvml import *  # noqa: F403
 from .test_podresources import *  # noqa: F403
 from .test_prestart import *  # noqa: F403
 from .test_registration import *  # noqa: F403
+from .test_resources import *  # noqa: F403
 from .test_restarts import *  # noqa: F403
+from .test_rolling_update import *  # noqa: F403
 from .test_sharing import *  # noqa: F403
 from .test_soak import *  # noqa: F403
 from .test_topology import *  # noqa: F403

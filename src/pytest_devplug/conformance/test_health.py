@@ -7,9 +7,11 @@ backed by the same hardware (``fault_domain``: the replicas of one GPU), and the
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from pytest_devplug import FaultInjector, PluginHandle, PodFactory, assert_allocatable, assert_devices_unhealthy
+from pytest_devplug import FaultInjector, PluginHandle, PodFactory, PodHandle, assert_allocatable, assert_devices_unhealthy
 from pytest_devplug.faults import fault_domain
 from pytest_devplug.waiting import wait_for
 
@@ -65,6 +67,54 @@ def test_device_turning_unhealthy_under_running_pod(
     want = {dev: "Unhealthy"}
     wait_for(lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}")
     assert pod.allocated_devices == [dev]
+
+
+#: An image no node can pull: its registry is under the DNS top-level domain reserved never to resolve (RFC 2606).
+UNPULLABLE_IMAGE = "devplug.invalid/no-such-image:1"
+#: The kubelet's waiting reasons while it cannot pull a container's image.
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff")
+
+
+def _waiting(pod: PodHandle) -> dict[str, Any]:
+    try:
+        state = pod.container_status().get("state") or {}
+    except KeyError:  # no status for the container yet
+        return {}
+    return dict(state.get("waiting") or {}) if "running" not in state else {"running": True}
+
+
+def test_device_health_reported_for_a_pod_that_never_started(
+    devplug_plugin: PluginHandle, devplug_pod: PodFactory, devplug_faults: FaultInjector
+) -> None:
+    """Upstream's failed pod: a container whose image cannot be pulled never starts (nor is PreStartContainer called
+    for it), yet it holds its device from admission on; the device's health reaches its allocatedResourcesStatus,
+    Healthy and then Unhealthy. A plugin that watches the health of free devices and of devices in use, but not
+    of a device allocated to a container that has not started, leaves it Healthy here."""
+    n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
+    pod = devplug_pod(manifest=devplug_pod.manifest(count=1, image=UNPULLABLE_IMAGE))
+    waiting = wait_for(
+        lambda: _waiting(pod), lambda w: w.get("reason") in PULL_FAILURES or "running" in w, timeout=pod.timeout,
+        what=f"container waiting with {' or '.join(PULL_FAILURES)} (image {UNPULLABLE_IMAGE})",
+    )  # fmt: skip
+    assert "running" not in waiting, f"a container of image {UNPULLABLE_IMAGE} is running"
+    (dev,) = wait_for(lambda: pod.allocated_devices, lambda ids: len(ids) == 1, timeout=pod.timeout, what="the pod's device")
+    wait_for(lambda: pod.device_health, lambda h: h == {dev: "Healthy"}, timeout=pod.timeout, what=f"allocatedResourcesStatus {dev} Healthy")
+    with fault("tell which devices a fault reaches"):
+        domain = fault_domain(devplug_faults, dev)
+    with fault("mark a device unhealthy"):
+        devplug_faults.set_unhealthy(dev)
+    try:
+        marked = wait_marked_unhealthy(devplug_plugin, domain, capacity=n)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{dev}, allocated to {pod.name} whose container never started ({waiting.get('reason')}), was made Unhealthy "
+            f"and the plugin did not report it: {exc}"
+        ) from None
+    if dev not in marked:
+        pytest.skip(f"the fault of {dev}'s hardware left {dev} Healthy (the plugin marked {marked}): the nvml-xid checks judge a fault's reach")
+    want = {dev: "Unhealthy"}
+    wait_for(lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}")
+    assert pod.phase == "Pending", f"the pod's container never started, yet its phase is {pod.phase}"
 
 
 def test_removed_and_added_devices_change_capacity(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:

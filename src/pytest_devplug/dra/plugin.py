@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +32,19 @@ from ..backends.base import NodeSpec, UnsupportedOperationError
 from ..backends.dra import DEFAULT_DRIVER_NAME, DriverSpec, dra_of
 from ..evidence import DevplugAssertionError
 from ..handles import ClusterHandle, PluginChanges
-from ..plugin import NODE_NAME, DevplugSettings, _opt, _say, add_options, get_settings, included_plugin_installed
+from ..plugin import (
+    NODE_NAME,
+    DevplugSettings,
+    _fixture_overrides,
+    _kubernetes_version,
+    _opt,
+    _say,
+    _subject_header,
+    add_options,
+    get_settings,
+    included_plugin_installed,
+)
+from ..report import is_dra_run, mark_dra_run, note_driver
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults, DRANvmlXidFaults
 from .handles import ClaimFactory, DRANodeHandle, DriverHandle
@@ -42,6 +54,11 @@ __all__ = ["DRASettings", "default_driver_argv", "get_dra_settings"]
 
 _SETTINGS_KEY = pytest.StashKey["DRASettings"]()
 _DRIVER_KEY = pytest.StashKey["tuple[DriverHandle, ClaimFactory | None]"]()
+#: The driver the report header showed (None: it said a conftest overrides devplug_driver_spec).
+_HEADER_DRIVER_KEY = pytest.StashKey["DriverSpec | None"]()
+#: The DRA suite, as ``devplug conformance --dra`` (its directory) or ``pytest --pyargs`` (its module) names it.
+_SUITE_DIR = Path(__file__).parent / "conformance"
+_SUITE_MODULE = f"{__package__}.conformance"
 
 
 @dataclass(frozen=True)
@@ -99,7 +116,7 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
             raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: {exc}") from None
         if not words:
             raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: empty command line")
-        argv = [w.replace("{python}", sys.executable) for w in words]
+        argv = words  # placeholders stay: DriverSpec.command fills them on the driver's node
     elif included:
         argv = default_driver_argv(name)
     explicit_mock = _opt(config, "devplug_mock")
@@ -116,16 +133,57 @@ def get_dra_settings(config: pytest.Config) -> DRASettings:
     return settings
 
 
+def _runs_the_suite(config: pytest.Config) -> bool:
+    """Whether the run's arguments name the DRA suite (or a part of it)."""
+    for arg in config.args:
+        target = arg.split("::", 1)[0]
+        if config.option.pyargs and (target == _SUITE_MODULE or target.startswith(f"{_SUITE_MODULE}.")):
+            return True
+        path = (config.invocation_params.dir / target).resolve()
+        if path == _SUITE_DIR or _SUITE_DIR in path.parents:
+            return True
+    return False
+
+
+def _is_a_dra_run(config: pytest.Config) -> bool:
+    """A run that judges a DRA driver: its arguments name the DRA suite (``devplug conformance --dra``), a driver
+    command is given (``--devplug-driver-cmd`` / ini), or a conftest overrides ``devplug_driver_spec``."""
+    if not get_dra_settings(config).included or _runs_the_suite(config):
+        return True
+    return bool(_fixture_overrides(config, "devplug_driver_spec", devplug_driver_spec))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Parse the DRA options once, after the device-plugin ones they build on: a bad value stops the run here."""
-    if not config.getoption("help", default=False):
-        get_dra_settings(config)
+    """Parse the DRA options once, after the device-plugin ones they build on: a bad value stops the run here; say
+    whether the run judges a DRA driver (the header and ``--devplug-report`` then describe it)."""
+    if not config.getoption("help", default=False) and _is_a_dra_run(config):
+        mark_dra_run(config)
     config.addinivalue_line(
         "markers",
         f"{RESYNC_MARKER}: the verdict on a driver's slices after a kubelet start; runs last, its node's kubelet restarts "
         "when the first DRA check begins (overlapped with the suite)",
     )
+
+
+def _describe_driver(spec: DriverSpec, backend: str) -> str:
+    """The embedded kubelet runs the driver's command; kind and a cluster run its DaemonSet."""
+    if backend == "sim":
+        how = "at the kubelet's standard paths" if spec.uses_standard_paths() else "with the node's paths as flags"
+        what = f"{shlex.join(spec.argv)} ({how})"
+    else:
+        image = spec.image or ("built here" if spec.manifest is None else "as in the manifest")
+        what = f"a DaemonSet from {spec.manifest or 'the included manifest'}, image {image}"
+    return f"driver={spec.driver_name} mock={spec.mock} DRA driver: {what}"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """In a DRA run, the driver under test, as the device plugin's header line says the plugin."""
+    if not is_dra_run(config):
+        return None
+    spec = get_dra_settings(config).driver
+    return _subject_header(config, spec, _describe_driver(spec, get_settings(config).backend), what="the DRA driver", fixture="devplug_driver_spec",
+                           ours=devplug_driver_spec, key=_HEADER_DRIVER_KEY)  # fmt: skip
 
 
 @pytest.hookimpl(trylast=True)
@@ -229,15 +287,14 @@ class _DriverDeployment:
 
 
 @pytest.fixture(scope="session")
-def _devplug_driver_deployment(pytestconfig: pytest.Config, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> _DriverDeployment:
-    spec = devplug_driver_spec
-    if devplug_dra_node.backend.name == "sim":
-        how = "at the kubelet's standard paths" if spec.uses_standard_paths() else "with the node's paths as flags"
-        what = f"{shlex.join(spec.argv)} ({how})"
-    else:
-        what = f"a DaemonSet from {spec.manifest or 'the included manifest'}, image {spec.image or ('built here' if spec.manifest is None else 'as in the manifest')}"
-    _say(pytestconfig, f"devplug: DRA driver under test: {spec.driver_name}: {what}")
-    return _DriverDeployment(devplug_dra_node, spec)
+def _devplug_driver_deployment(
+    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec
+) -> _DriverDeployment:
+    if pytestconfig.stash.get(_HEADER_DRIVER_KEY, None) != devplug_driver_spec:  # unless the header showed exactly it
+        _say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}")
+    kubernetes = _kubernetes_version(devplug_cluster, devplug_dra_node.name)
+    note_driver(pytestconfig, get_settings(pytestconfig).backend, devplug_driver_spec, kubernetes)
+    return _DriverDeployment(devplug_dra_node, devplug_driver_spec)
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -935,7 +936,7 @@ static const char *state_path(void) {
 }
 
 /* Read, parse and adopt the state file; problems are reported once and leave the state as it was. */
-static int load(int at_init) {
+static int load_locked(int at_init) {
     const char *path = state_path();
     int first = at_init; /* for report(): whether nvmlInit fails on this problem */
     char err[ERR_LEN];
@@ -978,32 +979,63 @@ static int load(int at_init) {
     return rc;
 }
 
-/* The watcher: sleeps in poll() until the state file's directory changes or shutdown wakes it. */
+/* One load at a time: the watcher's read of a newer file must not be adopted before nvmlInit's older one. */
+static int load(int at_init) {
+    static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&load_mu);
+    int rc = load_locked(at_init);
+    pthread_mutex_unlock(&load_mu);
+    return rc;
+}
+
+/* The state file's identity and last change, for the watcher without inotify. */
+static void file_stamp(const char *path, struct stat *st) {
+    if (stat(path, st)) memset(st, 0, sizeof *st);
+}
+
+static int same_stamp(const struct stat *a, const struct stat *b) {
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* The watcher: sleeps in poll() until the state file's directory changes or shutdown wakes it. Without
+ * inotify (the user's inotify instances used up) it looks at the file's stat every 100 ms instead. */
 static void *watch_loop(void *arg) {
-    const char *name = arg;
+    const char *path = state_path(), *name = arg;
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    struct stat seen, now;
+    file_stamp(path, &seen);
     for (;;) {
-        struct pollfd fds[2] = {{watch_fd, POLLIN, 0}, {wake_pipe[0], POLLIN, 0}};
-        if (poll(fds, 2, -1) < 0) {
+        struct pollfd fds[2] = {{wake_pipe[0], POLLIN, 0}, {watch_fd, POLLIN, 0}};
+        int ready = poll(fds, watch_fd >= 0 ? 2 : 1, watch_fd >= 0 ? -1 : 100);
+        if (ready < 0) {
             if (errno == EINTR) continue;
             break;
         }
-        if (fds[1].revents) break;
-        ssize_t n = read(watch_fd, buf, sizeof buf);
+        if (fds[0].revents) break;
         int ours = 0;
-        for (char *p = buf; n > 0 && p < buf + n;) {
-            struct inotify_event *ev = (struct inotify_event *)p;
-            if (ev->len && !strcmp(ev->name, name)) ours = 1;
-            p += sizeof *ev + ev->len;
+        if (watch_fd < 0) {
+            file_stamp(path, &now);
+            ours = !same_stamp(&seen, &now), seen = now;
+        } else {
+            ssize_t n = read(watch_fd, buf, sizeof buf);
+            for (char *p = buf; n > 0 && p < buf + n;) {
+                struct inotify_event *ev = (struct inotify_event *)p;
+                if (ev->len && !strcmp(ev->name, name)) ours = 1;
+                p += sizeof *ev + ev->len;
+            }
         }
         if (ours) load(0);
     }
     return NULL;
 }
 
+/* Armed before nvmlInit reads the file, so a change written between that read and the watch is not missed
+ * (a re-read of the same state is harmless). */
 static void start_watching(void) {
     const char *path = state_path();
     static char dir[4096], name[256];
+    if (!path) return;
     const char *slash = strrchr(path, '/');
     if (slash) {
         snprintf(dir, sizeof dir, "%.*s", (int)(slash - path) ? (int)(slash - path) : 1, path);
@@ -1012,21 +1044,31 @@ static void start_watching(void) {
         snprintf(dir, sizeof dir, ".");
         snprintf(name, sizeof name, "%s", path);
     }
-    watch_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    if (watch_fd < 0 || inotify_add_watch(watch_fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO) < 0 ||
-        pipe2(wake_pipe, O_CLOEXEC) < 0 || pthread_create(&watcher, NULL, watch_loop, name)) {
-        fprintf(stderr, "mock libnvidia-ml: cannot watch %s (%s); later changes of the state are not seen\n", dir,
+    if (pipe2(wake_pipe, O_CLOEXEC) < 0) {
+        fprintf(stderr, "mock libnvidia-ml: cannot watch %s (%s); later changes of the state are not seen\n", path,
                 strerror(errno));
+        wake_pipe[0] = wake_pipe[1] = -1;
+        return;
+    }
+    watch_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (watch_fd >= 0 && inotify_add_watch(watch_fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+        close(watch_fd);
+        watch_fd = -1;
+    }
+    if (pthread_create(&watcher, NULL, watch_loop, name)) {
+        fprintf(stderr, "mock libnvidia-ml: cannot start a thread watching %s; later changes of the state are not seen\n",
+                path);
         if (watch_fd >= 0) close(watch_fd);
-        if (wake_pipe[0] >= 0) close(wake_pipe[0]), close(wake_pipe[1]);
+        close(wake_pipe[0]), close(wake_pipe[1]);
         watch_fd = wake_pipe[0] = wake_pipe[1] = -1;
     }
 }
 
 static void stop_watching(void) {
-    if (watch_fd < 0) return;
+    if (wake_pipe[1] < 0) return;
     if (write(wake_pipe[1], "x", 1) == 1) pthread_join(watcher, NULL);
-    close(watch_fd), close(wake_pipe[0]), close(wake_pipe[1]);
+    if (watch_fd >= 0) close(watch_fd);
+    close(wake_pipe[0]), close(wake_pipe[1]);
     watch_fd = wake_pipe[0] = wake_pipe[1] = -1;
 }
 
@@ -1047,11 +1089,12 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         pthread_mutex_lock(&mu);
         init_log_start = nlog;
         pthread_mutex_unlock(&mu);
+        start_watching();
         if (load(1)) {
+            stop_watching();
             pthread_mutex_unlock(&init_mu);
             return NVML_ERROR_DRIVER_NOT_LOADED;
         }
-        start_watching();
         pthread_mutex_lock(&mu);
         initialized = 1;
         pthread_mutex_unlock(&mu);

@@ -13,6 +13,9 @@ not-ready taint (kube-controller-manager). Each ``SimNode`` acts as its node's k
   ``PodScheduled`` condition stays), re-synced on every read as the kubelet's status manager would;
 - the events a kubelet emits are core/v1 Events with ``source.component: kubelet``.
 
+Requests go by path through :class:`~pytest_devplug.kuberest.KubeRest` (JSON as it is, the patch type chosen
+here, any release of the ``kubernetes`` client); only the pod watch uses the client's typed ``Watch``.
+
 A stopped kubelet posts nothing (as a real one): the Node keeps its last status until the node
 lifecycle controller's grace period (50 s in 1.34) runs out.
 """
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
 import logging
 import threading
 import time
@@ -36,7 +38,7 @@ import kubernetes
 import urllib3
 from kubernetes.client import ApiException
 
-from ..kuberest import KubeRest
+from ..kuberest import STRATEGIC_PATCH, KubeRest, RestError
 from ..waiting import WaitTimeout, wait_for
 from . import errors
 from .apiserver import now_rfc3339
@@ -58,32 +60,20 @@ LEASE_SECONDS = 40
 RENEW_SECONDS = 10.0
 #: The taint a new Node gets from the API server (TaintNodesByCondition) until its kubelet reports Ready.
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-_STRATEGIC = "application/strategic-merge-patch+json"
-_MERGE = "application/merge-patch+json"
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 #: Seconds an idle watch waits for data before it is re-opened (bounds how long ``close`` waits for it).
 _WATCH_IDLE_SECONDS = 1.0
 
 
-def _api_error(exc: ApiException) -> errors.ApiError:
+def _api_error(exc: RestError) -> errors.ApiError:
     """The API server's own status (reason, message) as the sim's error, so callers map one type."""
-    try:
-        body = json.loads(exc.body or "{}")
-    except ValueError:
-        body = {}
-    status = int(exc.status or 0)
-    message = str(body.get("message") or exc.body or exc.reason)
-    details = body.get("details") or {}
-    if status == 404 and details.get("kind") and details.get("name"):
-        return errors.NotFoundError(str(details["kind"]), str(details["name"]))  # the same text: `pods "x" not found`
-    return errors.ApiError(status, str(body.get("reason") or exc.reason), message)
+    if exc.status == 404 and exc.details.get("kind") and exc.details.get("name"):
+        return errors.NotFoundError(str(exc.details["kind"]), str(exc.details["name"]))  # the same text: `pods "x" not found`
+    return errors.ApiError(exc.status, exc.reason, exc.message)
 
 
 def _micro_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _json(resp: Any) -> Any:
-    return json.loads(resp.data)
 
 
 class _NodeAgent:
@@ -100,7 +90,11 @@ class _NodeAgent:
         self.post_lock = threading.Lock()
         #: (pod uid, type, reason, message) -> [event name, count]: repeated events are counted, as the recorder does.
         self.events: dict[tuple[str, str, str, str], list[Any]] = {}
+        #: The node status last posted; ``status_lock`` is held from reading the device manager to the PATCH, so a
+        #: reader's post (``get_node``) and the status thread's never land out of order: a stale status landing last
+        #: would stay, since an unchanged status is not posted again.
         self.node_status: dict[str, Any] | None = None
+        self.status_lock = threading.Lock()
         self.ready_since = now_rfc3339()
 
 
@@ -124,9 +118,8 @@ class ApiCluster:
         self.timeout = timeout
         #: The DRA periods every kubelet starts with (``set_dra_timings`` changes them for all).
         self.dra_timings = DRATimings()
-        self._client = client
-        self._core: Any = kubernetes.client.CoreV1Api(client)
-        self._coord: Any = kubernetes.client.CoordinationV1Api(client)
+        self._rest = KubeRest(client, timeout)
+        self._core: Any = kubernetes.client.CoreV1Api(client)  # the pod watch's list call
         self._lock = threading.RLock()
         self._agents: dict[str, _NodeAgent] = {}
         #: pod UID -> (namespace, name) of every pod seen (watch or create), for the kubelet's by-UID questions.
@@ -183,8 +176,8 @@ class ApiCluster:
         if taints:
             body["spec"]["taints"] = [dict(t) for t in taints]
         try:
-            self._core.create_node(body, _request_timeout=self.timeout)
-        except ApiException as exc:
+            self._rest.create("/api/v1/nodes", body)
+        except RestError as exc:
             raise _api_error(exc) from None
         node = SimNode(
             name,
@@ -197,7 +190,7 @@ class ApiCluster:
             control_plane=self,
         )
         node.dra = NodeDRA(
-            name, node.node_dir, KubeletDRAApi(KubeRest(self._client, self.timeout)),
+            name, node.node_dir, KubeletDRAApi(self._rest),
             endpoint_paths={KUBELET_PATHS[d]: node.node_dir / d for d in ("plugins_registry", "plugins")},
             event_sink=lambda pod, type_, reason, message: self.record_event(name, pod, type_, reason, message),
             on_change=self._kick.set, timings=DRATimings(**vars(self.dra_timings)), logger=node.logger,
@@ -228,7 +221,7 @@ class ApiCluster:
         """Return once the node lifecycle controller lifted the ``not-ready`` taint the API server put on the new
         Node (the embedded control plane's nodes are schedulable at once; so are these when this returns)."""
         def taints() -> list[str]:
-            node = _json(self._core.read_node(name, _preload_content=False, _request_timeout=self.timeout))
+            node = self._rest.get(f"/api/v1/nodes/{name}")
             return [str(t.get("key")) for t in (node.get("spec") or {}).get("taints") or []]
 
         wait_for(
@@ -237,12 +230,11 @@ class ApiCluster:
         )  # fmt: skip
 
     def _deregister(self, name: str) -> None:
-        calls: list[tuple[Any, tuple[str, ...]]] = [(self._core.delete_node, (name,)), (self._coord.delete_namespaced_lease, (name, "kube-node-lease"))]
-        for call, args in calls:
+        for path in (f"/api/v1/nodes/{name}", f"{_LEASES}/{name}"):
             try:
-                call(*args, _request_timeout=self.timeout)
-            except ApiException as exc:
-                if exc.status != 404:
+                self._rest.delete(path)
+            except RestError as exc:
+                if not exc.not_found:
                     _log.warning("removing node %s from the API failed: %s", name, _api_error(exc))
 
     def _agent(self, name: str) -> _NodeAgent:
@@ -264,8 +256,8 @@ class ApiCluster:
         agent = self._agent(name)
         self._post_node_status(agent)
         try:
-            return dict(_json(self._core.read_node(name, _preload_content=False, _request_timeout=self.timeout)))
-        except ApiException as exc:
+            return self._rest.get(f"/api/v1/nodes/{name}")
+        except RestError as exc:
             raise _api_error(exc) from None
 
     def list_nodes(self) -> list[dict[str, Any]]:
@@ -273,7 +265,7 @@ class ApiCluster:
             agents = list(self._agents.values())
         for agent in agents:
             self._post_node_status(agent)
-        return list(_json(self._core.list_node(_preload_content=False, _request_timeout=self.timeout))["items"])
+        return self._rest.items("/api/v1/nodes")
 
     def update_node(
         self,
@@ -297,8 +289,8 @@ class ApiCluster:
         if spec:
             patch["spec"] = spec
         try:
-            resp = self._core.patch_node(name, patch, _content_type=_MERGE, _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as exc:
+            updated = self._rest.patch(f"/api/v1/nodes/{name}", patch)
+        except RestError as exc:
             raise _api_error(exc) from None
         if labels is not None:
             node.labels = dict(labels)
@@ -306,7 +298,7 @@ class ApiCluster:
             node.taints = [dict(t) for t in taints]
         if unschedulable is not None:
             node.unschedulable = unschedulable
-        return dict(_json(resp))
+        return updated
 
     def _node_status(self, agent: _NodeAgent) -> dict[str, Any]:
         node = agent.node
@@ -330,19 +322,19 @@ class ApiCluster:
         """Post the node's status when it changed (or as a heartbeat); a stopped kubelet posts nothing."""
         if not agent.node.running:
             return
-        status = self._node_status(agent)
-        with self._lock:
+        with agent.status_lock:
+            status = self._node_status(agent)
             if status == agent.node_status and not heartbeat:
                 return
-            agent.node_status = status
-        body = copy.deepcopy(status)
-        body["conditions"][0]["lastHeartbeatTime"] = now_rfc3339()
-        try:
-            self._core.patch_node_status(agent.node.name, {"status": body}, _content_type=_STRATEGIC, _request_timeout=self.timeout)
-        except ApiException as exc:
-            with self._lock:
+            body = copy.deepcopy(status)
+            body["conditions"][0]["lastHeartbeatTime"] = now_rfc3339()
+            try:
+                self._rest.patch(f"/api/v1/nodes/{agent.node.name}/status", {"status": body}, content_type=STRATEGIC_PATCH)
+            except RestError as exc:
                 agent.node_status = None  # post again next time
-            _log.warning("posting node status of %s failed: %s", agent.node.name, _api_error(exc))
+                _log.warning("posting node status of %s failed: %s", agent.node.name, _api_error(exc))
+            else:
+                agent.node_status = status
 
     def _renew_lease(self, agent: _NodeAgent) -> None:
         name = agent.node.name
@@ -350,12 +342,12 @@ class ApiCluster:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": "kube-node-lease"}, "spec": spec}
         try:
             try:
-                self._coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": spec}, _content_type=_MERGE, _request_timeout=self.timeout)
-            except ApiException as exc:
-                if exc.status != 404:
+                self._rest.patch(f"{_LEASES}/{name}", {"spec": spec})
+            except RestError as exc:
+                if not exc.not_found:
                     raise
-                self._coord.create_namespaced_lease("kube-node-lease", body, _request_timeout=self.timeout)
-        except ApiException as exc:
+                self._rest.create(_LEASES, body)
+        except RestError as exc:
             _log.warning("renewing the node lease of %s failed: %s", name, _api_error(exc))
 
     def _status_loop(self) -> None:
@@ -391,25 +383,13 @@ class ApiCluster:
             raise errors.ApiError(400, "BadRequest", f"the pod manifest must be a JSON object, not {type(manifest).__name__}")
         ns = str((manifest.get("metadata") or {}).get("namespace") or "default")
         try:
-            pod = self._post_raw(f"/api/v1/namespaces/{ns}/pods", dict(manifest))
-        except ApiException as exc:
+            pod = self._rest.create(f"/api/v1/namespaces/{ns}/pods", manifest)  # as it is: the API server judges it
+        except RestError as exc:
             raise _api_error(exc) from None
         meta = pod["metadata"]
         with self._lock:
             self._uids[meta["uid"]] = (ns, meta["name"])
         return self._settled(meta["name"], ns, meta["uid"])
-
-    def _post_raw(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` as it is: the client's typed methods refuse what the API server itself would judge
-        (an integer quantity, say), and the point is to see the API server's answer."""
-        method, url, headers, data, _ = self._client.param_serialize(
-            "POST", path, header_params={"Content-Type": "application/json", "Accept": "application/json"}, body=body
-        )
-        resp = self._client.call_api(method, url, header_params=headers, body=data, _request_timeout=self.timeout)
-        resp.read()
-        if not 200 <= int(resp.status) < 300:
-            raise ApiException(http_resp=resp)
-        return dict(json.loads(resp.data))
 
     def _settled(self, name: str, namespace: str, uid: str) -> dict[str, Any]:
         """Poll (bounded by ``timeout``) until the pod's fate is decided, as ``SimCluster.create_pod`` returns it."""
@@ -453,8 +433,8 @@ class ApiCluster:
 
     def _read_pod(self, name: str, namespace: str) -> dict[str, Any]:
         try:
-            return dict(_json(self._core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)))
-        except ApiException as exc:
+            return self._rest.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except RestError as exc:
             raise _api_error(exc) from None
 
     def set_pod_status(self, node_name: str, uid: str, status: dict[str, Any]) -> None:
@@ -477,32 +457,28 @@ class ApiCluster:
                 if status is None or key is None or agent.posted.get(uid) == status:
                     return None
             try:
-                resp = self._core.patch_namespaced_pod_status(
-                    key[1], key[0], {"metadata": {"uid": uid}, "status": status}, _content_type=_STRATEGIC,
-                    _preload_content=False, _request_timeout=self.timeout,
+                patched = self._rest.patch(
+                    f"/api/v1/namespaces/{key[0]}/pods/{key[1]}/status", {"metadata": {"uid": uid}, "status": status},
+                    content_type=STRATEGIC_PATCH,
                 )  # fmt: skip
-            except ApiException as exc:
+            except RestError as exc:
                 if exc.status not in (404, 409):  # deleted (or replaced by a pod of the same name) meanwhile
                     _log.warning("posting status of pod %s/%s failed: %s", key[0], key[1], _api_error(exc))
                 return None
             with self._lock:
                 agent.posted[uid] = status
-            return dict(_json(resp))
+            return patched
 
     def list_pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        if namespace is None:
-            resp = self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self.timeout)
-        else:
-            resp = self._core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=self.timeout)
-        items = sorted(_json(resp)["items"], key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+        items = sorted(self._rest.items("/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"), key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
         return [self._synced_pod(p) for p in items]
 
     def delete_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
         """Delete at once (``--grace-period=0 --force``); the node's kubelet kills the containers before returning."""
         pod = self.get_pod(name, namespace)
         try:
-            self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _request_timeout=self.timeout)
-        except ApiException as exc:
+            self._rest.delete(f"/api/v1/namespaces/{namespace}/pods/{name}", gracePeriodSeconds="0")
+        except RestError as exc:
             raise _api_error(exc) from None
         self._forget(pod)
         return pod
@@ -544,8 +520,7 @@ class ApiCluster:
     # ------------------------------------------------------------ the kubelet side
     def pods_bound_to(self, node_name: str) -> list[dict[str, Any]]:
         """ControlPlaneLink; the pods are remembered as handed to the node."""
-        resp = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}", _preload_content=False, _request_timeout=self.timeout)
-        pods = list(_json(resp)["items"])
+        pods = self._rest.items("/api/v1/pods", fieldSelector=f"spec.nodeName={node_name}")
         with self._lock:
             for p in pods:
                 self._uids[p["metadata"]["uid"]] = (p["metadata"]["namespace"], p["metadata"]["name"])
@@ -560,9 +535,9 @@ class ApiCluster:
         if key is None:
             return False
         try:
-            pod = _json(self._core.read_namespaced_pod(key[1], key[0], _preload_content=False, _request_timeout=self.timeout))
-        except ApiException as exc:
-            if exc.status == 404:
+            pod = self._rest.get(f"/api/v1/namespaces/{key[0]}/pods/{key[1]}")
+        except RestError as exc:
+            if exc.not_found:
                 return False
             raise _api_error(exc) from None
         return bool(pod["metadata"]["uid"] == uid and pod["spec"].get("nodeName") == node_name and not pod["metadata"].get("deletionTimestamp"))
@@ -597,7 +572,7 @@ class ApiCluster:
 
     def _relist(self) -> str:
         """List every pod (hand the bound ones over); the resource version to watch from."""
-        resp = _json(self._core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self.timeout))
+        resp = self._rest.get("/api/v1/pods")
         for pod in resp["items"]:
             with self._lock:
                 self._uids[pod["metadata"]["uid"]] = (pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -643,12 +618,8 @@ class ApiCluster:
 
     # --------------------------------------------------------------------- events
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[dict[str, Any]]:
-        fs = f"involvedObject.name={involved_name}" if involved_name else ""
-        if namespace is None:
-            resp = self._core.list_event_for_all_namespaces(field_selector=fs, _preload_content=False, _request_timeout=self.timeout)
-        else:
-            resp = self._core.list_namespaced_event(namespace, field_selector=fs, _preload_content=False, _request_timeout=self.timeout)
-        items = list(_json(resp)["items"])
+        query = {"fieldSelector": f"involvedObject.name={involved_name}"} if involved_name else {}
+        items = self._rest.items("/api/v1/events" if namespace is None else f"/api/v1/namespaces/{namespace}/events", **query)
         items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or "")
         return items
 
@@ -668,7 +639,7 @@ class ApiCluster:
                 seen[1] += 1
         try:
             if seen is not None:
-                self._core.patch_namespaced_event(seen[0], ns, {"count": seen[1], "lastTimestamp": now}, _content_type=_MERGE, _request_timeout=self.timeout)
+                self._rest.patch(f"/api/v1/namespaces/{ns}/events/{seen[0]}", {"count": seen[1], "lastTimestamp": now})
                 return
             name = f"{meta['name']}.{uuid.uuid4().hex[:16]}"
             body = {
@@ -686,8 +657,8 @@ class ApiCluster:
                 "firstTimestamp": now,
                 "lastTimestamp": now,
             }
-            self._core.create_namespaced_event(ns, body, _request_timeout=self.timeout)
-        except ApiException as exc:
+            self._rest.create(f"/api/v1/namespaces/{ns}/events", body)
+        except RestError as exc:
             _log.warning("recording event %s for %s/%s failed: %s", reason, ns, meta["name"], _api_error(exc))
             return
         with self._lock:

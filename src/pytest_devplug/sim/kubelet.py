@@ -41,7 +41,7 @@ from .nodestatus import DEFAULT_CPU, DEFAULT_MEMORY, DEFAULT_PODS, NodeStatus
 from .podresources import PodResourcesServer
 from .podstatus import PodRecord, pod_phase, pod_status
 from .process import PluginProcess
-from .runtime import ContainerRecord, ContainerRuntime
+from .runtime import ContainerRecord, ContainerRuntime, image_pull_error
 
 __all__ = ["SimNode", "ControlPlaneLink", "ContainerRecord", "pod_spec_view", "KlogFormatter"]
 
@@ -447,10 +447,23 @@ class SimNode:
         self._event(rec.pod, "Warning", reason, message)
 
     def _start_one(self, rec: PodRecord, c: ContainerRecord) -> bool:
-        """PreStartContainer (when the plugin asks for it), then run ``c`` with the options the
+        """Pull the image, PreStartContainer (when the plugin asks for it), then run ``c`` with the options the
         device manager hands the runtime. ``False`` when it could not be started."""
         dm = self._live_dm()
         spec = rec.view.container(c.name)
+        pull_error = image_pull_error(c.image)
+        if pull_error is not None:
+            # kuberuntime pulls before it generates the container's config, so PreStartContainer is never reached.
+            # The real kubelet reports ErrImagePull first and ImagePullBackOff from its next sync on; the embedded
+            # one has no periodic sync and reports the back-off state at once.
+            self._event(rec.pod, "Normal", "Pulling", f'Pulling image "{c.image}"')
+            self._event(rec.pod, "Warning", "Failed", f'Failed to pull image "{c.image}": {pull_error}')
+            self._event(rec.pod, "Warning", "Failed", "Error: ErrImagePull")
+            self._event(rec.pod, "Normal", "BackOff", f'Back-off pulling image "{c.image}"')
+            self._event(rec.pod, "Warning", "Failed", "Error: ImagePullBackOff")
+            c.wait("ImagePullBackOff", f'Back-off pulling image "{c.image}": ErrImagePull: {pull_error}')
+            self.logger.error('"Error syncing pod, skipping" pod="%s" container="%s" err="ErrImagePull: %s"', _key(rec.pod), c.name, pull_error)
+            return False
         try:
             dm.pre_start_container(rec.view, spec)
             options = dm.container_options(rec.uid, c.name)
@@ -607,7 +620,10 @@ class SimNode:
             return None
         dra = self.dra
         claims = (lambda container: dra.resources_status(rec.pod, container)) if dra is not None else None
-        return pod_status(rec, records, lambda res: dm.device_health(res) if dm is not None else {}, claims)
+        return pod_status(
+            rec, records, lambda res: dm.device_health(res) if dm is not None else {}, claims,
+            allocated=lambda container: dm.container_devices(rec.uid, container) if dm is not None else {},
+        )  # fmt: skip
 
     def _publish(self, uid: str) -> None:
         st = self.pod_status(uid)

@@ -7,7 +7,7 @@ kubelet's memory of the pod and the runtime's records of its containers; ``alloc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,8 @@ __all__ = ["PodRecord", "pod_phase", "pod_status", "container_status"]
 DeviceHealth = Callable[[str], Mapping[str, str]]
 #: container name -> the DRA manager's ``allocatedResourcesStatus`` entries for that container's claims.
 ClaimsStatus = Callable[[str], list[dict[str, Any]]]
+#: container name -> resource -> the device IDs the device manager holds for it (since admission).
+AllocatedDevices = Callable[[str], Mapping[str, Sequence[str]]]
 
 
 @dataclass
@@ -68,9 +70,15 @@ def pod_status(
     records: Mapping[str, ContainerRecord],
     health: DeviceHealth,
     claims_status: ClaimsStatus | None = None,
+    *,
+    allocated: AllocatedDevices | None = None,
 ) -> dict[str, Any]:
     """The status the kubelet would post now for ``rec`` with its containers ``records``; ``claims_status`` adds
-    the DRA entries (``claim:<name>[/<request>]``) of an app container's ``allocatedResourcesStatus``."""
+    the DRA entries (``claim:<name>[/<request>]``) of an app container's ``allocatedResourcesStatus``.
+
+    ``allocatedResourcesStatus`` (``UpdateAllocatedResourcesStatus``) covers every regular container's devices,
+    started or not: a container that never started (its image cannot be pulled) holds them since admission, as
+    ``allocated`` tells."""
     status: dict[str, Any] = {"phase": rec.phase}
     if rec.reason:
         status["reason"] = rec.reason
@@ -93,7 +101,8 @@ def pod_status(
         if c is None:
             continue
         st = container_status(c)
-        if not spec.init and c.devices:
+        devices = c.devices or (allocated(spec.name) if allocated is not None and not spec.init else {})
+        if not spec.init and devices:
             st["allocatedResourcesStatus"] = [
                 {
                     "name": res,
@@ -102,7 +111,7 @@ def pod_status(
                         for i in sorted(ids)
                     ],
                 }
-                for res, ids in sorted(c.devices.items())
+                for res, ids in sorted(devices.items())
             ]
         if not spec.init and claims_status is not None and (claims := claims_status(spec.name)):
             st["allocatedResourcesStatus"] = [*st.get("allocatedResourcesStatus", []), *claims]

@@ -16,7 +16,7 @@ from typing import Any
 from ..kubeletmodel.views import ContainerView, PodSpecView
 from .apiserver import now_rfc3339
 
-__all__ = ["ContainerRecord", "ContainerRuntime"]
+__all__ = ["ContainerRecord", "ContainerRuntime", "image_pull_error"]
 
 
 @dataclass
@@ -69,6 +69,26 @@ class ContainerRecord:
             }
         }
         self.restart_count += 1
+
+
+#: Registry hosts no node can pull from: the DNS top-level domain reserved never to resolve (RFC 2606) and
+#: upstream's e2e image of a registry that does not exist (``imageutils.InvalidRegistryImage``).
+_UNPULLABLE_TLD = ".invalid"
+_UNPULLABLE_HOSTS = ("invalid.registry.k8s.io",)
+
+
+def image_pull_error(image: str) -> str | None:
+    """containerd's answer to pulling ``image`` when its registry host cannot exist, else ``None``: every other
+    image is present on the embedded kubelet's node (it runs no containers)."""
+    first, sep, _ = image.partition("/")
+    host = first if sep and ("." in first or ":" in first or first == "localhost") else "docker.io"
+    name = host.split(":", 1)[0]
+    if not (name.endswith(_UNPULLABLE_TLD) or name in _UNPULLABLE_HOSTS):
+        return None
+    return (
+        f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve reference '
+        f'"{image}": failed to do request: dial tcp: lookup {name}: no such host'
+    )
 
 
 def _exit_reason(exit_code: int) -> str:

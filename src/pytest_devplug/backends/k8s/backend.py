@@ -476,6 +476,9 @@ class KubeBackend:
     def allocatable_devices(self, node: str) -> list[PodResourcesDevices]:
         return self.nodeops.allocatable_devices(node)
 
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        return self.nodeops.pod_resources_get(node, name, namespace)
+
     # -- the plugin --------------------------------------------------------------------------------
     def _adopted(self) -> tuple[str, str] | None:
         ref = self.options.plugin_daemonset
@@ -621,6 +624,17 @@ class KubeBackend:
     def plugin_exit(self, node: str) -> str | None:
         """A plugin container the kubelet keeps failing to run: it will not come up by itself."""
         return exit_reason(self._plugin_container_statuses(node))
+
+    def surge_plugin(self, node: str) -> None:
+        raise UnsupportedOperationError(
+            f"{self.name}: a second instance of the plugin beside the first on one node (a DaemonSet rollout with "
+            "maxSurge) is not implemented on this backend; and a real kubelet before kubernetes/kubernetes#135437 "
+            "disconnects the newer instance when the older one's connection ends (kubernetes/kubernetes#121994), so "
+            "a correct plugin would fail there"
+        )
+
+    def retire_plugin(self, node: str, *, newest: bool = False) -> None:
+        raise UnsupportedOperationError(f"{self.name}: no second instance of the plugin to retire (surge_plugin is not implemented)")
 
     def plugin_restarts(self, node: str) -> PluginRestarts:
         """The plugin pods' containers' ``restartCount`` (a pod the harness deletes takes its count with it)."""

@@ -21,7 +21,7 @@ import grpc
 
 from ...api.podresources import v1_pb2
 from ...waiting import WaitTimeout, wait_for
-from ..base import BackendError, ExecResult, PodResourcesDevices, PodResourcesPod
+from ..base import BackendError, ExecResult, PodResourcesDevices, PodResourcesPod, UnsupportedOperationError
 
 __all__ = [
     "NodeTransport",
@@ -39,6 +39,8 @@ CHECKPOINT_PATH = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: kubeadm's (and kind's) kubelet config file; the Topology Manager tests switch its policy.
 KUBELET_CONFIG_PATH = "/var/lib/kubelet/config.yaml"
+#: A kubelet's answer to pod-resources Get while its feature gate ``KubeletPodResourcesGet`` is off.
+GET_DISABLED = "PodResources API Get method disabled"
 #: Where the included plugin's DaemonSet reads the mock-NVML state (a hostPath on the node).
 MOCK_STATE_PATH = "/var/lib/devplug/mock-state.json"
 
@@ -246,9 +248,23 @@ class NodeOps:
         return dict(json.loads(raw))
 
     # -- pod-resources ---------------------------------------------------------------------------
-    def _call(self, node: str, method: str, response_type: Any) -> Any:
-        raw = self.transport.grpc_call(node, POD_RESOURCES_SOCKET, f"/v1.PodResourcesLister/{method}", b"", timeout=self.timeout)
+    def _call(self, node: str, method: str, response_type: Any, request: bytes = b"") -> Any:
+        raw = self.transport.grpc_call(node, POD_RESOURCES_SOCKET, f"/v1.PodResourcesLister/{method}", request, timeout=self.timeout)
         return response_type.FromString(raw)
+
+    def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:
+        request = v1_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace).SerializeToString()
+        try:
+            resp = self._call(node, "Get", v1_pb2.GetPodResourcesResponse, request)
+        except (grpc.RpcError, BackendError) as exc:  # kind calls the socket from this host; a node pod runs the script
+            text = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
+            if GET_DISABLED in text:
+                raise UnsupportedOperationError(
+                    f"the kubelet on {node} answers pod-resources Get with {GET_DISABLED!r}: its feature gate "
+                    "KubeletPodResourcesGet is off"
+                ) from None
+            raise BackendError(f"pod-resources Get({namespace}/{name}) on {node}: {text}") from None
+        return PodResourcesPod.from_proto(resp.pod_resources)
 
     def pod_resources(self, node: str) -> list[PodResourcesPod]:
         resp = self._call(node, "List", v1_pb2.ListPodResourcesResponse)

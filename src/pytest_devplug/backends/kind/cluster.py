@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from ...kuberest import KubeRest, RestError
 from ...waiting import WaitTimeout, wait_for
 from ..base import BackendError, BackendOptions, BackendUnavailableError
 from ..k8s.manifests import REPO_ROOT
@@ -140,8 +141,7 @@ def _not_ready(api: Any) -> str:
 
     core: Any = kubernetes.client.CoreV1Api(api)
     try:
-        method, url, headers, body, _ = api.param_serialize("GET", "/readyz", auth_settings=["BearerToken"])
-        status = int(api.call_api(method, url, header_params=headers, body=body, _request_timeout=10).status)
+        status = KubeRest(api, 10).send("GET", "/readyz")[0]
         if status != 200:
             return f"API /readyz answered {status}"
         nodes = core.list_node(_request_timeout=10).items
@@ -153,7 +153,7 @@ def _not_ready(api: Any) -> str:
         core.read_namespaced_service_account("default", "default", _request_timeout=10)
     except kubernetes.client.ApiException as exc:
         return f"API error {exc.status} {exc.reason}" + (" (default ServiceAccount not there yet)" if exc.status == 404 else "")
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
+    except (RestError, urllib3.exceptions.HTTPError, OSError) as exc:
         return f"API not reachable: {exc}"
     return ""
 
@@ -250,7 +250,9 @@ class ClusterManager:
             config = patch_config.patch(config, patch_config.host_is_cgroup_v1())
         # allocatedResourcesStatus (device health of a running pod's devices) is behind this alpha gate in
         # Kubernetes 1.34 (kubelet and API server); the conformance suite checks it, so switch it on.
-        config.setdefault("featureGates", {}).setdefault("ResourceHealthStatus", True)
+        gates = config.setdefault("featureGates", {})
+        gates.setdefault("ResourceHealthStatus", True)
+        gates.setdefault("KubeletPodResourcesGet", True)  # pod-resources Get, which the suite calls
         if verbosity := os.environ.get("DEVPLUG_KIND_KUBELET_VERBOSITY"):
             patches = list(config.get("kubeadmConfigPatches") or [])
             patches.append(KUBELET_VERBOSITY_PATCH.replace("4", str(int(verbosity))))
