@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import PluginProcessError
 from pytest_devplug.sim.process import PluginProcess, live_processes
 
-from ..support import WAIT, wait_until
+from ..support import WAIT, short_dir, wait_until
 
 PY = sys.executable
 
@@ -179,9 +178,30 @@ def start_harness(mode: str, tmp: Path) -> tuple[subprocess.Popen[str], int, Pat
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="dpp-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with short_dir("dpp-") as d:
+        yield d
+
+
+RESTART_AFTER_KILL_ALL = """
+import sys
+from pathlib import Path
+from pytest_devplug.sim import process
+from pytest_devplug.sim.errors import PluginProcessError
+p = process.PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], log_path=Path(sys.argv[1]) / "p.log")
+p.start()
+process.kill_all()
+try:
+    p.start()
+except PluginProcessError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_no_plugin_starts_once_the_run_is_ending(short_tmp: Path) -> None:
+    """After the signal path killed the plugins, a supervisor's immediate restart is refused: it would run the
+    plugin again and re-create its dirs after the work dir was removed."""
+    done = subprocess.run([PY, "-c", RESTART_AFTER_KILL_ALL, str(short_tmp)], capture_output=True, text=True, timeout=60)
+    assert "refused: not starting" in done.stdout and "the run is ending" in done.stdout, done.stdout + done.stderr
 
 
 def test_sigterm_removes_the_work_dir_and_the_plugins(short_tmp: Path) -> None:

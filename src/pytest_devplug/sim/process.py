@@ -54,6 +54,9 @@ _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
 _work_dirs: set[Path] = set()
 _interrupted = False
+#: Set when a signal or the interpreter's exit kills the plugins: from then on none starts (a supervisor's
+#: immediate restart would otherwise run it again, and re-create its dirs after the work dir was removed).
+_ending = threading.Event()
 
 
 #: Set in every plugin's environment to :func:`run_owner` (inherited by its children), so the run that
@@ -83,7 +86,8 @@ def live_processes() -> list[PluginProcess]:
 
 
 def kill_all() -> None:
-    """SIGKILL every registered process group and reap it; safe to call more than once."""
+    """SIGKILL every registered process group and reap it, and refuse later starts; safe to call more than once."""
+    _ending.set()
     for proc in live_processes():
         proc._kill_group(signal.SIGKILL)
         proc.wait(timeout=5.0)
@@ -261,6 +265,8 @@ class PluginProcess:
         with self._lock:
             if self.running:
                 raise PluginProcessError(f"plugin already running (pid {self.pid}): {self.argv}")
+            if _ending.is_set():
+                raise PluginProcessError(f"not starting {self.argv}: the run is ending (its plugins were killed)")
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, **(self.env or {}), RUN_OWNER_ENV: run_owner()}
             if not self.argv:
@@ -302,6 +308,9 @@ class PluginProcess:
             _install_handlers()
             with _registry_lock:
                 _registry[popen.pid] = self
+            if _ending.is_set():  # kill_all ran while this one was being forked: it missed it
+                self._kill_group(signal.SIGKILL)
+                raise PluginProcessError(f"not starting {self.argv}: the run is ending (its plugins were killed)")
 
     def _kill_group(self, sig: int) -> None:
         popen = self._popen
