@@ -303,6 +303,12 @@ class ClaimFactory:
     def _name(self, kind: str) -> str:
         return f"{self.prefix}-{kind}-{next(self._counter)}"
 
+    def _cluster_wide_name(self, kind: str) -> str:
+        """A name for a cluster-scoped object: it carries the run's namespace, since runs may share a cluster (two
+        DRA suites on nodes of their own both make ``<test>-class-1``)."""
+        own = "" if self.namespace == "default" else f"-{self.namespace}"
+        return self._name(kind) + own
+
     def _create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
         made = self.rest.create(collection, body)
         self._made.append(f"{collection}/{made['metadata']['name']}")
@@ -310,7 +316,7 @@ class ClaimFactory:
 
     def device_class(self, name: str | None = None, *, selectors: Sequence[Mapping[str, Any]] | None = None) -> str:
         """A DeviceClass selecting the driver's devices (and ``selectors``); its name."""
-        body = device_class_manifest(name or self._name("class"), self.driver.name, selectors)
+        body = device_class_manifest(name or self._cluster_wide_name("class"), self.driver.name, selectors)
         return str(self._create(f"{RESOURCE_API}/deviceclasses", body)["metadata"]["name"])
 
     @property
