@@ -2,15 +2,20 @@
 # The lanes of `nox -s e2e`, all at once on the shared six-node kind cluster (kind-config/e2e.yaml), each on nodes
 # of its own, each backend run in a namespace of its own (one after the other where a lane has several):
 #   kind          tests/kind (smoke, SIGTERM leftovers, multi-node) on <cluster>-worker, the GPU worker; its plugin
-#                 advertises a resource of its own (devplug.io/kind-gpu), so its cluster-wide checks hold meanwhile
+#                 advertises a resource of its own (devplug.io/kind-gpu), so its cluster-wide checks hold meanwhile;
+#                 then the DRA suite against dra-example-driver (its chart's DaemonSet) on the same node
 #   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test and the
 #                 soak (no node left for its copy: it runs in the differential lane)
 #   grace         the grace-period test (5 min on a real kubelet) on -worker3; then NVIDIA's plugin with
 #                 time-slicing (the checks its replicas concern) on the same node
 #   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4
-#   differential  sim-vs-kind differentials (kind backend) on -worker5; then the checks only the kind backend runs
-#                 (kubelet kept down, reboot, the soak with its copy on the control plane) against the included
-#                 plugin; then NVIDIA's plugin with cdi-cri (the allocation checks) on the same node
+#   differential  the checks only the kind backend runs (kubelet kept down, reboot, the soak with its copy on the
+#                 control plane) against the included plugin on -worker5; then the sim-vs-kind differentials and
+#                 NVIDIA's plugin with cdi-cri (the allocation checks) on the same node
+#   dra           once the soak's copy has left the control plane: the DRA suite against the included driver
+#                 (devplug-gpu-plugin --dra, its DaemonSet) on the control plane, then the DRA sim-vs-kind
+#                 differential there (the DRA checks restart that node's kubelet: the control plane's static pods
+#                 keep running, as containers do across a kubelet restart)
 # Why six nodes: each kind node holds ~14 inotify instances of the host user's fs.inotify.max_user_instances (128
 # by default), shared with every other process of that user; ten nodes ran out.
 # Each lane's output is printed when it ends, then one summary line per lane; exits non-zero if any lane failed.
@@ -86,18 +91,38 @@ grace() {
   nvidia time-slicing "$(node worker3)"
 }
 
+# The DRA suite runs `devplug conformance --dra` itself (tests/dra, tests/peers); PYTEST_ADDOPTS reaches it too.
+kind_then_dra_example() {
+  child pytest -m kind tests/kind --keep-cluster -p no:cacheprovider || return
+  PYTEST_ADDOPTS="--devplug-node=$(node worker)" child pytest -m kind tests/peers/test_dra_example.py -p no:cacheprovider -rP
+}
+
+soak_done="$logs/soak.done"  # the differential lane's soak copy has left the control plane
+
 differential() {
-  child pytest -m kind tests/differential "${kind_backend[@]}" --devplug-node "$(node worker5)" || return
   child pytest --pyargs pytest_devplug.conformance "${kind_backend[@]}" --devplug-node "$(node worker5)" \
-    --devplug-second-node "$(node control-plane)" -k "kubelet_down or node_reboot or soak" || return
+    --devplug-second-node "$(node control-plane)" -k "kubelet_down or node_reboot or soak"
+  local rc=$?
+  touch "$soak_done"
+  [ "$rc" -eq 0 ] || return "$rc"
+  child pytest -m kind tests/differential "${kind_backend[@]}" --devplug-node "$(node worker5)" \
+    --deselect tests/differential/test_dra_differential.py || return
   nvidia cdi-cri "$(node worker5)"
 }
 
-lane kind pytest -m kind tests/kind --keep-cluster -p no:cacheprovider
+dra() {
+  while [ ! -e "$soak_done" ]; do sleep 2; done
+  PYTEST_ADDOPTS="--devplug-node=$(node control-plane)" child pytest -m kind tests/dra/test_included_driver.py \
+    -p no:cacheprovider -rP || return
+  child pytest -m kind tests/differential/test_dra_differential.py "${kind_backend[@]}" --devplug-node "$(node control-plane)"
+}
+
+lane kind kind_then_dra_example
 lane conformance pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak"
 lane grace grace
 lane nvidia nvidia envvar "$(node worker4)"
 lane differential differential
+lane dra dra
 
 failed=0
 while [ ${#rc_of[@]} -lt ${#pid_of[@]} ]; do

@@ -93,6 +93,8 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--conventions", "--devplug-conventions", "opt-in convention checks, comma-separated (see pytest --help)", {}),
     ("--driver-cmd", "--devplug-driver-cmd", "with --dra: your DRA driver's command line; {plugins_registry} {plugins_dir} {cdi_root} {node_name} {kubeconfig} {mock_state} {python} are filled in", {}),
     ("--driver-name", "--devplug-driver-name", "with --dra: the name your DRA driver registers and publishes slices under (default gpu.devplug.io)", {}),
+    ("--driver-manifest", "--devplug-driver-manifest", "with --dra, kind: your DRA driver's manifest (ServiceAccount, RBAC, DaemonSet)", {}),
+    ("--driver-image", "--devplug-driver-image", "with --dra, kind: the image its containers run", {}),
 )
 
 
@@ -110,12 +112,14 @@ def _run_conformance(args: argparse.Namespace) -> int:
     from .plugin import NO_PLUGIN_MESSAGE, included_plugin_installed
 
     if args.dra:
-        if args.control_plane == "embedded" or args.backend != "sim":
+        if args.control_plane == "embedded" or (args.backend != "sim" and args.control_plane):
             print("devplug conformance: --dra runs DRA drivers on the embedded kubelet with the real control plane "
-                  "(--backend sim --control-plane real); drop --backend/--control-plane", file=sys.stderr)  # fmt: skip
+                  "(--control-plane real, implied) or on kind (--backend kind); drop --control-plane", file=sys.stderr)  # fmt: skip
             return int(pytest.ExitCode.USAGE_ERROR)
-        args.control_plane = "real"
-        custom = args.driver_cmd or any(a.startswith("--devplug-driver-cmd") for a in args.pytest_args)
+        if args.backend == "sim":
+            args.control_plane = "real"
+        driver_flags = ("--devplug-driver-cmd", "--devplug-driver-manifest", "--devplug-driver-image")
+        custom = args.driver_cmd or args.driver_manifest or args.driver_image or any(a.startswith(driver_flags) for a in args.pytest_args)
         missing = "DRA driver: no --driver-cmd was given"
     else:
         plugin_flags = ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest")
@@ -163,8 +167,8 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
     conf.add_argument("--pre-start-required", action="store_true", help="your plugin sets pre_start_required")
     conf.add_argument(
         "--dra", action="store_true",
-        help="judge a DRA driver (--driver-cmd, --driver-name; default: the included GPU plugin's DRA mode) with the DRA "
-        "suite, on the embedded kubelet with the real control plane",
+        help="judge a DRA driver (--driver-cmd, --driver-name; on kind --driver-manifest, --driver-image; default: the "
+        "included GPU plugin's DRA mode) with the DRA suite, on the embedded kubelet with the real control plane or on kind",
     )  # fmt: skip
     conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for pytest")
     conf.set_defaults(func=_run_conformance)

@@ -8,7 +8,6 @@ are skipped, or fail where the kind tier is required (``DEVPLUG_KIND_REQUIRED``/
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -18,23 +17,18 @@ from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.plugin import NODE_NAME, DevplugSettings
 
-from .diff_helpers import REPLICAS, Side
+from .diff_helpers import REPLICAS, Side, kind_required
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kind: needs a real kind cluster (run by `nox -s e2e`)")
 
 
-def _required() -> bool:
-    flags = (os.environ.get("DEVPLUG_KIND_REQUIRED", ""), os.environ.get("CI", ""))
-    return any(f.strip().lower() not in ("", "0", "false", "no") for f in flags)
-
-
 @pytest.fixture(scope="session")
 def _sim_plugin(devplug_settings: DevplugSettings, devplug_plugin_spec: PluginSpec) -> Iterator[PluginHandle]:
     if devplug_settings.backend != "kind":
         reason = "differential tests compare against kind: run them with --devplug-backend kind"
-        if _required():
+        if kind_required():
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
     if not devplug_plugin_spec.mock:

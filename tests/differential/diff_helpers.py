@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pytest_devplug import PluginHandle, PodFactory
@@ -18,3 +19,9 @@ class Side:
     name: str
     plugin: PluginHandle
     pods: PodFactory
+
+
+def kind_required() -> bool:
+    """``DEVPLUG_KIND_REQUIRED`` or ``CI`` set: a differential that cannot reach kind fails instead of skipping."""
+    flags = (os.environ.get("DEVPLUG_KIND_REQUIRED", ""), os.environ.get("CI", ""))
+    return any(f.strip().lower() not in ("", "0", "false", "no") for f in flags)

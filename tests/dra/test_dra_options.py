@@ -15,8 +15,8 @@ from pytest_devplug.backends.sim import SimBackend
 pytest_plugins = ["pytester"]
 
 
-def test_dra_refuses_another_backend_or_the_embedded_control_plane(capsys: pytest.CaptureFixture[str]) -> None:
-    for flags in (["--control-plane", "embedded"], ["--backend", "kind"]):
+def test_dra_refuses_the_embedded_control_plane_or_a_control_plane_on_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    for flags in (["--control-plane", "embedded"], ["--backend", "kind", "--control-plane", "real"]):
         assert cli.main(["conformance", "--dra", "--driver-cmd", "x", *flags]) == int(pytest.ExitCode.USAGE_ERROR)
         assert "--dra runs DRA drivers on the embedded kubelet with the real control plane" in capsys.readouterr().err
 

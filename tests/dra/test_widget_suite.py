@@ -223,7 +223,7 @@ def _resync(backend: SimBackend, driver: DriverHandle, factory: ClaimFactory) ->
     watch = ResyncWatch(ClusterHandle(backend, timeout=20.0), driver.spec, driver.node.name, f"{driver.node.name}-rs", republish_s=2.0)
     try:
         watch.start()
-        test_slices.test_node_slices_removed_on_kubelet_start_then_published_again(watch)
+        test_slices.test_node_slices_removed_on_kubelet_start_then_published_again(watch, driver)
     finally:
         watch.close()
 

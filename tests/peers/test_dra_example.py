@@ -4,14 +4,19 @@ the DRA conformance suite with its plain command line, as its DaemonSet starts i
 namespace, ``NODE_NAME`` set, the API reached in-cluster (service-account token and CA, ``KUBERNETES_SERVICE_*``).
 
 A correct driver gets 0 failed and 0 errors; every skip must name what the driver lacks: a fault injector (it
-fails on no command) or a health service (v0.2.1 serves no ``v1alpha1.DRAResourceHealth``).
+fails on no command) or a health service (v0.2.1 serves no ``v1alpha1.DRAResourceHealth``). On kind (``nox -s
+e2e``) it runs as its Helm chart deploys it (``peers/dra-example/``: its image built here from the same binary),
+under a real kubelet 1.34: the same, and one more skip, for what a real kubelet cannot be made to do.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from ..support import run_conformance
 
@@ -41,3 +46,35 @@ def test_dra_suite_passes_on_the_example_driver(peer_binary: Callable[[str], Pat
     assert not unexplained, f"dra-example-driver: skips without a reason that fits the driver: {unexplained}"
     missing = [t for t in MUST_PASS if t not in result.passed]
     assert not missing, f"dra-example-driver: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "peers" / "dra-example"
+#: What a real kubelet cannot be made to do (the check skips saying so): refuse a registration on purpose.
+KIND_LIMITS = re.compile(r"a real kubelet refuses a registration only for a reason of the driver's")
+#: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of its
+#: own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
+KIND_CLUSTER = "devplug-dra-example"
+#: The suite on a real kubelet waits out its periods (wiping 30 s, reconcile 60 s): about 8 min at a load of ~10.
+KIND_SUITE_TIMEOUT_S = 1800
+
+
+@pytest.mark.kind
+@pytest.mark.usefixtures("docker_available")
+def test_dra_suite_passes_on_the_example_driver_on_kind(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """The same on a kind cluster: the kubelet plugin as its chart deploys it (ServiceAccount, ClusterRole, DaemonSet;
+    ``peers/dra-example/kubeletplugin.yaml``), its image built by ``peers/dra-example/build-image.sh``."""
+    peer_binary("dra-example-kubeletplugin")  # a missing Go toolchain skips here (fails under CI), not in the image build
+    built = subprocess.run(["bash", str(EXAMPLE_DIR / "build-image.sh")], capture_output=True, text=True, timeout=1800, check=False)
+    image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
+    assert image, f"build-image.sh exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
+    options = ["--dra", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER, "--driver-image", image,
+               "--driver-manifest", str(EXAMPLE_DIR / "kubeletplugin.yaml")]  # fmt: skip
+    result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs"], tmp_path, timeout=KIND_SUITE_TIMEOUT_S)
+    assert not result.failed, f"dra-example-driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert result.returncode == 0, f"devplug conformance --dra --backend kind exited {result.returncode}:\n{result.output}"
+    allowed = (*ALLOWED_SKIPS, KIND_LIMITS)
+    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in allowed)}
+    assert not unexplained, f"dra-example-driver on kind: skips without a reason that fits the driver or kind: {unexplained}"
+    missing = [t for t in MUST_PASS if t not in result.passed and t != "test_recovers_after_refused_registration"]
+    assert not missing, f"dra-example-driver on kind: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    print(f"verdict: {len(result.passed)} passed, {len(result.skipped)} skipped, 0 failed: {sorted(result.skipped)}")

@@ -31,7 +31,7 @@ from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, NODE_POD_DEADLINE_S, node_pod_manifest
 from pytest_devplug.backends.k8s.manifests import own_daemonset, render_daemonsets, selector_of
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
-from pytest_devplug.backends.k8s.node import POD_RESOURCES_CALL, POD_RESOURCES_SOCKET, NodeCommandError, NodeOps
+from pytest_devplug.backends.k8s.node import GRPC_CALL, NodeCommandError, NodeGrpcError, NodeOps
 
 pytest_plugins = ["pytester"]
 
@@ -49,7 +49,7 @@ class LocalTransport:
         p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout)
         return ExecResult(p.returncode, p.stdout, p.stderr)
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
+    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
         raise AssertionError("not called")
 
     def close(self) -> None:
@@ -85,8 +85,8 @@ class _GetOnly(v1_pb2_grpc.PodResourcesListerServicer):
 
 @pytest.mark.parametrize("disabled", [False, True], ids=["served", "gate-off"])
 def test_pod_resources_get_sends_its_request_through_the_node_script(tmp_path: Path, disabled: bool) -> None:
-    """The script a node transport runs next to the kubelet's socket carries ``Get``'s request (base64, argv[3]); a
-    kubelet with Get switched off is a backend that cannot, naming the feature gate."""
+    """The script a node transport runs next to the kubelet's socket carries ``Get``'s request (base64); a kubelet
+    with Get switched off is a backend that cannot, naming the feature gate."""
     sock = tmp_path / "pr.sock"
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     v1_pb2_grpc.add_PodResourcesListerServicer_to_server(_GetOnly(disabled), server)  # type: ignore[no-untyped-call]
@@ -94,12 +94,11 @@ def test_pod_resources_get_sends_its_request_through_the_node_script(tmp_path: P
     server.start()
 
     class ScriptTransport(LocalTransport):
-        def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
-            script = POD_RESOURCES_CALL.replace(POD_RESOURCES_SOCKET, str(sock))
-            argv = [sys.executable, "-c", script, method, str(timeout), base64.b64encode(request).decode()]
+        def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+            argv = [sys.executable, "-c", GRPC_CALL, str(sock), method, base64.b64encode(request).decode(), str(timeout), "unary"]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
             if done.returncode != 0:  # as the node-pod transport reports a failed call
-                raise BackendError(f"pod-resources {method} on node {node} failed ({done.returncode}): {done.stderr[-1500:]}")
+                raise NodeGrpcError.from_stderr(done.stderr) or BackendError(f"{method} on node {node} failed: {done.stderr[-1500:]}")
             return base64.b64decode(done.stdout)
 
     try:

@@ -76,7 +76,7 @@ class QuietTransport:
         self.scripts.append(script)
         return ExecResult(0, "", "")
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
+    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
         return b""
 
     def close(self) -> None:

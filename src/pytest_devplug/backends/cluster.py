@@ -25,6 +25,11 @@ class KubeconfigProvider:
     name = "cluster"
     nodes_are_containers = False
 
+    @property
+    def routes_services(self) -> bool:
+        """A working cluster routes the ``kubernetes`` Service for its pods."""
+        return True
+
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
 

@@ -1,9 +1,10 @@
 """What the DRA fixtures need from a backend beyond the device-plugin protocol: the driver's process on a node,
 the kubelet's view of it, and the API server (``resource.k8s.io/v1`` objects are read and made through it).
 
-A backend offers it as its ``dra`` attribute (:func:`dra_of`); the embedded kubelet with the real control plane
-does (``backends/sim_dra.py``). Backends without it make the DRA fixtures skip with ``UnsupportedOperationError``
-naming what is missing, as any ability a backend lacks.
+A backend offers it as its ``dra`` attribute (:func:`dra_of`): the embedded kubelet with the real control plane
+(``backends/sim_dra.py``) and the real clusters, kind and cluster (``backends/k8s/dra.py``). Backends without it make
+the DRA fixtures skip with ``UnsupportedOperationError`` naming what is missing, as any ability a backend lacks;
+so does an operation a backend cannot do (a real kubelet refuses no registration on purpose).
 """
 
 from __future__ import annotations
@@ -38,15 +39,19 @@ DIR_PLACEHOLDERS = ("{plugins_registry}", "{plugins_dir}", "{cdi_root}")
 class DriverSpec:
     """How to deploy the DRA driver under test on a node.
 
-    ``argv`` and ``env`` values may hold the placeholders ``{plugins_registry}``, ``{plugins_dir}``, ``{cdi_root}``,
-    ``{node_name}``, ``{kubeconfig}``, ``{mock_state}`` and ``{python}``, filled by :meth:`command` when the driver
-    is started. ``driver_name`` is the name the driver registers and publishes its slices under. ``mock``: the
-    driver reads the mock-NVML state.
+    ``argv`` (sim) and ``env`` values may hold the placeholders ``{plugins_registry}``, ``{plugins_dir}``,
+    ``{cdi_root}``, ``{node_name}``, ``{kubeconfig}``, ``{mock_state}`` and ``{python}``, filled by :meth:`command`
+    when the driver is started. ``driver_name`` is the name the driver registers and publishes its slices under.
+    ``mock``: the driver reads the mock-NVML state. On a real cluster (kind, cluster) the driver is deployed from
+    ``manifest`` (its ServiceAccount, RBAC and DaemonSet; ``None``: the included driver's) with its containers
+    running ``image`` (``None``: the included driver's image, or the manifest's own images); ``env`` is set in its
+    containers.
     """
 
     driver_name: str = DEFAULT_DRIVER_NAME
     argv: Sequence[str] = ()
     image: str | None = None
+    manifest: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     mock: bool = False
     gpus: int = 4
@@ -93,7 +98,8 @@ class RegistrationRecord:
 
 @dataclass(frozen=True)
 class DRACallRecord:
-    """One NodePrepareResources / NodeUnprepareResources the kubelet made ("" error: the call succeeded as a whole)."""
+    """One NodePrepareResources / NodeUnprepareResources the kubelet made: ``error`` is the call's gRPC error, else
+    the claims the driver answered with an error (``claim <uid>: <error>``, "; " between); "" when every claim succeeded."""
 
     driver: str
     method: str
@@ -187,8 +193,8 @@ def dra_of(backend: Any) -> DRABackend:
             "a DRA driver reads its claims from the API server and publishes ResourceSlices through it, which the "
             "embedded control plane does not serve: run with --devplug-control-plane real (devplug conformance --dra does)"
             if name == "sim"
-            else f"the {name} backend has no DRA side yet: DRA drivers run on the embedded kubelet with the real control "
-            "plane (--devplug-backend sim --devplug-control-plane real)"
+            else f"the {name} backend has no DRA side (not started, or not a backend with one: sim with the real control "
+            "plane, kind, cluster)"
         )
         raise UnsupportedOperationError(why)
     if not isinstance(dra, DRABackend):

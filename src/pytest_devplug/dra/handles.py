@@ -30,7 +30,7 @@ from .objects import (
     template_manifest,
 )
 
-__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory"]
+__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory", "node_tolerations"]
 
 
 class DRANodeHandle(NodeHandle):
@@ -272,6 +272,12 @@ class ClaimPodHandle(PodHandle):
         return next((c for c in self.conditions if c.get("type") == "PodScheduled"), None)
 
 
+def node_tolerations(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Tolerations of every taint of ``node``: the DRA checks pin their pods (and the driver) to the node under test,
+    often a tainted GPU node, by name."""
+    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in (node.get("spec") or {}).get("taints") or [] if t.get("key")]
+
+
 def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or "dra"
 
@@ -297,6 +303,12 @@ class ClaimFactory:
     def _name(self, kind: str) -> str:
         return f"{self.prefix}-{kind}-{next(self._counter)}"
 
+    def _cluster_wide_name(self, kind: str) -> str:
+        """A name for a cluster-scoped object: it carries the run's namespace, since runs may share a cluster (two
+        DRA suites on nodes of their own both make ``<test>-class-1``)."""
+        own = "" if self.namespace == "default" else f"-{self.namespace}"
+        return self._name(kind) + own
+
     def _create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
         made = self.rest.create(collection, body)
         self._made.append(f"{collection}/{made['metadata']['name']}")
@@ -304,7 +316,7 @@ class ClaimFactory:
 
     def device_class(self, name: str | None = None, *, selectors: Sequence[Mapping[str, Any]] | None = None) -> str:
         """A DeviceClass selecting the driver's devices (and ``selectors``); its name."""
-        body = device_class_manifest(name or self._name("class"), self.driver.name, selectors)
+        body = device_class_manifest(name or self._cluster_wide_name("class"), self.driver.name, selectors)
         return str(self._create(f"{RESOURCE_API}/deviceclasses", body)["metadata"]["name"])
 
     @property
@@ -333,22 +345,28 @@ class ClaimFactory:
 
     def manifest(
         self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, name: str | None = None,
-        containers: int = 1, node: str | None = None, image: str = DEFAULT_IMAGE,
+        containers: int = 1, node: str | None = None, image: str = DEFAULT_IMAGE, same_names: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """A pod whose containers each use every claim (by name) and template given, pinned to the node by nodeSelector
-        (the scheduler allocates the claims)."""
-        pod_claims = [{"name": f"c{i}", "resourceClaimName": c.name if isinstance(c, ClaimHandle) else c} for i, c in enumerate(claims)]
+        (the scheduler allocates the claims). The claims' entries in the pod are ``c0``, ``c1``, ... (templates ``t0``,
+        ...); ``same_names``: each claim's entry is named as the claim, as a kubelet 1.34 reports a claim's device
+        health (``allocatedResourcesStatus``) only for an entry named like the ResourceClaim."""
+        names = [c.name if isinstance(c, ClaimHandle) else c for c in claims]
+        pod_claims = [{"name": n if same_names else f"c{i}", "resourceClaimName": n} for i, n in enumerate(names)]
         pod_claims += [{"name": f"t{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
         refs = [{"name": c["name"]} for c in pod_claims]
+        target = node or self.node.name
         spec: dict[str, Any] = {
             "containers": [
                 {"name": "main" if i == 0 else f"c{i}", "image": image, "command": ["sleep", "3600"], "resources": {"claims": refs}}
                 for i in range(containers)
             ],
             "resourceClaims": pod_claims,
-            "nodeSelector": {"kubernetes.io/hostname": node or self.node.name},
+            "nodeSelector": {"kubernetes.io/hostname": target},
             "terminationGracePeriodSeconds": 1,
         }
+        if tolerations := node_tolerations(self.backend.get_node(target)):
+            spec["tolerations"] = tolerations
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name or self._name("pod"), "namespace": self.namespace}, "spec": spec}
 
     def pod(

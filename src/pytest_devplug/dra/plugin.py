@@ -86,6 +86,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         {},
     ),
     ("driver-name", "the DRA driver's name (what it registers and publishes ResourceSlices under)", {"default": DEFAULT_DRIVER_NAME}),
+    (
+        "driver-manifest",
+        "kind, cluster: the DRA driver's manifest (its ServiceAccount, RBAC and DaemonSet, as `helm template` renders "
+        "them); default: the included driver's (plugin_under_test/deploy/dra-driver.yaml)",
+        {},
+    ),
+    ("driver-image", "kind, cluster: the image the driver's containers run (default: the manifest's; the included driver's is built here)", {}),
 ]
 
 
@@ -96,6 +103,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DRASettings:
     name = str(_opt(config, "devplug_driver_name"))
     cmd = _opt(config, "devplug_driver_cmd")
+    manifest = _opt(config, "devplug_driver_manifest")
+    image = _opt(config, "devplug_driver_image")
+    if manifest and not Path(str(manifest)).is_file():
+        raise pytest.UsageError(f"--devplug-driver-manifest (ini devplug_driver_manifest) = {manifest!r}: no such file")
+    included = not (cmd or manifest or image)
+    argv: list[str] = []
     if cmd:
         try:
             words = shlex.split(str(cmd))
@@ -104,12 +117,13 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
         if not words:
             raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: empty command line")
         argv = words  # placeholders stay: DriverSpec.command fills them on the driver's node
-    else:
+    elif included:
         argv = default_driver_argv(name)
     explicit_mock = _opt(config, "devplug_mock")
-    mock = (not cmd) if explicit_mock is None else bool(explicit_mock)
-    spec = DriverSpec(driver_name=name, argv=tuple(argv), mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes)
-    return DRASettings(spec, included=not cmd)
+    mock = included if explicit_mock is None else bool(explicit_mock)
+    spec = DriverSpec(driver_name=name, argv=tuple(argv), image=str(image) if image else None, manifest=str(manifest) if manifest else None,
+                      mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes)  # fmt: skip
+    return DRASettings(spec, included=included)
 
 
 def get_dra_settings(config: pytest.Config) -> DRASettings:
@@ -152,9 +166,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _describe_driver(spec: DriverSpec) -> str:
-    how = "at the kubelet's standard paths" if spec.uses_standard_paths() else "with the node's paths as flags"
-    return f"driver={spec.driver_name} mock={spec.mock} DRA driver: {shlex.join(spec.argv)} ({how})"
+def _describe_driver(spec: DriverSpec, backend: str) -> str:
+    """The embedded kubelet runs the driver's command; kind and a cluster run its DaemonSet."""
+    if backend == "sim":
+        how = "at the kubelet's standard paths" if spec.uses_standard_paths() else "with the node's paths as flags"
+        what = f"{shlex.join(spec.argv)} ({how})"
+    else:
+        image = spec.image or ("built here" if spec.manifest is None else "as in the manifest")
+        what = f"a DaemonSet from {spec.manifest or 'the included manifest'}, image {image}"
+    return f"driver={spec.driver_name} mock={spec.mock} DRA driver: {what}"
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -162,7 +182,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if not is_dra_run(config):
         return None
     spec = get_dra_settings(config).driver
-    return _subject_header(config, spec, _describe_driver(spec), what="the DRA driver", fixture="devplug_driver_spec",
+    return _subject_header(config, spec, _describe_driver(spec, get_settings(config).backend), what="the DRA driver", fixture="devplug_driver_spec",
                            ours=devplug_driver_spec, key=_HEADER_DRIVER_KEY)  # fmt: skip
 
 
@@ -271,7 +291,7 @@ def _devplug_driver_deployment(
     pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec
 ) -> _DriverDeployment:
     if pytestconfig.stash.get(_HEADER_DRIVER_KEY, None) != devplug_driver_spec:  # unless the header showed exactly it
-        _say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec)}")
+        _say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}")
     kubernetes = _kubernetes_version(devplug_cluster, devplug_dra_node.name)
     note_driver(pytestconfig, get_settings(pytestconfig).backend, devplug_driver_spec, kubernetes)
     return _DriverDeployment(devplug_dra_node, devplug_driver_spec)

@@ -15,11 +15,12 @@ what a SIGKILLed one left. The plugin under test is deployed from an image, or a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -47,7 +48,8 @@ from ..base import (
 )
 from . import gpunode
 from .api import KubeApi
-from .manifests import GPU_LABEL, MOCK_DIR, STOP_LABEL, mock_library_file, own_daemonset, render_daemonsets, selector_of
+from .daemonsets import PinnedDaemonSets, container_statuses, exit_reason, pods_running, restarts
+from .manifests import GPU_LABEL, MOCK_DIR, mock_library_file, own_daemonset, render_daemonsets
 from .node import MOCK_STATE_PATH, NodeOps, NodeTransport
 from .ownership import MANAGED_BY, Owner, SignalGuard, delete_namespace, sweep_orphans
 
@@ -63,18 +65,6 @@ CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 #: Waits on the cluster's own pace (pods going, node status after a kubelet restart) get at least this.
 _CLUSTER_PACE_S = 60.0
 
-#: Container waiting reasons the kubelet does not get out of by itself soon (the plugin will not come up).
-_HOPELESS_WAITING = frozenset(
-    {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
-)
-
-
-def _waiting_reason(status: JSONDict) -> str | None:
-    """A container status's ``state.waiting.reason`` (``None`` while it runs or has terminated)."""
-    reason = ((status.get("state") or {}).get("waiting") or {}).get("reason")
-    return str(reason) if reason else None
-
-
 class ClusterProvider(Protocol):
     """How a :class:`KubeBackend` gets its cluster, its images onto the nodes, and reaches a node."""
 
@@ -86,6 +76,12 @@ class ClusterProvider(Protocol):
 
     def start(self) -> Any:
         """Have the cluster ready; an API client for it (``kubernetes.client.ApiClient``)."""
+        ...
+
+    @property
+    def routes_services(self) -> bool:
+        """Whether Service IPs route (kube-proxy or a CNI doing its part): where not (the offline kind node has no
+        kube-proxy), pods that call the API server in-cluster (a DRA driver) are pointed at its endpoint instead."""
         ...
 
     def transport(self, api: KubeApi, namespace: str, node_image: Callable[[], str]) -> NodeTransport:
@@ -117,11 +113,9 @@ class ClusterProvider(Protocol):
 @dataclass
 class _Deployed:
     spec: PluginSpec
-    daemonsets: list[JSONDict]
+    workload: PinnedDaemonSets
     image: str
     refs: int = 1
-    #: pod UID -> (pod name, its last log text): logs of plugin pods that are gone stay readable.
-    logs: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 class KubeBackend:
@@ -144,6 +138,7 @@ class KubeBackend:
         self._kubelet_down: set[str] = set()  # nodes whose kubelet stop_kubelet stopped
         self._gpu_node_files: dict[str, list[str]] = {}  # node -> what we made of a mock GPU node there (removed at the end)
         self._signals = SignalGuard()
+        self._dra: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,6 +194,8 @@ class KubeBackend:
                 self._kubelet_down.discard(node)
             except BackendError as exc:
                 errors.append(f"starting the kubelet on {node} again: {exc}")
+        if self._dra is not None:  # its pods go only through a running kubelet
+            errors += self._dra.close()
         for node in list(self._plugins):
             try:
                 self._plugins[node].refs = 1
@@ -226,6 +223,15 @@ class KubeBackend:
         except BackendError as exc:
             errors.append(str(exc))
         return errors
+
+    @property
+    def dra(self) -> Any:
+        """The DRA side (:class:`~.dra.KubeDRA`), made at first use; ``None`` before the backend started."""
+        if self._dra is None and self._api is not None and self._nodeops is not None:
+            from .dra import KubeDRA
+
+            self._dra = KubeDRA(self)
+        return self._dra
 
     @property
     def api(self) -> KubeApi:
@@ -438,12 +444,12 @@ class KubeBackend:
         dep = self._plugins.get(node)
         if dep is not None:
             self._not_adopted("reboot the node of")
-            self._snapshot_logs(node)
+            dep.workload.snapshot_logs()
         before = self._status_heartbeat(node)
         self.nodeops.stop_kubelet(node)
         try:
             if dep is not None:
-                self._force_remove_plugin_pods(node, "removed for the reboot")
+                dep.workload.force_remove_pods("plugin pod removed for the reboot")
             self.nodeops.remove_pod_sandboxes(node)
         finally:
             self.nodeops.start_kubelet(node)
@@ -491,36 +497,52 @@ class KubeBackend:
                 return
             raise BackendError(f"a different plugin is already deployed on {node}; remove it first")
         image = None if self._adopted() else self.provider.plugin_image(spec, node)
-        self._node_image = self._node_image or image
-        if spec.mock:
-            # Before the DaemonSet: the plugin reads the state and loads the library at start.
-            if self.nodeops.transport.run(node, f"test -e {MOCK_DIR}", timeout=_CLUSTER_PACE_S).returncode != 0:
-                self._mock_dirs.add(node)
-            state = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig)
-            self.write_mock_state(node, state, _deploying=True)
-            library = mock_library_file()
-            self.nodeops.write_file(node, *library)
-            if self.provider.nodes_are_containers and node not in self._gpu_node_files:
-                made = self.nodeops.exec(node, gpunode.make_script((int(g["minor"]) for g in state["gpus"]), library[0]))
-                self._gpu_node_files[node] = made.split()
+        self.note_node_image(image)
+        if spec.mock:  # before the DaemonSet: the plugin reads the state and loads the library at start
+            self.prepare_mock_node(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig), MOCK_STATE_PATH)
         adopted = self._adopted()
         if adopted is not None:
             ds = self.api.get_daemonset(adopted[1], adopted[0])
             if ds is None:
                 raise BackendUnavailableError(f"--devplug-plugin-daemonset {adopted[0]}/{adopted[1]}: no such DaemonSet")
-            self._plugins[node] = _Deployed(spec, [ds], "(adopted)")
+            self._plugins[node] = _Deployed(spec, self._pinned(node, [ds]), "(adopted)")
             return
         assert image is not None
         labels = {MANAGED_BY[0]: MANAGED_BY[1]}
-        # The second node is the user's choice, as it is: its taints are tolerated (the node under test's are not:
-        # the test pods would not tolerate them either).
-        taints = (self.get_node(node).get("spec", {}).get("taints") or []) if node == self.options.second_node else []
         daemonsets = [
-            own_daemonset(ds, self.namespace, node, labels, tolerate=taints) for ds in render_daemonsets(spec, image)
+            own_daemonset(ds, self.namespace, node, labels, tolerate=self.tolerated_taints(node))
+            for ds in render_daemonsets(spec, image)
         ]
-        for ds in daemonsets:
-            self.api.apply_daemonset(ds)
-        self._plugins[node] = _Deployed(spec, daemonsets, image)
+        workload = self._pinned(node, daemonsets)
+        workload.apply()
+        self._plugins[node] = _Deployed(spec, workload, image)
+
+    def tolerated_taints(self, node: str) -> list[JSONDict]:
+        """The taints a workload of the run pinned to ``node`` tolerates: the second node's (the user's choice, as it
+        is); not the node under test's (the test pods would not tolerate them either)."""
+        return (self.get_node(node).get("spec", {}).get("taints") or []) if node == self.options.second_node else []
+
+    def note_node_image(self, image: str | None) -> None:
+        """An image the node pods may run (it has python3, grpcio, nsenter), if none was given."""
+        self._node_image = self._node_image or image
+
+    def prepare_mock_node(self, node: str, state: JSONDict, state_path: str) -> None:
+        """The mock NVML on ``node``: ``state`` at ``state_path``, the mock library, and on a node that is a container
+        the mock GPU node's files (device nodes, driver root); all removed at the end."""
+        if node not in self._mock_dirs and self.nodeops.transport.run(node, f"test -e {MOCK_DIR}", timeout=_CLUSTER_PACE_S).returncode != 0:
+            self._mock_dirs.add(node)
+        self.nodeops.write_file(node, state_path, json.dumps(state, indent=1).encode())
+        library = mock_library_file()
+        self.nodeops.write_file(node, *library)
+        if self.provider.nodes_are_containers and node not in self._gpu_node_files:
+            made = self.nodeops.exec(node, gpunode.make_script((int(g["minor"]) for g in state["gpus"]), library[0]))
+            self._gpu_node_files[node] = made.split()
+
+    def _pinned(self, node: str, daemonsets: list[JSONDict]) -> PinnedDaemonSets:
+        def wait_gone(probe: Callable[[], list[JSONDict]], what: str) -> None:
+            self._wait(probe, lambda pods: not pods, what, timeout=max(self.options.timeout, _CLUSTER_PACE_S))
+
+        return PinnedDaemonSets(self.api, node, daemonsets, wait_gone)
 
     def _dep(self, node: str) -> _Deployed:
         try:
@@ -529,31 +551,7 @@ class KubeBackend:
             raise BackendError(f"no plugin deployed on node {node}") from None
 
     def _plugin_pods(self, node: str) -> list[JSONDict]:
-        dep = self._dep(node)
-        pods = []
-        for ds in dep.daemonsets:
-            pods += self.api.list_pods(
-                ds["metadata"]["namespace"], label_selector=selector_of(ds), field_selector=f"spec.nodeName={node}"
-            )
-        return pods
-
-    def _snapshot_logs(self, node: str) -> None:
-        dep = self._dep(node)
-        for p in self._plugin_pods(node):
-            meta = p["metadata"]
-            text = "".join(
-                self.api.pod_log(meta["name"], meta["namespace"], c["name"]) for c in p["spec"].get("containers", [])
-            )
-            if text or meta["uid"] not in dep.logs:
-                dep.logs[meta["uid"]] = (meta["name"], text)
-
-    def _set_stopped(self, node: str, stopped: bool) -> None:
-        for ds in self._dep(node).daemonsets:
-            patch = {"spec": {"template": {"spec": {"nodeSelector": {STOP_LABEL: "true" if stopped else None}}}}}
-            self.api.patch_daemonset(ds["metadata"]["name"], ds["metadata"]["namespace"], patch)
-
-    def _wait_no_plugin_pods(self, node: str, what: str) -> None:
-        self._wait(lambda: self._plugin_pods(node), lambda pods: not pods, what, timeout=max(self.options.timeout, _CLUSTER_PACE_S))
+        return self._dep(node).workload.pods()
 
     def _wait_kubelet_noticed_stop(self, node: str, resource: str) -> None:
         """Until the node status shows no allocatable ``resource``: the kubelet noticed the plugin went away.
@@ -582,13 +580,12 @@ class KubeBackend:
             del self._plugins[node]
             return
         try:
-            self._snapshot_logs(node)
+            dep.workload.snapshot_logs()
         except BackendError:
             pass
-        for ds in dep.daemonsets:
-            self.api.delete_daemonset(ds["metadata"]["name"], ds["metadata"]["namespace"])
+        dep.workload.delete()
         try:
-            self._wait_no_plugin_pods(node, f"plugin pods on {node} gone after deleting the DaemonSet")
+            dep.workload.wait_no_pods(f"plugin pods on {node} gone after deleting the DaemonSet")
             self._wait_kubelet_noticed_stop(node, dep.spec.resource_name)
         finally:
             del self._plugins[node]
@@ -603,51 +600,30 @@ class KubeBackend:
     def stop_plugin(self, node: str) -> None:
         """Graceful stop (SIGTERM): the DaemonSet stops selecting the node, so its pod is deleted."""
         self._not_adopted("stop")
-        self._snapshot_logs(node)
-        self._set_stopped(node, True)
-        self._wait_no_plugin_pods(node, f"plugin pod on {node} terminated")
+        workload = self._dep(node).workload
+        workload.snapshot_logs()
+        workload.set_stopped(True)
+        workload.wait_no_pods(f"plugin pod on {node} terminated")
         self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
 
     def kill_plugin(self, node: str) -> None:
         """Abrupt stop: the pod is force-deleted (SIGKILL, no grace) and not recreated until ``start_plugin``."""
         self._not_adopted("kill")
-        self._snapshot_logs(node)
-        self._force_remove_plugin_pods(node, "killed")
+        workload = self._dep(node).workload
+        workload.snapshot_logs()
+        workload.force_remove_pods("plugin pod killed")
         self._wait_kubelet_noticed_stop(node, self._dep(node).spec.resource_name)
-
-    def _force_remove_plugin_pods(self, node: str, what: str) -> None:
-        """The DaemonSet stops selecting the node and its pods there are deleted with grace period 0 (SIGKILL)."""
-        self._set_stopped(node, True)
-        for p in self._plugin_pods(node):
-            try:
-                self.api.delete_pod(p["metadata"]["name"], p["metadata"]["namespace"], grace=0)
-            except ObjectNotFoundError:
-                pass
-        self._wait_no_plugin_pods(node, f"plugin pod on {node} {what}")
 
     def start_plugin(self, node: str) -> None:
         self._not_adopted("start")
-        self._set_stopped(node, False)
+        self._dep(node).workload.set_stopped(False)
 
     def plugin_running(self, node: str) -> bool:
-        if node not in self._plugins:
-            return False
-        for p in self._plugin_pods(node):
-            if p["metadata"].get("deletionTimestamp") or p.get("status", {}).get("phase") != "Running":
-                continue
-            statuses = p["status"].get("containerStatuses") or []
-            if statuses and all("running" in (s.get("state") or {}) for s in statuses):
-                return True
-        return False
+        return node in self._plugins and pods_running(self._plugin_pods(node))
 
     def plugin_exit(self, node: str) -> str | None:
         """A plugin container the kubelet keeps failing to run: it will not come up by itself."""
-        for pod, st in self._plugin_container_statuses(node):
-            if (reason := _waiting_reason(st)) in _HOPELESS_WAITING:
-                last = ((st.get("lastState") or {}).get("terminated")) or {}
-                code = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
-                return f"container {st.get('name')} of pod {pod} is {reason}{code}"
-        return None
+        return exit_reason(self._plugin_container_statuses(node))
 
     def surge_plugin(self, node: str) -> None:
         raise UnsupportedOperationError(
@@ -662,28 +638,14 @@ class KubeBackend:
 
     def plugin_restarts(self, node: str) -> PluginRestarts:
         """The plugin pods' containers' ``restartCount`` (a pod the harness deletes takes its count with it)."""
-        count, loop = 0, None
-        for pod, st in self._plugin_container_statuses(node):
-            count += int(st.get("restartCount") or 0)
-            if _waiting_reason(st) == "CrashLoopBackOff":
-                message = ((st.get("state") or {}).get("waiting") or {}).get("message") or "CrashLoopBackOff"
-                loop = f"container {st.get('name')} of pod {pod} is crash-looping: {message}"
-        return PluginRestarts(count, loop)
+        return restarts(self._plugin_container_statuses(node))
 
     def _plugin_container_statuses(self, node: str) -> list[tuple[str, JSONDict]]:
         """(pod name, container status) of the plugin's pods on ``node``; none while no plugin is deployed there."""
-        if node not in self._plugins:
-            return []
-        return [
-            (p["metadata"]["name"], st)
-            for p in self._plugin_pods(node)
-            for st in p.get("status", {}).get("containerStatuses") or []
-        ]
+        return container_statuses(self._plugin_pods(node)) if node in self._plugins else []
 
     def plugin_log(self, node: str) -> str:
-        dep = self._dep(node)
-        self._snapshot_logs(node)
-        return "".join(f"--- plugin pod {name}\n{text}" for name, text in dep.logs.values())
+        return self._dep(node).workload.log("plugin")
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:
@@ -732,7 +694,25 @@ class KubeBackend:
             raise BackendError(f"pod {namespace}/{name} is not on a node yet")
         raw = self.read_checkpoint(node)
         entries = parse_checkpoint(raw).entries_for(pod["metadata"]["uid"], container) if raw else []
-        return self._with_cdi_edits(node, applied_view(entries))
+        view = applied_view(entries)
+        if (pod.get("spec") or {}).get("resourceClaims"):
+            view = self._with_claim_devices(node, pod, container, view)
+        return self._with_cdi_edits(node, view)
+
+    def _with_claim_devices(self, node: str, pod: JSONDict, container: str, view: ContainerView) -> ContainerView:
+        """The view plus the CDI device IDs of the container's ResourceClaims, from the kubelet's ``dra_manager_state``
+        (upstream's ``GetResources``: the devices of each claim, or of the request, the container names)."""
+        from ...sim.dra import checkpoint as dra_cp
+        from ...sim.dra.manager import DRAPrepareError, container_cdi_devices
+        from .dra import DRA_CHECKPOINT_PATH
+
+        raw = self.nodeops.read_file(node, DRA_CHECKPOINT_PATH)
+        states = {(e.namespace, e.claim_name): e for e in (dra_cp.decode(raw).entries or [])} if raw else {}
+        try:
+            ids = container_cdi_devices(pod, container, lambda ns, name: states.get((ns, name)))
+        except DRAPrepareError as exc:
+            raise BackendError(f"pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')} on {node}: {exc}") from None
+        return dataclasses.replace(view, cdi_devices=(*view.cdi_devices, *(i for i in ids if i not in view.cdi_devices)))
 
     def _with_cdi_edits(self, node: str, view: ContainerView) -> ContainerView:
         """The view with the edits of its CDI devices, as a CDI-enabled runtime applies them, from the spec files on
@@ -769,9 +749,8 @@ class KubeBackend:
         self._check_mock(node)
         return self.nodeops.read_json(node, MOCK_STATE_PATH)
 
-    def write_mock_state(self, node: str, state: JSONDict, *, _deploying: bool = False) -> None:
-        if not _deploying:
-            self._check_mock(node)
+    def write_mock_state(self, node: str, state: JSONDict) -> None:
+        self._check_mock(node)
         self.nodeops.write_file(node, MOCK_STATE_PATH, json.dumps(state, indent=1).encode())
 
     # -- knobs -------------------------------------------------------------------------------------

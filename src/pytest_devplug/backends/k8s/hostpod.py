@@ -2,8 +2,10 @@
 
 The pod sleeps; every node command is an API ``exec`` into it that runs
 ``nsenter -t 1 -m -u -i -n -p -- sh -c SCRIPT``, i.e. in the namespaces of the node's init process, so
-``systemctl``, ``journalctl`` and the kubelet's files are the node's own. pod-resources is called from
-inside the pod, which mounts the kubelet's ``pod-resources`` directory. The image needs ``sh``,
+``systemctl``, ``journalctl`` and the kubelet's files are the node's own. gRPC services on the node's Unix
+sockets (pod-resources, a DRA driver's) are called from inside the pod: pod-resources through the kubelet's
+``pod-resources`` directory it mounts, any other socket through ``/proc/1/root`` (the node's root, seen from
+a privileged host-PID pod). The image needs ``sh``,
 ``nsenter`` (util-linux) and ``python3`` with ``grpcio``: the included plugin's image has all three.
 The pods live in the run's namespace and are deleted by :meth:`close`; each carries an
 ``activeDeadlineSeconds`` (:data:`NODE_POD_DEADLINE_S`), so one left by a killed run stops by itself soon,
@@ -20,7 +22,7 @@ from typing import Any
 from ...waiting import WaitTimeout, wait_for
 from ..base import BackendError, ExecResult, ObjectNotFoundError
 from .api import KubeApi
-from .node import POD_RESOURCES_CALL
+from .node import GRPC_CALL, POD_RESOURCES_SOCKET, NodeGrpcError
 from .ownership import MANAGED_BY
 
 __all__ = ["HostPodTransport", "MANAGED_BY", "NODE_POD_DEADLINE_S", "node_pod_manifest"]
@@ -151,10 +153,14 @@ class HostPodTransport:
     def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
         return self._exec(node, [*_NSENTER, "sh", "-c", script])
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
-        res = self._exec(node, ["python3", "-c", POD_RESOURCES_CALL, method, str(timeout), base64.b64encode(request).decode()])
+    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+        where = socket if socket == POD_RESOURCES_SOCKET else f"/proc/1/root{socket}"
+        argv = [where, method, base64.b64encode(request).decode(), str(timeout), "stream" if stream else "unary"]
+        res = self._exec(node, ["python3", "-c", GRPC_CALL, *argv])
         if res.returncode != 0:
-            raise BackendError(f"pod-resources {method} on node {node} failed ({res.returncode}): {res.stderr.strip()[-1500:]}")
+            raise NodeGrpcError.from_stderr(res.stderr) or BackendError(
+                f"{method} at {socket} on node {node} failed ({res.returncode}): {res.stderr.strip()[-1500:]}"
+            )
         return base64.b64decode(res.stdout.strip())
 
     def close(self) -> None:

@@ -26,6 +26,8 @@ __all__ = [
     "MOCK_DIR",
     "MOCK_LIB_DIR",
     "selector_of",
+    "set_env",
+    "hand_mock_nvml",
     "mock_library_file",
     "render_daemonsets",
     "own_daemonset",
@@ -54,7 +56,7 @@ def selector_of(ds: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-def _set_env(container: dict[str, Any], name: str, value: str) -> None:
+def set_env(container: dict[str, Any], name: str, value: str) -> None:
     env = container.setdefault("env", [])
     for e in env:
         if e.get("name") == name:
@@ -75,11 +77,11 @@ def mock_library_file() -> tuple[str, bytes]:
         raise BackendError(f"cannot give the plugin the mock NVML: {exc}") from None
 
 
-def _hand_mock_nvml(pod: dict[str, Any], container: dict[str, Any]) -> None:
+def hand_mock_nvml(pod: dict[str, Any], container: dict[str, Any], state_path: str = f"{MOCK_DIR}/mock-state.json") -> None:
     """Give a container the mock libnvidia-ml.so.1 and its state: the node's /var/lib/devplug (hostPath)
     mounted at the same path, the library's directory on ``LD_LIBRARY_PATH``, the state file named."""
-    _set_env(container, "LD_LIBRARY_PATH", MOCK_LIB_DIR)
-    _set_env(container, "DEVPLUG_NVML_STATE", f"{MOCK_DIR}/mock-state.json")
+    set_env(container, "LD_LIBRARY_PATH", MOCK_LIB_DIR)
+    set_env(container, "DEVPLUG_NVML_STATE", state_path)
     if any(m.get("mountPath") == MOCK_DIR for m in container.get("volumeMounts") or []):
         return
     volumes = pod.setdefault("volumes", [])
@@ -112,15 +114,15 @@ def render_daemonsets(spec: PluginSpec, image: str) -> list[dict[str, Any]]:
             c["image"] = image
             c["imagePullPolicy"] = "IfNotPresent"
             if included:
-                _set_env(c, "DP_RESOURCE_NAME", spec.resource_name)
-                _set_env(c, "DP_PRE_START_REQUIRED", "true" if spec.pre_start_required else "false")
+                set_env(c, "DP_RESOURCE_NAME", spec.resource_name)
+                set_env(c, "DP_PRE_START_REQUIRED", "true" if spec.pre_start_required else "false")
                 if not spec.mock:  # real GPUs: the plugin's own default, real NVML, no stand-in device nodes
-                    _set_env(c, "DP_NVML", "real")
-                    _set_env(c, "DP_CREATE_DEV_NODES", "false")
+                    set_env(c, "DP_NVML", "real")
+                    set_env(c, "DP_CREATE_DEV_NODES", "false")
             if spec.mock:
-                _hand_mock_nvml(pod, c)
+                hand_mock_nvml(pod, c)
             for k, v in spec.env.items():
-                _set_env(c, k, v)
+                set_env(c, k, v)
         out.append(d)
     return out
 

@@ -31,7 +31,8 @@ __all__ = [
     "POD_RESOURCES_SOCKET",
     "MOCK_STATE_PATH",
     "KUBELET_CONFIG_PATH",
-    "POD_RESOURCES_CALL",
+    "GRPC_CALL",
+    "NodeGrpcError",
 ]
 
 CHECKPOINT_PATH = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
@@ -43,16 +44,48 @@ GET_DISABLED = "PodResources API Get method disabled"
 #: Where the included plugin's DaemonSet reads the mock-NVML state (a hostPath on the node).
 MOCK_STATE_PATH = "/var/lib/devplug/mock-state.json"
 
-#: A pod-resources call where only a container next to the socket reaches it: argv[1] the full method,
-#: argv[2] the timeout, argv[3] the serialized request, base64 (empty: an empty request); prints the raw
-#: response, base64. Needs python3 with grpcio (the plugin image has both).
-POD_RESOURCES_CALL = (
+#: A gRPC call to a Unix socket of the node where only a process next to the socket reaches it: argv socket,
+#: full method, request (base64), timeout, "stream" (the first message of a server stream) or "unary"; prints
+#: the raw response, base64; a gRPC error is ``RPCERROR <code name> <details>`` on stderr with exit status 4.
+#: Needs python3 with grpcio (the included plugin's image has both).
+GRPC_CALL = (
     "import base64,sys,grpc\n"
-    "ch=grpc.insecure_channel('unix://" + POD_RESOURCES_SOCKET + "')\n"
-    "f=ch.unary_unary(sys.argv[1],request_serializer=None,response_deserializer=None)\n"
-    "req=base64.b64decode(sys.argv[3]) if len(sys.argv)>3 else b''\n"
-    "sys.stdout.write(base64.b64encode(f(req,timeout=float(sys.argv[2]))).decode())\n"
+    "sock,method,req,timeout,kind=sys.argv[1:6]\n"
+    "ch=grpc.insecure_channel('unix://'+sock,options=[('grpc.default_authority','localhost')])\n"
+    "try:\n"
+    " if kind=='stream':\n"
+    "  it=ch.unary_stream(method,request_serializer=None,response_deserializer=None)(base64.b64decode(req),timeout=float(timeout))\n"
+    "  out=next(iter(it))\n"
+    "  it.cancel()\n"
+    " else:\n"
+    "  out=ch.unary_unary(method,request_serializer=None,response_deserializer=None)(base64.b64decode(req),timeout=float(timeout))\n"
+    "except grpc.RpcError as e:\n"
+    " sys.stderr.write('RPCERROR %s %s' % (e.code().name, e.details()))\n"
+    " sys.exit(4)\n"
+    "except StopIteration:\n"
+    " sys.stderr.write('RPCERROR STREAM_ENDED the stream ended without a message')\n"
+    " sys.exit(4)\n"
+    "sys.stdout.write(base64.b64encode(out).decode())\n"
 )
+
+
+class NodeGrpcError(BackendError):
+    """The service at a node's socket answered a gRPC error (``code``: its name, ``UNIMPLEMENTED``; ``STREAM_ENDED``: a
+    server stream ended before its first message)."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"rpc error: code = {code} desc = {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_stderr(cls, text: str) -> NodeGrpcError | None:
+        """The error :data:`GRPC_CALL` reported on stderr, if it did."""
+        marker = text.rfind("RPCERROR ")
+        if marker < 0:
+            return None
+        code, _, details = text[marker + len("RPCERROR ") :].partition(" ")
+        return cls(code, details.strip())
 
 
 class NodeCommandError(BackendError):
@@ -71,9 +104,10 @@ class NodeTransport(Protocol):
         when the node cannot be reached (a non-zero exit is returned, not raised)."""
         ...
 
-    def pod_resources_call(self, node: str, method: str, *, timeout: float, request: bytes = b"") -> bytes:
-        """The raw response of pod-resources v1 ``method`` (``/v1.PodResourcesLister/List``) to ``request``
-        (serialized; empty by default)."""
+    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+        """The raw response of ``method`` (``/v1.PodResourcesLister/List``) at the node's Unix ``socket`` (its path on
+        the node) for the serialized ``request``; with ``stream`` the first message of the server stream. A gRPC
+        error raises :class:`NodeGrpcError`; a node that cannot be reached ``BackendError``."""
         ...
 
     def close(self) -> None:
@@ -215,7 +249,7 @@ class NodeOps:
 
     # -- pod-resources ---------------------------------------------------------------------------
     def _call(self, node: str, method: str, response_type: Any, request: bytes = b"") -> Any:
-        raw = self.transport.pod_resources_call(node, f"/v1.PodResourcesLister/{method}", timeout=self.timeout, request=request)
+        raw = self.transport.grpc_call(node, POD_RESOURCES_SOCKET, f"/v1.PodResourcesLister/{method}", request, timeout=self.timeout)
         return response_type.FromString(raw)
 
     def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:

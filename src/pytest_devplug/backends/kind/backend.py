@@ -38,6 +38,11 @@ class KindProvider:
         self.images = PluginImage(self.workdir)
         self._loaded: set[tuple[str, str | None]] = set()
 
+    @property
+    def routes_services(self) -> bool:
+        """kind's own node image runs kube-proxy; the offline one has none (no image for it is built)."""
+        return not self.cluster.offline
+
     def start(self) -> Any:
         self.cluster.start()
         return self.cluster.api_client()

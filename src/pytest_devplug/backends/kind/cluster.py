@@ -65,7 +65,10 @@ DEFAULT_NAME = "devplug"
 _FALLBACK_CONFIG = {
     "kind": "Cluster",
     "apiVersion": "kind.x-k8s.io/v1alpha4",
-    "kubeadmConfigPatches": ["kind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n"],
+    "kubeadmConfigPatches": [
+        "kind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\nsyncFrequency: 10s\nlogging:\n  vmodule:\n"
+        "    - {filePattern: dra_plugin, verbosity: 4}\n    - {filePattern: dra_plugin_manager, verbosity: 4}\n"
+    ],
     "nodes": [{"role": "control-plane", "labels": {"devplug.io/gpu": "true"}}],
 }
 KUBELET_VERBOSITY_PATCH = "kind: KubeletConfiguration\nlogging:\n  verbosity: 4\n"

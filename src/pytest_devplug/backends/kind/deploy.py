@@ -1,6 +1,7 @@
 """The plugin under test's image on kind (built here for the included plugin); its DaemonSet is :mod:`..k8s.manifests`.
 
-The included plugin's image is built from ``plugin_under_test/`` on the standard ``python:3.12-slim``,
+The included plugin's image (its device plugin and, with the ``dra`` extra installed, its DRA driver) is built
+from ``plugin_under_test/`` on the standard ``python:3.12-slim``,
 or on the local Python base where the offline scripts made one (no registry); it is tagged by a hash of
 its inputs, so a second session does not rebuild it. A user's plugin comes as ``--devplug-plugin-image``
 (present locally or pullable) and ``--devplug-plugin-manifest`` (a DaemonSet).
@@ -80,8 +81,9 @@ class PluginImage:
             # (the base's Python is Debian's, the same minor as the offline tooling's). The standard base
             # installs the dependencies from PyPI itself.
             deps = [] if base != STANDARD_BASE else ["--no-deps"]
-            run([*_pip(), "wheel", *deps, "-q", "-w", str(ctx / "dist"), str(PLUGIN_SRC)], timeout=900)
-            run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(ctx)], timeout=1800)
+            run([*_pip(), "wheel", *deps, "-q", "-w", str(ctx / "dist"), f"{PLUGIN_SRC}[dra]"], timeout=900)
+            offline = ["--build-arg", "PIP_NO_INDEX=1"] if base != STANDARD_BASE else []
+            run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", *offline, "-t", tag, str(ctx)], timeout=1800)
             shutil.rmtree(ctx, ignore_errors=True)
         self.built = tag
         return tag

@@ -23,17 +23,22 @@ CONSISTENTLY_S = 3.0
 
 
 @contextmanager
-def short_dra_timings(driver: DriverHandle, **seconds: float) -> Iterator[None]:
-    """Set the kubelet's DRA periods (``wiping_delay``, ``retry_period``, ``reconcile_period``) for the block, where the
-    backend can; a backend that cannot skips the check saying why (real kubelets' periods are constants)."""
+def short_dra_timings(driver: DriverHandle, **seconds: float) -> Iterator[dict[str, float]]:
+    """Set the kubelet's DRA periods (``wiping_delay``, ``retry_period``, ``reconcile_period``) for the block where the
+    backend can; where it cannot (a real kubelet's are constants) the block runs with the kubelet's own. Yields the
+    periods in force, for the block's waits to add."""
     dra = driver.dra
     try:
         old = dra.dra_timings()
-        dra.set_dra_timings(**seconds)
     except UnsupportedOperationError as exc:
-        pytest.skip(f"needs the kubelet's DRA periods shortened ({seconds}): {exc}")
+        pytest.skip(f"needs the kubelet's DRA periods ({sorted(seconds)}): {exc}")
     try:
-        yield
+        dra.set_dra_timings(**seconds)
+    except UnsupportedOperationError:
+        yield {k: old[k] for k in seconds}  # waited out as they are
+        return
+    try:
+        yield dict(seconds)
     finally:
         dra.set_dra_timings(**{k: old[k] for k in seconds})
 

@@ -2,7 +2,7 @@
 
 These need the driver's cooperation to fail on purpose (the ``devplug_dra_faults`` fixture, or health the driver
 reports itself); without an injector they skip naming the contract. The kubelet retries a failed prepare after
-its pod worker's back-off (10 s; 0.5 s here) while the pod stays Pending with ``FailedPrepareDynamicResources``;
+its pod worker's back-off (10 s; 0.5 s where the backend can shorten it) while the pod stays Pending with ``FailedPrepareDynamicResources``;
 a failed unprepare is retried until it succeeds, also across a kubelet restart.
 """
 
@@ -15,6 +15,11 @@ from pytest_devplug.dra.faults import DRAFaultInjector, FaultNotSupportedError
 from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle
 
 from ._support import fault, short_dra_timings, succeeded, waited
+
+
+def _backoff(periods: dict[str, float]) -> float:
+    """The longest wait before the kubelet's pod worker retries a failed sync (its back-off, jittered up to 1.5x)."""
+    return 1.5 * periods["retry_period"]
 
 
 def _failed_prepare(pod: ClaimPodHandle, driver: DriverHandle) -> str:
@@ -31,13 +36,13 @@ def test_failed_prepare_keeps_pod_pending_then_runs(devplug_claims: ClaimFactory
     """Upstream "must run pod if NodePrepareResources fails and then succeeds": while the driver fails the prepare,
     the pod stays Pending with the driver's error in a FailedPrepareDynamicResources event; once it succeeds the
     kubelet's retry runs the pod."""
-    with short_dra_timings(devplug_driver, retry_period=0.5):
+    with short_dra_timings(devplug_driver, retry_period=0.5) as periods:
         with fault("fail NodePrepareResources"):
             devplug_dra_faults.fail_prepare()
         pod = devplug_claims.pod()
         _failed_prepare(pod, devplug_driver)
         devplug_dra_faults.fail_prepare(False)
-        assert_claim_prepared(pod, devplug_driver)
+        assert_claim_prepared(pod, devplug_driver, timeout=devplug_driver.node.timeout + _backoff(periods))
 
 
 @pytest.mark.devplug_disruptive
@@ -78,11 +83,12 @@ def _failing_unprepare(claims: ClaimFactory, driver: DriverHandle, faults: DRAFa
 def test_failed_unprepare_is_retried(devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector) -> None:
     """Upstream "must call NodeUnprepareResources for deleted pod": an unprepare the driver fails keeps the claim in
     the kubelet's checkpoint and is retried until the driver succeeds."""
-    with short_dra_timings(devplug_driver, retry_period=0.5):
+    with short_dra_timings(devplug_driver, retry_period=0.5) as periods:
         uid, since = _failing_unprepare(devplug_claims, devplug_driver, devplug_dra_faults)
         devplug_dra_faults.fail_unprepare(False)
         waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-               "the unprepare retried until it succeeded", driver=devplug_driver)  # fmt: skip
+               "the unprepare retried until it succeeded", driver=devplug_driver,
+               timeout=devplug_driver.node.timeout + _backoff(periods))  # fmt: skip
 
 
 @pytest.mark.devplug_disruptive
@@ -91,7 +97,7 @@ def test_unprepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, d
     """Upstream "must retry NodeUnprepareResources after Kubelet restart": an unprepare that failed before the kubelet
     restarted is retried by the new kubelet (its reconcile loop, 1 s here) from the checkpoint."""
     node = devplug_driver.node
-    with short_dra_timings(devplug_driver, retry_period=0.5, reconcile_period=1.0):
+    with short_dra_timings(devplug_driver, retry_period=0.5, reconcile_period=1.0) as periods:
         uid, since = _failing_unprepare(devplug_claims, devplug_driver, devplug_dra_faults)
         node.stop_kubelet()
         try:
@@ -99,7 +105,8 @@ def test_unprepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, d
         finally:
             node.start_kubelet()
         waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-               "the unprepare retried by the restarted kubelet", driver=devplug_driver, timeout=node.reregistration_timeout)  # fmt: skip
+               "the unprepare retried by the restarted kubelet", driver=devplug_driver,
+               timeout=node.reregistration_timeout + periods["reconcile_period"])  # fmt: skip
 
 
 def _health_service(driver: DriverHandle) -> None:
@@ -113,7 +120,7 @@ def test_device_health_reaches_pod_status(devplug_claims: ClaimFactory, devplug_
     reports it so, and Healthy again where the injector can make it recover."""
     _health_service(devplug_driver)
     claim = devplug_claims.claim()
-    pod = devplug_claims.pod([claim], wait=True)
+    pod = devplug_claims.pod([claim], wait=True, same_names=True)
     (allocated,) = claim.allocated
     waited(lambda: pod.claim_health, lambda h: bool(h) and set(h.values()) == {"Healthy"},
            "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
@@ -134,7 +141,7 @@ def test_device_health_unknown_after_driver_stops(devplug_claims: ClaimFactory, 
     """Upstream "should update health to Unknown when plugin stops and recover upon restart": with the driver gone its
     devices read Unknown in the pod status; started again, it reports them Healthy again."""
     _health_service(devplug_driver)
-    pod = devplug_claims.pod(wait=True)
+    pod = devplug_claims.pod([devplug_claims.claim()], wait=True, same_names=True)
     waited(lambda: pod.claim_health, lambda h: bool(h) and set(h.values()) == {"Healthy"},
            "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
     devplug_driver.stop()

@@ -49,6 +49,12 @@ CLIENT_CALL_TIMEOUT_S = 45.0
 CallObserver = Callable[[str, str, list[str], str], None]
 
 
+def _claim_errors(response: Message) -> str:
+    """The claims a response answered with an error, ``claim <uid>: <error>`` each (``""``: none)."""
+    answers = getattr(response, "claims", {})
+    return "; ".join(f"claim {uid}: {answers[uid].error}" for uid in sorted(answers) if answers[uid].error)
+
+
 class DRAPluginCallError(SimError):
     """A call to a DRA plugin failed as a whole; ``str()`` is grpc-go's rendering of the status."""
 
@@ -134,7 +140,7 @@ class DRAPluginClient:
             closing = "rpc error: code = Canceled desc = grpc: the client connection is closing"
             self._observe(method, uids, closing)
             raise DRAPluginCallError(closing) from None
-        self._observe(method, uids, "")
+        self._observe(method, uids, _claim_errors(response))
         return _as(response, response_cls) if beta else response
 
     def _observe(self, method: str, uids: list[str], error: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +32,7 @@ from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginError, DRAPluginManager
 from pytest_devplug.sim.errors import SimError
 
-__all__ = ["ClaimSource", "DRAManagerError", "DRAPrepareError", "DRAManager", "claim_name_for"]
+__all__ = ["ClaimSource", "DRAManagerError", "DRAPrepareError", "DRAManager", "claim_name_for", "container_cdi_devices", "container_claims"]
 
 Obj = Mapping[str, Any]
 
@@ -102,6 +102,41 @@ def _claim_info_from_claim(claim: Obj) -> _ClaimInfo:
         str(r["driver"]): None for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver")
     }
     return _ClaimInfo(cp.ClaimInfoState(str(meta.get("uid", "")), str(meta.get("name", "")), str(meta.get("namespace", "")), set(), drivers))
+
+
+def container_claims(pod: Obj, container_name: str) -> list[tuple[str, str, str]]:
+    """(pod claim name, request or "", ResourceClaim name) for each claim the container uses."""
+    spec = pod.get("spec") or {}
+    container = next((c for c in spec.get("containers") or [] if c.get("name") == container_name), None)
+    if container is None:
+        return []
+    pod_claims = {c.get("name"): c for c in spec.get("resourceClaims") or []}
+    out = []
+    for ref in (container.get("resources") or {}).get("claims") or []:
+        pod_claim = pod_claims.get(ref.get("name"))
+        if pod_claim is None:
+            continue
+        name, _ = claim_name_for(pod, pod_claim)
+        if name is not None:
+            out.append((str(ref.get("name")), str(ref.get("request") or ""), name))
+    return out
+
+
+def container_cdi_devices(pod: Obj, container_name: str, claim_state: Callable[[str, str], cp.ClaimInfoState | None]) -> list[str]:
+    """``GetResources``: the CDI device IDs the runtime must give the container, in claim order, from the kubelet's
+    state of each claim (``claim_state(namespace, name)``: its checkpoint entry)."""
+    namespace = str(_meta(pod).get("namespace", ""))
+    ids: list[str] = []
+    for _, request, name in container_claims(pod, container_name):
+        state = claim_state(namespace, name)
+        if state is None:
+            raise DRAPrepareError(f"internal error: unable to get claim info for ResourceClaim {name} in namespace {namespace}")
+        for devices in (state.driver_state or {}).values():
+            for d in devices or []:
+                if request and d.request_names and request.split("/")[0] not in d.request_names:
+                    continue
+                ids.extend(i for i in d.cdi_device_ids or [] if i not in ids)
+    return ids
 
 
 @dataclass
@@ -319,38 +354,10 @@ class DRAManager:
 
     # --- what containers get ----------------------------------------------------------------------
 
-    def _container_claims(self, pod: Obj, container_name: str) -> list[tuple[str, str, str]]:
-        """(pod claim name, request or "", ResourceClaim name) for each claim the container uses."""
-        spec = pod.get("spec") or {}
-        container = next((c for c in spec.get("containers") or [] if c.get("name") == container_name), None)
-        if container is None:
-            return []
-        pod_claims = {c.get("name"): c for c in spec.get("resourceClaims") or []}
-        out = []
-        for ref in (container.get("resources") or {}).get("claims") or []:
-            pod_claim = pod_claims.get(ref.get("name"))
-            if pod_claim is None:
-                continue
-            name, _ = claim_name_for(pod, pod_claim)
-            if name is not None:
-                out.append((str(ref.get("name")), str(ref.get("request") or ""), name))
-        return out
-
     def container_cdi_devices(self, pod: Obj, container_name: str) -> list[str]:
         """``GetResources``: the CDI device IDs the runtime must give the container, in claim order."""
-        namespace = str(_meta(pod).get("namespace", ""))
-        ids: list[str] = []
         with self._lock:
-            for _, request, name in self._container_claims(pod, container_name):
-                info = self._cache.get((namespace, name))
-                if info is None:
-                    raise DRAPrepareError(f"internal error: unable to get claim info for ResourceClaim {name} in namespace {namespace}")
-                for devices in (info.state.driver_state or {}).values():
-                    for d in devices or []:
-                        if request and d.request_names and request.split("/")[0] not in d.request_names:
-                            continue
-                        ids.extend(i for i in d.cdi_device_ids or [] if i not in ids)
-        return ids
+            return container_cdi_devices(pod, container_name, lambda ns, name: None if (i := self._cache.get((ns, name))) is None else i.state)
 
     def allocated_resources_status(self, pod: Obj, container_name: str) -> list[dict[str, Any]]:
         """``UpdateAllocatedResourcesStatus`` for one container: its ``allocatedResourcesStatus`` entries
@@ -359,7 +366,7 @@ class DRAManager:
         namespace = str(_meta(pod).get("namespace", ""))
         statuses: list[dict[str, Any]] = []
         with self._lock:
-            for claim, request, name in self._container_claims(pod, container_name):
+            for claim, request, name in container_claims(pod, container_name):
                 info = self._cache.get((namespace, name))
                 if info is None:
                     continue
