@@ -21,15 +21,14 @@ from typing import Any
 import kubernetes
 import pytest
 
-from pytest_devplug.controlplane import BinariesNotFoundError, ControlPlane, resolve
-from pytest_devplug.controlplane.binaries import build
+from pytest_devplug.controlplane import ControlPlane
 from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.cdi import resolve as resolve_cdi
 from pytest_devplug.sim.dra.manager import DRAManager
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
 from pytest_devplug.waiting import wait_for
 
-from ..support import WAIT, wait_until
+from ..support import WAIT, control_plane_binaries, wait_until
 from .dra_helpers import DRIVER, NODE, DriverDirs, KubeletSide, driver_dirs
 from .gpu_plugin_helpers import UUIDS, MockStateFile, PluginProcess
 
@@ -94,12 +93,8 @@ def _register_node(api: Api, stop: threading.Event) -> threading.Thread:
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[Api]:
-    try:
-        binaries = resolve(download=False)
-    except BinariesNotFoundError:
-        binaries = build()  # the offline cache's build, as `nox -s tests` runs it first
     stop = threading.Event()
-    with ControlPlane(binaries) as cp:
+    with ControlPlane(control_plane_binaries()) as cp:
         client = cp.client()
         try:
             api = Api(client, cp.kubeconfig)
