@@ -28,6 +28,7 @@ from .backends.base import (
     PluginSpec,
     PodResourcesDevices,
     PodResourcesPod,
+    node_tolerations,
     parse_checkpoint,
 )
 from .errors import MockControlsUnavailableError, ObjectNotFoundError
@@ -670,7 +671,8 @@ class PodFactory:
     quantity strings, e.g. ``requests=1`` alone, or ``limits="0.5"``); ``resources={name: count}`` sets the limits of
     several resources (a plugin that advertises more than one); ``manifest`` takes a full pod dict
     instead. Pods are pinned to ``node`` with a nodeSelector on ``kubernetes.io/hostname`` unless the
-    manifest says otherwise. Each call returns a :class:`PodHandle`.
+    manifest says otherwise, tolerating the taints that node is configured with. Each call returns a
+    :class:`PodHandle`.
     """
 
     _counter = itertools.count(1)
@@ -686,6 +688,13 @@ class PodFactory:
         self.timeout = timeout
         self.prefix = _dns_label(prefix)[:40].rstrip("-") or "devplug"
         self.created: list[tuple[str, str]] = []
+
+    def _tolerations(self, node: str) -> list[dict[str, Any]]:
+        """A tainted GPU node's taints: the pod is pinned to it by name (none for a node that does not exist)."""
+        try:
+            return node_tolerations(self.backend.get_node(node))
+        except ObjectNotFoundError:
+            return []
 
     def manifest(
         self,
@@ -730,6 +739,8 @@ class PodFactory:
             "nodeSelector": {"kubernetes.io/hostname": node or self.node},
             "terminationGracePeriodSeconds": 1,
         }
+        if tolerations := self._tolerations(node or self.node):
+            spec["tolerations"] = tolerations
         if restart_policy:
             spec["restartPolicy"] = restart_policy
         meta = {"name": name, "namespace": namespace or self.namespace}

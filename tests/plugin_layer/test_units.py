@@ -7,6 +7,7 @@ import base64
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from pytest_devplug.backends.base import (
     parse_checkpoint,
 )
 from pytest_devplug.backends.sim import emulate_exec
+from pytest_devplug.errors import ObjectNotFoundError
 from pytest_devplug.handles import PodFactory, parse_quantity
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
@@ -121,8 +123,20 @@ def test_unknown_backend_is_refused() -> None:
         create_backend("minikube", BackendOptions())
 
 
+class _NodesOnly:
+    """A backend that answers only ``get_node`` (all ``PodFactory.manifest`` asks of it): node n1, with ``taints``."""
+
+    def __init__(self, *taints: dict[str, str]) -> None:
+        self.taints = list(taints)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        if name != "n1":
+            raise ObjectNotFoundError(f"node {name} not found")
+        return {"metadata": {"name": name}, "spec": {"taints": self.taints}}
+
+
 def test_pod_factory_manifests() -> None:
-    f = PodFactory(None, node="n1", resource_name="example.com/w", timeout=1, prefix="Test Thing[1]")  # type: ignore[arg-type]
+    f = PodFactory(_NodesOnly(), node="n1", resource_name="example.com/w", timeout=1, prefix="Test Thing[1]")  # type: ignore[arg-type]
     m = f.manifest(2)
     c = m["spec"]["containers"][0]
     assert c["resources"] == {"limits": {"example.com/w": "2"}} and m["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
@@ -136,10 +150,22 @@ def test_pod_factory_manifests() -> None:
         parse_quantity("two")
 
 
+def test_pods_tolerate_the_taints_their_node_is_configured_with() -> None:
+    """A tainted GPU node keeps away every pod but those tolerating it; the run pins its pods to the node by name, so
+    they tolerate its configured taints, not those saying the node's state (not-ready, unreachable: a check may be
+    waiting one out)."""
+    gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    state = {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}
+    f = PodFactory(_NodesOnly(gpu, state), node="n1", resource_name="example.com/w", timeout=1)  # type: ignore[arg-type]
+    assert f.manifest(1)["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "tolerations" not in f.manifest(1, node="elsewhere")["spec"], "a node that does not exist has no taints"
+    assert "tolerations" not in PodFactory(_NodesOnly(state), node="n1", resource_name="r/x", timeout=1).manifest(1)["spec"]  # type: ignore[arg-type]
+
+
 def test_resource_neutral_names_and_their_gpu_aliases() -> None:
     import pytest_devplug
 
-    f = PodFactory(None, node="n1", resource_name="example.com/w", timeout=1)  # type: ignore[arg-type]
+    f = PodFactory(_NodesOnly(), node="n1", resource_name="example.com/w", timeout=1)  # type: ignore[arg-type]
     limits = {"limits": {"example.com/w": "2"}}
     assert f.manifest(2)["spec"]["containers"][0]["resources"] == limits
     assert f.manifest(count=2)["spec"]["containers"][0]["resources"] == limits

@@ -57,7 +57,12 @@ class FakeApi:
         return namespace in self.namespaces
 
     def list_nodes(self) -> list[JSONDict]:
-        return [{"metadata": {"name": "gpu-1", "labels": {"devplug.io/gpu": "true"}}, "status": {}}]
+        return [self.get_node("gpu-1")]
+
+    def get_node(self, name: str) -> JSONDict:
+        """gpu-1: a GPU node tainted as GPU nodes usually are, and (its kubelet late) not ready."""
+        taints = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}, {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+        return {"metadata": {"name": name, "labels": {"devplug.io/gpu": "true"}}, "spec": {"taints": taints}, "status": {}}
 
     def apply_daemonset(self, ds: JSONDict) -> None:
         self.daemonsets[(ds["metadata"]["namespace"], ds["metadata"]["name"])] = ds
@@ -202,6 +207,8 @@ def test_the_plugin_daemonset_lives_in_the_run_namespace_pinned_to_its_node(fake
         assert not more and ns == backend.namespace
         assert ds["metadata"]["labels"][MANAGED_BY[0]] == MANAGED_BY[1]
         assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-1"}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in ds["spec"]["template"]["spec"]["tolerations"]
+        assert not any(t.get("key") == "node.kubernetes.io/not-ready" for t in ds["spec"]["template"]["spec"]["tolerations"])
         backend._plugins.clear()  # the fake API has no pods to wait for: the namespace takes the DaemonSet along
     finally:
         backend.close()

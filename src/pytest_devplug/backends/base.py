@@ -47,6 +47,7 @@ __all__ = [
     "parse_checkpoint",
     "applied_view",
     "fill_placeholders",
+    "node_tolerations",
     "DEFAULT_RESOURCE_NAME",
     "DEFAULT_TIMEOUT",
     "DEFAULT_REREGISTRATION_TIMEOUT",
@@ -85,6 +86,24 @@ def fill_placeholders(
         return pattern.sub(lambda m: values[m.group(1)], text)
 
     return [fill(a) for a in argv], {k: fill(v) for k, v in env.items()}
+
+
+#: Taints the node lifecycle controller puts on a node whose kubelet is not ready (``node.kubernetes.io/not-ready``,
+#: ``.../unreachable``, ...) or a cloud provider on one not yet initialised: states of the node, which a check may
+#: be waiting out, not the node's configuration.
+_STATE_TAINT_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
+
+
+def node_tolerations(node: Mapping[str, Any], *, states: bool = False) -> list[JSONDict]:
+    """Tolerations of the taints ``node`` is configured with (a GPU node's ``nvidia.com/gpu:NoSchedule``, a control
+    plane's): the run's pods and plugins are pinned to their node by name, and a tainted GPU node must not keep them
+    away. The taints that say the node's state are left out unless ``states``: a DRA check creates a pod while the
+    node's kubelet is down (upstream's scenario), by when the node lifecycle controller may have tainted it."""
+    return [
+        {"key": t["key"], "operator": "Exists", "effect": t["effect"]}
+        for t in (node.get("spec") or {}).get("taints") or []
+        if t.get("key") and t.get("effect") and (states or not str(t["key"]).startswith(_STATE_TAINT_PREFIXES))
+    ]
 
 
 @dataclass(frozen=True)

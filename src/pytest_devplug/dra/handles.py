@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..backends.base import DEFAULT_IMAGE, Backend
+from ..backends.base import DEFAULT_IMAGE, Backend, node_tolerations
 from ..backends.dra import DRABackend, DRACallRecord, DriverSpec, RegistrationRecord
 from ..errors import ObjectNotFoundError
 from ..handles import NodeHandle, PluginChanges, PodHandle, exit_report
@@ -272,12 +272,6 @@ class ClaimPodHandle(PodHandle):
         return next((c for c in self.conditions if c.get("type") == "PodScheduled"), None)
 
 
-def node_tolerations(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Tolerations of every taint of ``node``: the DRA checks pin their pods (and the driver) to the node under test,
-    often a tainted GPU node, by name."""
-    return [{"key": t["key"], "operator": "Exists", "effect": t["effect"]} for t in (node.get("spec") or {}).get("taints") or [] if t.get("key")]
-
-
 def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or "dra"
 
@@ -365,7 +359,7 @@ class ClaimFactory:
             "nodeSelector": {"kubernetes.io/hostname": target},
             "terminationGracePeriodSeconds": 1,
         }
-        if tolerations := node_tolerations(self.backend.get_node(target)):
+        if tolerations := node_tolerations(self.backend.get_node(target), states=True):
             spec["tolerations"] = tolerations
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name or self._name("pod"), "namespace": self.namespace}, "spec": spec}
 

@@ -44,6 +44,7 @@ from ..base import (
     PodResourcesPod,
     UnsupportedOperationError,
     applied_view,
+    node_tolerations,
     parse_checkpoint,
 )
 from . import gpunode
@@ -510,17 +511,12 @@ class KubeBackend:
         assert image is not None
         labels = {MANAGED_BY[0]: MANAGED_BY[1]}
         daemonsets = [
-            own_daemonset(ds, self.namespace, node, labels, tolerate=self.tolerated_taints(node))
+            own_daemonset(ds, self.namespace, node, labels, tolerations=node_tolerations(self.get_node(node)))
             for ds in render_daemonsets(spec, image)
         ]
         workload = self._pinned(node, daemonsets)
         workload.apply()
         self._plugins[node] = _Deployed(spec, workload, image)
-
-    def tolerated_taints(self, node: str) -> list[JSONDict]:
-        """The taints a workload of the run pinned to ``node`` tolerates: the second node's (the user's choice, as it
-        is); not the node under test's (the test pods would not tolerate them either)."""
-        return (self.get_node(node).get("spec", {}).get("taints") or []) if node == self.options.second_node else []
 
     def note_node_image(self, image: str | None) -> None:
         """An image the node pods may run (it has python3, grpcio, nsenter), if none was given."""

@@ -29,7 +29,7 @@ from ...api.dra import v1beta1_pb2 as pb_beta
 from ...api.drahealth import v1alpha1_pb2 as hpb
 from ...kuberest import KubeRest, RestError
 from .. import mockstate
-from ..base import BackendError, BackendUnavailableError, PluginSpec, UnsupportedOperationError
+from ..base import BackendError, BackendUnavailableError, PluginSpec, UnsupportedOperationError, node_tolerations
 from ..dra import DRACallRecord, DriverSpec, RegistrationRecord
 from .daemonsets import PinnedDaemonSets, container_statuses, exit_reason, pods_running, restarts
 from .dralog import VMODULE, KubeletDRAState, read_into, read_script
@@ -169,7 +169,7 @@ class KubeDRA:
         uid = str(self.rest.get(f"/api/v1/namespaces/{ns}")["metadata"]["uid"])
         objects = render_driver(
             spec, image, namespace=ns, namespace_uid=uid, node=node, labels={MANAGED_BY[0]: MANAGED_BY[1]},
-            api_endpoint=self._api_endpoint(), tolerate=(self._b.get_node(node).get("spec") or {}).get("taints") or [],
+            api_endpoint=self._api_endpoint(), tolerations=node_tolerations(self._b.get_node(node)),
         )  # fmt: skip
         self._create_rbac(objects.rbac)
         workload = self._b._pinned(node, objects.daemonsets)

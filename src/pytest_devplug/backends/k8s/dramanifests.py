@@ -69,7 +69,7 @@ def _load(spec: DriverSpec) -> tuple[Path, list[JSONDict]]:
 
 def render_driver(
     spec: DriverSpec, image: str | None, *, namespace: str, namespace_uid: str, node: str, labels: dict[str, str],
-    api_endpoint: tuple[str, int] | None = None, tolerate: list[JSONDict] | None = None,
+    api_endpoint: tuple[str, int] | None = None, tolerations: list[JSONDict] | None = None,
 ) -> DriverObjects:  # fmt: skip
     """The driver's objects for ``node``, owned by the run (``namespace``, its UID) and labelled ``labels``.
 
@@ -119,5 +119,5 @@ def render_driver(
                 set_env(c, "KUBERNETES_SERVICE_PORT", str(api_endpoint[1]))
             for k, v in spec.env.items():
                 set_env(c, k, v)
-        daemonsets.append(own_daemonset(d, namespace, node, labels, tolerate=tolerate or ()))
+        daemonsets.append(own_daemonset(d, namespace, node, labels, tolerations=tolerations or ()))
     return DriverObjects(rbac, daemonsets)

@@ -128,15 +128,15 @@ def render_daemonsets(spec: PluginSpec, image: str) -> list[dict[str, Any]]:
 
 
 def own_daemonset(
-    ds: dict[str, Any], namespace: str, node: str, labels: dict[str, str], *, tolerate: Sequence[dict[str, Any]] = ()
+    ds: dict[str, Any], namespace: str, node: str, labels: dict[str, str], *, tolerations: Sequence[dict[str, Any]] = ()
 ) -> dict[str, Any]:
     """``ds`` moved into the run's ``namespace`` with the run's ``labels``, its pods on ``node`` only.
 
     The manifest's own node selection (the included one's kind label) gives way to the node's hostname:
     a real node may lack the label, and on a cluster shared by several runs each plugin stays on its node.
     A run may deploy on two nodes (the soak's copy): the name and the pod selector carry the node's key, so
-    the two DaemonSets neither replace nor adopt each other. ``tolerate``: taints of the node the pods must
-    tolerate (a second node the user named, e.g. a control plane, is used as it is).
+    the two DaemonSets neither replace nor adopt each other. ``tolerations``: added to the pods' own
+    (those of the node's configured taints, :func:`~pytest_devplug.backends.base.node_tolerations`).
     """
     key = hashlib.sha256(node.encode()).hexdigest()[:8]
     meta = ds["metadata"]
@@ -146,10 +146,7 @@ def own_daemonset(
     ds["spec"].setdefault("selector", {}).setdefault("matchLabels", {})[NODE_KEY_LABEL] = key
     ds["spec"]["template"].setdefault("metadata", {}).setdefault("labels", {})[NODE_KEY_LABEL] = key
     pod = ds["spec"]["template"]["spec"]
-    for taint in tolerate:
-        pod.setdefault("tolerations", []).append(
-            {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}
-        )
+    pod.setdefault("tolerations", []).extend(dict(t) for t in tolerations if t not in pod.get("tolerations", []))
     pod = ds["spec"]["template"]["spec"]
     selector = dict(pod.get("nodeSelector") or {})
     selector.pop(GPU_LABEL[0], None)
