@@ -23,7 +23,7 @@ from pytest_devplug.waiting import WaitTimeout, wait_for
 if TYPE_CHECKING:
     from pytest_devplug.controlplane import Binaries
 
-__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "parse_junit", "run_conformance", "short_dir", "wait_until"]
+__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "default_sigint", "parse_junit", "run_conformance", "short_dir", "wait_until"]
 
 T = TypeVar("T")
 
@@ -137,3 +137,13 @@ def short_dir(prefix: str) -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+_DEFAULT_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+def default_sigint(argv: Sequence[str]) -> list[str]:
+    """``argv`` run with SIGINT at its default disposition (the same process: exec keeps the pid and session). A test
+    that interrupts a child as a terminal does must not depend on how the test run was started: a script's
+    background job runs with SIGINT ignored, its children inherit that, and the harness rightly leaves it ignored."""
+    return [sys.executable, "-c", _DEFAULT_SIGINT, *argv]

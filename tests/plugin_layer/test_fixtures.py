@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ..support import default_sigint
+
 pytest_plugins = ["pytester"]
 
 
@@ -102,7 +104,7 @@ def test_ctrl_c_leaves_no_process_socket_or_temp_dir(tmp_path: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dpc-", dir="/tmp"))  # short: Unix socket paths live under it
     devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
     proc = subprocess.Popen(
-        [devplug, "conformance", "--", "-v", "-p", "no:randomly"],
+        default_sigint([devplug, "conformance", "--", "-v", "-p", "no:randomly"]),
         cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip

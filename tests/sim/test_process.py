@@ -20,7 +20,7 @@ from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import PluginProcessError
 from pytest_devplug.sim.process import PluginProcess, live_processes
 
-from ..support import WAIT, short_dir, wait_until
+from ..support import WAIT, default_sigint, short_dir, wait_until
 
 PY = sys.executable
 
@@ -122,7 +122,7 @@ if sys.argv[2] == "wait":
 
 @pytest.mark.parametrize("how", ["exit", "sigterm", "sigint", "sigkill"])
 def test_no_leak_when_the_harness_exits_or_is_signalled(tmp_path: Path, how: str) -> None:
-    proc = subprocess.Popen([PY, "-c", SCRIPT, str(tmp_path), "exit" if how == "exit" else "wait"],
+    proc = subprocess.Popen(default_sigint([PY, "-c", SCRIPT, str(tmp_path), "exit" if how == "exit" else "wait"]),
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -169,7 +169,7 @@ except KeyboardInterrupt:
 
 
 def start_harness(mode: str, tmp: Path) -> tuple[subprocess.Popen[str], int, Path]:
-    proc = subprocess.Popen([PY, "-c", HARNESS, mode], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(default_sigint([PY, "-c", HARNESS, mode]), stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp)})
     assert proc.stdout is not None
     pid, work = proc.stdout.readline().split()
