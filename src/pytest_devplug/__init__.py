@@ -31,7 +31,7 @@ from .backends.base import (
     PodResourcesPod,
     UnsupportedOperationError,
 )
-from .errors import DevplugError, ObjectNotFoundError, WaitAbandoned
+from .errors import ContainerStatusMissingError, DevplugError, ObjectNotFoundError, WaitAbandoned
 from .evidence import DevplugAssertionError
 from .faults import FaultInjector, FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults
 from .handles import (
@@ -59,6 +59,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointEntry",
     "ClusterHandle",
+    "ContainerStatusMissingError",
     "ContainerView",
     "DeviceNodeView",
     "DevplugAssertionError",

@@ -23,6 +23,7 @@ __all__ = [
     "UnsupportedOperationError",
     "PodRejectedError",
     "ObjectNotFoundError",
+    "ContainerStatusMissingError",
     "WaitTimeout",
     "WaitAbandoned",
     "FaultNotSupportedError",
@@ -72,6 +73,14 @@ class PodRejectedError(BackendError):
 
 class ObjectNotFoundError(BackendError):
     """The pod (or node) asked for does not exist."""
+
+
+class ContainerStatusMissingError(DevplugError, KeyError):
+    """The pod has no status for that container yet (the kubelet has not reported it); a ``KeyError`` as well, as
+    it was before it had a type of its own."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""  # KeyError would quote the message
 
 
 class WaitTimeout(DevplugError, Generic[T]):

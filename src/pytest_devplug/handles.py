@@ -31,7 +31,7 @@ from .backends.base import (
     node_tolerations,
     parse_checkpoint,
 )
-from .errors import MockControlsUnavailableError, ObjectNotFoundError
+from .errors import ContainerStatusMissingError, MockControlsUnavailableError, ObjectNotFoundError
 from .kubeletmodel import quantity
 from .waiting import WaitTimeout, wait_for
 
@@ -517,7 +517,7 @@ class PodHandle:
         for st in [*(self.status.get("initContainerStatuses") or []), *(self.status.get("containerStatuses") or [])]:
             if st.get("name") == name:
                 return dict(st)
-        raise KeyError(f"pod {self.namespace}/{self.name} has no status for container {name!r} yet")
+        raise ContainerStatusMissingError(f"pod {self.namespace}/{self.name} has no status for container {name!r} yet")
 
     @property
     def restart_count(self) -> int:

@@ -827,12 +827,8 @@ def devplug_soak(
     """The long-lived connection watch (a SoakWatch), for the whole session: a second copy of the plugin on a node of
     its own, registered once and left alone; ``.verdict(timeout)`` waits until it has been registered for
     ``--devplug-soak`` seconds. Started by the first test of a session that collected a soak check."""
-    watch = SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name)
-    try:
-        watch.start()
+    with SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name) as watch:
         yield watch
-    finally:
-        watch.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,7 @@ import time
 from .backends.base import NodeSpec, PluginSpec, UnsupportedOperationError
 from .handles import ClusterHandle, NodeHandle, PluginHandle
 from .waiting import WaitTimeout, wait_for
+from .watch import Watch
 
 __all__ = ["SOAK_MARKER", "SOAK_NODE", "DEFAULT_SOAK_S", "SoakWatch"]
 
@@ -26,7 +27,7 @@ SOAK_NODE = "devplug-soak"
 DEFAULT_SOAK_S = 30.0
 
 
-class SoakWatch:
+class SoakWatch(Watch):
     """A copy of the plugin on :data:`SOAK_NODE`, registered once and watched until the soak time is over."""
 
     def __init__(self, cluster: ClusterHandle, spec: PluginSpec, seconds: float, main_node: str) -> None:

@@ -220,12 +220,9 @@ def _resync(backend: SimBackend, driver: DriverHandle, factory: ClaimFactory) ->
     """The resync check on a copy of the broken driver; a 2 s republish bound (the widget republishes within 0.3 s).
     The copy itself gets the same 20 s to come up as every driver here: a Python process start alone took over 5 s
     on a loaded machine, and a copy that never came up fails the check for another reason than the bug."""
-    watch = ResyncWatch(ClusterHandle(backend, timeout=20.0), driver.spec, driver.node.name, f"{driver.node.name}-rs", republish_s=2.0)
-    try:
-        watch.start()
+    cluster = ClusterHandle(backend, timeout=20.0)
+    with ResyncWatch(cluster, driver.spec, driver.node.name, f"{driver.node.name}-rs", republish_s=2.0) as watch:
         test_slices.test_node_slices_removed_on_kubelet_start_then_published_again(watch, driver)
-    finally:
-        watch.close()
 
 
 #: variant -> (how to run the check it must fail, a text its failure must contain)

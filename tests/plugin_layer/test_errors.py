@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import pytest_devplug
-from pytest_devplug import errors
+from pytest_devplug import PodHandle, errors
 
 SRC = Path(pytest_devplug.__file__).parent
 
@@ -53,6 +53,18 @@ def test_compatible_builtin_bases_are_kept() -> None:
     assert issubclass(errors.MockControlsUnavailableError, RuntimeError)
     assert issubclass(errors.MockBuildError, RuntimeError)
     assert issubclass(errors.DevplugAssertionError, AssertionError)
+    assert issubclass(errors.ContainerStatusMissingError, KeyError)
+
+
+def test_a_container_without_status_yet_is_a_type_with_a_plain_message() -> None:
+    class Backend:
+        def get_pod(self, name: str, namespace: str) -> dict[str, object]:
+            return {"metadata": {"name": name}, "status": {"phase": "Pending"}}
+
+    pod = PodHandle(Backend(), "p", "ns", container="c", resource_name="nvidia.com/gpu", timeout=1.0)  # type: ignore[arg-type]
+    with pytest.raises(errors.ContainerStatusMissingError) as info:
+        pod.container_status()
+    assert str(info.value) == "pod ns/p has no status for container 'c' yet"
 
 
 def test_no_code_tells_not_found_by_its_message() -> None:

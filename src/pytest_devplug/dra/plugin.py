@@ -321,12 +321,8 @@ def devplug_driver_started(request: pytest.FixtureRequest, _devplug_driver_deplo
 def devplug_dra_resync(devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> Iterator[ResyncWatch]:
     """A second copy of the driver on a node of its own (a ResyncWatch), for the whole session: its kubelet restarts
     once, when the first DRA check begins; ``.verdict()`` judges the slices the driver published again since."""
-    watch = ResyncWatch(devplug_cluster, devplug_driver_spec, devplug_dra_node.name)
-    try:
-        watch.start()
+    with ResyncWatch(devplug_cluster, devplug_driver_spec, devplug_dra_node.name) as watch:
         yield watch
-    finally:
-        watch.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,6 +20,7 @@ from ..backends.dra import DriverSpec, dra_of
 from ..handles import ClusterHandle
 from ..kuberest import RestError
 from ..waiting import WaitTimeout, wait_for
+from ..watch import Watch
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .handles import DRANodeHandle, DriverHandle
 from .objects import RESOURCE_API, list_slices
@@ -45,7 +46,7 @@ def _slice(name: str, node: str) -> dict[str, object]:
     }  # fmt: skip
 
 
-class ResyncWatch:
+class ResyncWatch(Watch):
     """A copy of the driver on ``node_name`` whose kubelet restarts once, at :meth:`start`."""
 
     def __init__(
