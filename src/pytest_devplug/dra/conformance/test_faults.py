@@ -13,6 +13,7 @@ import pytest
 from pytest_devplug.dra.assertions import assert_claim_prepared, assert_driver_registered
 from pytest_devplug.dra.faults import DRAFaultInjector, FaultNotSupportedError
 from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle
+from pytest_devplug.waiting import WaitTimeout, wait_for
 
 from ._support import fault, short_dra_timings, succeeded, waited
 
@@ -22,10 +23,19 @@ def _backoff(periods: dict[str, float]) -> float:
     return 1.5 * periods["retry_period"]
 
 
+def _waiting_reasons(pod: ClaimPodHandle) -> list[str | None]:
+    return [(c.get("state") or {}).get("waiting", {}).get("reason") for c in pod.status.get("containerStatuses") or []]
+
+
 def _failed_prepare(pod: ClaimPodHandle, driver: DriverHandle) -> str:
     event = pod.wait_event(r"^FailedPrepareDynamicResources: Failed to prepare dynamic resources: ")
     assert pod.phase == "Pending", f"a pod whose claims failed to prepare is {pod.phase}"
-    waiting = [(c.get("state") or {}).get("waiting", {}).get("reason") for c in pod.status.get("containerStatuses") or []]
+    # A real kubelet records the event at once but posts the pod's status from its status manager, later (on a
+    # loaded node its first GET of the pod can even be refused until the node authorizer has seen the binding).
+    try:
+        waiting = wait_for(lambda: _waiting_reasons(pod), bool, timeout=pod.timeout, what=f"container statuses of pod {pod.name}")
+    except WaitTimeout as exc:
+        waiting = exc.last or []
     assert waiting and all(w == "ContainerCreating" for w in waiting), f"its containers must wait in ContainerCreating: {waiting}"
     return event
 
