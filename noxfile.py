@@ -175,9 +175,14 @@ def e2e(session: nox.Session) -> None:
         session.run("bash", "peers/dra-example/build-image.sh", env=env, external=True, silent=True)  # likewise
         try:
             kubeconfig = _create_kind_cluster(session, kind, name, Path(tmp), offline.get("DEVPLUG_KIND_NODE_IMAGE"))
-            # Every lane starts as soon as the cluster is up; each loads the images it uses into its own nodes.
-            lanes_env = {**env, "KIND": kind}
-            session.run("bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=lanes_env, external=True)
+            # Test pods on any node run the Python base (no registry), loaded into every node once, first: the
+            # plugin image is built on it, so its load below adds only its own layers. The cluster backend's lanes
+            # run the plugin image on worker2 and worker3: there it is loaded as a user pushes a release. The kind
+            # backend's runs load what they use into their own nodes.
+            if python_base:
+                session.run(kind, "load", "docker-image", "--name", name, python_base, external=True)
+            session.run(kind, "load", "docker-image", "--name", name, "--nodes", f"{name}-worker2,{name}-worker3", image, external=True)
+            session.run("bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=env, external=True)
         finally:
             session.run(kind, "delete", "cluster", "--name", name, external=True)
 

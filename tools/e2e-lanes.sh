@@ -5,10 +5,9 @@
 #                 advertises a resource of its own (devplug.io/kind-gpu), so its cluster-wide checks hold meanwhile;
 #                 then the DRA suite against dra-example-driver (its chart's DaemonSet) on the same node
 #   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test and the
-#                 soak (no node left for its copy: it runs in the differential lane); first the plugin image (and the
-#                 workload image) loaded into the node, as a user pushes a release
-#   grace         the grace-period test (5 min on a real kubelet) on -worker3 (its images loaded first, likewise);
-#                 then NVIDIA's plugin with time-slicing (the checks its replicas concern) on the same node
+#                 soak (no node left for its copy: it runs in the differential lane)
+#   grace         the grace-period test (5 min on a real kubelet) on -worker3; then NVIDIA's plugin with
+#                 time-slicing (the checks its replicas concern) on the same node
 #   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4
 #   differential  the checks only the kind backend runs (kubelet kept down, reboot, the soak with its copy on the
 #                 control plane) against the included plugin on -worker5; then the sim-vs-kind differentials and
@@ -18,12 +17,10 @@
 # Why seven nodes: one lane each, and the control plane for the soak's copy; every lane starts at once (the DRA
 # lane, mostly the kubelet's fixed waits, waited for the soak on the control plane before). Each kind node holds ~14
 # inotify instances of the host user's fs.inotify.max_user_instances (nox -s e2e makes sure there are enough).
-# The kind backend's runs load the images they use into their own nodes themselves.
 # Each lane's output is printed when it ends, then one summary line per lane; exits non-zero if any lane failed.
 # SIGINT/SIGTERM: passed on to the lanes as SIGTERM (each pytest run then cleans up its namespace), then waited for.
 #
-# Usage: e2e-lanes.sh CLUSTER KUBECONFIG PLUGIN_IMAGE [WORKLOAD_IMAGE]   (pytest from PATH: the nox session's;
-#        kind: $KIND, else from PATH)
+# Usage: e2e-lanes.sh CLUSTER KUBECONFIG PLUGIN_IMAGE [WORKLOAD_IMAGE]   (pytest from PATH: the nox session's)
 set -uo pipefail
 
 if [ $# -lt 3 ] || [ $# -gt 4 ]; then
@@ -31,7 +28,6 @@ if [ $# -lt 3 ] || [ $# -gt 4 ]; then
   exit 2
 fi
 cluster=$1 kubeconfig=$2 image=$3 workload=${4:-}
-kind=${KIND:-kind}
 if [ ! -r "$kubeconfig" ]; then
   echo "e2e-lanes: KUBECONFIG $kubeconfig is not a readable file" >&2
   exit 2
@@ -89,17 +85,7 @@ nvidia() {  # CONFIG NODE
     -p no:cacheprovider -rP
 }
 
-release() {  # NODE: the cluster backend's images into NODE (the workload image first: the plugin's is built on it)
-  child "$kind" load docker-image --name "$cluster" --nodes "$1" ${workload:+"$workload"} "$image"
-}
-
-conformance() {
-  release "$(node worker2)" || return
-  child pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak"
-}
-
 grace() {
-  release "$(node worker3)" || return
   child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return
   nvidia time-slicing "$(node worker3)"
 }
@@ -125,7 +111,7 @@ dra() {
 }
 
 lane kind kind_then_dra_example
-lane conformance conformance
+lane conformance pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak"
 lane grace grace
 lane nvidia nvidia envvar "$(node worker4)"
 lane differential differential
