@@ -23,7 +23,10 @@ from pytest_devplug.waiting import WaitTimeout, wait_for
 if TYPE_CHECKING:
     from pytest_devplug.controlplane import Binaries
 
-__all__ = ["RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "default_sigint", "parse_junit", "run_conformance", "short_dir", "wait_until"]
+__all__ = [
+    "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "default_sigint",
+    "dra_check_selection", "parse_junit", "run_conformance", "short_dir", "unrun", "wait_until",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -67,6 +70,23 @@ def control_plane_binaries() -> Binaries:
 def control_plane_bin_dir() -> Path:
     """The directory of the real control plane's binaries (see :func:`control_plane_binaries`)."""
     return control_plane_binaries()["kube-apiserver"].parent
+
+
+#: The DRA checks a kind test of a driver runs: their names, space-separated; unset, the whole suite.
+#: tools/e2e-lanes.sh splits the checks between the included driver and dra-example-driver so that `nox -s e2e` runs
+#: each on a real kubelet once (both drivers run the whole suite on the embedded kubelet in `nox -s tests`).
+DRA_CHECKS_ENV = "DEVPLUG_DRA_CHECKS"
+
+
+def dra_check_selection() -> tuple[list[str], frozenset[str] | None]:
+    """The pytest arguments that select :data:`DRA_CHECKS_ENV`'s checks, and those names (``None``: every check)."""
+    names = frozenset(os.environ.get(DRA_CHECKS_ENV, "").split())
+    return (["-k", " or ".join(sorted(names))], names) if names else ([], None)
+
+
+def unrun(result: SuiteResult, selected: frozenset[str] | None) -> list[str]:
+    """The selected checks that have no verdict in ``result`` (a name that matches no check, or a run cut short)."""
+    return sorted((selected or frozenset()) - set(result.verdicts()))
 
 
 @dataclass

@@ -3,17 +3,22 @@
 # of its own, each backend run in a namespace of its own (one after the other where a lane has several):
 #   kind          tests/kind (smoke, SIGTERM leftovers, multi-node) on <cluster>-worker, the GPU worker; its plugin
 #                 advertises a resource of its own (devplug.io/kind-gpu), so its cluster-wide checks hold meanwhile;
-#                 then the DRA suite against dra-example-driver (its chart's DaemonSet) on the same node
+#                 then dra-example-driver (its chart's DaemonSet) under the DRA checks of $dra_shared and
+#                 $dra_example on the same node
 #   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test and the
 #                 soak (no node left for its copy: it runs in the differential lane)
-#   grace         the grace-period test (5 min on a real kubelet) on -worker3; then NVIDIA's plugin with
-#                 time-slicing (the checks its replicas concern) on the same node
+#   grace         the grace-period test (5 min on a real kubelet) on -worker3; then the DRA sim-vs-kind
+#                 differential on the same node
 #   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4
 #   differential  the checks only the kind backend runs (kubelet kept down, reboot, the soak with its copy on the
 #                 control plane) against the included plugin on -worker5; then the sim-vs-kind differentials and
 #                 NVIDIA's plugin with cdi-cri (the allocation checks) on the same node
-#   dra           the DRA suite against the included driver (devplug-gpu-plugin --dra, its DaemonSet) on -worker6,
-#                 then the DRA sim-vs-kind differential there
+#   dra           the included driver (devplug-gpu-plugin --dra, its DaemonSet) under the DRA checks of $dra_shared
+#                 and $dra_included on -worker6; then NVIDIA's plugin with time-slicing (the checks its replicas
+#                 concern) on the same node
+# The DRA suite's checks are split between the two drivers (each check on a real kubelet once, the quick core on
+# both): each driver runs the whole suite on the embedded kubelet in `nox -s tests`, and two whole runs on kind
+# cost ~15 min of lane time at the kubelet's fixed periods.
 # Why seven nodes: one lane each, and the control plane for the soak's copy; every lane starts at once (the DRA
 # lane, mostly the kubelet's fixed waits, waited for the soak on the control plane before). Each kind node holds ~14
 # inotify instances of the host user's fs.inotify.max_user_instances (nox -s e2e makes sure there are enough).
@@ -85,15 +90,32 @@ nvidia() {  # CONFIG NODE
     -p no:cacheprovider -rP
 }
 
+# The DRA suite's checks on kind: the quick core for both drivers, the rest once (DEVPLUG_DRA_CHECKS, tests/support.py).
+dra_shared="test_driver_registers_with_the_kubelet test_slices_published test_claim_prepared_and_container_sees_it
+  test_claim_for_two_devices test_claim_from_template test_prepare_is_idempotent
+  test_unprepared_when_pod_deleted_and_unprepare_is_idempotent test_shared_claim
+  test_unsatisfiable_claim_stays_unschedulable test_checkpoint_contents"
+# the fault checks (only the included driver has a fault injector) and two kubelet restarts
+dra_included="test_failed_prepare_keeps_pod_pending_then_runs test_prepare_retried_after_kubelet_restart
+  test_failed_unprepare_is_retried test_unprepare_retried_after_kubelet_restart test_device_health_reaches_pod_status
+  test_device_health_unknown_after_driver_stops test_reregisters_after_kubelet_restart
+  test_checkpoint_survives_kubelet_restart test_recovers_after_refused_registration"
+# the driver's own restarts, its slices across the kubelet's and its own restarts, the kubelet kept down
+dra_example="test_reregisters_after_driver_restart test_abrupt_kill_then_start_registers_again
+  test_node_slices_removed_on_kubelet_start_then_published_again test_slices_removed_after_driver_stops
+  test_slices_kept_when_driver_restarts_quickly test_unprepare_for_pod_deleted_while_kubelet_down
+  test_pod_created_while_kubelet_down_runs test_pod_deleted_while_kubelet_down_is_never_prepared"
+
 grace() {
   child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return
-  nvidia time-slicing "$(node worker3)"
+  child pytest -m kind tests/differential/test_dra_differential.py "${kind_backend[@]}" --devplug-node "$(node worker3)"
 }
 
 # The DRA suite runs `devplug conformance --dra` itself (tests/dra, tests/peers); PYTEST_ADDOPTS reaches it too.
 kind_then_dra_example() {
   child pytest -m kind tests/kind --keep-cluster -p no:cacheprovider || return
-  PYTEST_ADDOPTS="--devplug-node=$(node worker)" child pytest -m kind tests/peers/test_dra_example.py -p no:cacheprovider -rP
+  PYTEST_ADDOPTS="--devplug-node=$(node worker)" DEVPLUG_DRA_CHECKS="$dra_shared $dra_example" \
+    child pytest -m kind tests/peers/test_dra_example.py -p no:cacheprovider -rP
 }
 
 differential() {
@@ -105,9 +127,9 @@ differential() {
 }
 
 dra() {
-  PYTEST_ADDOPTS="--devplug-node=$(node worker6)" child pytest -m kind tests/dra/test_included_driver.py \
-    -p no:cacheprovider -rP || return
-  child pytest -m kind tests/differential/test_dra_differential.py "${kind_backend[@]}" --devplug-node "$(node worker6)"
+  PYTEST_ADDOPTS="--devplug-node=$(node worker6)" DEVPLUG_DRA_CHECKS="$dra_shared $dra_included" \
+    child pytest -m kind tests/dra/test_included_driver.py -p no:cacheprovider -rP || return
+  nvidia time-slicing "$(node worker6)"
 }
 
 lane kind kind_then_dra_example

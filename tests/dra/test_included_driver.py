@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support import run_conformance
+from ..support import DRA_CHECKS_ENV, SuiteResult, dra_check_selection, run_conformance, unrun
 
 #: The only skips the included driver may get, each naming why.
 ALLOWED_SKIPS = re.compile(r"cannot fail NodeUnprepareResources: .*no meaning in the mock-NVML state")
@@ -37,15 +37,21 @@ KIND_CLUSTER = "devplug-dra"
 KIND_SUITE_TIMEOUT_S = 1800
 
 
-def _assert_verdicts(options: list[str], pytest_args: list[str], tmp_path: Path, timeout: float, *, skips: list[re.Pattern[str]]) -> None:
-    """The suite passed (every fault check too), every skip explained by ``skips``, and the report judged the driver."""
+def _assert_verdicts(
+    options: list[str], pytest_args: list[str], tmp_path: Path, timeout: float, *, skips: list[re.Pattern[str]],
+    selected: frozenset[str] | None = None,
+) -> None:  # fmt: skip
+    """The suite passed (every fault check too), every skip explained by ``skips``, and the report judged the driver;
+    ``selected``: only those checks ran (``pytest_args`` selects them), each with a verdict."""
     __tracebackhide__ = True
     result = run_conformance([*options, "--report", str(tmp_path / "report.md")], pytest_args, tmp_path, timeout=timeout)
+    assert not unrun(result, selected), f"selected checks without a verdict: {unrun(result, selected)}\n{result.output}"
     assert not result.failed, "the included driver: failed/errors:\n" + "\n".join(result.failed) + result.output
     assert result.returncode == 0, f"devplug conformance {' '.join(options)} exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in skips)}
     assert not unexplained, f"skips the included driver has no reason for: {unexplained}"
-    assert FAULT_CHECKS <= set(result.passed), f"fault checks that did not pass on the included driver: {result.verdicts()}"
+    faults = FAULT_CHECKS if selected is None else FAULT_CHECKS & selected
+    assert faults <= set(result.passed), f"fault checks that did not pass on the included driver: {result.verdicts()}"
     report = json.loads((tmp_path / "report.json").read_text())["run"]  # what was judged: the driver, as deployed
     assert report["subject"] == "dra-driver" and report["driver_name"] == "gpu.devplug.io", report
     assert report["plugin"] == "", report
@@ -60,6 +66,22 @@ def test_dra_suite_passes_on_the_included_driver(tmp_path: Path) -> None:
 
 @pytest.mark.kind
 def test_dra_suite_passes_on_the_included_driver_on_kind(tmp_path: Path) -> None:
-    """The same on a kind cluster: the driver from ``plugin_under_test/deploy/dra-driver.yaml`` on the mock NVML."""
-    _assert_verdicts(["--dra", "--backend", "kind", "--timeout", "60"], [f"--cluster-name={KIND_CLUSTER}", "-rs"],
-                     tmp_path, KIND_SUITE_TIMEOUT_S, skips=[ALLOWED_SKIPS, KIND_LIMITS])  # fmt: skip
+    """The same on a kind cluster: the driver from ``plugin_under_test/deploy/dra-driver.yaml`` on the mock NVML
+    (the checks named by ``DEVPLUG_DRA_CHECKS`` where it is set)."""
+    select, selected = dra_check_selection()
+    _assert_verdicts(["--dra", "--backend", "kind", "--timeout", "60"], [f"--cluster-name={KIND_CLUSTER}", "-rs", *select],
+                     tmp_path, KIND_SUITE_TIMEOUT_S, skips=[ALLOWED_SKIPS, KIND_LIMITS], selected=selected)  # fmt: skip
+
+
+def test_a_check_selection_is_exact_and_a_check_without_verdict_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DEVPLUG_DRA_CHECKS`` (how `nox -s e2e` splits the kind runs): a ``-k`` of exactly those names, and any of them
+    without a verdict after the run is reported, so a misspelt or dropped name cannot shrink the run unseen."""
+    monkeypatch.delenv(DRA_CHECKS_ENV, raising=False)
+    assert dra_check_selection() == ([], None)
+    monkeypatch.setenv(DRA_CHECKS_ENV, " test_shared_claim\ttest_checkpoint_contents  ")
+    args, names = dra_check_selection()
+    assert args == ["-k", "test_checkpoint_contents or test_shared_claim"]
+    assert names == {"test_shared_claim", "test_checkpoint_contents"}
+    result = SuiteResult(passed=["test_shared_claim"], skipped={"test_other": "why"})
+    assert unrun(result, names) == ["test_checkpoint_contents"]
+    assert unrun(result, None) == []
