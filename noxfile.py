@@ -149,7 +149,8 @@ def e2e(session: nox.Session) -> None:
     meanwhile), the conformance suite through the cluster backend (kubeconfig only, the plugin image loaded as a
     user pushes a release) and its grace-period test, NVIDIA's plugin under the suite in three configurations,
     the sim-vs-kind differentials and the checks only the kind backend runs, the DRA suite's checks split between
-    the included driver and dra-example-driver (each check on a real kubelet once) and the DRA differential. Every backend run works in a namespace of its own.
+    the included driver and dra-example-driver (each check on a real kubelet once) and the DRA differential. Every
+    backend run works in a namespace of its own.
 
     Where no container registry answers, kind-config/offline/build-all.sh builds the node and Python base
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test

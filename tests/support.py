@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "default_sigint",
-    "dra_check_selection", "parse_junit", "run_conformance", "short_dir", "unrun", "wait_until",
+    "dra_check_selection", "parse_junit", "run_conformance", "selection_mismatch", "short_dir", "wait_until",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -84,9 +84,13 @@ def dra_check_selection() -> tuple[list[str], frozenset[str] | None]:
     return (["-k", " or ".join(sorted(names))], names) if names else ([], None)
 
 
-def unrun(result: SuiteResult, selected: frozenset[str] | None) -> list[str]:
-    """The selected checks that have no verdict in ``result`` (a name that matches no check, or a run cut short)."""
-    return sorted((selected or frozenset()) - set(result.verdicts()))
+def selection_mismatch(result: SuiteResult, selected: frozenset[str] | None) -> list[str]:
+    """Where ``result`` is not exactly the ``selected`` checks: a selected name without a verdict (it matches no
+    check, or the run was cut short), or a check that ran unselected (``-k`` matches substrings); ``[]`` when it is."""
+    if selected is None:
+        return []
+    ran = set(result.verdicts())
+    return [f"no verdict: {t}" for t in sorted(selected - ran)] + [f"not selected: {t}" for t in sorted(ran - selected)]
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support import DRA_CHECKS_ENV, SuiteResult, dra_check_selection, run_conformance, unrun
+from ..support import DRA_CHECKS_ENV, SuiteResult, dra_check_selection, run_conformance, selection_mismatch
 
 #: The only skips the included driver may get, each naming why.
 ALLOWED_SKIPS = re.compile(r"cannot fail NodeUnprepareResources: .*no meaning in the mock-NVML state")
@@ -45,7 +45,7 @@ def _assert_verdicts(
     ``selected``: only those checks ran (``pytest_args`` selects them), each with a verdict."""
     __tracebackhide__ = True
     result = run_conformance([*options, "--report", str(tmp_path / "report.md")], pytest_args, tmp_path, timeout=timeout)
-    assert not unrun(result, selected), f"selected checks without a verdict: {unrun(result, selected)}\n{result.output}"
+    assert not selection_mismatch(result, selected), f"not the selected checks: {selection_mismatch(result, selected)}\n{result.output}"
     assert not result.failed, "the included driver: failed/errors:\n" + "\n".join(result.failed) + result.output
     assert result.returncode == 0, f"devplug conformance {' '.join(options)} exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in skips)}
@@ -74,14 +74,16 @@ def test_dra_suite_passes_on_the_included_driver_on_kind(tmp_path: Path) -> None
 
 
 def test_a_check_selection_is_exact_and_a_check_without_verdict_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``DEVPLUG_DRA_CHECKS`` (how `nox -s e2e` splits the kind runs): a ``-k`` of exactly those names, and any of them
-    without a verdict after the run is reported, so a misspelt or dropped name cannot shrink the run unseen."""
+    """``DEVPLUG_DRA_CHECKS`` (how `nox -s e2e` splits the kind runs): a ``-k`` of those names, and after the run any of them
+    without a verdict, or any check that ran unselected, is reported: a misspelt name cannot shrink the run unseen,
+    nor a substring match widen it."""
     monkeypatch.delenv(DRA_CHECKS_ENV, raising=False)
     assert dra_check_selection() == ([], None)
     monkeypatch.setenv(DRA_CHECKS_ENV, " test_shared_claim\ttest_checkpoint_contents  ")
     args, names = dra_check_selection()
     assert args == ["-k", "test_checkpoint_contents or test_shared_claim"]
     assert names == {"test_shared_claim", "test_checkpoint_contents"}
-    result = SuiteResult(passed=["test_shared_claim"], skipped={"test_other": "why"})
-    assert unrun(result, names) == ["test_checkpoint_contents"]
-    assert unrun(result, None) == []
+    result = SuiteResult(passed=["test_shared_claim"], skipped={"test_shared_claim_twice": "why"})
+    assert selection_mismatch(result, names) == ["no verdict: test_checkpoint_contents", "not selected: test_shared_claim_twice"]
+    assert selection_mismatch(SuiteResult(passed=sorted(names)), names) == []
+    assert selection_mismatch(result, None) == []

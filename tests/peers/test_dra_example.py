@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support import dra_check_selection, run_conformance, unrun
+from ..support import dra_check_selection, run_conformance, selection_mismatch
 
 DRIVER = "gpu.example.com"
 #: What the example driver may be skipped for, and nothing else.
@@ -71,7 +71,7 @@ def test_dra_suite_passes_on_the_example_driver_on_kind(peer_binary: Callable[[s
                "--driver-manifest", str(EXAMPLE_DIR / "kubeletplugin.yaml")]  # fmt: skip
     select, selected = dra_check_selection()  # DEVPLUG_DRA_CHECKS: the checks this run covers (nox -s e2e)
     result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs", *select], tmp_path, timeout=KIND_SUITE_TIMEOUT_S)
-    assert not unrun(result, selected), f"selected checks without a verdict: {unrun(result, selected)}\n{result.output}"
+    assert not selection_mismatch(result, selected), f"not the selected checks: {selection_mismatch(result, selected)}\n{result.output}"
     assert not result.failed, f"dra-example-driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
     assert result.returncode == 0, f"devplug conformance --dra --backend kind exited {result.returncode}:\n{result.output}"
     allowed = (*ALLOWED_SKIPS, KIND_LIMITS)
