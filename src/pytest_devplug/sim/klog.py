@@ -31,6 +31,10 @@ class KlogHandler(logging.Handler):
         self.max_lines = max_lines
         self.path = path
         self.setFormatter(KlogFormatter())
+        try:
+            path.touch()  # created once here; emit only appends, so a log removed with its node dir stays removed
+        except OSError:
+            pass  # no node dir (yet): the in-memory copy still works
 
     def emit(self, record: logging.LogRecord) -> None:
         line = self.format(record)
@@ -39,10 +43,13 @@ class KlogHandler(logging.Handler):
             if len(self.lines) > self.max_lines:
                 del self.lines[: len(self.lines) - self.max_lines]
             try:
-                with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write(line + "\n")
+                # No O_CREAT: a line logged while the node dir is being removed must not re-create the file there
+                # (rmtree had deleted it, then could not remove the directory: a run's temp dir left behind).
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             except OSError:
-                pass  # the node dir is being removed: keep the in-memory copy
+                return  # the node dir is gone or going: keep the in-memory copy
+            with os.fdopen(fd, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
 
     def text(self) -> str:
         """The lines kept, as the log file reads."""
