@@ -31,7 +31,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import kubernetes
@@ -42,14 +41,12 @@ from ..kuberest import STRATEGIC_PATCH, KubeRest, RestError
 from ..waiting import WaitTimeout, wait_for
 from . import errors
 from .apiserver import now_rfc3339
-from .clusterapi import ClusterApi
+from .clusterapi import ClusterApi, ClusterBase
 from .dra.api import KubeletDRAApi
 from .dra.node import DRATimings, NodeDRA
 from .kubelet import SimNode
 from .launcher import KUBELET_PATHS
 from .nodestatus import node_labels
-from .workdir import create as create_workdir
-from .workdir import remove as remove_workdir
 
 __all__ = ["ApiCluster", "LEASE_SECONDS", "NOT_READY_TAINT", "RENEW_SECONDS"]
 
@@ -98,7 +95,7 @@ class _NodeAgent:
         self.ready_since = now_rfc3339()
 
 
-class ApiCluster:
+class ApiCluster(ClusterBase):
     """Embedded kubelets registered with the API server that ``client`` (a ``kubernetes.client.ApiClient``) talks to.
 
     ``timeout``: how long :meth:`create_pod` waits for the scheduler and the node to act on a new pod
@@ -110,11 +107,8 @@ class ApiCluster:
     def __init__(
         self, client: Any, workdir: Path | None = None, *, grace_period: float = 300.0, timeout: float = 20.0, remove_nodes: bool = True
     ) -> None:
+        super().__init__(workdir, grace_period)
         self.remove_nodes = remove_nodes
-        self._own_dir = workdir is None
-        self.workdir = create_workdir("devplug-sim-") if workdir is None else Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.grace_period = grace_period
         self.timeout = timeout
         #: The DRA periods every kubelet starts with (``set_dra_timings`` changes them for all).
         self.dra_timings = DRATimings()
@@ -136,12 +130,6 @@ class ApiCluster:
             raise errors.SimError(f"the pod watch on the API server did not start within {timeout:g}s")
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> ApiCluster:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
     def close(self) -> None:
         """Stop the watch and status threads, every node (plugins included); remove the work dir if it was ours."""
         if self._closed.is_set():
@@ -157,8 +145,7 @@ class ApiCluster:
             agent.node.close()
             if self.remove_nodes:
                 self._deregister(agent.node.name)
-        if self._own_dir:
-            remove_workdir(self.workdir)
+        self._remove_own_workdir()
 
     # ---------------------------------------------------------------------- nodes
     def add_node(
@@ -292,12 +279,7 @@ class ApiCluster:
             updated = self._rest.patch(f"/api/v1/nodes/{name}", patch)
         except RestError as exc:
             raise _api_error(exc) from None
-        if labels is not None:
-            node.labels = dict(labels)
-        if taints is not None:
-            node.taints = [dict(t) for t in taints]
-        if unschedulable is not None:
-            node.unschedulable = unschedulable
+        node.update(labels=labels, taints=taints, unschedulable=unschedulable)
         return updated
 
     def _node_status(self, agent: _NodeAgent) -> dict[str, Any]:
@@ -494,19 +476,6 @@ class ApiCluster:
                 agent.posted.pop(uid, None)
         if agent is not None:
             agent.node.kill_pod(uid)
-
-    def restart_container(self, name: str, container: str, namespace: str = "default") -> dict[str, Any]:
-        node, uid = self._bound(name, namespace)
-        node.restart_container(uid, container)
-        return self.get_pod(name, namespace)
-
-    def finish_container(self, name: str, container: str, exit_code: int = 0, namespace: str = "default") -> dict[str, Any]:
-        node, uid = self._bound(name, namespace)
-        node.finish_container(uid, container, exit_code)
-        return self.get_pod(name, namespace)
-
-    def pod_node(self, name: str, namespace: str = "default") -> SimNode:
-        return self._bound(name, namespace)[0]
 
     def _bound(self, name: str, namespace: str) -> tuple[SimNode, str]:
         pod = self.get_pod(name, namespace)

@@ -17,16 +17,13 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Mapping, Sequence
 
 from . import apiserver, errors
-from .clusterapi import ClusterApi
+from .clusterapi import ClusterApi, ClusterBase
 from .kubelet import SimNode
 from .names import dns1123_subdomain_errors, go_quote
 from .scheduler import NodeView, pod_requests, schedule
-from .workdir import create as create_workdir
-from .workdir import remove as remove_workdir
 
 __all__ = ["SimCluster", "BETA_LABELS"]
 
@@ -70,14 +67,11 @@ class _Pod:
         return out
 
 
-class SimCluster:
+class SimCluster(ClusterBase):
     """A small cluster of embedded kubelets; use as a context manager (``close()`` cleans up)."""
 
     def __init__(self, workdir: Path | None = None, *, grace_period: float = 300.0) -> None:
-        self._own_dir = workdir is None
-        self.workdir = create_workdir("devplug-sim-") if workdir is None else Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.grace_period = grace_period
+        super().__init__(workdir, grace_period)
         self._lock = threading.RLock()
         self._nodes: dict[str, SimNode] = {}
         self._pods: dict[tuple[str, str], _Pod] = {}
@@ -90,12 +84,6 @@ class SimCluster:
         self._worker.start()
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> SimCluster:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
     def close(self) -> None:
         """Stop every plugin process, server and thread; remove the work dir if it was ours."""
         with self._lock:
@@ -107,8 +95,7 @@ class SimCluster:
         self._worker.join(timeout=10)
         for node in nodes:
             node.close()
-        if self._own_dir:
-            remove_workdir(self.workdir)
+        self._remove_own_workdir()
 
     # ---------------------------------------------------------------------- nodes
     def add_node(
@@ -182,12 +169,7 @@ class SimCluster:
         """Replace labels/taints, cordon/uncordon; pending pods are retried."""
         node = self.node(name)
         with self._lock:
-            if labels is not None:
-                node.labels = dict(labels)
-            if taints is not None:
-                node.taints = [dict(t) for t in taints]
-            if unschedulable is not None:
-                node.unschedulable = unschedulable
+            node.update(labels=labels, taints=taints, unschedulable=unschedulable)
         self._kick.set()
         return node.node_dict()
 
@@ -252,21 +234,8 @@ class SimCluster:
         self._kick.set()
         return out
 
-    def restart_container(self, name: str, container: str, namespace: str = "default") -> dict[str, Any]:
-        """The container crashes and is restarted by its kubelet (same devices)."""
-        node, uid = self._bound(name, namespace)
-        node.restart_container(uid, container)
-        return self.get_pod(name, namespace)
-
-    def finish_container(self, name: str, container: str, exit_code: int = 0, namespace: str = "default") -> dict[str, Any]:
-        """The container exits with ``exit_code`` (restarted or not per the pod's restartPolicy)."""
-        node, uid = self._bound(name, namespace)
-        node.finish_container(uid, container, exit_code)
-        self._kick.set()
-        return self.get_pod(name, namespace)
-
-    def pod_node(self, name: str, namespace: str = "default") -> SimNode:
-        return self._bound(name, namespace)[0]
+    def _container_finished(self) -> None:
+        self._kick.set()  # its pod may have ended, so its requests no longer count: pending pods may fit now
 
     def _bound(self, name: str, namespace: str) -> tuple[SimNode, str]:
         with self._lock:

@@ -5,17 +5,26 @@ validation, scheduler and event store) and :class:`~pytest_devplug.sim.apicluste
 kube-apiserver and kube-scheduler; the kubelets are its Nodes). Pods and nodes are JSON-shaped dicts as
 the API server returns them; refusals raise :class:`~pytest_devplug.sim.errors.ApiError` (404:
 ``NotFoundError``-compatible status), so the backend maps one error type for both.
+
+Both inherit :class:`ClusterBase`: what they do alike (the work dir, the context manager, the container
+operations on a bound pod's node) is written once there; :class:`ClusterApi` stays what the backend types against.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
 
 from .kubelet import SimNode
+from .workdir import create as create_workdir
+from .workdir import remove as remove_workdir
 
-__all__ = ["ClusterApi"]
+__all__ = ["ClusterApi", "ClusterBase"]
+
+_C = TypeVar("_C", bound="ClusterBase")
 
 
 class ClusterApi(Protocol):
@@ -69,3 +78,55 @@ class ClusterApi(Protocol):
     def pod_node(self, name: str, namespace: str = "default") -> SimNode: ...
 
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[dict[str, Any]]: ...
+
+
+class ClusterBase(ABC):
+    """What both clusters share; each gives ``close``, ``get_pod`` and ``_bound`` (where a pod runs) its own way."""
+
+    def __init__(self, workdir: Path | None, grace_period: float) -> None:
+        """Use ``workdir`` (made if missing) or a fresh one that ``close()`` removes, since no one else will."""
+        self._own_dir = workdir is None
+        self.workdir = create_workdir("devplug-sim-") if workdir is None else Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.grace_period = grace_period
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop everything; once only, ending with :meth:`_remove_own_workdir`."""
+
+    def _remove_own_workdir(self) -> None:
+        """The last step of ``close()``: a work dir the caller passed in is theirs to keep."""
+        if self._own_dir:
+            remove_workdir(self.workdir)
+
+    @abstractmethod
+    def get_pod(self, name: str, namespace: str = "default") -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _bound(self, name: str, namespace: str) -> tuple[SimNode, str]:
+        """The node a pod is bound to and the pod's UID (``NotFoundError`` if no such pod, ``SimError`` if unbound)."""
+
+    def restart_container(self, name: str, container: str, namespace: str = "default") -> dict[str, Any]:
+        """The container crashes and is restarted by its kubelet (same devices)."""
+        node, uid = self._bound(name, namespace)
+        node.restart_container(uid, container)
+        return self.get_pod(name, namespace)
+
+    def finish_container(self, name: str, container: str, exit_code: int = 0, namespace: str = "default") -> dict[str, Any]:
+        """The container exits with ``exit_code`` (restarted or not per the pod's restartPolicy)."""
+        node, uid = self._bound(name, namespace)
+        node.finish_container(uid, container, exit_code)
+        self._container_finished()
+        return self.get_pod(name, namespace)
+
+    def _container_finished(self) -> None:  # noqa: B027 - a hook, a no-op unless the cluster schedules pods itself
+        """Called after a container exits, before the pod is read back (``SimCluster`` retries pending pods)."""
+
+    def pod_node(self, name: str, namespace: str = "default") -> SimNode:
+        return self._bound(name, namespace)[0]

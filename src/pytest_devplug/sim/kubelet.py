@@ -302,6 +302,18 @@ class SimNode:
     def unschedulable(self, unschedulable: bool) -> None:
         self._status.unschedulable = unschedulable
 
+    def update(
+        self, *, labels: Mapping[str, str] | None = None, taints: Sequence[Mapping[str, Any]] | None = None,
+        unschedulable: bool | None = None,
+    ) -> None:  # fmt: skip
+        """Take an update of the Node object (``None``: that field unchanged): the kubelet admits pods by these."""
+        if labels is not None:
+            self.labels = dict(labels)
+        if taints is not None:
+            self.taints = [dict(t) for t in taints]
+        if unschedulable is not None:
+            self.unschedulable = unschedulable
+
     @property
     def uid(self) -> str:
         return self._status.uid
