@@ -10,8 +10,11 @@
 #      replaced by containerd 2.x + crictl built from their Go modules, build-containerd.sh: CDI needs >= 1.7)
 #   4. registry.k8s.io/{kube-apiserver,kube-controller-manager,kube-scheduler,etcd,pause} images:
 #      `docker import` of a rootfs holding one static binary (pause is pause/pause.go)
-#   5. the node image: base + kubelet/kubeadm/kubectl + units/configs from node/ + those images
+#   5. the Python base image (build-python-base.sh): what test pods and the plugin images run on here
+#   6. the node image: base + kubelet/kubeadm/kubectl + units/configs from node/ + those images
 #      imported into containerd's k8s.io namespace; committed as devplug/kind-node:<k8s>-offline-r<rev>
+#      (the Python base preloaded as kindest/node preloads its images: a node created from it starts with
+#      it, where a `kind load` into each of seven nodes took ~30 s; `kind load` still skips a node that has it)
 # Only for machines without a registry; elsewhere use kind's standard kindest/node image.
 . "$(dirname "$0")/lib.sh"
 
@@ -25,9 +28,9 @@ CP_IMAGES=("$REG/kube-apiserver:$KUBERNETES_VERSION" "$REG/kube-controller-manag
 WORK="$OFFLINE_CACHE/work"
 mkdir -p "$WORK"
 
-inputs_hash() {  # everything the node image is made from
-  (cd "$OFFLINE_DIR" && cat versions.env build-node-image.sh build-k8s.sh build-containerd.sh lib.sh pause/pause.go node/*) \
-    | sha256sum | cut -c1-16
+inputs_hash() {  # PYTHON_BASE_IMAGE: everything the node image is made from, the preloaded Python base's image ID too
+  { (cd "$OFFLINE_DIR" && cat versions.env build-node-image.sh build-k8s.sh build-containerd.sh lib.sh pause/pause.go node/*)
+    docker image inspect -f '{{.Id}}' "$1"; } | sha256sum | cut -c1-16
 }
 
 build_base() {
@@ -84,10 +87,10 @@ build_component_images() {
 }
 
 build_node() {
-  local k8s=$1 ctd=$2 hash=$3
+  local k8s=$1 ctd=$2 hash=$3 python_base=$4
   local ctr="devplug-node-build-$$"
   local tar="$WORK/cp-images.tar"
-  docker save -o "$tar" "${CP_IMAGES[@]}"
+  docker save -o "$tar" "${CP_IMAGES[@]}" "$python_base"
   docker rm -f -v "$ctr" >/dev/null 2>&1 || true
   trap 'docker rm -f -v '"$ctr"' >/dev/null 2>&1 || true' EXIT
   # /build-ctd is a volume: containerd's overlayfs snapshotter cannot use the container's overlay root.
@@ -163,11 +166,9 @@ SH
 main() {
   lock node-image
   step "docker" ensure_docker
-  if [ "${1:-}" = "--base-only" ]; then  # just the Debian rootfs image (lets it run beside the Go build)
-    image_exists "$BASE_IMAGE" || step "node rootfs ($BASE_IMAGE)" build_base
-    echo "$BASE_IMAGE"; return 0
-  fi
-  local hash; hash=$(inputs_hash)
+  local python_base hash
+  python_base=$("$OFFLINE_DIR/build-python-base.sh" | tail -1)
+  hash=$(inputs_hash "$python_base")
   if [ "$(image_label "$NODE_IMAGE" io.devplug.offline.inputs)" = "$hash" ]; then
     log "node image $NODE_IMAGE is up to date (inputs $hash)"
     echo "$NODE_IMAGE"; return 0
@@ -183,7 +184,7 @@ main() {
   if [ $missing = 0 ] && [ "$(image_label "$REG/pause:$PAUSE_VERSION" io.devplug.offline)" = 1 ]; then
     log "control-plane images cached"
   else step "control-plane images" build_component_images "$k8s" "$etcd"; fi
-  step "node image $NODE_IMAGE" build_node "$k8s" "$ctd" "$hash"
+  step "node image $NODE_IMAGE" build_node "$k8s" "$ctd" "$hash" "$python_base"
   echo "$NODE_IMAGE"
 }
 main "$@"
