@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import nox
@@ -156,6 +157,7 @@ def e2e(session: nox.Session) -> None:
     images first (cached; seconds when warm); elsewhere kind pulls its standard images. Under CI a kind test
     that cannot get its cluster fails instead of skipping. ``DEVPLUG_E2E_CLUSTER`` names the cluster.
     """
+    clock = _Clock(session)
     _install(session, "pip")  # the plugin image bakes wheels made by `python -m pip wheel` (uv venvs have no pip)
     ensure = ROOT.parent / "shared" / "ci" / "ensure-docker"
     if ensure.exists():
@@ -170,22 +172,29 @@ def e2e(session: nox.Session) -> None:
     # The kind backend and tests/kind reuse the cluster of this name (and leave it: --keep-cluster).
     env = {"DEVPLUG_KIND_REQUIRED": os.environ.get("CI", ""), **offline, "DEVPLUG_KIND_CLUSTER": name}
     python_base = offline.get("DEVPLUG_PYTHON_BASE")
+    clock.lap("install, offline images, kind")
     with tempfile.TemporaryDirectory(prefix="devplug-e2e-") as tmp:
         image = _last_line(session.run("python", "tools/plugin-image.py", tmp, silent=True))
         session.run("bash", "peers/nvidia/build-image.sh", env=env, external=True, silent=True)  # cached for its lanes
         session.run("bash", "peers/dra-example/build-image.sh", env=env, external=True, silent=True)  # likewise
+        clock.lap("images")
         try:
             kubeconfig = _create_kind_cluster(session, kind, name, Path(tmp), offline.get("DEVPLUG_KIND_NODE_IMAGE"))
-            # Test pods on any node run the Python base (no registry), loaded into every node once, first: the
-            # plugin image is built on it, so its load below adds only its own layers. The cluster backend's lanes
-            # run the plugin image on worker2 and worker3: there it is loaded as a user pushes a release. The kind
-            # backend's runs load what they use into their own nodes.
+            clock.lap("cluster")
+            # Test pods on any node run the Python base (no registry). The offline node image has it preloaded, so
+            # kind finds it on every node and loads nothing; a node image without it gets it here, into every node
+            # once, first: the plugin image is built on it, so its load below adds only its own layers. The cluster
+            # backend's lanes run the plugin image on worker2 and worker3: there it is loaded as a user pushes a
+            # release. The kind backend's runs load what they use into their own nodes.
             if python_base:
                 session.run(kind, "load", "docker-image", "--name", name, python_base, external=True)
             session.run(kind, "load", "docker-image", "--name", name, "--nodes", f"{name}-worker2,{name}-worker3", image, external=True)
+            clock.lap("image loads")
             session.run("bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=env, external=True)
+            clock.lap("lanes")
         finally:
             session.run(kind, "delete", "cluster", "--name", name, external=True)
+            clock.lap("cluster delete")
 
 
 #: inotify instances one kind node holds (systemd 4, kubelet 7, containerd 2, dbus 1; the control plane ~13 more).
@@ -229,6 +238,19 @@ def _ensure_inotify(session: nox.Session) -> None:
             f"fs.inotify.max_user_instances is {limit} with {used} in use; the {nodes}-node e2e cluster needs about "
             f"{need}: raise it (kind's advice: sysctl -w fs.inotify.max_user_instances=512) or stop other kind clusters"
         )
+
+
+class _Clock:
+    """Logs how long each step of a session took, so a slow run says where its time went."""
+
+    def __init__(self, session: nox.Session) -> None:
+        self._session, self._start = session, time.monotonic()
+        self._last = self._start
+
+    def lap(self, step: str) -> None:
+        now = time.monotonic()
+        self._session.log(f"{step}: {now - self._last:.0f} s (since the session began: {now - self._start:.0f} s)")
+        self._last = now
 
 
 def _last_line(out: object) -> str:
