@@ -16,9 +16,9 @@
 #   dra           the included driver (devplug-gpu-plugin --dra, its DaemonSet) under the DRA checks of $dra_shared
 #                 and $dra_included on -worker6; then NVIDIA's plugin with time-slicing (the checks its replicas
 #                 concern) on the same node
-# The DRA suite's checks are split between the two drivers (each check on a real kubelet once, the quick core on
-# both): each driver runs the whole suite on the embedded kubelet in `nox -s tests`, and two whole runs on kind
-# cost ~15 min of lane time at the kubelet's fixed periods.
+# The DRA suite's checks are split between the two drivers (each check on a real kubelet once; registration and
+# slices, which cost seconds, on both): each driver runs the whole suite on the embedded kubelet in `nox -s tests`,
+# and two whole runs on kind cost ~15 min of lane time at the kubelet's fixed periods.
 # Why seven nodes: one lane each, and the control plane for the soak's copy; every lane starts at once (the DRA
 # lane, mostly the kubelet's fixed waits, waited for the soak on the control plane before). Each kind node holds ~14
 # inotify instances of the host user's fs.inotify.max_user_instances (nox -s e2e makes sure there are enough).
@@ -90,21 +90,24 @@ nvidia() {  # CONFIG NODE
     -p no:cacheprovider -rP
 }
 
-# The DRA suite's checks on kind: the quick core for both drivers, the rest once (DEVPLUG_DRA_CHECKS, tests/support.py).
-dra_shared="test_driver_registers_with_the_kubelet test_slices_published test_claim_prepared_and_container_sees_it
-  test_claim_for_two_devices test_claim_from_template test_prepare_is_idempotent
-  test_unprepared_when_pod_deleted_and_unprepare_is_idempotent test_shared_claim
-  test_unsatisfiable_claim_stays_unschedulable test_checkpoint_contents"
-# the fault checks (only the included driver has a fault injector) and two kubelet restarts
+# The DRA suite's checks on kind, each on a real kubelet once (DEVPLUG_DRA_CHECKS, tests/support.py): registration
+# and the published slices (no pods: seconds) for both drivers, the rest of the quick core split between them.
+dra_shared="test_driver_registers_with_the_kubelet test_slices_published"
+# the fault checks (only the included driver has a fault injector), two kubelet restarts, half the quick core
 dra_included="test_failed_prepare_keeps_pod_pending_then_runs test_prepare_retried_after_kubelet_restart
   test_failed_unprepare_is_retried test_unprepare_retried_after_kubelet_restart test_device_health_reaches_pod_status
   test_device_health_unknown_after_driver_stops test_reregisters_after_kubelet_restart
-  test_checkpoint_survives_kubelet_restart test_recovers_after_refused_registration"
-# the driver's own restarts, its slices across the kubelet's and its own restarts, the kubelet kept down
+  test_checkpoint_survives_kubelet_restart test_recovers_after_refused_registration
+  test_claim_from_template test_prepare_is_idempotent test_unprepared_when_pod_deleted_and_unprepare_is_idempotent
+  test_checkpoint_contents"
+# the driver's own restarts, its slices across the kubelet's and its own restarts, the kubelet kept down, the other
+# half of the quick core
 dra_example="test_reregisters_after_driver_restart test_abrupt_kill_then_start_registers_again
   test_node_slices_removed_on_kubelet_start_then_published_again test_slices_removed_after_driver_stops
   test_slices_kept_when_driver_restarts_quickly test_unprepare_for_pod_deleted_while_kubelet_down
-  test_pod_created_while_kubelet_down_runs test_pod_deleted_while_kubelet_down_is_never_prepared"
+  test_pod_created_while_kubelet_down_runs test_pod_deleted_while_kubelet_down_is_never_prepared
+  test_claim_prepared_and_container_sees_it test_claim_for_two_devices test_shared_claim
+  test_unsatisfiable_claim_stays_unschedulable"
 
 grace() {
   child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return

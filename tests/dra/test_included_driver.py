@@ -87,3 +87,24 @@ def test_a_check_selection_is_exact_and_a_check_without_verdict_is_named(monkeyp
     assert selection_mismatch(result, names) == ["no verdict: test_checkpoint_contents", "not selected: test_shared_claim_twice"]
     assert selection_mismatch(SuiteResult(passed=sorted(names)), names) == []
     assert selection_mismatch(result, None) == []
+
+
+def test_the_e2e_lanes_run_every_dra_check_on_kind() -> None:
+    """tools/e2e-lanes.sh's split covers the whole DRA suite: a check added to the suite and to neither driver's list
+    would never meet a real kubelet, and a name in a list that matches no check fails the lane only once it runs."""
+    import ast
+
+    from pytest_devplug.dra import conformance
+
+    lanes = (Path(__file__).parents[2] / "tools" / "e2e-lanes.sh").read_text()
+    lists = {var: set(re.search(rf'^{var}="([^"]*)"', lanes, re.M).group(1).split())  # type: ignore[union-attr]
+             for var in ("dra_shared", "dra_included", "dra_example")}  # fmt: skip
+    suite = {
+        node.name
+        for module in Path(conformance.__file__).parent.glob("test_*.py")
+        for node in ast.walk(ast.parse(module.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+    on_kind = lists["dra_shared"] | lists["dra_included"] | lists["dra_example"]
+    assert on_kind == suite, f"never on kind: {sorted(suite - on_kind)}; no such check: {sorted(on_kind - suite)}"
+    assert not lists["dra_shared"] & (lists["dra_included"] | lists["dra_example"]), lists
