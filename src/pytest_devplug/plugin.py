@@ -344,6 +344,17 @@ def _flag(dest: str) -> str:
     return f"--{dest.replace('_', '-')} (ini {dest})"
 
 
+def _command_line(dest: str, value: object) -> list[str]:
+    """Option ``dest``'s command line split as a shell would; a usage error naming the option when it cannot be."""
+    try:
+        words = shlex.split(str(value))
+    except ValueError as exc:
+        raise pytest.UsageError(f"{_flag(dest)} = {value!r}: {exc}") from None
+    if not words:
+        raise pytest.UsageError(f"{_flag(dest)} = {value!r}: empty command line")
+    return words
+
+
 def _choice(config: pytest.Config, dest: str, allowed: tuple[str, ...]) -> str:
     value = str(_opt(config, dest))
     if value not in allowed:
@@ -394,13 +405,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     pre_start = _opt(config, "devplug_pre_start_required")
     pre_start = (not custom) if pre_start is None else bool(pre_start)
     if cmd:
-        try:
-            words = shlex.split(str(cmd))
-        except ValueError as exc:
-            raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: {exc}") from None
-        if not words:
-            raise pytest.UsageError(f"{_flag('devplug_plugin_cmd')} = {cmd!r}: empty command line")
-        argv = words  # placeholders are filled when the plugin starts (PluginSpec.command)
+        argv = _command_line("devplug_plugin_cmd", cmd)  # placeholders are filled when the plugin starts (PluginSpec.command)
     else:
         argv = default_plugin_argv(resource, pre_start_required=pre_start, second_resource=_included_second(config, extra_resources))
     spec = PluginSpec(

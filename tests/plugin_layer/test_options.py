@@ -33,6 +33,8 @@ def test_disruptive():
         ([], "devplug_gpus = 2.5", ["devplug_gpus", "'2.5'", "an integer"]),
         ([], "devplug_missing_faults = maybe", ["devplug_missing_faults", "skip, fail"]),
         (["--devplug-plugin-cmd", "'unclosed"], "", ["--devplug-plugin-cmd", "quotation"]),
+        (["--devplug-plugin-cmd", "  "], "", ["--devplug-plugin-cmd (ini devplug_plugin_cmd)", "empty command line"]),
+        (["--devplug-driver-cmd", " "], "", ["--devplug-driver-cmd (ini devplug_driver_cmd)", "empty command line"]),
         (["--devplug-resource-name", "nvidia.com/gpu,nvidia.com/gpu"], "", ["--devplug-resource-name", "each once"]),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),

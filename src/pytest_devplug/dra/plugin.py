@@ -35,7 +35,9 @@ from ..handles import ClusterHandle, PluginChanges
 from ..plugin import (
     NODE_NAME,
     DevplugSettings,
+    _command_line,
     _fixture_overrides,
+    _flag,
     _kubernetes_version,
     _opt,
     _say,
@@ -106,17 +108,11 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
     manifest = _opt(config, "devplug_driver_manifest")
     image = _opt(config, "devplug_driver_image")
     if manifest and not Path(str(manifest)).is_file():
-        raise pytest.UsageError(f"--devplug-driver-manifest (ini devplug_driver_manifest) = {manifest!r}: no such file")
+        raise pytest.UsageError(f"{_flag('devplug_driver_manifest')} = {manifest!r}: no such file")
     included = not (cmd or manifest or image)
     argv: list[str] = []
     if cmd:
-        try:
-            words = shlex.split(str(cmd))
-        except ValueError as exc:
-            raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: {exc}") from None
-        if not words:
-            raise pytest.UsageError(f"--devplug-driver-cmd (ini devplug_driver_cmd) = {cmd!r}: empty command line")
-        argv = words  # placeholders stay: DriverSpec.command fills them on the driver's node
+        argv = _command_line("devplug_driver_cmd", cmd)  # placeholders stay: DriverSpec.command fills them on the driver's node
     elif included:
         argv = default_driver_argv(name)
     explicit_mock = _opt(config, "devplug_mock")
