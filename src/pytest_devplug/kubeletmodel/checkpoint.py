@@ -167,19 +167,6 @@ _INT_KEY = re.compile(r"[+-]?[0-9]+")  # strconv.ParseInt(s, 10, 64)
 _ENTRY_FIELDS = ("PodUID", "ContainerName", "ResourceName", "DeviceIDs", "AllocResp")
 
 
-def _fold(name: str) -> str:
-    # bytes.EqualFold on the ASCII field names: the only non-ASCII letters that fold onto them are
-    # U+017F (long s) and U+212A (Kelvin sign).
-    return name.lower().replace("\u017f", "s").replace("\u212a", "k")
-
-
-def _field_name(key: str, fields: tuple[str, ...]) -> str | None:
-    if key in fields:
-        return key
-    folded = _fold(key)
-    return next((f for f in fields if f.lower() == folded), None)
-
-
 def _kind(value: Value) -> str:
     if isinstance(value, bool):
         return "bool"
@@ -195,7 +182,7 @@ def _type_error(value: Value, where: str, go_type: str) -> CheckpointFormatError
 
 
 def _members(value: Object, fields: tuple[str, ...]) -> list[tuple[str, Value]]:
-    return [(f, v) for k, v in value.members if (f := _field_name(k, fields)) is not None]
+    return [(f, v) for k, v in value.members if (f := gojson.field_name(k, fields)) is not None]
 
 
 def _string(old: str, value: Value, where: str) -> str:

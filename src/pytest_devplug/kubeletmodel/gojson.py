@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
-__all__ = ["MAX_DEPTH", "GoJSONSyntaxError", "Number", "Object", "Value", "parse", "marshal"]
+__all__ = ["MAX_DEPTH", "GoJSONSyntaxError", "Number", "Object", "Value", "field_name", "parse", "marshal"]
 
 #: ``maxNestingDepth`` of Go's scanner: the 10001st open bracket is a syntax error.
 MAX_DEPTH = 10000
@@ -168,6 +168,17 @@ def _member_key(text: str, pos: int) -> tuple[str, int]:
     if not text.startswith(":", end):
         raise GoJSONSyntaxError(f"{_describe(text, end)} after object key")
     return key, _skip_ws(text, end + 1)
+
+
+def field_name(key: str, fields: tuple[str, ...]) -> str | None:
+    """The struct field (of ``fields``, Go's ASCII names) that ``json.Unmarshal`` fills from member ``key``: an exact
+    match first, then a case-insensitive one; ``None``: ignored."""
+    if key in fields:
+        return key
+    # bytes.EqualFold on ASCII field names: the only non-ASCII letters that fold onto them are U+017F (long s)
+    # and U+212A (Kelvin sign)
+    folded = key.lower().replace("\u017f", "s").replace("\u212a", "k")
+    return next((f for f in fields if f.lower() == folded), None)
 
 
 def marshal(value: object) -> str:

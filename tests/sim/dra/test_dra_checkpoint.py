@@ -111,6 +111,10 @@ def test_reading_follows_json_unmarshal(tmp_path: Path) -> None:
     data = '{"KIND":"DRACheckpoint","claiminfostatelist":[{"claimuid":"u","ClaimName":null,"extra":1,"podUIDs":{"p":{}}}]}'
     (entry,) = cp.decode_data(data) or []
     assert (entry.claim_uid, entry.claim_name, entry.pod_uids, entry.driver_state) == ("u", "", {"p"}, None)
+    # as bytes.EqualFold does, the long s and the Kelvin sign fold onto s and k (the device manager's file alike)
+    (entry,) = cp.decode_data('{"ClaimInfoStateList":[{"Name\u017fpace":"ns","ClaimUID":"u"}]}') or []
+    assert entry.namespace == "ns"
+    assert cp.decode_data('{"\u212aind":"DRACheckpoint","ClaimInfoStateList":null}') is None
     with pytest.raises(CheckpointFormatError, match="cannot unmarshal number into ClaimInfoState.ClaimUID of type string"):
         cp.decode_data('{"ClaimInfoStateList":[{"ClaimUID":1}]}')
     with pytest.raises(CheckpointFormatError, match="uint32"):

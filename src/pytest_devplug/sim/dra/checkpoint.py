@@ -130,13 +130,6 @@ def encode(entries: list[ClaimInfoState] | None) -> bytes:
 # -- reading: json.Unmarshal's rules for the fields the kubelet has -----------------------------
 
 
-def _field(key: str, fields: tuple[str, ...]) -> str | None:
-    # encoding/json: an exact match first, then a case-insensitive one
-    if key in fields:
-        return key
-    return next((f for f in fields if f.lower() == key.lower()), None)
-
-
 def _kind(value: Value) -> str:
     if value is None:
         return "null"
@@ -171,7 +164,7 @@ def _device(value: Value, source: str) -> PreparedDevice:
         return d
     fields = ("PoolName", "DeviceName", "ShareID", "RequestNames", "CDIDeviceIDs")
     for key, v in _expect(value, Object, "Device", "state.Device", source).members:
-        name = _field(key, fields)
+        name = gojson.field_name(key, fields)
         if name == "PoolName":
             d.pool_name = _string(v, "Device.PoolName", source, d.pool_name)
         elif name == "DeviceName":
@@ -193,7 +186,7 @@ def _driver_state(value: Value, source: str) -> dict[str, list[PreparedDevice] |
         devices = out.get(driver)
         if state is not None:
             for key, v in _expect(state, Object, "DriverState", "state.DriverState", source).members:
-                if _field(key, ("Devices",)) == "Devices":
+                if gojson.field_name(key, ("Devices",)) == "Devices":
                     items = None if v is None else _expect(v, list, "DriverState.Devices", "[]state.Device", source)
                     devices = None if items is None else [_device(d, source) for d in items]
         out[driver] = devices
@@ -206,7 +199,7 @@ def _entry(value: Value, source: str) -> ClaimInfoState:
         return e
     fields = ("ClaimUID", "ClaimName", "Namespace", "PodUIDs", "DriverState")
     for key, v in _expect(value, Object, "ClaimInfoStateList", "state.ClaimInfoState", source).members:
-        name = _field(key, fields)
+        name = gojson.field_name(key, fields)
         if name == "ClaimUID":
             e.claim_uid = _string(v, "ClaimInfoState.ClaimUID", source, e.claim_uid)
         elif name == "ClaimName":
@@ -235,7 +228,7 @@ def decode_data(data: str, *, source: str = CHECKPOINT_NAME) -> list[ClaimInfoSt
         raise CheckpointFormatError(f"{source}: Data is not JSON: {exc}") from None
     entries: list[ClaimInfoState] | None = None
     for key, v in _expect(doc, Object, "Data", "state.CheckpointData", source).members:
-        name = _field(key, ("kind", "apiVersion", "ClaimInfoStateList"))
+        name = gojson.field_name(key, ("kind", "apiVersion", "ClaimInfoStateList"))
         if name in ("kind", "apiVersion"):
             _string(v, f"CheckpointData.{name}", source)
         elif name == "ClaimInfoStateList":
@@ -252,7 +245,7 @@ def is_dra_checkpoint(blob: bytes) -> bool:
         doc = gojson.parse(blob)
     except gojson.GoJSONSyntaxError:
         return False
-    return isinstance(doc, Object) and any(_field(k, ("Data",)) and isinstance(v, str) for k, v in doc.members)
+    return isinstance(doc, Object) and any(gojson.field_name(k, ("Data",)) and isinstance(v, str) for k, v in doc.members)
 
 
 def decode(blob: bytes, *, source: str = CHECKPOINT_NAME) -> DRACheckpointFile:
@@ -264,7 +257,7 @@ def decode(blob: bytes, *, source: str = CHECKPOINT_NAME) -> DRACheckpointFile:
         raise CheckpointFormatError(f"{source}: not JSON: {exc}") from None
     data, stored = "", 0
     for key, v in _expect(doc, Object, "checkpoint", "state.Checkpoint", source).members:
-        name = _field(key, ("Data", "Checksum"))
+        name = gojson.field_name(key, ("Data", "Checksum"))
         if name == "Data":
             data = _string(v, "Checkpoint.Data", source, data)
         elif name == "Checksum" and v is not None:
