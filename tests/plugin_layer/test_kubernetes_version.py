@@ -1,0 +1,96 @@
+"""The Kubernetes release a run reproduces: its pins, its feature gates as that release's components take them, and
+where the run says which one it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_devplug.kubeletmodel.featuregates_generated import GATES
+from pytest_devplug.kubeletmodel.releases import DEFAULT_VERSION, RULES, KubeVersion, VersionError, release, releases
+
+pytest_plugins = ["pytester"]
+
+
+def test_supported_releases_and_the_default() -> None:
+    assert list(releases()) == ["1.34", "1.35", "1.36", "1.37", "1.38"]
+    assert DEFAULT_VERSION == "1.37" and release().kubernetes == "v1.37.2"
+    assert release("v1.36").minor == release("1.36.3").minor == "1.36"
+    assert release("1.38").go == "go1.27.3" and release("1.37").go == "local"
+    assert release("1.35").staging == "v0.35.4"
+
+
+@pytest.mark.parametrize("bad", ["1.33", "1.39", "2.0", "1.37.0", "latest", ""])
+def test_an_unsupported_version_names_the_supported_ones(bad: str) -> None:
+    if bad == "":
+        assert release(bad) == release()  # empty: the default, as an unset option
+        return
+    with pytest.raises(VersionError) as exc:
+        release(bad)
+    assert repr(bad) in str(exc.value) and "1.34 (v1.34.4), 1.35 (v1.35.4)" in str(exc.value)
+
+
+def test_gates_are_each_releases_defaults() -> None:
+    """Read off upstream's tables (featuregates_generated.py): the gates a plugin meets changing by release."""
+    off_on = {"1.35": False, "1.36": True, "1.37": True}
+    for minor, on in off_on.items():
+        kube = KubeVersion.of(minor)
+        assert kube.gate("ResourceHealthStatus") is on
+        assert kube.gate("DRAExtendedResource") is on
+        assert kube.gate("DRADeviceTaints") is on
+    assert KubeVersion.of("1.35").gate("ResourceHealthStatusMessage") is False  # not a gate of 1.35 yet
+    assert KubeVersion.of("1.38").gate("DynamicResourceAllocation") is True  # removed after GA: on
+    assert "DynamicResourceAllocation" not in GATES[38] and GATES[37]["DynamicResourceAllocation"] == (True, "GA", True)
+    with pytest.raises(KeyError):
+        KubeVersion.of().gate("NoSuchGate")
+
+
+def test_a_run_sets_gates_as_the_components_flag_does() -> None:
+    kube = KubeVersion.of("1.35", "ResourceHealthStatus=true, DRADeviceTaints=True")
+    assert kube.gate("ResourceHealthStatus") and kube.gate("DRADeviceTaints")
+    assert kube.gate_flag() == "DRADeviceTaints=true,ResourceHealthStatus=true"
+    assert KubeVersion.of("1.37", "DRADeviceTaints=false,DRADeviceTaintRules=false").gate("DRADeviceTaints") is False
+    with pytest.raises(VersionError, match="invalid value of ResourceHealthStatus=yes"):
+        KubeVersion.of("1.37", "ResourceHealthStatus=yes")
+
+
+def test_a_nodes_release_is_judged_by_its_own_rules() -> None:
+    run = KubeVersion.of("1.37", "ResourceHealthStatus=false,ResourceHealthStatusMessage=false")
+    assert run.on_node("v1.36.3").release.minor == "1.36"
+    assert run.on_node("v1.36.3").gate("ResourceHealthStatus") is False  # the run's setting travels with it
+    assert run.on_node("v1.41.0").release.minor == "1.38" and run.on_node("v1.29.1").release.minor == "1.34"
+    assert run.on_node("") is run and run.on_node("v1.37.0") is run
+
+
+def test_rules_name_their_release_and_upstream_file() -> None:
+    for rule in RULES.values():
+        assert rule.since in releases() and rule.since != "1.34", rule
+        assert rule.upstream.startswith("pkg/"), rule
+        assert not KubeVersion.of(f"1.{int(rule.since[2:]) - 1}").has(rule.name) and KubeVersion.of(rule.since).has(rule.name)
+    with pytest.raises(VersionError, match="unknown rule"):
+        KubeVersion.of("1.37", no_such_rule=True)
+
+
+def test_header_names_the_release(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-resource-name", "example.com/x")
+    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes 1.37.2; *"])
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--devplug-kubernetes-version", "1.35", "--devplug-feature-gates", "ResourceHealthStatus=true"
+    )  # fmt: skip
+    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes 1.35.4 (feature gates ResourceHealthStatus=true); *"])
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes-releases.md"
+
+
+def test_the_differences_table_has_every_rule_and_the_pins() -> None:
+    text = DOC.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| 1.")]
+    for rule in RULES.values():
+        row = next((r for r in rows if f"`{rule.name}`" in r), None)
+        assert row is not None, f"no row for {rule.name} in {DOC.name}"
+        assert row.startswith(f"| {rule.since} |") and rule.upstream.split(" ")[0] in row, row
+    for minor, pins in releases().items():
+        assert any(r.startswith(f"| {minor} | {pins.kubernetes} | {pins.etcd} |") for r in rows), minor
