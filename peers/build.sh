@@ -25,7 +25,7 @@ peer_dir() {
   local srcs=("$PEERS_DIR/build.sh" "$OFFLINE_DIR/lib.sh" "$OFFLINE_DIR/versions.env")
   case $1 in
     sample-device-plugin) echo "$PEERS_CACHE/$1-$KUBERNETES_VERSION-$(source_hash "${srcs[@]}")" ;;
-    stub-plugin) echo "$PEERS_CACHE/$1-$KUBERNETES_VERSION-$(source_hash "${srcs[@]}" "$PEERS_DIR/stub-plugin/main.go")" ;;
+    stub-plugin) echo "$PEERS_CACHE/$1-$KUBERNETES_VERSION-$(source_hash "${srcs[@]}" "$PEERS_DIR"/stub-plugin/*.go)" ;;
     nvidia-device-plugin) echo "$PEERS_CACHE/$1-$NVIDIA_PLUGIN_VERSION-$(source_hash "${srcs[@]}")" ;;
     *) die "unknown peer '$1' (known: sample-device-plugin stub-plugin nvidia-device-plugin)" ;;
   esac
@@ -35,16 +35,18 @@ peer_dir() {
 # main imports k8s.io/kubelet directly, which makes Go select the staging modules' own v0.x.y
 # requirements; both peers require it, so they select the same versions and share compiled packages.
 build_k8s_peer() {
-  local name=$1 out=$2 pkg
+  local name=$1 out=$2 pkg tags=providerless
   write_k8s_gomod "$out/mod" "devplug.local/peers/$name"
   printf '\nrequire k8s.io/kubelet v0.0.0\n' >> "$out/mod/go.mod"
   if [ "$name" = stub-plugin ]; then
-    cp "$PEERS_DIR/stub-plugin/main.go" "$out/mod/main.go"
+    cp "$PEERS_DIR"/stub-plugin/*.go "$out/mod/"
     pkg=.
+    # the stub took a logger and contexts from 1.35 on (stub.go); 1.34's signatures are stub_legacy.go's
+    [ "$KUBERNETES_MINOR" = 1.34 ] && tags+=,devplug_stub_legacy
   else
     pkg=k8s.io/kubernetes/test/images/sample-device-plugin
   fi
-  (cd "$out/mod" && CGO_ENABLED=0 GOFLAGS=-mod=mod "$GO" build -trimpath -tags providerless \
+  (cd "$out/mod" && CGO_ENABLED=0 GOFLAGS=-mod=mod "$GO" build -trimpath -tags "$tags" \
       -ldflags "-s -w" -o "$out/bin/$name" "$pkg")
 }
 

@@ -7,6 +7,23 @@ REPO_ROOT="$(cd "$OFFLINE_DIR/../.." && pwd)"
 # shellcheck source=versions.env
 . "$OFFLINE_DIR/versions.env"
 
+# release_pins [MINOR]: the releases.tsv row of MINOR (default: the default row) into the pin variables.
+release_pins() {
+  local table="$REPO_ROOT/src/pytest_devplug/kubeletmodel/releases.tsv" want=${1:-} row
+  want=${want#v}; want=$(cut -d. -f1-2 <<<"$want")
+  if [ -n "$want" ]; then row=$(awk -F'\t' -v m="$want" '!/^#/ && $1 == m' "$table")
+  else row=$(awk -F'\t' '!/^#/ && $8 == "default"' "$table"); fi
+  if [ -z "$row" ]; then
+    echo "kind-config/offline: Kubernetes '${1:-}' is not a supported version; choose one of: $(awk -F'\t' '!/^#/ {printf "%s ", $1}' "$table")" >&2
+    exit 2
+  fi
+  IFS=$'\t' read -r KUBERNETES_MINOR KUBERNETES_VERSION ETCD_VERSION ETCD_IMAGE_TAG PAUSE_VERSION COREDNS_VERSION RELEASE_GO _ <<<"$row"
+  export KUBERNETES_MINOR KUBERNETES_VERSION ETCD_VERSION ETCD_IMAGE_TAG PAUSE_VERSION COREDNS_VERSION
+  # a release whose go.mod needs a newer Go than the installed one builds with the toolchain the proxy serves
+  if [ "$RELEASE_GO" != local ] && [ -z "${GOTOOLCHAIN:-}" ]; then export GOTOOLCHAIN=$RELEASE_GO; fi
+}
+release_pins "${DEVPLUG_KUBERNETES_VERSION:-}"
+
 CACHE_ROOT="${DEVPLUG_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-devplug}"
 OFFLINE_CACHE="$CACHE_ROOT/offline"
 mkdir -p "$OFFLINE_CACHE"

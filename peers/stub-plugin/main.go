@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	stub "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 )
 
 // envDevices is the variable Allocate sets to the container's device IDs, comma-separated.
@@ -44,26 +43,26 @@ func main() {
 	kubeletSocket := filepath.Join(dir, "kubelet.sock")
 	socket := filepath.Join(dir, "devplug-stub.sock")
 
-	plugin := stub.NewDevicePluginStub(devs, socket, *resourceName, true, true)
+	plugin := newStub(devs, socket, *resourceName)
 	plugin.SetAllocFunc(allocate)
 	plugin.SetGetPreferredAllocFunc(preferred)
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	if err := plugin.Start(); err != nil {
+	if err := plugin.start(); err != nil {
 		klog.Errorf("serving %s: %v", socket, err)
 		os.Exit(1)
 	}
-	if err := plugin.Register(kubeletSocket, *resourceName, dir+"/"); err != nil {
+	if err := plugin.register(kubeletSocket, *resourceName, dir+"/"); err != nil {
 		klog.Errorf("registering %s with %s: %v", *resourceName, kubeletSocket, err)
-		_ = plugin.Stop()
+		_ = plugin.stop()
 		os.Exit(1)
 	}
-	go plugin.Watch(kubeletSocket, *resourceName, dir+"/")
+	go plugin.watch(kubeletSocket, *resourceName, dir+"/")
 
 	sig := <-sigs
 	klog.InfoS("Shutting down", "signal", sig)
-	if err := plugin.Stop(); err != nil {
+	if err := plugin.stop(); err != nil {
 		klog.ErrorS(err, "stopping")
 		os.Exit(1)
 	}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
 from .kubeletmodel.checkpoint import CheckpointData, CheckpointError, checksum, decode
+from .kubeletmodel.releases import DEFAULT_VERSION, releases
 from .sim.checkpoint import read_bytes
 from .sim.dra import checkpoint as dra_checkpoint
 
@@ -88,6 +89,8 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
     ("--control-plane", "--devplug-control-plane", "sim: embedded (default) or real (etcd, kube-apiserver, kube-scheduler)", {"choices": ("embedded", "real")}),
     ("--k8s-bin-dir", "--devplug-k8s-bin-dir", "sim, real control plane: directory with its binaries", {}),
+    ("--kubernetes-version", "--devplug-kubernetes-version", f"the Kubernetes release to judge against (default {DEFAULT_VERSION}; one of {', '.join(releases())})", {}),
+    ("--feature-gates", "--devplug-feature-gates", "feature gates over the release's defaults, as the components take them (e.g. DRADeviceTaints=false)", {}),
     ("--report", "--devplug-report", "write a Markdown report to FILE (and JSON beside it, FILE with .json)", {"metavar": "FILE"}),
     ("--missing-faults", "--devplug-missing-faults", "skip (default) or fail the fault-injection tests when no fault injector is available", {"choices": ("skip", "fail")}),
     ("--conventions", "--devplug-conventions", "opt-in convention checks, comma-separated (see pytest --help)", {}),
@@ -183,16 +186,20 @@ def _control_plane(args: argparse.Namespace) -> int:
     from .controlplane import ControlPlaneError, resolve
     from .controlplane.binaries import build
     from .controlplane.cluster import stop_kept
+    from .kubeletmodel.releases import VersionError
 
     try:
         if args.action == "build":
-            found = build()
+            found = build(version=args.kubernetes_version)
         elif args.action == "where":
-            found = resolve(args.k8s_bin_dir, download=False)
+            found = resolve(args.k8s_bin_dir, version=args.kubernetes_version, download=False)
         else:
             for line in stop_kept(Path(args.dir)):
                 print(line)
             return 0
+    except VersionError as exc:
+        print(f"devplug control-plane {args.action}: --kubernetes-version: {exc}", file=sys.stderr)
+        return 2
     except ControlPlaneError as exc:
         print(f"devplug control-plane {args.action}: {exc}", file=sys.stderr)
         return 1
@@ -205,10 +212,12 @@ def _control_plane(args: argparse.Namespace) -> int:
 def _add_control_plane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cp = sub.add_parser("control-plane", help="the binaries and kept instances of the real control plane (sim --control-plane real)")
     cps = cp.add_subparsers(dest="action", required=True)
-    cps.add_parser("build", help="build etcd and the Kubernetes binaries from Go modules into the cache (a source checkout and Go needed)").set_defaults(func=_control_plane)
+    build = cps.add_parser("build", help="build etcd and the Kubernetes binaries from Go modules into the cache (a source checkout and Go needed)")
     where = cps.add_parser("where", help="print the binaries --devplug-control-plane real would use (no download)")
     where.add_argument("--k8s-bin-dir", help="as --devplug-k8s-bin-dir")
-    where.set_defaults(func=_control_plane)
+    for command in (build, where):
+        command.add_argument("--kubernetes-version", help=f"the release (default {DEFAULT_VERSION}; one of {', '.join(releases())})")
+        command.set_defaults(func=_control_plane)
     stop = cps.add_parser("stop", help="stop a control plane kept by --keep-cluster and remove its directory")
     stop.add_argument("dir", help="its directory (printed at the end of the kept run)")
     stop.set_defaults(func=_control_plane)

@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pytest
+
 from . import backing
 from .crash import fatal_lines, last_error_line, start_failure
 from .backends import mockstate
@@ -33,6 +35,7 @@ from .backends.base import (
 )
 from .errors import ContainerStatusMissingError, MockControlsUnavailableError, ObjectNotFoundError
 from .kubeletmodel import quantity
+from .kubeletmodel.releases import RULES, KubeVersion
 from .waiting import WaitTimeout, wait_for
 
 __all__ = [
@@ -83,6 +86,34 @@ class NodeHandle:
     @property
     def labels(self) -> dict[str, str]:
         return dict(self.obj.get("metadata", {}).get("labels") or {})
+
+    @property
+    def kube(self) -> KubeVersion:
+        """The release this node's kubelet is (``status.nodeInfo``) with the run's feature gates: what a
+        release-dependent check judges by (the embedded kubelet's is the run's ``--devplug-kubernetes-version``)."""
+        version = str(self.obj.get("status", {}).get("nodeInfo", {}).get("kubeletVersion") or "")
+        return self.backend.options.kube.on_node(version)
+
+    def require(self, rule: str) -> KubeVersion:
+        """Skip the calling check, saying why, where this node's release does not behave as ``rule``
+        (:data:`~pytest_devplug.kubeletmodel.releases.RULES`); returns the node's release where it does."""
+        kube = self.kube
+        if not kube.has(rule):
+            r = RULES[rule]
+            pytest.skip(
+                f"holds for Kubernetes {r.since} and later ({r.what}; {r.upstream}); node {self.name} runs "
+                f"{kube.name}"
+            )
+        return kube
+
+    def require_gate(self, gate: str, what: str) -> KubeVersion:
+        """Skip the calling check, saying why, where feature gate ``gate`` is off on this node's release (its
+        default there, or ``--devplug-feature-gates``); ``what`` says what the gate brings."""
+        kube = self.kube
+        if not kube.gate(gate):
+            pytest.skip(f"needs feature gate {gate} ({what}), off on node {self.name}'s {kube.name}"
+                        f"{' (--devplug-feature-gates)' if gate in kube.feature_gates else ' by default'}")
+        return kube
 
     def capacity(self, resource: str) -> int:
         return parse_quantity((self.obj.get("status", {}).get("capacity") or {}).get(resource))

@@ -47,6 +47,7 @@ from .assertions import assert_registered
 from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
+from .kubeletmodel.releases import DEFAULT_VERSION, KubeVersion, VersionError, release, releases
 from .report import ReportWriter, is_dra_run, note_plugin, note_run
 from .soak import DEFAULT_SOAK_S, SOAK_MARKER, SoakWatch
 
@@ -223,6 +224,21 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "kube-scheduler and kube-controller-manager as child processes, the embedded kubelets its Nodes; "
         "kubectl works against devplug_cluster.kubeconfig)",
         {"default": "embedded"},
+    ),
+    (
+        "kubernetes-version",
+        f"the Kubernetes release to reproduce and judge against, one of {', '.join(releases())} (each a pinned patch "
+        "release): sim: the embedded kubelet, API server and scheduler behave as it and the real control plane runs "
+        f"its binaries; kind: nodes of it; kind and cluster: the nodes' own release is reported beside it (default "
+        f"{DEFAULT_VERSION})",
+        {},
+    ),
+    (
+        "feature-gates",
+        "feature gates over the release's defaults, as the components' --feature-gates takes them (e.g. "
+        "DRADeviceTaints=false,ResourceHealthStatus=false); checked as that release checks them (unknown, locked, "
+        "dependencies); sim: the embedded kubelet and control plane follow them and the real control plane gets them",
+        {},
     ),
     (
         "k8s-bin-dir",
@@ -423,6 +439,8 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     )
     timeout = _number(config, "devplug_timeout", float)
     opts = BackendOptions(
+        kube=_kube_version(config),
+        kube_chosen=_opt(config, "devplug_kubernetes_version") is not None,
         timeout=timeout,
         reregistration_timeout=max(_number(config, "devplug_reregistration_timeout", float), timeout),
         grace_period=_number(config, "devplug_grace_period", float),
@@ -453,6 +471,20 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         soak=_number(config, "devplug_soak", float),
         device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
     )
+
+
+def _kube_version(config: pytest.Config) -> KubeVersion:
+    """The release (``--devplug-kubernetes-version``) and its feature gates (``--devplug-feature-gates``)."""
+    version = _opt(config, "devplug_kubernetes_version") or DEFAULT_VERSION
+    try:
+        chosen = release(str(version))
+    except VersionError as exc:
+        raise pytest.UsageError(f"{_flag('devplug_kubernetes_version')} = {version!r}: {exc}") from None
+    gates = _opt(config, "devplug_feature_gates")
+    try:
+        return KubeVersion.of(chosen.minor, str(gates or ""))
+    except VersionError as exc:
+        raise pytest.UsageError(f"{_flag('devplug_feature_gates')} = {gates!r}: {exc}") from None
 
 
 def _resource_names(value: Any) -> list[str]:
@@ -597,19 +629,31 @@ def _subject_header(
     overrides = _fixture_overrides(config, fixture, ours)
     if overrides:
         config.stash[key] = None
-        return f"devplug: backend={s.backend}; {fixture} is overridden in {', '.join(overrides)}: {what} under test is printed when it is deployed"
+        return (f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; {fixture} is overridden in "
+                f"{', '.join(overrides)}: {what} under test is printed when it is deployed")
     config.stash[key] = spec
-    return f"devplug: backend={s.backend}{_control_plane_header(s)}; {description}"
+    return f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; {description}"
+
+
+def _kubernetes_header(s: DevplugSettings) -> str:
+    """``kubernetes 1.37.2`` (with the run's feature gates); on kind and a cluster the nodes' release is told once
+    they are known."""
+    kube = s.backend_options.kube
+    gates = f" (feature gates {kube.gate_flag()})" if kube.feature_gates else ""
+    if s.backend == "sim":
+        return f"{kube.name}{gates}"
+    return f"{kube.name} asked{gates}, the nodes' release told when known" if s.backend_options.kube_chosen else \
+        f"kubernetes: the nodes' release, told when known{gates}"
 
 
 def _control_plane_header(s: DevplugSettings) -> str:
-    """``, control-plane=real (kubernetes v1.34.4, etcd v3.6.5 from ...)``: the binaries found now (no download)."""
+    """``, control-plane=real (kubernetes v1.37.2, etcd v3.7.0 from ...)``: the binaries found now (no download)."""
     if s.backend != "sim" or s.backend_options.control_plane != "real":
         return ""
     from .controlplane import BinariesNotFoundError, resolve
 
     try:
-        found = resolve(s.backend_options.k8s_bin_dir, download=False).describe()
+        found = resolve(s.backend_options.k8s_bin_dir, version=s.backend_options.kube.release.minor, download=False).describe()
     except BinariesNotFoundError:
         found = "binaries to be downloaded"
     return f", control-plane=real ({found})"
@@ -805,11 +849,22 @@ class _Deployment:
         return True
 
 
-def _kubernetes_version(cluster: ClusterHandle, node: str) -> str:
-    """What the report says of the Kubernetes the subject ran on: the node's kubelet version."""
-    info = cluster.backend.get_node(node).get("status", {}).get("nodeInfo", {})
-    version = info.get("kubeletVersion")
-    return f"kubelet {version}" if version else "none: the embedded kubelet"
+def _kubernetes_version(config: pytest.Config, cluster: ClusterHandle, node: str) -> str:
+    """What the report says of the Kubernetes the subject ran on: the node's kubelet version (the embedded kubelet's
+    is the release it behaves as). Where the run chose a release and the node runs another, say so on the terminal
+    too: every release-dependent check judges by the node's."""
+    s = get_settings(config)
+    version = str(cluster.backend.get_node(node).get("status", {}).get("nodeInfo", {}).get("kubeletVersion") or "")
+    if not version:
+        return "unknown: the node reports no kubelet version"
+    what = f"kubernetes {version.removeprefix('v')}" + (" (the embedded kubelet)" if s.backend == "sim" else "")
+    asked = s.backend_options.kube
+    if s.backend != "sim":
+        mismatch = s.backend_options.kube_chosen and not version.removeprefix("v").startswith(asked.release.minor + ".")
+        note = f"; --devplug-kubernetes-version asked for {asked.release.minor}: MISMATCH" if mismatch else ""
+        _say(config, f"devplug: node {node} runs {what}{note}")
+        what += note
+    return what
 
 
 @pytest.fixture(scope="session")
@@ -821,7 +876,7 @@ def _devplug_deployment(
     devplug_plugin_spec: PluginSpec,
 ) -> _Deployment:
     _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
-    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(devplug_cluster, devplug_node.name))
+    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, _kubernetes_version(pytestconfig, devplug_cluster, devplug_node.name))
     return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 

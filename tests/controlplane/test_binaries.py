@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
-import re
+import os
+import subprocess
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -15,8 +16,13 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.controlplane import binaries
-from pytest_devplug.controlplane.binaries import COMPONENTS, ETCD_VERSION, KUBERNETES_VERSION, resolve
+from pytest_devplug.controlplane.binaries import COMPONENTS, resolve
 from pytest_devplug.controlplane.errors import BinariesNotFoundError, ControlPlaneError
+from pytest_devplug.kubeletmodel.releases import release as pinned
+from pytest_devplug.kubeletmodel.releases import releases
+
+#: The default release's pins: what resolve() looks for when no version is named.
+KUBERNETES_VERSION, ETCD_VERSION = pinned().kubernetes, pinned().etcd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,10 +39,33 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {"DEVPLUG_CACHE_DIR": str(tmp_path / "cache"), **extra}
 
 
-def test_versions_are_the_offline_kind_builds() -> None:
-    """One build serves both: the versions equal kind-config/offline/versions.env's pins."""
-    pins = dict(re.findall(r"^(\w+)=(\S+)$", (REPO / "kind-config/offline/versions.env").read_text(), re.M))
-    assert (pins["KUBERNETES_VERSION"], pins["ETCD_VERSION"]) == (KUBERNETES_VERSION, ETCD_VERSION)
+@pytest.mark.parametrize("minor", list(releases()))
+def test_versions_are_the_offline_kind_builds(minor: str) -> None:
+    """One build serves both: lib.sh reads the same releases.tsv row as resolve() does for each release."""
+    out = subprocess.run(
+        ["bash", "-c", '. kind-config/offline/lib.sh && echo "$KUBERNETES_VERSION $ETCD_VERSION $ETCD_IMAGE_TAG"'],
+        cwd=REPO, env={**os.environ, "DEVPLUG_KUBERNETES_VERSION": minor, "DEVPLUG_CACHE_DIR": "/tmp/devplug-pins-test"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    pins = pinned(minor)
+    assert out.stdout.split() == [pins.kubernetes, pins.etcd, pins.etcd_image]
+
+
+def test_each_release_resolves_its_own_cache_dirs(tmp_path: Path) -> None:
+    """A cache holding 1.35's build does not serve a 1.37 run, and the other way round."""
+    for minor in ("1.35", "1.37"):
+        pins = pinned(minor)
+        for part, version, names in (("k8s", pins.kubernetes, COMPONENTS[1:]), ("etcd", pins.etcd, ("etcd",))):
+            d = tmp_path / "cache/offline" / part / version / "bin"
+            for c in names:
+                _exe(d, c)
+            (d / ".complete").touch()
+    for minor in ("1.35", "1.37"):
+        found = resolve(version=minor, env=_env(tmp_path), download=False)
+        assert f"/{pinned(minor).kubernetes}/" in str(found["kube-apiserver"])
+        assert f"kubernetes {pinned(minor).kubernetes}" in found.describe()
+    with pytest.raises(BinariesNotFoundError, match="--kubernetes-version 1.36"):
+        resolve(version="1.36", env=_env(tmp_path), download=False)
 
 
 def test_cache_root_follows_the_offline_build_rule(tmp_path: Path) -> None:
@@ -61,7 +90,7 @@ def test_bin_dir_first_then_envtest_then_cache(tmp_path: Path) -> None:
     assert found["kube-scheduler"] == k8s / "kube-scheduler"
     assert found["kube-controller-manager"] == k8s / "kube-controller-manager"
     assert found.sources["etcd"] == f"KUBEBUILDER_ASSETS={assets}"
-    assert "kubernetes v1.34.4" in found.describe()
+    assert f"kubernetes {KUBERNETES_VERSION}" in found.describe()
 
 
 def test_an_unfinished_cache_build_is_not_used(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def _stand_ins(d: Path, etcd_body: str) -> Binaries:
         p.write_text(etcd_body if c == "etcd" else "#!/bin/sh\nexit 3\n")
         p.chmod(0o755)
         paths[c] = p
-    return Binaries(paths, {c: "test" for c in paths})
+    return Binaries(paths, {c: "test" for c in paths}, "v0.0.0-test", "v0.0.0-test")
 
 
 def test_a_component_that_exits_shows_its_log_tail_and_nothing_is_left(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_devplug.kubeletmodel.releases import release
+
 from pytest_devplug.controlplane.binaries import cache_root
 
 from ..support import control_plane_bin_dir
@@ -57,7 +59,8 @@ def test_kubectl_sees_the_embedded_kubelets_node(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--devplug-control-plane", "real", timeout=240)
     result.assert_outcomes(passed=1)
     header = result.stdout.str()
-    assert "control-plane=real (kubernetes v1.34.4, etcd v3.6.5" in header
+    pins = release()
+    assert f"kubernetes {pins.kubernetes[1:]}, control-plane=real (kubernetes {pins.kubernetes}, etcd {pins.etcd}" in header
     assert "devplug: real control plane up; kubectl --kubeconfig " in header
     kubeconfig = next(line.split("=", 1)[1] for line in header.splitlines() if line.startswith("KUBECONFIG="))
     assert not Path(kubeconfig).parent.exists(), "the control plane's dir is removed at the end"

@@ -40,6 +40,16 @@ def test_disruptive():
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
         (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
         ([], "devplug_mig = 7g.40gb,1g.5gb", ["devplug_mig", "do not fit on one GPU: 8 of 7 compute slices"]),
+        (["--devplug-kubernetes-version", "1.33"], "", ["--devplug-kubernetes-version", "'1.33'", "1.35 (v1.35.4)", "1.37 (v1.37.2)"]),
+        ([], "devplug_kubernetes_version = 1.37.0", ["devplug_kubernetes_version", "'1.37.0'", "not a supported version"]),
+        (["--devplug-feature-gates", "NoSuchGate=true"], "", ["--devplug-feature-gates", "unrecognized feature gate: NoSuchGate"]),
+        (["--devplug-feature-gates", "DRAExtendedResource=false"], "",
+         ["devplug_feature_gates", "cannot set feature gate DRAExtendedResource to false, feature is locked to true"]),
+        (["--devplug-feature-gates", "DRADeviceTaints=false"], "",
+         ["DRADeviceTaintRules is enabled, but depends on features that are disabled: [DRADeviceTaints]"]),
+        ([], "devplug_feature_gates = ResourceHealthStatus", ["devplug_feature_gates", "missing bool value for ResourceHealthStatus"]),
+        (["--devplug-kubernetes-version", "1.35", "--devplug-feature-gates", "ResourceHealthStatusMessage=true"], "",
+         ["Kubernetes 1.35: unrecognized feature gate: ResourceHealthStatusMessage"]),
     ],
 )
 def test_bad_value_is_one_usage_error_at_start(

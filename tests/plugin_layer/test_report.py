@@ -103,7 +103,7 @@ def test_a_dra_run_describes_its_driver_in_the_header_and_the_report(pytester: p
     cmd = "{python} my_driver.py --registry {plugins_registry}"
     result = pytester.runpytest(f"--devplug-driver-cmd={cmd}", "--devplug-driver-name=widget.example.com", "--devplug-report=r.md")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["devplug: backend=sim; driver=widget.example.com mock=False DRA driver: "
+    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; driver=widget.example.com mock=False DRA driver: "
                                  "'{python}' my_driver.py --registry '{plugins_registry}' (with the node's paths as flags)"])  # fmt: skip
     assert "plugin: " not in result.stdout.str(), "the device plugin is not what a DRA run tests"
     data = json.loads((pytester.path / "r.json").read_text())
@@ -117,7 +117,7 @@ def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pyt
     """With no driver option: the DRA suite named on the command line (the included driver is then under test), or
     a conftest's own ``devplug_driver_spec`` (printed when deployed, as for ``devplug_plugin_spec``)."""
     result = pytester.runpytest("--pyargs", "pytest_devplug.dra.conformance", "--collect-only")
-    result.stdout.fnmatch_lines(["devplug: backend=sim; driver=gpu.devplug.io mock=True DRA driver: * -m devplug_gpu_plugin --dra *"])
+    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; driver=gpu.devplug.io mock=True DRA driver: * -m devplug_gpu_plugin --dra *"])
     pytester.makeconftest(
         """
         import pytest
@@ -131,7 +131,7 @@ def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pyt
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest()
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["devplug: backend=sim; devplug_driver_spec is overridden in conftest.py: the DRA driver under test "
+    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; devplug_driver_spec is overridden in conftest.py: the DRA driver under test "
                                  "is printed when it is deployed"])  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from ..errors import (
     UnsupportedOperationError,
 )
 from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
+from ..kubeletmodel.releases import KubeVersion
 from ..kubeletmodel.runoptions import applied_view
 from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
@@ -249,6 +250,8 @@ class Backend(Protocol):
 
     #: ``"sim"``, ``"kind"`` or ``"cluster"``.
     name: str
+    #: What the run chose (the release and feature gates among it).
+    options: BackendOptions
     #: Namespace of the test pods (sim: ``"default"``; kind and cluster make one of their own for the session).
     pod_namespace: str
 
@@ -407,6 +410,11 @@ class BackendOptions:
     control_plane: str = "embedded"
     #: sim, real control plane: a directory with its binaries (``None``: KUBEBUILDER_ASSETS, the cache, a download).
     k8s_bin_dir: str | None = None
+    #: The Kubernetes release the run reproduces and judges against, with its feature gates.
+    kube: KubeVersion = field(default_factory=KubeVersion.of)
+    #: Whether the release was chosen (``--devplug-kubernetes-version``): on kind and a cluster, nodes of another
+    #: release are then reported as a mismatch.
+    kube_chosen: bool = False
     # kind: pytest-kind-ng's --cluster-name etc. (or pytest-devplug's own, same names, without the extra):
     cluster_name: str = "pytest-kind"
     keep_cluster: bool = False

@@ -115,7 +115,7 @@ class SimBackend:
             if self.options.control_plane == "real":
                 self.cluster = self._start_real()
             else:
-                self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period)
+                self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period, kube=self.options.kube)
         except BaseException:
             self._stop_control_plane(force=True)
             workdir.remove(self.workdir)
@@ -131,8 +131,11 @@ class SimBackend:
         from ..sim.apicluster import ApiCluster
 
         try:
-            binaries = resolve(self.options.k8s_bin_dir)
-            self.control_plane = ControlPlane(binaries, timeout=max(self.options.timeout, 30.0), keep=self.options.keep_cluster)
+            kube = self.options.kube
+            binaries = resolve(self.options.k8s_bin_dir, version=kube.release.minor)
+            self.control_plane = ControlPlane(
+                binaries, timeout=max(self.options.timeout, 30.0), keep=self.options.keep_cluster, feature_gates=kube.gate_flag(),
+            )  # fmt: skip
             self.control_plane.start()
         except ControlPlaneError as exc:
             raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
@@ -143,7 +146,7 @@ class SimBackend:
         assert self.workdir is not None
         return ApiCluster(
             self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
-            remove_nodes=not self.options.keep_cluster,
+            remove_nodes=not self.options.keep_cluster, kube=self.options.kube,
         )  # fmt: skip
 
     def _stop_control_plane(self, *, force: bool = False) -> None:

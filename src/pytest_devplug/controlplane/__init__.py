@@ -8,14 +8,12 @@ runner (:mod:`pytest_devplug.sim.process`) and the ``kubernetes`` client for :me
 
 from __future__ import annotations
 
-from .binaries import COMPONENTS, ETCD_VERSION, KUBERNETES_VERSION, Binaries, resolve
+from .binaries import COMPONENTS, Binaries, resolve
 from .cluster import ControlPlane
 from .errors import BinariesNotFoundError, ComponentFailedError, ControlPlaneError
 
 __all__ = [
     "COMPONENTS",
-    "ETCD_VERSION",
-    "KUBERNETES_VERSION",
     "Binaries",
     "BinariesNotFoundError",
     "ComponentFailedError",

@@ -8,7 +8,8 @@
 4. The official release binaries (``dl.k8s.io``, etcd's GitHub release), downloaded into the cache and
    checked against their published SHA-256 before they are made executable.
 
-The versions are those the offline kind build pins (``kind-config/offline/versions.env``; a test keeps them equal).
+Each Kubernetes release has its own set (the run's ``--devplug-kubernetes-version``): the versions are those
+``kubeletmodel/releases.tsv`` pins, which the offline kind build reads too.
 """
 
 from __future__ import annotations
@@ -27,21 +28,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..kubeletmodel.releases import Release, release
 from .errors import BinariesNotFoundError, ControlPlaneError
 
 __all__ = [
     "COMPONENTS",
     "ETCD_RELEASE_URL",
-    "ETCD_VERSION",
     "K8S_RELEASE_URL",
-    "KUBERNETES_VERSION",
     "Binaries",
     "cache_root",
     "resolve",
 ]
 
-KUBERNETES_VERSION = "v1.34.4"
-ETCD_VERSION = "v3.6.5"
 #: What the control plane runs; kubectl is optional (only for people and tests).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 K8S_RELEASE_URL = "https://dl.k8s.io/release"
@@ -55,8 +53,8 @@ class Binaries:
 
     paths: Mapping[str, Path]
     sources: Mapping[str, str]
-    kubernetes_version: str = KUBERNETES_VERSION
-    etcd_version: str = ETCD_VERSION
+    kubernetes_version: str
+    etcd_version: str
 
     def __getitem__(self, component: str) -> Path:
         return self.paths[component]
@@ -89,28 +87,31 @@ def _found(directory: Path, components: tuple[str, ...]) -> dict[str, Path]:
     return out
 
 
-def _cache_dirs(root: Path) -> list[Path]:
+def _cache_dirs(root: Path, pins: Release) -> list[Path]:
     """The offline build's dirs, used only once complete (its ``.complete`` marker), then downloads."""
     offline = root / "offline"
-    dirs = [d for d in (offline / "k8s" / KUBERNETES_VERSION / "bin", offline / "etcd" / ETCD_VERSION / "bin") if (d / ".complete").exists()]
-    return [*dirs, _download_dir(root)]
+    dirs = [d for d in (offline / "k8s" / pins.kubernetes / "bin", offline / "etcd" / pins.etcd / "bin") if (d / ".complete").exists()]
+    return [*dirs, _download_dir(root, pins)]
 
 
-def _download_dir(root: Path) -> Path:
-    return root / "release" / f"k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}-{_arch()}"
+def _download_dir(root: Path, pins: Release) -> Path:
+    return root / "release" / f"k8s-{pins.kubernetes}-etcd-{pins.etcd}-{_arch()}"
 
 
 def resolve(
     bin_dir: str | Path | None = None,
     *,
+    version: str | None = None,
     env: Mapping[str, str] | None = None,
     download: bool = True,
     k8s_url: str = K8S_RELEASE_URL,
     etcd_url: str = ETCD_RELEASE_URL,
 ) -> Binaries:
-    """Find every component (see the module docstring for the order); raise :class:`BinariesNotFoundError`
-    naming the sources looked at and the ways out when one is still missing."""
+    """Find every component of release ``version`` (default: the default release; see the module docstring for
+    the order); raise :class:`BinariesNotFoundError` naming the sources looked at and the ways out when one is
+    still missing."""
     env = os.environ if env is None else env
+    pins = release(version)
     wanted = (*COMPONENTS, "kubectl")
     paths: dict[str, Path] = {}
     sources: dict[str, str] = {}
@@ -131,13 +132,13 @@ def resolve(
         take(Path(assets), f"KUBEBUILDER_ASSETS={assets}")
         looked.append(f"KUBEBUILDER_ASSETS={assets}")
     root = cache_root(env)
-    for d in _cache_dirs(root):
+    for d in _cache_dirs(root, pins):
         take(d, f"cache {d}")
     looked.append(f"the cache {root}")
     missing = [c for c in COMPONENTS if c not in paths]
     if missing and download:
         try:
-            fetched = _download(missing, _download_dir(root), k8s_url=k8s_url, etcd_url=etcd_url)
+            fetched = _download(missing, _download_dir(root, pins), pins, k8s_url=k8s_url, etcd_url=etcd_url)
         except (OSError, urllib.error.URLError) as exc:
             looked.append(f"the release downloads ({exc})")
         else:
@@ -149,10 +150,11 @@ def resolve(
         raise BinariesNotFoundError(
             f"no {', '.join(missing)} for the real control plane (looked at: {'; '.join(looked)}). Either point "
             "--devplug-k8s-bin-dir (ini devplug_k8s_bin_dir) at a directory with them, set KUBEBUILDER_ASSETS "
-            f"(setup-envtest use -p path {KUBERNETES_VERSION.lstrip('v')}), build them from Go modules into the cache "
-            "with `devplug control-plane build`, or allow the release download (needs dl.k8s.io and github.com)"
+            f"(setup-envtest use -p path {pins.kubernetes.lstrip('v')}), build them from Go modules into the cache "
+            f"with `devplug control-plane build --kubernetes-version {pins.minor}`, or allow the release download "
+            "(needs dl.k8s.io and github.com)"
         )
-    return Binaries(paths, sources)
+    return Binaries(paths, sources, pins.kubernetes, pins.etcd)
 
 
 def _fetch(url: str) -> bytes:
@@ -191,22 +193,22 @@ def _install(dest: Path, name: str, data: bytes) -> Path:
     return dest / name
 
 
-def _download(missing: list[str], dest: Path, *, k8s_url: str, etcd_url: str) -> dict[str, Path]:
+def _download(missing: list[str], dest: Path, pins: Release, *, k8s_url: str, etcd_url: str) -> dict[str, Path]:
     arch = _arch()
     out: dict[str, Path] = {}
     for c in missing:
         if c == "etcd":
-            base = f"{etcd_url}/{ETCD_VERSION}"
-            tarball = f"etcd-{ETCD_VERSION}-linux-{arch}.tar.gz"
+            base = f"{etcd_url}/{pins.etcd}"
+            tarball = f"etcd-{pins.etcd}-linux-{arch}.tar.gz"
             expected = _sha256_field(_fetch(f"{base}/SHA256SUMS").decode(), tarball)
             data = _checked(f"{base}/{tarball}", _fetch(f"{base}/{tarball}"), expected)
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                member = tar.extractfile(f"etcd-{ETCD_VERSION}-linux-{arch}/etcd")
+                member = tar.extractfile(f"etcd-{pins.etcd}-linux-{arch}/etcd")
                 if member is None:
                     raise ControlPlaneError(f"{base}/{tarball} has no etcd binary")
                 out[c] = _install(dest, "etcd", member.read())
         else:
-            url = f"{k8s_url}/{KUBERNETES_VERSION}/bin/linux/{arch}/{c}"
+            url = f"{k8s_url}/{pins.kubernetes}/bin/linux/{arch}/{c}"
             expected = _sha256_field(_fetch(url + ".sha256").decode(), None)
             out[c] = _install(dest, c, _checked(url, _fetch(url), expected))
     return out
@@ -218,8 +220,10 @@ def build_script() -> Path | None:
     return script if script.is_file() else None
 
 
-def build(env: Mapping[str, str] | None = None) -> Binaries:
-    """``devplug control-plane build``: the offline build's Go-module build into the cache (cached: instant)."""
+def build(env: Mapping[str, str] | None = None, *, version: str | None = None) -> Binaries:
+    """``devplug control-plane build``: the offline build's Go-module build of release ``version`` (default: the
+    default release) into the cache (cached: instant)."""
+    pins = release(version)
     script = build_script()
     if script is None:
         raise BinariesNotFoundError(
@@ -228,7 +232,8 @@ def build(env: Mapping[str, str] | None = None) -> Binaries:
         )
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
         raise BinariesNotFoundError("devplug control-plane build needs Go (go on PATH or /usr/local/go/bin/go)")
-    rc = subprocess.run(["bash", str(script)], env={**os.environ, **(env or {})}, check=False).returncode
+    run_env = {**os.environ, **(env or {}), "DEVPLUG_KUBERNETES_VERSION": pins.minor}
+    rc = subprocess.run(["bash", str(script)], env=run_env, check=False).returncode
     if rc != 0:
         raise ControlPlaneError(f"{script} failed with status {rc} (its log is above)")
-    return resolve(env=env, download=False)
+    return resolve(version=pins.minor, env=env, download=False)

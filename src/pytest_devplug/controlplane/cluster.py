@@ -3,7 +3,8 @@
 etcd, kube-apiserver, kube-scheduler and kube-controller-manager (only the controllers a node's life
 needs: service accounts and their tokens, node lifecycle, and DRA's resource claims) run as children of the test run on loopback
 ports, with their own certificates and data under one directory that :meth:`ControlPlane.stop` removes.
-The ``resource.k8s.io/v1`` API (DRA) is on, and so is the scheduler's DRA plugin (both default in 1.34).
+The ``resource.k8s.io/v1`` API (DRA) is on, and so is the scheduler's DRA plugin (both default since 1.34); every
+other feature gate is at the release's default unless ``feature_gates`` sets it (all three components get it).
 
 Usable on its own::
 
@@ -49,8 +50,13 @@ class ControlPlane:
     ``timeout``: seconds each component may take to answer its health check.
     """
 
-    def __init__(self, binaries: Binaries, workdir_path: Path | None = None, *, timeout: float = 30.0, keep: bool = False) -> None:
+    def __init__(
+        self, binaries: Binaries, workdir_path: Path | None = None, *, timeout: float = 30.0, keep: bool = False,
+        feature_gates: str = "",
+    ) -> None:
         self.binaries = binaries
+        #: ``--feature-gates`` of every component (``A=true,B=false``; empty: the release's defaults).
+        self.feature_gates = feature_gates
         self.timeout = timeout
         #: Outlive the test run (``--keep-cluster``): no parent-death signal; ``stop_command()`` says how to end it.
         self.keep = keep
@@ -194,8 +200,9 @@ class ControlPlane:
                 f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=RBAC",
                 "--allow-privileged=true", "--runtime-config=resource.k8s.io/v1=true",
-                "--feature-gates=ResourceHealthStatus=true",
-                "--enable-priority-and-fairness=false", "--profiling=false", "--v=0",
+                "--enable-priority-and-fairness=false", "--profiling=false", "--v=0", *self._gates(),
+                # the kubernetes Service's endpoint is of no use here, and 1.37 refuses a loopback one to reconcile
+                "--endpoint-reconciler-type=none",
             ]  # fmt: skip
             return self._component(
                 "kube-apiserver", argv, self._path("apiserver", "kube-apiserver.log"), f"{self.server}/readyz",
@@ -204,13 +211,16 @@ class ControlPlane:
 
         self._launch_retrying(make)
 
+    def _gates(self) -> list[str]:
+        return [f"--feature-gates={self.feature_gates}"] if self.feature_gates else []
+
     def _scheduler(self) -> Component:
         port = free_port()
         kc = str(self.kubeconfig)
         argv = [
             str(self.binaries["kube-scheduler"]), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-            f"--secure-port={port}", f"--cert-dir={self._path('scheduler', 'certs')}", "--v=0",
+            f"--secure-port={port}", f"--cert-dir={self._path('scheduler', 'certs')}", "--v=0", *self._gates(),
         ]  # fmt: skip
         return self._component("kube-scheduler", argv, self._path("scheduler", "kube-scheduler.log"), f"https://127.0.0.1:{port}/healthz", None)
 
@@ -223,7 +233,7 @@ class ControlPlane:
             f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
             f"--secure-port={port}", f"--cert-dir={self._path('controller-manager', 'certs')}",
             f"--controllers={','.join(CONTROLLERS)}", f"--service-account-private-key-file={self.pki.sa_key}",
-            f"--root-ca-file={self.pki.ca_cert}", f"--service-cluster-ip-range={SERVICE_CIDR}", "--v=0",
+            f"--root-ca-file={self.pki.ca_cert}", f"--service-cluster-ip-range={SERVICE_CIDR}", "--v=0", *self._gates(),
         ]  # fmt: skip
         return self._component(
             "kube-controller-manager", argv, self._path("controller-manager", "kube-controller-manager.log"),

@@ -288,7 +288,7 @@ def _devplug_driver_deployment(
 ) -> _DriverDeployment:
     if pytestconfig.stash.get(_HEADER_DRIVER_KEY, None) != devplug_driver_spec:  # unless the header showed exactly it
         _say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}")
-    kubernetes = _kubernetes_version(devplug_cluster, devplug_dra_node.name)
+    kubernetes = _kubernetes_version(pytestconfig, devplug_cluster, devplug_dra_node.name)
     note_driver(pytestconfig, get_settings(pytestconfig).backend, devplug_driver_spec, kubernetes)
     return _DriverDeployment(devplug_dra_node, devplug_driver_spec)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from ...kubeletmodel.releases import DEFAULT_VERSION, release
 from ...kuberest import KubeRest, RestError
 from ...waiting import WaitTimeout, wait_for
 from ..base import BackendError, BackendOptions, BackendUnavailableError
@@ -103,15 +104,16 @@ def image_prefix() -> str:
     return os.environ.get("DEVPLUG_IMAGE_PREFIX") or "devplug"
 
 
-def offline_node_image_name() -> str | None:
-    """The name build-node-image.sh gives its image (same inputs: versions.env and the prefix)."""
+def offline_node_image_name(minor: str | None = None) -> str | None:
+    """The name build-node-image.sh gives its image of Kubernetes ``minor`` (default: the default release): the same
+    inputs, releases.tsv's pin, versions.env's layout revision and the prefix."""
     v = _versions()
-    return f"{image_prefix()}/kind-node:{v['KUBERNETES_VERSION']}-offline-r{v['NODE_LAYOUT_REV']}" if v else None
+    return f"{image_prefix()}/kind-node:{release(minor).kubernetes}-offline-r{v['NODE_LAYOUT_REV']}" if v else None
 
 
-def offline_image_present() -> bool:
-    """Whether this machine has the offline node image (i.e. it is one with no container registry)."""
-    name = offline_node_image_name()
+def offline_image_present(minor: str | None = None) -> bool:
+    """Whether this machine has the offline node image of ``minor`` (i.e. it is one with no container registry)."""
+    name = offline_node_image_name(minor)
     return name is not None and image_labels(name) is not None
 
 
@@ -126,11 +128,13 @@ def python_base_image() -> str | None:
     return name if image_labels(name) is not None else None
 
 
-def _script(name: str) -> str:
-    """Run an offline build script; its last stdout line is its result (a path or an image)."""
+def _script(name: str, minor: str | None = None) -> str:
+    """Run an offline build script (for Kubernetes ``minor``: its ``DEVPLUG_KUBERNETES_VERSION``); its last stdout
+    line is its result (a path or an image)."""
     if OFFLINE_DIR is None:
         raise BackendUnavailableError(f"{name} needs a checkout of pytest-devplug (kind-config/offline/)")
-    proc = run(["bash", str(OFFLINE_DIR / name)], timeout=3600)
+    env = {**os.environ, "DEVPLUG_KUBERNETES_VERSION": minor} if minor else None
+    proc = run(["bash", str(OFFLINE_DIR / name)], timeout=3600, env=env)
     return proc.stdout.strip().splitlines()[-1]
 
 
@@ -211,13 +215,19 @@ class ClusterManager:
         )
 
     def _resolve_image(self) -> tuple[str | None, bool]:
+        """The node image: ``--kind-image``, else ``$DEVPLUG_KIND_NODE_IMAGE``, else the offline image of the run's
+        release (built, or found built), else kind's standard image of that release (``kindest/node:<pin>``; kind's
+        own default for the default release)."""
+        minor = self.options.kube.release.minor
         image = self.options.kind_image or os.environ.get("DEVPLUG_KIND_NODE_IMAGE")
         if not image:
             offline = _env_flag("DEVPLUG_KIND_OFFLINE")
             if offline:
-                image = _script("build-node-image.sh")
-            elif offline is None and offline_image_present():
-                image = offline_node_image_name()
+                image = _script("build-node-image.sh", minor)
+            elif offline is None and offline_image_present(minor):
+                image = offline_node_image_name(minor)
+            elif minor != DEFAULT_VERSION:
+                image = f"kindest/node:{self.options.kube.release.kubernetes}"
         if not image:
             return None, False
         return image, OFFLINE_LABEL in (image_labels(image) or {})
@@ -248,11 +258,10 @@ class ClusterManager:
             finally:
                 sys.path.remove(str(OFFLINE_DIR))
             config = patch_config.patch(config, patch_config.host_is_cgroup_v1())
-        # allocatedResourcesStatus (device health of a running pod's devices) is behind this alpha gate in
-        # Kubernetes 1.34 (kubelet and API server); the conformance suite checks it, so switch it on.
-        gates = config.setdefault("featureGates", {})
-        gates.setdefault("ResourceHealthStatus", True)
-        gates.setdefault("KubeletPodResourcesGet", True)  # pod-resources Get, which the suite calls
+        # The run's --devplug-feature-gates, on every component of every node (kind's featureGates); the rest stay
+        # at the release's defaults, as on the clusters users run.
+        if self.options.kube.feature_gates:
+            config.setdefault("featureGates", {}).update(self.options.kube.feature_gates)
         if verbosity := os.environ.get("DEVPLUG_KIND_KUBELET_VERBOSITY"):
             patches = list(config.get("kubeadmConfigPatches") or [])
             patches.append(KUBELET_VERBOSITY_PATCH.replace("4", str(int(verbosity))))

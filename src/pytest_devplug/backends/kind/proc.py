@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..base import BackendError, BackendUnavailableError
 
@@ -29,12 +29,14 @@ def _describe(cmd: Sequence[str], rc: int | str, out: str, err: str) -> str:
 
 
 def run(
-    cmd: Sequence[str], *, input: str | None = None, timeout: float = 120.0, check: bool = True
+    cmd: Sequence[str], *, input: str | None = None, timeout: float = 120.0, check: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` (text I/O); raises :class:`ToolError` on a non-zero exit (``check``) or on timeout."""
+    """Run ``cmd`` (text I/O; ``env``: its environment, default this process's); raises :class:`ToolError` on a
+    non-zero exit (``check``) or on timeout."""
     try:
         proc = subprocess.run(
-            list(cmd), input=input, capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
+            list(cmd), input=input, capture_output=True, text=True, timeout=timeout, env=dict(os.environ if env is None else env)
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
