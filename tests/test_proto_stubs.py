@@ -183,3 +183,22 @@ def test_dra_health_wire_names_and_numbers() -> None:
     (method,) = health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods
     assert method.full_name == "v1alpha1.DRAResourceHealth.NodeWatchResources"
     assert method.server_streaming and not method.client_streaming
+
+
+def test_checked_in_feature_gates_match_upstreams_tables() -> None:
+    """``kubeletmodel/featuregates_generated.py`` is what upstream's kube_features.go of each pinned release says
+    (the generator downloads those modules through the Go module proxy)."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "genfeaturegates.py"), "--check"], capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, f"feature gates drifted (run `python tools/genfeaturegates.py`):\n{run.stdout}{run.stderr}"
+
+
+def test_the_v1_health_api_is_v1alpha1_field_for_field() -> None:
+    """``v1.DRAResourceHealth`` (1.37) and ``v1alpha1`` carry the same messages: one stream loop reads both."""
+    from pytest_devplug.api.drahealth import v1_pb2, v1alpha1_pb2
+
+    for name in ("DeviceIdentifier", "DeviceHealth", "NodeWatchResourcesRequest", "NodeWatchResourcesResponse"):
+        a, b = getattr(v1_pb2, name).DESCRIPTOR, getattr(v1alpha1_pb2, name).DESCRIPTOR
+        assert [(f.name, f.number, f.type) for f in a.fields] == [(f.name, f.number, f.type) for f in b.fields], name
+    assert v1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == "v1.DRAResourceHealth"

@@ -45,6 +45,7 @@ TARGETS: dict[str, list[Path]] = {
     "dra/v1.proto": API_DIRS,
     "dra/v1beta1.proto": API_DIRS,
     "drahealth/v1alpha1.proto": API_DIRS,
+    "drahealth/v1.proto": API_DIRS,
 }
 
 #: The grpcio-tools release whose protoc writes the checked-in .pyi files (`nox -s proto` and the dev extra pin

@@ -85,7 +85,7 @@ def test_registers_as_a_dra_plugin_with_the_kubelets_plugin_watcher(shared: Node
         stub = rpb_grpc.RegistrationStub(channel)
         info = stub.GetInfo(rpb.InfoRequest(), timeout=5)
         assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(dirs.dra_socket))
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
         # a refusal is logged with the kubelet's reason and answered with an error, as the Go helper does
         with pytest.raises(grpc.RpcError) as err:
             stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=False, error="bad driver"), timeout=5)

@@ -18,11 +18,12 @@ from typing import Any
 from ..allocation import ensure_dev_nodes
 from ..api.dra import v1_pb2_grpc as pb_grpc
 from ..api.dra import v1beta1_pb2_grpc as pb_beta_grpc
+from ..api.drahealth import v1_pb2_grpc as hpb1_grpc
 from ..api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
 from ..api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from ..devices import DeviceState
 from .cdi import CdiLayout
-from .health import HealthService
+from .health import V1, HealthService
 from .kubeapi import KubeApi
 from .registration import RegistrationService
 from .server import DriverServer, Socket
@@ -60,11 +61,13 @@ class Driver:
         self.registration = RegistrationService(driver, self.dra_path)
         dra = DraService(api, state, layout, node, fault)
         health = HealthService(state, node, stopping)
+        health_v1 = HealthService(state, node, stopping, api=V1)
 
         def dra_services(server: Any) -> None:
             pb_grpc.add_DRAPluginServicer_to_server(dra, server)  # type: ignore[no-untyped-call]
             pb_beta_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(dra), server)  # type: ignore[no-untyped-call]
             hpb_grpc.add_DRAResourceHealthServicer_to_server(health, server)  # type: ignore[no-untyped-call]
+            hpb1_grpc.add_DRAResourceHealthServicer_to_server(health_v1, server)  # type: ignore[no-untyped-call]
 
         def registration_services(server: Any) -> None:
             rpb_grpc.add_RegistrationServicer_to_server(self.registration, server)  # type: ignore[no-untyped-call]

@@ -22,7 +22,7 @@ __all__ = ["PLUGIN_TYPE", "SUPPORTED_SERVICES", "RegistrationService"]
 log = logging.getLogger("devplug_gpu_plugin.dra.registration")
 
 PLUGIN_TYPE = "DRAPlugin"
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 class RegistrationService(rpb_grpc.RegistrationServicer):
