@@ -209,7 +209,7 @@ class Registration(rpbg.RegistrationServicer):
         self.endpoint = endpoint
 
     def GetInfo(self, request_, context):
-        return rpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=self.endpoint, supported_versions=["v1.DRAPlugin"])
+        return rpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=self.endpoint, supported_versions=["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"])
 
     def NotifyRegistrationStatus(self, request_, context):
         if request_.plugin_registered:

@@ -113,7 +113,7 @@ def test_gpu_pod_without_toleration_is_unschedulable(multi: tuple[ClusterHandle,
         total, tainted = len(cluster.backend.list_nodes()), _tainted(cluster)
         reasons = {f"Insufficient {RES}": total - tainted, "node(s) had untolerated taint(s)": tainted}
         assert msg.startswith(
-            f"FailedScheduling: {_available(total, reasons)}. no new claims to deallocate, preemption: "
+            f"FailedScheduling: {_available(total, reasons)}. preemption: "
             f"{_available(total, {'Preemption is not helpful for scheduling.': total})}"
         ), msg
     finally:

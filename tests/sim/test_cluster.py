@@ -56,7 +56,7 @@ def test_pending_pod_is_retried_when_devices_free_up(cluster: SimCluster, tmp_pa
     (ev,) = cluster.events(involved_name="b")
     assert (ev["type"], ev["reason"], ev["source"]["component"]) == ("Warning", "FailedScheduling", "default-scheduler")
     assert ev["message"] == cond["message"] == (
-        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. no new claims to deallocate, preemption: 0/1 nodes are available: "
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
         "1 No preemption victims found for incoming pod.")
     cluster.delete_pod("a")
     wait_for(lambda: phase(cluster, "b"), lambda v: v == "Running", "pod b running after a was deleted")

@@ -26,13 +26,13 @@ def test_fits_and_prefers_the_least_allocated_node() -> None:
 def test_insufficient_with_victimless_preemption() -> None:
     r = schedule(p(), [node("n", 1, 1)])
     assert r.node is None
-    assert r.message == ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. no new claims to deallocate, preemption: 0/1 nodes are "
+    assert r.message == ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are "
                          "available: 1 No preemption victims found for incoming pod.")
 
 
 def test_request_above_allocatable_is_unresolvable() -> None:
     r = schedule(p(gpus=2), [node("n", 1)])
-    assert r.message == ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. no new claims to deallocate, preemption: 0/1 nodes are "
+    assert r.message == ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are "
                          "available: 1 Preemption is not helpful for scheduling.")
 
 
@@ -46,7 +46,7 @@ def test_reasons_are_a_sorted_histogram_first_failing_filter_only() -> None:
     r = schedule(p(nodeSelector={"zone": "y"}), nodes)
     assert r.message == (
         "0/4 nodes are available: 1 node(s) had untolerated taint(s), 1 node(s) were unschedulable, "
-        "2 node(s) didn't match Pod's node affinity/selector. no new claims to deallocate, preemption: 0/4 nodes are available: "
+        "2 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are available: "
         "4 Preemption is not helpful for scheduling."
     )
 

@@ -45,11 +45,14 @@ def test_unhealthy_device_leaves_allocatable_not_capacity(devplug_plugin: Plugin
 def test_device_turning_unhealthy_under_running_pod(
     devplug_plugin: PluginHandle, devplug_pod: PodFactory, devplug_faults: FaultInjector
 ) -> None:
-    """The pod keeps running, allocatable drops, and allocatedResourcesStatus reports the device Unhealthy."""
+    """The pod keeps running, allocatable drops, and allocatedResourcesStatus reports the device Unhealthy (where
+    the node's release fills it: feature gate ResourceHealthStatus, on by default from 1.36)."""
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
+    reported = devplug_plugin.node.kube.gate("ResourceHealthStatus")
     pod = devplug_pod(gpus=1, wait=True)
     (dev,) = pod.allocated_devices
-    assert pod.device_health == {dev: "Healthy"}, f"allocatedResourcesStatus: {pod.device_health}"
+    if reported:
+        assert pod.device_health == {dev: "Healthy"}, f"allocatedResourcesStatus: {pod.device_health}"
     with fault("tell which devices a fault reaches"):
         domain = fault_domain(devplug_faults, dev)
     with fault("mark a device unhealthy"):
@@ -62,11 +65,14 @@ def test_device_turning_unhealthy_under_running_pod(
         )
     assert pod.phase == "Running", f"a device going unhealthy must not evict its pod: {pod.phase} {pod.reason}"
     assert pod.restart_count == 0, f"the container restarted {pod.restart_count} times"
+    assert pod.allocated_devices == [dev]
+    if not reported:
+        assert pod.device_health == {}, f"ResourceHealthStatus is off, yet the pod's status has {pod.device_health}"
+        return
     # A real kubelet writes the pod's status on its own pod sync after the health update, not with the node's
     # allocatable: wait for it (bounded) rather than read it once.
     want = {dev: "Unhealthy"}
     wait_for(lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}")
-    assert pod.allocated_devices == [dev]
 
 
 #: An image no node can pull: its registry is under the DNS top-level domain reserved never to resolve (RFC 2606).
@@ -90,6 +96,7 @@ def test_device_health_reported_for_a_pod_that_never_started(
     for it), yet it holds its device from admission on; the device's health reaches its allocatedResourcesStatus,
     Healthy and then Unhealthy. A plugin that watches the health of free devices and of devices in use, but not
     of a device allocated to a container that has not started, leaves it Healthy here."""
+    devplug_plugin.node.require_gate("ResourceHealthStatus", "the kubelet reports a pod's device health in allocatedResourcesStatus")
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
     pod = devplug_pod(manifest=devplug_pod.manifest(count=1, image=UNPULLABLE_IMAGE))
     waiting = wait_for(

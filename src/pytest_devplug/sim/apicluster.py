@@ -37,6 +37,7 @@ import kubernetes
 import urllib3
 from kubernetes.client import ApiException
 
+from ..kubeletmodel.releases import KubeVersion
 from ..kuberest import STRATEGIC_PATCH, KubeRest, RestError
 from ..waiting import WaitTimeout, wait_for
 from . import errors
@@ -105,9 +106,10 @@ class ApiCluster(ClusterBase):
     """
 
     def __init__(
-        self, client: Any, workdir: Path | None = None, *, grace_period: float = 300.0, timeout: float = 20.0, remove_nodes: bool = True
+        self, client: Any, workdir: Path | None = None, *, grace_period: float = 300.0, timeout: float = 20.0,
+        remove_nodes: bool = True, kube: KubeVersion | None = None,
     ) -> None:
-        super().__init__(workdir, grace_period)
+        super().__init__(workdir, grace_period, kube)
         self.remove_nodes = remove_nodes
         self.timeout = timeout
         #: The DRA periods every kubelet starts with (``set_dra_timings`` changes them for all).
@@ -174,13 +176,14 @@ class ApiCluster(ClusterBase):
             numa_nodes=numa_nodes,
             topology_policy=topology_policy,
             grace_period=self.grace_period,
+            kube=self.kube,
             control_plane=self,
         )
         node.dra = NodeDRA(
             name, node.node_dir, KubeletDRAApi(self._rest),
             endpoint_paths={KUBELET_PATHS[d]: node.node_dir / d for d in ("plugins_registry", "plugins")},
             event_sink=lambda pod, type_, reason, message: self.record_event(name, pod, type_, reason, message),
-            on_change=self._kick.set, timings=DRATimings(**vars(self.dra_timings)), logger=node.logger,
+            on_change=self._kick.set, timings=DRATimings(**vars(self.dra_timings)), logger=node.logger, kube=self.kube,
         )  # fmt: skip
         agent = _NodeAgent(node)
         with self._lock:
@@ -298,6 +301,7 @@ class ApiCluster(ClusterBase):
                 }
             ],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node.name}],
+            "nodeInfo": node.node_info(),
         }
 
     def _post_node_status(self, agent: _NodeAgent, *, heartbeat: bool = False) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..kubeletmodel.releases import KubeVersion
 from . import apiserver, errors
 from .clusterapi import ClusterApi, ClusterBase
 from .kubelet import SimNode
@@ -70,8 +71,8 @@ class _Pod:
 class SimCluster(ClusterBase):
     """A small cluster of embedded kubelets; use as a context manager (``close()`` cleans up)."""
 
-    def __init__(self, workdir: Path | None = None, *, grace_period: float = 300.0) -> None:
-        super().__init__(workdir, grace_period)
+    def __init__(self, workdir: Path | None = None, *, grace_period: float = 300.0, kube: KubeVersion | None = None) -> None:
+        super().__init__(workdir, grace_period, kube)
         self._lock = threading.RLock()
         self._nodes: dict[str, SimNode] = {}
         self._pods: dict[tuple[str, str], _Pod] = {}
@@ -128,6 +129,7 @@ class SimCluster(ClusterBase):
                 numa_nodes=numa_nodes,
                 topology_policy=topology_policy,
                 grace_period=self.grace_period,
+                kube=self.kube,
                 control_plane=self,
             )
             self._nodes[name] = node
@@ -336,7 +338,7 @@ class SimCluster(ClusterBase):
             if rec is None or rec.node_name or self._closed or (rec.in_create and not from_create):
                 return
             rec.in_create = False
-            result = schedule(rec.obj, self._node_views())
+            result = schedule(rec.obj, self._node_views(), self.kube)
             now = apiserver.now_rfc3339()
             if result.node is None:
                 rec.scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": result.message, "lastTransitionTime": now}

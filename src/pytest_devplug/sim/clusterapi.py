@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
+from ..kubeletmodel.releases import KubeVersion
 from .kubelet import SimNode
 from .workdir import create as create_workdir
 from .workdir import remove as remove_workdir
@@ -32,6 +33,7 @@ class ClusterApi(Protocol):
 
     workdir: Path
     grace_period: float
+    kube: KubeVersion
 
     def close(self) -> None: ...
 
@@ -83,12 +85,14 @@ class ClusterApi(Protocol):
 class ClusterBase(ABC):
     """What both clusters share; each gives ``close``, ``get_pod`` and ``_bound`` (where a pod runs) its own way."""
 
-    def __init__(self, workdir: Path | None, grace_period: float) -> None:
-        """Use ``workdir`` (made if missing) or a fresh one that ``close()`` removes, since no one else will."""
+    def __init__(self, workdir: Path | None, grace_period: float, kube: KubeVersion | None = None) -> None:
+        """Use ``workdir`` (made if missing) or a fresh one that ``close()`` removes, since no one else will.
+        ``kube``: the release every kubelet (and the embedded control plane) behaves as (default: the default one)."""
         self._own_dir = workdir is None
         self.workdir = create_workdir("devplug-sim-") if workdir is None else Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.grace_period = grace_period
+        self.kube = kube or KubeVersion.of()
 
     def __enter__(self: _C) -> _C:
         return self

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointData, CheckpointError
+from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
 from pytest_devplug.sim.checkpoint import read_checkpoint, write_checkpoint
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
@@ -70,6 +71,7 @@ class DeviceManager:
         numa_nodes: int = 2,
         on_change: Callable[[], None] | None = None,
         logger: logging.Logger | None = None,
+        kube: KubeVersion | None = None,
     ) -> None:
         if topology_policy not in POLICIES:
             raise ValueError(f"unknown topology manager policy {topology_policy!r}; known: {', '.join(POLICIES)}")
@@ -79,6 +81,8 @@ class DeviceManager:
         self.numa_nodes = list(range(numa_nodes))
         self._on_change = on_change
         self._log = logger or logging.getLogger(__name__)
+        #: The release whose registration rules apply (``endpoint-per-socket``: 1.37's endpointStore).
+        self.kube = kube or KubeVersion.of()
         #: Set by the kubelet once its post-restart re-admission pass is done (``sourcesReady``).
         self.sources_ready = False
         #: How long Register waits to dial the plugin socket (upstream: 10 s).
@@ -88,8 +92,13 @@ class DeviceManager:
         self._lock = threading.Lock()
         #: Orders checkpoint writes: a later snapshot is never overwritten by an earlier one.
         self._ckpt_lock = threading.Lock()
-        #: resource -> its plugin's endpoint (a stopped one while in its grace period).
+        #: resource -> its plugin's endpoint, the one Allocate and PreStart go to (a stopped one while in its grace
+        #: period): upstream's ``endpoints``.
         self._endpoints: dict[str, Endpoint] = {}
+        #: resource -> socket -> the plugins whose streams the kubelet holds: from 1.37 every connected endpoint
+        #: (``endpointStore``); before, the registration server's one client per resource (``clients``), which an
+        #: earlier plugin's stream, still open, does not appear in.
+        self._connected: dict[str, dict[Path, Endpoint]] = {}
         #: resource -> device ID -> the device as last listed by ListAndWatch.
         self._all: dict[str, dict[str, pb.Device]] = {}
         #: resource -> healthy device IDs (``healthyDevices``).
@@ -139,7 +148,8 @@ class DeviceManager:
     def stop(self) -> None:
         """Stop serving and every stream; nothing on disk but ``kubelet.sock`` goes away."""
         with self._lock:
-            endpoints = list(self._endpoints.values())
+            endpoints = list({id(e): e for e in [*self._endpoints.values(), *self._all_connected()]}.values())
+            self._connected.clear()
             timers = list(self._timers.values())
             self._timers.clear()
             self._running = False
@@ -192,31 +202,47 @@ class DeviceManager:
     # ------------------------------------------------------------------------------------------
     # registration and ListAndWatch
 
+    def _all_connected(self) -> list[Endpoint]:
+        return [e for by_socket in self._connected.values() for e in by_socket.values()]
+
     def _on_register(self, req: pb.RegisterRequest) -> None:
+        """``PluginConnected``: dial, GetDevicePluginOptions, then take the endpoint as the resource's. From 1.37 it
+        joins the resource's other endpoints and a socket the kubelet still holds is refused; before, it replaces
+        the one client of the resource and the earlier plugin's stream stays open (upstream closes nothing)."""
         resource = req.resource_name
-        ep = Endpoint(resource, plugin_socket_path(self.plugin_dir, req.endpoint), logger=self._log)
+        socket = plugin_socket_path(self.plugin_dir, req.endpoint)
+        ep = Endpoint(resource, socket, logger=self._log)
         try:
             ep.connect(self.dial_timeout)
             ep.get_options()
         except EndpointError as err:
             ep.close()
             raise RegistrationError(str(err)) from None
+        per_socket = self.kube.has("endpoint-per-socket")
         with self._lock:
-            old = self._endpoints.get(resource)
-            self._endpoints[resource] = ep
-            timer = self._timers.pop(resource, None)
+            held = per_socket and socket in self._connected.get(resource, {})
+            if not held:
+                if per_socket:
+                    self._connected.setdefault(resource, {})[socket] = ep
+                else:
+                    self._connected[resource] = {socket: ep}
+                self._endpoints[resource] = ep
+                timer = self._timers.pop(resource, None)
+        if held:
+            ep.close()
+            raise RegistrationError(f"device plugin already connected: {socket}")
         if timer is not None:
             timer.cancel()
-        if old is not None:
-            old.close()
         self._log.info("Device plugin connected: %s at %s", resource, ep.socket_path)
         ep.run(self._on_list_and_watch, self._on_stream_end)
         self._notify()
 
     def _on_list_and_watch(self, ep: Endpoint, resp: pb.ListAndWatchResponse) -> None:
+        """``genericDeviceUpdateCallback``: whichever open stream of the resource sent it, its list replaces the
+        resource's devices (an earlier plugin's stream, still open, included)."""
         resource = ep.resource_name
         with self._lock:
-            if self._endpoints.get(resource) is not ep:
+            if ep.is_closed:
                 return
             healthy: set[str] = set()
             unhealthy: set[str] = set()
@@ -235,17 +261,47 @@ class DeviceManager:
         self._notify()
 
     def _on_stream_end(self, ep: Endpoint) -> None:
-        """``PluginDisconnected``: every device unhealthy, grace period starts, no re-dial."""
+        """A plugin's ListAndWatch ended (the kubelet never re-dials): ``PluginDisconnected``.
+
+        From 1.37: the endpoint leaves the resource's store; another one still connected becomes the resource's
+        (health unchanged), and only the last one's end marks every device unhealthy and starts the grace period.
+        Before: the registration server disconnects the resource's *current* client, whichever stream ended, so an
+        earlier plugin's exit cuts the newer plugin's connection too (``runClient`` looks the client up by name)."""
         resource = ep.resource_name
+        closing = [ep]
         with self._lock:
-            if self._endpoints.get(resource) is not ep:
-                return
-            self._mark_resource_unhealthy(resource)
-            ep.set_stop_time(time.monotonic())
-            if self._running:
-                self._arm_grace_timer(resource)
-        self._log.info("Endpoint became unhealthy: %s", resource)
-        ep.close()
+            connected = self._connected.get(resource, {})
+            if self.kube.has("endpoint-per-socket"):
+                socket = next((path for path, e in connected.items() if e is ep), None)
+                if socket is None:
+                    return
+                del connected[socket]
+                ep.set_stop_time(time.monotonic())
+                if connected:
+                    self._endpoints[resource] = next(reversed(connected.values()))
+                    self._log.info("Device plugin disconnected: %s at %s; %d still connected", resource, ep.socket_path, len(connected))
+                    last = False
+                else:
+                    del self._connected[resource]
+                    last = True
+            else:
+                current = next(iter(connected.values()), None)
+                if current is None:
+                    return  # its client was already disconnected
+                del self._connected[resource]
+                closing.append(current)
+                primary = self._endpoints.get(resource)
+                if primary is not None:
+                    primary.set_stop_time(time.monotonic())
+                last = primary is not None
+            if last:
+                self._mark_resource_unhealthy(resource)
+                if self._running:
+                    self._arm_grace_timer(resource)
+        if last:
+            self._log.info("Endpoint became unhealthy: %s", resource)
+        for e in closing:
+            e.close()
         self._notify()
 
     def _mark_resource_unhealthy(self, resource: str) -> None:
@@ -307,6 +363,12 @@ class DeviceManager:
         """Registered resources, including stopped ones still in their grace period."""
         with self._lock:
             return sorted(r for r, ep in self._endpoints.items() if not ep.grace_expired(self.grace_period))
+
+    def listed_health(self, resource: str) -> dict[str, str]:
+        """Each device's health as the resource's plugins last listed it (``allDevices``): what the pod status
+        reports (``UpdateAllocatedResourcesStatus``); a plugin's disconnect does not change it."""
+        with self._lock:
+            return {d: dev.health for d, dev in sorted(self._all.get(resource, {}).items())}
 
     def device_health(self, resource: str) -> dict[str, str]:
         with self._lock:

@@ -96,6 +96,11 @@ class Endpoint:
         with self._mutex:
             return self._stop_time is not None
 
+    @property
+    def is_closed(self) -> bool:
+        """Whether the kubelet closed its side (:meth:`close`): its stream's messages no longer count."""
+        return self._closed
+
     def grace_expired(self, grace_period: float) -> bool:
         with self._mutex:
             return self._stop_time is not None and time.monotonic() - self._stop_time > grace_period

@@ -23,12 +23,14 @@ kubelet's *memory* (admitted pods; dropped on every restart and rebuilt by re-ad
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from ..kubeletmodel.releases import KubeVersion
 from . import cdi, errors
 from .admission import pod_spec_view, predicate_admit
 from .apiserver import now_rfc3339
@@ -87,6 +89,7 @@ class SimNode:
         numa_nodes: int = 2,
         topology_policy: str = "none",
         grace_period: float = 300.0,
+        kube: KubeVersion | None = None,
         cpu: str = DEFAULT_CPU,
         memory: str = DEFAULT_MEMORY,
         pods: str = DEFAULT_PODS,
@@ -98,7 +101,10 @@ class SimNode:
         self.numa_nodes = numa_nodes
         self.topology_policy = topology_policy
         self.grace_period = grace_period
-        self._status = NodeStatus(name, labels=labels, taints=taints, cpu=cpu, memory=memory, pods=pods)
+        #: The release this kubelet behaves as.
+        self.kube = kube or KubeVersion.of()
+        self._status = NodeStatus(name, labels=labels, taints=taints, cpu=cpu, memory=memory, pods=pods,
+                                  kubelet_version=self.kube.release.kubernetes)
         self._control_plane = control_plane
         #: Guards the kubelet's memory (``_pods``), the runtime and the running device manager.
         self._lock = threading.RLock()
@@ -170,9 +176,14 @@ class SimNode:
                 numa_nodes=self.numa_nodes,
                 on_change=self._device_change,
                 logger=self.logger,
+                kube=self.kube,
             )
             dm.start()
-            podres = PodResourcesServer(dm, self._active_pods_for_podresources, self.pod_resources_socket)
+            get_terminal = not self.kube.has("podresources-get-terminal-not-found")
+            podres = PodResourcesServer(
+                dm, self._active_pods_for_podresources, self.pod_resources_socket,
+                get_pods=functools.partial(self._pods_for_podresources, terminal=get_terminal),
+            )  # fmt: skip
             podres.start()
             with self._lock:
                 self._dm, self._podres, self._running = dm, podres, True
@@ -345,6 +356,9 @@ class SimNode:
     def allocatable(self) -> dict[str, str]:
         return self._status.allocatable()
 
+    def node_info(self) -> dict[str, str]:
+        return self._status.node_info()
+
     def allocatable_amounts(self) -> dict[str, int]:
         """Allocatable as the scheduler counts it (cpu in milli-units, memory in bytes)."""
         return self._status.allocatable_amounts()
@@ -355,12 +369,17 @@ class SimNode:
 
     # --------------------------------------------------------------- admission
     def _active_pods_for_podresources(self) -> list[tuple[str, str, str, Sequence[str]]]:
+        return self._pods_for_podresources(terminal=False)
+
+    def _pods_for_podresources(self, *, terminal: bool) -> list[tuple[str, str, str, Sequence[str]]]:
+        """The pods pod-resources reports: the active ones (``List``; ``Get`` from 1.35); ``terminal``: also those
+        that ended (``Get`` before 1.35 finds any pod the pod manager still has)."""
         with self._lock:
             return [
                 # server_v1.go: restartable init containers, then the regular ones; plain init containers never.
                 (r.view.name, r.view.namespace, r.uid, [c.name for c in r.view.containers if not c.init or c.sidecar])
                 for r in self._pods.values()
-                if not r.terminal
+                if terminal or not r.terminal
             ]
 
     def active_pod_uids(self) -> set[str]:
@@ -633,8 +652,9 @@ class SimNode:
         dra = self.dra
         claims = (lambda container: dra.resources_status(rec.pod, container)) if dra is not None else None
         return pod_status(
-            rec, records, lambda res: dm.device_health(res) if dm is not None else {}, claims,
+            rec, records, lambda res: dm.listed_health(res) if dm is not None else {}, claims,
             allocated=lambda container: dm.container_devices(rec.uid, container) if dm is not None else {},
+            resource_health=self.kube.gate("ResourceHealthStatus"),
         )  # fmt: skip
 
     def _publish(self, uid: str) -> None:

@@ -39,8 +39,11 @@ class NodeStatus:
         cpu: str = DEFAULT_CPU,
         memory: str = DEFAULT_MEMORY,
         pods: str = DEFAULT_PODS,
+        kubelet_version: str = "",
     ) -> None:
         self.name = name
+        #: ``status.nodeInfo.kubeletVersion``: the release the embedded kubelet behaves as.
+        self.kubelet_version = kubelet_version
         self.labels = node_labels(name, labels)
         self.taints: list[dict[str, Any]] = [dict(t) for t in taints or []]
         self.unschedulable = False
@@ -79,6 +82,10 @@ class NodeStatus:
             out[k] = q.milli() if k == "cpu" else q.ceil_int()
         return out
 
+    def node_info(self) -> dict[str, str]:
+        """``status.nodeInfo``: what a plugin or a report reads of the node's release."""
+        return {"kubeletVersion": self.kubelet_version, "operatingSystem": "linux", "architecture": "amd64"}
+
     def node_dict(self, *, ready: bool) -> dict[str, Any]:
         """The node as a Kubernetes ``Node`` object; ``ready``: its kubelet runs and posts status."""
         condition = {
@@ -95,5 +102,8 @@ class NodeStatus:
             "kind": "Node",
             "metadata": {"name": self.name, "uid": self.uid, "labels": dict(self.labels), "creationTimestamp": self.creation_timestamp},
             "spec": spec,
-            "status": {"capacity": self.capacity(), "allocatable": self.allocatable(), "conditions": [condition]},
+            "status": {
+                "capacity": self.capacity(), "allocatable": self.allocatable(), "conditions": [condition],
+                "nodeInfo": self.node_info(),
+            },  # fmt: skip
         }

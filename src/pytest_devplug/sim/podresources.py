@@ -49,9 +49,10 @@ def _devices(rows: dict[str, dict[str, list[int]]]) -> list[pr.ContainerDevices]
 
 
 class _Servicer(pr_grpc.PodResourcesListerServicer):
-    def __init__(self, dm: DeviceManager, pods: Callable[[], list[PodInfo]]) -> None:
+    def __init__(self, dm: DeviceManager, pods: Callable[[], list[PodInfo]], get_pods: Callable[[], list[PodInfo]]) -> None:
         self._dm = dm
         self._pods = pods
+        self._get_pods = get_pods
 
     def _pod(self, name: str, namespace: str, uid: str, containers: Sequence[str]) -> pr.PodResources:
         return pr.PodResources(
@@ -81,7 +82,7 @@ class _Servicer(pr_grpc.PodResourcesListerServicer):
         return pr.AllocatableResourcesResponse(devices=_devices(rows))
 
     def Get(self, request: pr.GetPodResourcesRequest, context: Any) -> pr.GetPodResourcesResponse:  # noqa: N802
-        for p in self._pods():
+        for p in self._get_pods():
             if p[0] == request.pod_name and p[1] == request.pod_namespace:
                 return pr.GetPodResourcesResponse(pod_resources=self._pod(*p))
         context.abort(
@@ -91,7 +92,9 @@ class _Servicer(pr_grpc.PodResourcesListerServicer):
 
 
 class PodResourcesServer:
-    """Serves pod-resources v1 for one node's device manager on ``socket_path``."""
+    """Serves pod-resources v1 for one node's device manager on ``socket_path``. ``pods_provider``: the active pods
+    (``List``); ``get_pods``: the pods ``Get`` finds (default the same; a kubelet before 1.35 also finds a pod that
+    has terminated, ``kubeletPodsProvider.GetPodByName``)."""
 
     def __init__(
         self,
@@ -99,10 +102,11 @@ class PodResourcesServer:
         pods_provider: Callable[[], list[PodInfo]],
         socket_path: Path,
         *,
+        get_pods: Callable[[], list[PodInfo]] | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
-        self._servicer = _Servicer(device_manager, pods_provider)
+        self._servicer = _Servicer(device_manager, pods_provider, get_pods or pods_provider)
         self._log = logger or logging.getLogger(__name__)
         self._server: Any = None
 

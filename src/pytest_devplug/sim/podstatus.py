@@ -72,13 +72,15 @@ def pod_status(
     claims_status: ClaimsStatus | None = None,
     *,
     allocated: AllocatedDevices | None = None,
+    resource_health: bool = True,
 ) -> dict[str, Any]:
     """The status the kubelet would post now for ``rec`` with its containers ``records``; ``claims_status`` adds
     the DRA entries (``claim:<name>[/<request>]``) of an app container's ``allocatedResourcesStatus``.
 
     ``allocatedResourcesStatus`` (``UpdateAllocatedResourcesStatus``) covers every regular container's devices,
     started or not: a container that never started (its image cannot be pulled) holds them since admission, as
-    ``allocated`` tells."""
+    ``allocated`` tells. ``resource_health``: feature gate ResourceHealthStatus (off: the kubelet fills none,
+    ``kubelet_pods.go``)."""
     status: dict[str, Any] = {"phase": rec.phase}
     if rec.reason:
         status["reason"] = rec.reason
@@ -102,7 +104,7 @@ def pod_status(
             continue
         st = container_status(c)
         devices = c.devices or (allocated(spec.name) if allocated is not None and not spec.init else {})
-        if not spec.init and devices:
+        if resource_health and not spec.init and devices:
             st["allocatedResourcesStatus"] = [
                 {
                     "name": res,
@@ -113,7 +115,7 @@ def pod_status(
                 }
                 for res, ids in sorted(devices.items())
             ]
-        if not spec.init and claims_status is not None and (claims := claims_status(spec.name)):
+        if resource_health and not spec.init and claims_status is not None and (claims := claims_status(spec.name)):
             st["allocatedResourcesStatus"] = [*st.get("allocatedResourcesStatus", []), *claims]
         (init_statuses if spec.init else app_statuses).append(st)
     if init_statuses:

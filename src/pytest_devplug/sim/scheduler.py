@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..kubeletmodel.quantity import parse_quantity
+from ..kubeletmodel.releases import KubeVersion
 
 __all__ = [
     "NodeView",
@@ -188,7 +189,9 @@ def _histogram(reasons: Iterable[str]) -> str:
     return ", ".join(sorted(f"{n} {r}" for r, n in counts.items()))
 
 
-def fit_error_message(pod: Mapping[str, Any], statuses: Mapping[str, FilterStatus], num_nodes: int) -> str:
+def fit_error_message(
+    pod: Mapping[str, Any], statuses: Mapping[str, FilterStatus], num_nodes: int, kube: KubeVersion | None = None
+) -> str:
     """``FitError.Error()`` followed by DefaultPreemption's PostFilter message."""
     if num_nodes == 0:
         return NO_NODES_MSG
@@ -200,7 +203,10 @@ def fit_error_message(pod: Mapping[str, Any], statuses: Mapping[str, FilterStatu
             "Preemption is not helpful for scheduling" if s.unresolvable else "No preemption victims found for incoming pod"
             for s in statuses.values()
         ) + "."
-    # DynamicResources' PostFilter runs first (DRA is on by default since 1.34): its note precedes preemption's.
+    # DynamicResources' PostFilter runs first (DRA is on by default since 1.34): before 1.37 its note on a pod
+    # without claims precedes preemption's; from 1.37 it says nothing.
+    if (kube or KubeVersion.of()).has("scheduler-dra-postfilter-silent"):
+        return f"{msg} preemption: {post}"
     return f"{msg} no new claims to deallocate, preemption: {post}"
 
 
@@ -210,7 +216,7 @@ class ScheduleResult:
     message: str  # the FitError text when ``node`` is None
 
 
-def schedule(pod: Mapping[str, Any], nodes: Sequence[NodeView]) -> ScheduleResult:
+def schedule(pod: Mapping[str, Any], nodes: Sequence[NodeView], kube: KubeVersion | None = None) -> ScheduleResult:
     """Pick a node for ``pod``: among the feasible ones, the least allocated on the pod's extended
     resources (then by name), a simple stand-in for the scoring plugins."""
     if not nodes:
@@ -225,7 +231,7 @@ def schedule(pod: Mapping[str, Any], nodes: Sequence[NodeView]) -> ScheduleResul
         else:
             statuses[node.name] = st
     if not feasible:
-        return ScheduleResult(None, fit_error_message(pod, statuses, len(nodes)))
+        return ScheduleResult(None, fit_error_message(pod, statuses, len(nodes), kube))
     ext = [k for k in req if "/" in k]
 
     def free(n: NodeView) -> tuple[int, str]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from .dra_fakes import FakeClaims, FakeDriver, FakeWiper, remove_root, short_root
 
+from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.manager import DRAManager
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
@@ -20,9 +21,11 @@ class Kubelet:
     the same root, as a kubelet restart does."""
 
     def __init__(self, root: Path, wiper: FakeWiper, claims: FakeClaims, *, wiping_delay: float = 30.0,
-                 health_retry_period: float = 0.1, clock: Callable[[], float] | None = None) -> None:
+                 health_retry_period: float = 0.1, clock: Callable[[], float] | None = None,
+                 kube: KubeVersion | None = None) -> None:
         self.root, self.wiper, self.claims = root, wiper, claims
-        self._kw: dict[str, Any] = {"wiping_delay": wiping_delay, "health_retry_period": health_retry_period}
+        self.kube = kube or KubeVersion.of()
+        self._kw: dict[str, Any] = {"wiping_delay": wiping_delay, "health_retry_period": health_retry_period, "kube": self.kube}
         self._clock = clock
         self._start()
 
@@ -30,7 +33,8 @@ class Kubelet:
         self.health = HealthInfoCache(self._clock) if self._clock else HealthInfoCache()
         self.plugins = DRAPluginManager("node-1", wiper=self.wiper, health_cache=self.health, **self._kw)
         self.manager = DRAManager(self.root / "state", self.plugins, self.claims, health_cache=self.health)
-        self.watcher = PluginWatcher(self.root / "plugins_registry", {DRA_PLUGIN_TYPE: self.plugins}, poll_interval=0.02)
+        self.watcher = PluginWatcher(self.root / "plugins_registry", {DRA_PLUGIN_TYPE: self.plugins}, poll_interval=0.02,
+                                     kube=self.kube)
         self.watcher.start()
 
     def stop(self) -> None:

@@ -21,6 +21,8 @@ from typing import Any
 import grpc
 
 from pytest_devplug.api.dra import v1_pb2, v1_pb2_grpc, v1beta1_pb2, v1beta1_pb2_grpc
+from pytest_devplug.api.drahealth import v1_pb2 as hpb1
+from pytest_devplug.api.drahealth import v1_pb2_grpc as hpb1_grpc
 from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
 from pytest_devplug.api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
 from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
@@ -38,6 +40,8 @@ class Calls:
     #: (service version, method, claim uids)
     dra: list[tuple[str, str, list[str]]] = field(default_factory=list)
     health_streams: int = 0
+    #: The version of each health stream opened ("v1", "v1alpha1").
+    health_services: list[str] = field(default_factory=list)
 
 
 class FakeDriver:
@@ -51,10 +55,16 @@ class FakeDriver:
         endpoint: str | None = None,
         plugin_type: str = "DRAPlugin",
         health: bool = False,
+        health_versions: tuple[str, ...] = ("v1alpha1",),
+        list_health: bool = True,
     ) -> None:
         self.root = root
         self.name = name
-        self.versions = versions
+        # A driver that serves health lists its services in GetInfo (the kubeletplugin helper does; from 1.37 the
+        # kubelet watches only a listed one); ``list_health=False`` makes one that serves health but lists none.
+        listed = tuple(f"{v}.DRAResourceHealth" for v in health_versions) if health and list_health else ()
+        self.versions = (*versions, *(v for v in listed if v not in versions))
+        self.health_versions = health_versions
         self.plugin_type = plugin_type
         self.calls = Calls()
         self.reg_socket = root / "plugins_registry" / f"{name}-reg.sock"
@@ -73,6 +83,8 @@ class FakeDriver:
         self.prepare_gate.set()
         #: Fail GetInfo this many times before answering.
         self.get_info_failures = 0
+        #: Fail NotifyRegistrationStatus(true) this many times.
+        self.notify_failures = 0
         self.prepared: set[str] = set()
         self.health_updates: queue.Queue[Any] = queue.Queue()
         self.registered = threading.Event()
@@ -118,18 +130,21 @@ class FakeDriver:
             v1_pb2_grpc.add_DRAPluginServicer_to_server(_DRA(self, "v1", v1_pb2), server)  # type: ignore[no-untyped-call]
         if "v1beta1" in self._serve:
             v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_DRA(self, "v1beta1", v1beta1_pb2), server)  # type: ignore[no-untyped-call]
-        if self._health:
-            hpb_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), server)  # type: ignore[no-untyped-call]
+        if self._health and "v1alpha1" in self.health_versions:
+            hpb_grpc.add_DRAResourceHealthServicer_to_server(_Health(self, "v1alpha1"), server)  # type: ignore[no-untyped-call]
+        if self._health and "v1" in self.health_versions:
+            hpb1_grpc.add_DRAResourceHealthServicer_to_server(_Health(self, "v1"), server)  # type: ignore[no-untyped-call]
 
     # --- health ---------------------------------------------------------------------------------
 
-    def send_health(self, *devices: tuple[str, str, int]) -> None:
-        """One stream message: (pool, device, HealthStatus) each."""
+    def send_health(self, *devices: tuple[str, str, int] | tuple[str, str, int, str]) -> None:
+        """One stream message: (pool, device, HealthStatus[, message]) each."""
         self.health_updates.put(
             hpb.NodeWatchResourcesResponse(
                 devices=[
-                    hpb.DeviceHealth(device=hpb.DeviceIdentifier(pool_name=p, device_name=d), health=h, last_updated_time=1)
-                    for p, d, h in devices
+                    hpb.DeviceHealth(device=hpb.DeviceIdentifier(pool_name=d[0], device_name=d[1]), health=d[2],
+                                     last_updated_time=1, message=d[3] if len(d) > 3 else "")  # type: ignore[misc]
+                    for d in devices
                 ]
             )
         )
@@ -153,6 +168,9 @@ class _Registration(rpb_grpc.RegistrationServicer):
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self.d._lock:
             self.d.calls.statuses.append((request.plugin_registered, request.error))
+            if request.plugin_registered and self.d.notify_failures > 0:
+                self.d.notify_failures -= 1
+                context.abort(grpc.StatusCode.UNAVAILABLE, "not listening yet")
         if request.plugin_registered:
             self.d.registered.set()
         return rpb.RegistrationStatusResponse()
@@ -196,13 +214,16 @@ class _DRA:
             return resp
 
 
-class _Health(hpb_grpc.DRAResourceHealthServicer):
-    def __init__(self, driver: FakeDriver) -> None:
-        self.d = driver
+class _Health:
+    """``NodeWatchResources`` of one version; the messages queued (v1alpha1's) go out in that version's type."""
+
+    def __init__(self, driver: FakeDriver, version: str) -> None:
+        self.d, self.version = driver, version
 
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
         with self.d._lock:
             self.d.calls.health_streams += 1
+            self.d.calls.health_services.append(self.version)
         while context.is_active():
             try:
                 item = self.d.health_updates.get(timeout=0.1)
@@ -210,7 +231,7 @@ class _Health(hpb_grpc.DRAResourceHealthServicer):
                 continue
             if item is _END:
                 return
-            yield item
+            yield hpb1.NodeWatchResourcesResponse.FromString(item.SerializeToString()) if self.version == "v1" else item
 
 
 def device(pool: str, name: str, *cdi: str, requests: tuple[str, ...] = ()) -> v1_pb2.Device:

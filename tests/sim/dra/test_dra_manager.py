@@ -208,3 +208,21 @@ def test_health_reaches_allocated_resources_status(dra_kubelet: Any, driver: Fak
     wait_for(lambda: driver.calls.health_streams, lambda n: n >= 2, timeout=T, what="the stream re-opened")
     driver.send_health(("node-1", "gpu-0", hpb.HEALTHY))
     wait_for(status, lambda s: s[0]["resources"][0]["health"] == "Healthy", timeout=T, what="Healthy again")
+
+
+@pytest.mark.parametrize("messages", [True, False], ids=["ResourceHealthStatusMessage-on", "off"])
+def test_health_message_reaches_the_status_only_with_its_gate(
+    dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims, messages: bool
+) -> None:
+    """A device's health message goes into ``allocatedResourcesStatus`` only with ResourceHealthStatusMessage (on
+    by default from 1.36; 1.35 has no such field)."""
+    dra_kubelet.manager.health_messages = messages
+    p = pod("p", "pod-1", "c")
+    dra_claims.claim("c", "claim-1", DRIVER, p)
+    driver.devices["claim-1"] = [device("node-1", "gpu-0", "example.com/gpu=gpu-0")]
+    dra_kubelet.manager.prepare_resources(p)
+    driver.send_health(("node-1", "gpu-0", hpb.UNHEALTHY, "Xid 79: fell off the bus"))
+    (entry,) = wait_for(lambda: dra_kubelet.manager.allocated_resources_status(p, "ctr"), lambda s: s[0]["resources"][0]["health"] == "Unhealthy",
+                        timeout=T, what="Unhealthy reported")  # fmt: skip
+    want = {"resourceID": "example.com/gpu=gpu-0", "health": "Unhealthy"}
+    assert entry["resources"] == [{**want, "message": "Xid 79: fell off the bus"} if messages else want]

@@ -120,6 +120,7 @@ def test_unprepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, d
 
 
 def _health_service(driver: DriverHandle) -> None:
+    driver.node.require_gate("ResourceHealthStatus", "the kubelet watches DRA device health and reports it in allocatedResourcesStatus")
     if driver.health() is None:
         pytest.skip(f"{driver.name} serves no v1alpha1.DRAResourceHealth (NodeWatchResources is unimplemented): it reports no device health")
 

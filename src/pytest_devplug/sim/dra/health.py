@@ -18,11 +18,15 @@ from typing import Any
 
 import grpc
 
+from pytest_devplug.api.drahealth import v1_pb2 as hpb1
+from pytest_devplug.api.drahealth import v1_pb2_grpc as hpb1_grpc
 from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
 from pytest_devplug.api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
 from pytest_devplug.sim.endpoint import go_rpc_error
 
 __all__ = [
+    "HEALTH_SERVICE_V1",
+    "HEALTH_SERVICE_V1ALPHA1",
     "HEALTHY",
     "UNHEALTHY",
     "UNKNOWN",
@@ -34,6 +38,8 @@ __all__ = [
 ]
 
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
+#: The health services' names as plugins list them in GetInfo (``DRAResourceHealthService``).
+HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1 = "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"
 #: ``DefaultHealthTimeout``.
 DEFAULT_HEALTH_TIMEOUT_S = 30.0
 #: ``wait.UntilWithContext(..., 5*time.Second)`` around each stream.
@@ -41,7 +47,8 @@ STREAM_RETRY_PERIOD_S = 5.0
 #: ``v1.ResourceHealthMessageMaxLength``: longer messages are cut to this, ending in "...".
 MAX_MESSAGE_LENGTH = 1024
 
-_STATUS = {hpb.HEALTHY: HEALTHY, hpb.UNHEALTHY: UNHEALTHY}
+#: The health enum's numbers (the same in v1 and v1alpha1).
+_STATUS: dict[int, str] = {int(hpb.HEALTHY): HEALTHY, int(hpb.UNHEALTHY): UNHEALTHY}
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,10 @@ class DeviceHealth:
 
 
 def _truncate(message: str) -> str:
-    return message if len(message) <= MAX_MESSAGE_LENGTH else message[: MAX_MESSAGE_LENGTH - 3] + "..."
+    """``truncateHealthMessage``: Go's ``len`` counts bytes, so the cut is at 1021 bytes, maybe inside a character
+    (whose broken bytes JSON then writes as U+FFFD)."""
+    data = message.encode()
+    return message if len(data) <= MAX_MESSAGE_LENGTH else data[: MAX_MESSAGE_LENGTH - 3].decode(errors="replace") + "..."
 
 
 class HealthInfoCache:
@@ -82,7 +92,7 @@ class HealthInfoCache:
                 return DeviceHealth(pool, device)
             return known
 
-    def update(self, driver: str, response: hpb.NodeWatchResourcesResponse) -> list[DeviceHealth]:
+    def update(self, driver: str, response: hpb.NodeWatchResourcesResponse | hpb1.NodeWatchResourcesResponse) -> list[DeviceHealth]:
         """``updateHealthInfo``: apply one stream message; returns the devices whose status changed."""
         changed: list[DeviceHealth] = []
         with self._lock:
@@ -92,7 +102,7 @@ class HealthInfoCache:
             for d in response.devices:
                 timeout = float(d.health_check_timeout_seconds) if d.health_check_timeout_seconds > 0 else 0.0
                 new = DeviceHealth(
-                    d.device.pool_name, d.device.device_name, _STATUS.get(d.health, UNKNOWN), now, timeout, _truncate(d.message)
+                    d.device.pool_name, d.device.device_name, _STATUS.get(int(d.health), UNKNOWN), now, timeout, _truncate(d.message)
                 )
                 key = f"{new.pool_name}/{new.device_name}"
                 reported.add(key)
@@ -114,7 +124,11 @@ class HealthInfoCache:
 
 class HealthStream:
     """Reads ``NodeWatchResources`` of one plugin in a daemon thread, re-opening it every ``retry_period``
-    seconds after it fails or ends, until :meth:`stop`. ``on_change`` gets each message's changed devices."""
+    seconds after it fails or ends, until :meth:`stop`. ``on_change`` gets each message's changed devices.
+
+    ``service``: :data:`HEALTH_SERVICE_V1` or :data:`HEALTH_SERVICE_V1ALPHA1` (the messages are the same, field
+    for field; the stream's method name differs). ``stop_on_unimplemented``: a plugin answering Unimplemented is
+    not asked again (Kubernetes 1.37+); before, the kubelet retries it every period like any failure."""
 
     def __init__(
         self,
@@ -122,12 +136,20 @@ class HealthStream:
         channel: Any,
         cache: HealthInfoCache,
         *,
+        service: str = HEALTH_SERVICE_V1ALPHA1,
+        stop_on_unimplemented: bool = False,
         on_change: Callable[[str, list[DeviceHealth]], None] | None = None,
         retry_period: float = STREAM_RETRY_PERIOD_S,
         logger: logging.Logger | None = None,
     ) -> None:
         self.driver_name = driver_name
-        self._stub = hpb_grpc.DRAResourceHealthStub(channel)  # type: ignore[no-untyped-call]
+        self.service = service
+        self._stub: Any = (
+            hpb1_grpc.DRAResourceHealthStub(channel)  # type: ignore[no-untyped-call]
+            if service == HEALTH_SERVICE_V1
+            else hpb_grpc.DRAResourceHealthStub(channel)  # type: ignore[no-untyped-call]
+        )
+        self._stop_on_unimplemented = stop_on_unimplemented
         self._cache = cache
         self._on_change = on_change
         self._retry_period = retry_period
@@ -168,7 +190,10 @@ class HealthStream:
                     self._on_change(self.driver_name, changed)
             self._log.info("WatchResources health stream has ended driverName=%s", self.driver_name)
         except grpc.RpcError as err:
-            if not self._stop.is_set():
+            if self._stop_on_unimplemented and err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._log.info("Driver does not support WatchResources health stream, stopping driverName=%s", self.driver_name)
+                self._stop.set()
+            elif not self._stop.is_set():
                 self._log.info("WatchResources health stream failed, will retry driverName=%s: %s", self.driver_name, go_rpc_error(err))
         finally:
             with self._lock:

@@ -156,8 +156,11 @@ class DRAManager:
         *,
         health_cache: HealthInfoCache | None = None,
         logger: logging.Logger | None = None,
+        health_messages: bool = True,
     ) -> None:
         self.checkpoint_path = state_dir / cp.CHECKPOINT_NAME
+        #: Feature gate ResourceHealthStatusMessage (1.36+): a device's health message reaches the pod's status.
+        self.health_messages = health_messages
         self.plugins = plugins
         self._claims = claims
         self.health_cache = health_cache or HealthInfoCache()
@@ -382,7 +385,7 @@ class DRAManager:
                             continue
                         seen.add(rid)
                         entry: dict[str, Any] = {"resourceID": rid, "health": health.health}
-                        if health.message:
+                        if health.message and self.health_messages:
                             entry["message"] = health.message
                         resources.append(entry)
                 if resources:

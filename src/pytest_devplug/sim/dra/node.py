@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.sim.dra import checkpoint as cp
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager, DRAPrepareError
@@ -136,8 +137,11 @@ class NodeDRA:
         on_change: Callable[[], None],
         timings: DRATimings | None = None,
         logger: logging.Logger | None = None,
+        kube: KubeVersion | None = None,
     ) -> None:
         self.node_name = node_name
+        #: The release this kubelet's DRA side behaves as (its gates: health, messages).
+        self.kube = kube or KubeVersion.of()
         self.node_dir = Path(node_dir)
         self.api = api
         self.timings = timings or DRATimings()
@@ -195,17 +199,21 @@ class NodeDRA:
         the kubelet does not start, as upstream's), the node's slices are wiped, the plugin watcher starts."""
         health = HealthInfoCache()
         plugins = DRAPluginManager(
-            self.node_name, wiper=self.api, wiping_delay=self.timings.wiping_delay, health_cache=health,
+            self.node_name, wiper=self.api, wiping_delay=self.timings.wiping_delay,
+            health_cache=health if self.kube.gate("ResourceHealthStatus") else None,
             on_health_change=lambda _driver, _devices: self._on_change(), path_of_endpoint=self.host_path,
-            on_call=self._record_call, logger=self._log,
+            on_call=self._record_call, logger=self._log, kube=self.kube,
         )  # fmt: skip
         try:
-            manager = DRAManager(self.node_dir, plugins, self.api, health_cache=health, logger=self._log)
+            manager = DRAManager(
+                self.node_dir, plugins, self.api, health_cache=health, logger=self._log,
+                health_messages=self.kube.gate("ResourceHealthStatusMessage"),
+            )  # fmt: skip
         except Exception:
             plugins.stop()
             raise
         handler = _RefusingHandler(plugins, self._next_refusal)
-        watcher = PluginWatcher(self.registry_dir, {DRA_PLUGIN_TYPE: handler}, logger=self._log)
+        watcher = PluginWatcher(self.registry_dir, {DRA_PLUGIN_TYPE: handler}, logger=self._log, kube=self.kube)
         self.plugins_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._plugins, self._manager, self._watcher = plugins, manager, watcher

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Protocol
 
 from pytest_devplug.sim.dra.client import CLIENT_CALL_TIMEOUT_S, SERVICES_SUPPORTED_BY_KUBELET, CallObserver, DRAPluginClient
-from pytest_devplug.sim.dra.health import STREAM_RETRY_PERIOD_S, DeviceHealth, HealthInfoCache, HealthStream
+from pytest_devplug.kubeletmodel.releases import KubeVersion
+from pytest_devplug.sim.dra.health import (
+    HEALTH_SERVICE_V1,
+    HEALTH_SERVICE_V1ALPHA1,
+    STREAM_RETRY_PERIOD_S,
+    DeviceHealth,
+    HealthInfoCache,
+    HealthStream,
+)
 from pytest_devplug.sim.errors import SimError
 
 __all__ = [
@@ -74,8 +82,11 @@ class DRAPluginManager:
         path_of_endpoint: Callable[[str], Path] = Path,
         on_call: CallObserver | None = None,
         logger: logging.Logger | None = None,
+        kube: KubeVersion | None = None,
     ) -> None:
         self.node_name = node_name
+        #: The release whose registration and health-service rules apply.
+        self.kube = kube or KubeVersion.of()
         self._wiper = wiper
         #: Seconds a driver's slices outlive its last plugin (``defaultWipingDelay``); a new value applies to
         #: the wipes scheduled after it is set.
@@ -115,6 +126,13 @@ class DRAPluginManager:
             f"are supported by the kubelet ({go_quote_list(SERVICES_SUPPORTED_BY_KUBELET)})"
         )
 
+    def _health_service(self, versions: Sequence[str]) -> str:
+        """The health service the kubelet watches (empty: none). From 1.37 only one the plugin lists, v1 first
+        (``pickHealthService``); before, v1alpha1 on every plugin, listed or not."""
+        if not self.kube.has("dra-health-v1"):
+            return HEALTH_SERVICE_V1ALPHA1
+        return next((s for s in (HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1) if s in versions), "")
+
     def validate_plugin(self, name: str, endpoint: str, versions: Sequence[str]) -> None:
         self._choose_service(name, endpoint, versions)
 
@@ -133,11 +151,13 @@ class DRAPluginManager:
                 logger=self._log,
             )
             self._store.setdefault(name, []).append(plugin)
-            if self._health_cache is not None:
+            health_service = self._health_service(versions)
+            if self._health_cache is not None and health_service:
                 stream = HealthStream(
-                    name, plugin.channel, self._health_cache, on_change=self._on_health_change,
+                    name, plugin.channel, self._health_cache, service=health_service,
+                    stop_on_unimplemented=self.kube.has("dra-health-v1"), on_change=self._on_health_change,
                     retry_period=self._health_retry_period, logger=self._log,
-                )
+                )  # fmt: skip
                 self._streams[plugin] = stream
                 stream.start()
             self._log.info(

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import grpc
 
 from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
+from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from pytest_devplug.sim.dra.plugins import DRAPluginError, PluginHandler
 from pytest_devplug.sim.endpoint import go_rpc_error
@@ -70,7 +71,13 @@ class _Socket:
 
 
 class _RegistrationFailed(Exception):
-    """An attempt failed; the text is what the plugin is told (and what the kubelet logs)."""
+    """An attempt failed; the text is what the plugin is told (and what the kubelet logs). ``kept``: the plugin
+    stays in the watcher's actual state anyway, so it is not tried again until its socket is made anew (a failed
+    ``RegisterPlugin`` before 1.36)."""
+
+    def __init__(self, error: str, kept: tuple[str, str, str] | None = None) -> None:
+        super().__init__(error)
+        self.kept = kept
 
 
 class PluginWatcher:
@@ -83,8 +90,11 @@ class PluginWatcher:
         *,
         poll_interval: float = 0.1,
         logger: logging.Logger | None = None,
+        kube: KubeVersion | None = None,
     ) -> None:
         self.registry_dir = registry_dir
+        #: Whether a failed RegisterPlugin or NotifyRegistrationStatus(true) is retried (1.36+).
+        self._retry = (kube or KubeVersion.of()).has("pluginwatcher-retry")
         self._handlers = dict(handlers)
         self._poll_interval = poll_interval
         self._log = logger or logging.getLogger(__name__)
@@ -170,6 +180,7 @@ class PluginWatcher:
             registered = self._attempt(path)
         except _RegistrationFailed as exc:
             detail = str(exc)
+            registered = exc.kept
             self._log.error("RegisterPlugin error -- failed socket=%s: %s", path, detail)
         with self._lock:
             known = self._sockets.get(path)
@@ -181,7 +192,7 @@ class PluginWatcher:
             known.in_flight = False
             if registered is not None:
                 known.registered, known.backoff = registered, 0.0
-                self.events.append(RegistrationEvent("registered", path, registered[1]))
+                self.events.append(RegistrationEvent("failed" if detail else "registered", path, registered[1], detail=detail))
             else:
                 known.backoff = min(_BACKOFF_MAX_S, known.backoff * 2 or _BACKOFF_START_S)
                 known.next_attempt = time.monotonic() + known.backoff
@@ -210,26 +221,30 @@ class PluginWatcher:
                 handler.validate_plugin(info.name, endpoint, versions)
             except DRAPluginError as err:
                 self._refuse(stub, f"RegisterPlugin error -- plugin validation failed with err: {err}")
+            identity = (info.type, info.name, endpoint)
             try:
                 handler.register_plugin(info.name, endpoint, versions, None)
             except DRAPluginError as err:
-                self._refuse(stub, f"RegisterPlugin error -- plugin registration failed with err: {err}")
+                # Before 1.36 the plugin was added to the actual state first and stays there: never retried.
+                self._refuse(stub, f"RegisterPlugin error -- plugin registration failed with err: {err}", None if self._retry else identity)
             try:
                 stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=True), timeout=NOTIFY_TIMEOUT_S)
             except grpc.RpcError as err:
-                # upstream keeps the registration (it is in the actual state already) and only logs this
-                self._log.error(
-                    "RegisterPlugin error -- failed to send registration status at socket %s, err: %s", path, go_rpc_error(err)
-                )
+                error = f"RegisterPlugin error -- failed to send registration status at socket {path}, err: {go_rpc_error(err)}"
+                if self._retry:  # 1.36+: out of the actual state, deregistered, tried again
+                    handler.deregister_plugin(info.name, endpoint)
+                    raise _RegistrationFailed(error) from None
+                self._log.error("%s", error)  # before: the registration stays, only logged
             self._log.info("Register plugin pluginName=%s type=%s endpoint=%s socket=%s", info.name, info.type, endpoint, path)
-            return info.type, info.name, endpoint
+            return identity
         finally:
             channel.close()
 
-    def _refuse(self, stub: Any, error: str) -> NoReturn:
-        """Tell the plugin it is not registered and why; the attempt ends with ``error``."""
+    def _refuse(self, stub: Any, error: str, kept: tuple[str, str, str] | None = None) -> NoReturn:
+        """Tell the plugin it is not registered and why; the attempt ends with ``error`` (``kept``: see
+        :class:`_RegistrationFailed`)."""
         try:
             stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=False, error=error), timeout=NOTIFY_TIMEOUT_S)
         except grpc.RpcError as err:
             self._log.error("failed to send registration status: %s", go_rpc_error(err))
-        raise _RegistrationFailed(error)
+        raise _RegistrationFailed(error, kept)

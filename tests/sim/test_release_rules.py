@@ -1,0 +1,385 @@
+"""Every release-dependent rule of the embedded kubelet, judged on both sides of the release that brought it.
+
+Each rule of ``kubeletmodel.releases.RULES`` (and each feature gate the embedded kubelet follows) has a test here
+that runs the behaviour as the release before and as the release that has it and asserts what differs; switching
+the rule to the other release's behaviour (``KubeVersion.of(..., rule=False)``) fails the test. The last test
+checks that no rule is left without one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from .dm_helpers import GPU, DmWaiter, FakePlugin, dm_capacity_probe
+from ._helpers import GPU as PLUGIN_GPU
+from ._helpers import pod, start_gpu_node, wait_for
+from .dra.dra_fakes import FakeDriver, remove_root, short_root
+from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
+from pytest_devplug.api.podresources import v1_pb2 as pr
+from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
+from pytest_devplug.kubeletmodel.releases import RULES, KubeVersion
+from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.devicemanager import DeviceManager
+from pytest_devplug.sim.dra.health import HealthInfoCache
+from pytest_devplug.sim.dra.plugins import DRAPluginError, DRAPluginManager
+from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher
+
+T = 10.0
+#: test name -> the rule it judges (checked against RULES by the last test).
+COVERED: dict[str, str] = {}
+
+
+def judges(rule: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def mark(fn: Callable[..., None]) -> Callable[..., None]:
+        COVERED[fn.__name__] = rule
+        return fn
+
+    return mark
+
+
+def before_and_from(rule: str) -> pytest.MarkDecorator:
+    """Parametrise a test over the release before ``rule`` and the release that brought it (``has``: whether it
+    applies), and over the rule switched by hand on the newer release (it must then behave as the older one)."""
+    since = RULES[rule].since
+    before = f"1.{int(since.split('.')[1]) - 1}"
+    cases = [
+        pytest.param(KubeVersion.of(before), False, id=before),
+        pytest.param(KubeVersion.of(since), True, id=since),
+        pytest.param(KubeVersion.of(since, **{rule.replace("-", "_"): False}), False, id=f"{since}-switched-off"),
+    ]
+    return pytest.mark.parametrize(("kube", "has"), cases)
+
+
+# --- device manager -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dm_kube(dm_dir: Path) -> Iterator[Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]]]:
+    made: list[DeviceManager] = []
+
+    def make(kube: KubeVersion) -> tuple[DeviceManager, DmWaiter]:
+        w = DmWaiter()
+        dm = DeviceManager(dm_dir, on_change=w.notify, grace_period=300.0, kube=kube)
+        dm.start()
+        made.append(dm)
+        return dm, w
+
+    yield make
+    for dm in made:
+        dm.stop()
+
+
+def _counts(dm: DeviceManager, w: DmWaiter, want: tuple[int | None, int | None]) -> None:
+    w.until(f"capacity/allocatable {want}", dm_capacity_probe(dm), lambda s: s == want, T)
+
+
+@judges("endpoint-per-socket")
+@before_and_from("endpoint-per-socket")
+def test_register_on_a_held_socket(
+    dm_kube: Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+) -> None:
+    """1.37 refuses a Register naming a socket whose stream the kubelet still holds (after dialling it and asking
+    its options); before, the kubelet takes it as the resource's plugin again."""
+    dm, w = dm_kube(kube)
+    a = dm_fake("a.sock")
+    a.register()
+    _counts(dm, w, (2, 2))
+    if has:
+        with pytest.raises(grpc.RpcError) as exc:
+            a.register()
+        assert exc.value.code() == grpc.StatusCode.UNKNOWN
+        assert exc.value.details() == f"device plugin already connected: {a.sock}"
+    else:
+        a.register()
+        w.until("a second ListAndWatch", lambda: a.law_calls, lambda n: n == 2, T)
+    assert dm.capacity()[:2] == ({GPU: 2}, {GPU: 2})
+
+
+@judges("endpoint-per-socket")
+@before_and_from("endpoint-per-socket")
+def test_earlier_plugins_exit_after_a_newer_one_registered(
+    dm_kube: Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+) -> None:
+    """A rollout with maxSurge: b registers beside a, then a exits. 1.37 keeps b (another endpoint of the resource
+    is still connected: nothing turns unhealthy); before, the registration server disconnects the resource's current
+    client, b, when a's stream ends, and every device is unhealthy until b registers again."""
+    dm, w = dm_kube(kube)
+    a = dm_fake("a.sock")
+    a.register()
+    _counts(dm, w, (2, 2))
+    b = dm_fake("b.sock", devices=[pb.Device(ID=f"b-{i}", health="Healthy") for i in range(3)])
+    b.register()
+    _counts(dm, w, (3, 3))
+    a.stop()
+    if has:
+        changes = w.changes
+        b.set_devices([pb.Device(ID=f"b-{i}", health="Healthy") for i in range(3)])
+        w.until("b's next ListAndWatch message counted", lambda: w.changes, lambda c: c > changes, T)
+        assert dm.capacity()[:2] == ({GPU: 3}, {GPU: 3})
+        assert dm.plugin_socket(GPU) == b.sock
+    else:
+        _counts(dm, w, (3, 0))
+        assert dm.plugin_socket(GPU) is None
+        b.register()  # b's own recovery: a new Register
+        _counts(dm, w, (3, 3))
+
+
+@judges("endpoint-per-socket")
+@before_and_from("endpoint-per-socket")
+def test_last_endpoint_of_a_resource_going(
+    dm_kube: Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+) -> None:
+    """The newer plugin exits first: 1.37 makes the earlier one, still connected, the resource's again (its next
+    list counts); before, the earlier one is no client of the kubelet's any more, so the resource goes unhealthy."""
+    dm, w = dm_kube(kube)
+    a = dm_fake("a.sock")
+    a.register()
+    _counts(dm, w, (2, 2))
+    b = dm_fake("b.sock", devices=[pb.Device(ID=f"b-{i}", health="Healthy") for i in range(3)])
+    b.register()
+    _counts(dm, w, (3, 3))
+    b.stop()
+    if has:
+        a.set_devices([pb.Device(ID=f"dev-{i}", health="Healthy") for i in range(2)])
+        _counts(dm, w, (2, 2))
+        assert dm.plugin_socket(GPU) == a.sock
+        a.stop()
+    _counts(dm, w, (3, 0) if not has else (2, 0))
+
+
+# --- scheduler ---------------------------------------------------------------------------------------------------
+
+
+@judges("scheduler-dra-postfilter-silent")
+@before_and_from("scheduler-dra-postfilter-silent")
+def test_fit_error_of_a_pod_without_claims(kube: KubeVersion, has: bool) -> None:
+    """The FailedScheduling text of a pod no node fits: DRA's PostFilter note goes from 1.37."""
+    from pytest_devplug.sim.apiserver import admit_pod
+    from pytest_devplug.sim.scheduler import NodeView, schedule
+
+    full = NodeView("n", {}, [], False, {"cpu": 8000, "memory": 2**35, "pods": 110, PLUGIN_GPU: 1}, {"pods": 1, PLUGIN_GPU: 1})
+    note = "no new claims to deallocate, " if not has else ""
+    assert schedule(admit_pod(pod("p", 1)), [full], kube).message == (
+        f"0/1 nodes are available: 1 Insufficient {PLUGIN_GPU}. {note}preemption: 0/1 nodes are available: "
+        "1 No preemption victims found for incoming pod."
+    )
+
+
+# --- pod resources ----------------------------------------------------------------------------------------------
+
+
+@judges("podresources-get-terminal-not-found")
+@before_and_from("podresources-get-terminal-not-found")
+def test_podresources_get_of_a_terminated_pod(tmp_path: Path, kube: KubeVersion, has: bool) -> None:
+    """A pod whose containers all ended (restartPolicy Never): from 1.35 Get answers "not found" like for a pod
+    the kubelet never had; before, it answers with the pod (its devices freed)."""
+    with SimCluster(kube=kube) as cluster:
+        node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
+        cluster.create_pod(pod("done", 1, restart_policy="Never"))
+        assert cluster.finish_container("done", "main", 0)["status"]["phase"] == "Succeeded"
+        with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as ch:
+            stub = pr_grpc.PodResourcesListerStub(ch)  # type: ignore[no-untyped-call]
+            assert [p.name for p in stub.List(pr.ListPodResourcesRequest(), timeout=5).pod_resources] == []
+            request = pr.GetPodResourcesRequest(pod_name="done", pod_namespace="default")
+            if has:
+                with pytest.raises(grpc.RpcError) as exc:
+                    stub.Get(request, timeout=5)
+                assert (exc.value.code(), exc.value.details()) == (grpc.StatusCode.UNKNOWN, "pod done in namespace default not found")
+            else:
+                got = stub.Get(request, timeout=5).pod_resources
+                assert (got.name, [c.name for c in got.containers]) == ("done", ["main"])
+
+
+# --- plugin watcher ---------------------------------------------------------------------------------------------
+
+
+class _FailingOnce:
+    """A handler whose first RegisterPlugin fails (as the device manager's does for a socket it holds)."""
+
+    def __init__(self) -> None:
+        self.registered: list[str] = []
+        self.deregistered: list[str] = []
+        self.attempts = 0
+
+    def validate_plugin(self, name: str, endpoint: str, versions: Sequence[str]) -> None:
+        return None
+
+    def register_plugin(self, name: str, endpoint: str, versions: Sequence[str], timeout: float | None) -> None:
+        self.attempts += 1
+        if self.attempts == 1:
+            raise DRAPluginError("not now")
+        self.registered.append(name)
+
+    def deregister_plugin(self, name: str, endpoint: str) -> None:
+        self.deregistered.append(name)
+
+
+@pytest.fixture
+def registry() -> Iterator[Path]:
+    root = short_root()
+    yield root
+    remove_root(root)
+
+
+@judges("pluginwatcher-retry")
+@before_and_from("pluginwatcher-retry")
+def test_failed_register_plugin_is_retried(registry: Path, kube: KubeVersion, has: bool) -> None:
+    """From 1.36 a plugin whose RegisterPlugin failed leaves the watcher's actual state and is tried again (after
+    its back-off); before, it stays there and is never tried again while its socket stays."""
+    handler = _FailingOnce()
+    driver = FakeDriver(registry, "retry.example.com").start()
+    watcher = PluginWatcher(registry / "plugins_registry", {DRA_PLUGIN_TYPE: handler}, poll_interval=0.02, kube=kube)
+    watcher.start()
+    try:
+        first = wait_for(lambda: driver.calls.statuses, bool, "the first verdict")
+        assert first[0][0] is False and first[0][1] == "RegisterPlugin error -- plugin registration failed with err: not now"
+        if has:
+            wait_for(lambda: handler.registered, bool, "the registration tried again")
+            assert wait_for(lambda: driver.calls.statuses, lambda s: len(s) == 2, "the second verdict")[1] == (True, "")
+        else:
+            gone = threading.Event()
+            gone.wait(1.5)  # three back-offs' worth (0.5 s, 1 s): a retry would have come
+            assert handler.attempts == 1 and len(driver.calls.statuses) == 1
+    finally:
+        watcher.stop()
+        driver.stop()
+
+
+@judges("pluginwatcher-retry")
+@before_and_from("pluginwatcher-retry")
+def test_failed_notify_registration_status(registry: Path, kube: KubeVersion, has: bool) -> None:
+    """The plugin fails NotifyRegistrationStatus(true): from 1.36 the kubelet deregisters it and registers it
+    again; before, the registration stands."""
+    handler = _FailingOnce()
+    handler.attempts = 1  # RegisterPlugin succeeds from the start
+    driver = FakeDriver(registry, "notify.example.com")
+    driver.notify_failures = 1
+    driver.start()
+    watcher = PluginWatcher(registry / "plugins_registry", {DRA_PLUGIN_TYPE: handler}, poll_interval=0.02, kube=kube)
+    watcher.start()
+    try:
+        wait_for(lambda: handler.registered, bool, "the first registration")
+        if has:
+            wait_for(lambda: handler.registered, lambda r: len(r) == 2, "registered again after the failed notify")
+            assert handler.deregistered == ["notify.example.com"]
+        else:
+            threading.Event().wait(1.5)
+            assert handler.registered == ["notify.example.com"] and handler.deregistered == []
+    finally:
+        watcher.stop()
+        driver.stop()
+
+
+# --- DRA health ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def health_plugins(registry: Path) -> Iterator[Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]]]:
+    made: list[tuple[DRAPluginManager, PluginWatcher]] = []
+
+    def make(kube: KubeVersion) -> tuple[DRAPluginManager, PluginWatcher]:
+        plugins = DRAPluginManager("node-1", health_cache=HealthInfoCache(), health_retry_period=0.1, kube=kube)
+        watcher = PluginWatcher(registry / "plugins_registry", {DRA_PLUGIN_TYPE: plugins}, poll_interval=0.02, kube=kube)
+        watcher.start()
+        made.append((plugins, watcher))
+        return plugins, watcher
+
+    yield make
+    for plugins, watcher in made:
+        watcher.stop()
+        plugins.stop()
+
+
+@judges("dra-health-v1")
+@before_and_from("dra-health-v1")
+@pytest.mark.parametrize(
+    ("serves", "lists", "want_from", "want_before"),
+    [
+        pytest.param(("v1", "v1alpha1"), True, "v1", "v1alpha1", id="lists-both"),
+        pytest.param(("v1alpha1",), True, "v1alpha1", "v1alpha1", id="lists-v1alpha1"),
+        pytest.param(("v1alpha1",), False, None, "v1alpha1", id="lists-none"),
+    ],
+)
+def test_health_service_watched(
+    registry: Path, health_plugins: Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]], kube: KubeVersion,
+    has: bool, serves: tuple[str, ...], lists: bool, want_from: str | None, want_before: str,
+) -> None:  # fmt: skip
+    """1.37 watches the first of v1, v1alpha1 that the driver lists in GetInfo, and none where it lists none;
+    before, v1alpha1 on every driver."""
+    health_plugins(kube)
+    driver = FakeDriver(registry, "health.example.com", health=True, health_versions=serves, list_health=lists).start()
+    try:
+        wait_for(lambda: driver.registered.is_set(), bool, "registered")
+        want = want_from if has else want_before
+        if want is None:
+            threading.Event().wait(0.5)
+            assert driver.calls.health_services == []
+        else:
+            assert wait_for(lambda: driver.calls.health_services, bool, "a health stream")[0] == want
+    finally:
+        driver.stop()
+
+
+@judges("dra-health-v1")
+@before_and_from("dra-health-v1")
+def test_unimplemented_health_service(
+    registry: Path, health_plugins: Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]], kube: KubeVersion, has: bool
+) -> None:
+    """A driver that lists v1alpha1.DRAResourceHealth but does not serve it (Unimplemented): 1.37 stops asking;
+    before, the kubelet opens a new stream every period."""
+    plugins, _ = health_plugins(kube)
+    driver = FakeDriver(registry, "nohealth.example.com", versions=("v1.DRAPlugin", "v1alpha1.DRAResourceHealth")).start()
+    try:
+        wait_for(lambda: driver.registered.is_set(), bool, "registered")
+        stream = wait_for(lambda: next(iter(plugins._streams.values()), None), lambda s: s is not None, "the health stream")
+        assert stream is not None
+        if has:
+            wait_for(lambda: stream._stop.is_set(), bool, "the stream given up after Unimplemented")
+            assert stream.attempts == 1
+        else:
+            wait_for(lambda: stream.attempts, lambda n: n >= 3, "the stream opened again and again")
+    finally:
+        driver.stop()
+
+
+# --- feature gates the embedded kubelet follows -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kube", "reported"),
+    [
+        pytest.param(KubeVersion.of("1.35"), False, id="1.35"),
+        pytest.param(KubeVersion.of("1.36"), True, id="1.36"),
+        pytest.param(KubeVersion.of("1.35", "ResourceHealthStatus=true"), True, id="1.35-gate-on"),
+        pytest.param(KubeVersion.of("1.37", "ResourceHealthStatus=false,ResourceHealthStatusMessage=false"), False, id="1.37-gate-off"),
+    ],
+)
+def test_allocated_resources_status_follows_resource_health_status(tmp_path: Path, kube: KubeVersion, reported: bool) -> None:
+    """The kubelet fills ``allocatedResourcesStatus`` only with ResourceHealthStatus on (default from 1.36)."""
+    with SimCluster(kube=kube) as cluster:
+        start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
+        status = cluster.create_pod(pod("p", 1))["status"]["containerStatuses"][0]
+        assert ("allocatedResourcesStatus" in status) is reported, status
+
+
+def test_device_health_in_pod_status_is_the_plugins_last_list(tmp_path: Path) -> None:
+    """``UpdateAllocatedResourcesStatus`` reads the devices as the plugin last listed them: its exit (every device
+    unhealthy for allocation) leaves the running pod's device Healthy in its status (every release)."""
+    with SimCluster() as cluster:
+        node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
+        created = cluster.create_pod(pod("p", 1))
+        (entry,) = created["status"]["containerStatuses"][0]["allocatedResourcesStatus"]
+        node.plugin().stop()
+        wait_for(lambda: cluster.get_node("node-1")["status"]["allocatable"][PLUGIN_GPU], lambda v: v == "0", "allocatable 0")
+        (after,) = cluster.get_pod("p")["status"]["containerStatuses"][0]["allocatedResourcesStatus"]
+        assert after == entry and entry["resources"][0]["health"] == "Healthy"
+
+
+def test_every_rule_is_judged_here() -> None:
+    missing = sorted(set(RULES) - set(COVERED.values()))
+    assert not missing, f"rules without a test on both sides of their release: {missing}"
