@@ -124,6 +124,44 @@ def conformance(session: nox.Session) -> None:
         session.run("devplug", "conformance", "--backend", "sim", *session.posargs)
 
 
+def _releases() -> tuple[list[str], str]:
+    """The supported Kubernetes releases (kubeletmodel/releases.tsv) and the default one."""
+    rows = [r.split("\t") for r in (ROOT / "src/pytest_devplug/kubeletmodel/releases.tsv").read_text().splitlines()
+            if r.strip() and not r.startswith("#")]  # fmt: skip
+    return [r[0] for r in rows], next(r[0] for r in rows if r[7] == "default")
+
+
+@nox.session(python=PYTHON[0])
+def versions(session: nox.Session) -> None:
+    """The conformance suite against the included plugin on every supported Kubernetes release besides the default
+    one (``nox -s tests`` and ``nox -s conformance`` run that): on the embedded control plane, then on that release's
+    real control plane (its binaries built from Go modules into the cache once per release, ~8 min cold each), then
+    the DRA suite against the included driver there. ``nox -s versions -- 1.36`` runs the releases named;
+    ``-- --embedded`` only the embedded control plane (no build: what CI runs)."""
+    session.install("-e", ".[cluster]", "-e", "./plugin_under_test[dra]")  # control-plane build needs the checkout
+    supported, default = _releases()
+    embedded_only = "--embedded" in session.posargs
+    chosen = [a for a in session.posargs if a != "--embedded"] or [r for r in supported if r != default]
+    unknown = [r for r in chosen if r not in supported]
+    if unknown:
+        session.error(f"unknown release(s) {', '.join(unknown)}; supported: {', '.join(supported)}")
+    clock = _Clock(session)
+    with tempfile.TemporaryDirectory(prefix="devplug-versions-") as empty:
+        for minor in chosen:
+            session.chdir(empty)
+            session.run("devplug", "conformance", "--kubernetes-version", minor)
+            clock.lap(f"{minor}: conformance, embedded control plane")
+            if embedded_only:
+                continue
+            session.chdir(ROOT)
+            session.run("devplug", "control-plane", "build", "--kubernetes-version", minor)
+            clock.lap(f"{minor}: control plane binaries")
+            session.chdir(empty)
+            session.run("devplug", "conformance", "--kubernetes-version", minor, "--control-plane", "real")
+            session.run("devplug", "conformance", "--kubernetes-version", minor, "--dra")
+            clock.lap(f"{minor}: conformance and DRA suite, real control plane")
+
+
 @nox.session(python=PYTHON[0])
 def proto(session: nox.Session) -> None:
     """Regenerate the gRPC stubs of both distributions from proto/."""
