@@ -14,7 +14,8 @@ unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 * ``wrong-device``: prepares another device than the one allocated;
 * ``no-republish``: never publishes its slice again after it was deleted;
 * ``exit-on-refusal``: exits when the kubelet refuses its registration;
-* ``unprepare-unknown-fails``: unpreparing a claim it does not know is an error.
+* ``unprepare-unknown-fails``: unpreparing a claim it does not know is an error;
+* ``health-unlisted``: serves its health stream but lists no health service in GetInfo (a 1.37 kubelet ignores it).
 """
 
 import argparse
@@ -47,7 +48,8 @@ parser.add_argument("--kubeconfig", default="")
 parser.add_argument("--devices", type=int, default=3)
 parser.add_argument("--control", default="")
 parser.add_argument("--break", dest="broken", default="none",
-                    choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails"])
+                    choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
+                             "health-unlisted"])
 args = parser.parse_args()
 if not args.node_name:
     sys.exit("dra-widget: --node-name or NODE_NAME is required")
@@ -209,7 +211,8 @@ class Registration(rpbg.RegistrationServicer):
         self.endpoint = endpoint
 
     def GetInfo(self, request_, context):
-        return rpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=self.endpoint, supported_versions=["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"])
+        services = ["v1.DRAPlugin"] if args.broken == "health-unlisted" else ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        return rpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=self.endpoint, supported_versions=services)
 
     def NotifyRegistrationStatus(self, request_, context):
         if request_.plugin_registered:

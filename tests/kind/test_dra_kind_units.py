@@ -85,6 +85,36 @@ def test_calls_are_paired_with_their_answers_and_claim_errors_count() -> None:
     assert unprepare.error == f"claim {UID}: device busy, try again"
 
 
+#: The same calls as a kubelet of 1.35+ logs them: its DRA API is google.golang.org/protobuf, whose String() is the
+#: text format, with spaces put in at random.
+PREPARE_TEXT = (
+    '"Calling NodePrepareResources rpc" driverName="gpu.example.com" endpoint="' + EP + '" '
+    'request="claims:{namespace:\\"default\\"  uid:\\"' + UID + '\\" name:\\"c1\\"}"'
+)
+PREPARED_TEXT = (
+    '"Done calling NodePrepareResources rpc" driverName="gpu.example.com" endpoint="' + EP + '" '
+    'response="claims:{key:\\"' + UID + '\\"  value:{devices:{request_names:\\"gpu\\" pool_name:\\"kind-worker\\" '
+    'device_name:\\"gpu-0\\" cdi_device_ids:\\"k8s.gpu.example.com/gpu=common\\"}}}" err=null'
+)
+UNPREPARE_TEXT = PREPARE_TEXT.replace("Calling NodePrepareResources rpc", "Calling NodeUnprepareResource rpc")
+UNPREPARE_FAILED_TEXT = (
+    '"Done calling NodeUnprepareResources rpc" driverName="gpu.example.com" endpoint="' + EP + '" '
+    'response="claims:{key:\\"' + UID + '\\" value:{error:\\"device \\\\\\"busy\\\\\\", try again\\"}}" err=null'
+)
+
+
+def test_calls_logged_in_protobufs_text_format_are_read_too() -> None:
+    state = KubeletDRAState()
+    for at, text in [(1.0, PREPARE_TEXT), (1.1, PREPARED_TEXT), (2.0, UNPREPARE_TEXT), (2.1, UNPREPARE_FAILED_TEXT)]:
+        line = parse_line(_line(at, 189, text))
+        assert line is not None, text
+        state.feed(line)
+    (prepare, unprepare) = state.calls
+    assert (prepare.method, prepare.claim_uids, prepare.error) == ("NodePrepareResources", (UID,), "")
+    assert (unprepare.method, unprepare.claim_uids) == ("NodeUnprepareResources", (UID,))
+    assert unprepare.error == f'claim {UID}: device "busy", try again'
+
+
 def test_a_grpc_error_of_the_call_is_its_error() -> None:
     state = KubeletDRAState()
     failed = PREPARED.split(" response=")[0] + ' response=null err="rpc error: code = Unavailable desc = connection refused"'

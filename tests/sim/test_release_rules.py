@@ -195,6 +195,22 @@ def test_podresources_get_of_a_terminated_pod(tmp_path: Path, kube: KubeVersion,
                 assert (got.name, [c.name for c in got.containers]) == ("done", ["main"])
 
 
+# --- DRA checkpoint ------------------------------------------------------------------------------------------
+
+
+@judges("dra-checkpoint-share-id")
+@before_and_from("dra-checkpoint-share-id")
+def test_dra_checkpoint_device_layout(kube: KubeVersion, has: bool) -> None:
+    """From 1.35 every prepared device in dra_manager_state has ``"ShareID"``, null without one (upstream's
+    checkpointer_test.go of each release has the bytes)."""
+    from pytest_devplug.sim.dra import checkpoint as cp
+
+    entry = cp.ClaimInfoState("uid", "c", "default", {"pod"}, {"d": [cp.PreparedDevice("pool", "dev", ["r"], ["x=y"])]})
+    data = cp.encode_data([entry], kube)
+    assert ('"DeviceName":"dev","ShareID":null,"RequestNames"' in data) is has, data
+    assert cp.decode_data(data) == [entry]
+
+
 # --- plugin watcher ---------------------------------------------------------------------------------------------
 
 

@@ -166,9 +166,14 @@ class DRABackend(Protocol):
         """Call the driver's DRA service directly, as the kubelet does (``NodePrepareResources`` or
         ``NodeUnprepareResources`` with ``claims`` of ``namespace``/``uid``/``name``): the response message."""
 
-    def driver_health(self, node: str, driver: str) -> list[tuple[str, str, str]] | None:
-        """The first message of the driver's ``NodeWatchResources`` stream as (pool, device, health); ``None`` when the
-        driver does not serve ``v1alpha1.DRAResourceHealth`` (UNIMPLEMENTED)."""
+    def driver_health(self, node: str, driver: str, service: str = "v1alpha1.DRAResourceHealth") -> list[tuple[str, str, str]] | None:
+        """The first message of the driver's ``NodeWatchResources`` stream of ``service`` (``v1.DRAResourceHealth`` or
+        ``v1alpha1.DRAResourceHealth``) as (pool, device, health); ``None`` when the driver does not serve it
+        (UNIMPLEMENTED)."""
+
+    def driver_services(self, node: str, driver: str) -> tuple[str, ...] | None:
+        """What the driver's registration socket in ``plugins_registry`` lists in GetInfo (``supported_versions``);
+        ``None`` when no socket there answers for ``driver``."""
 
     def refuse_next_registration(self, node: str, reason: str) -> None:
         """Make the kubelet refuse the driver's next registration attempt with ``reason``."""

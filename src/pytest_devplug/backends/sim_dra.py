@@ -20,10 +20,15 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ..api.dra import v1_pb2 as pb
+from ..api.drahealth import v1_pb2 as hpb1
+from ..api.drahealth import v1_pb2_grpc as hpb1_grpc
 from ..api.drahealth import v1alpha1_pb2 as hpb
 from ..api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
+from ..api.pluginregistration import v1_pb2 as rpb
+from ..api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from ..kuberest import KubeRest, RestError
 from ..sim.dra.client import SERVICE_V1, DRAPluginCallError, DRAPluginClient
+from ..sim.dra.health import HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1
 from ..sim.endpoint import go_rpc_error
 from ..sim.dra.incluster import SERVICE_ACCOUNT_DIR, DriverCredentials, driver_credentials
 from ..waiting import wait_for
@@ -220,14 +225,15 @@ class SimDRA:
         finally:
             client.close()
 
-    def driver_health(self, node: str, driver: str) -> list[tuple[str, str, str]] | None:
+    def driver_health(self, node: str, driver: str, service: str = HEALTH_SERVICE_V1ALPHA1) -> list[tuple[str, str, str]] | None:
         endpoints = self._dra(node).registered().get(driver)
         if not endpoints:
             raise BackendError(f"DRA driver {driver} is not registered with the kubelet on {node}")
         channel = grpc.insecure_channel(f"unix://{endpoints[-1]}", options=[("grpc.default_authority", "localhost")])
+        stubs, messages = (hpb1_grpc, hpb1) if service == HEALTH_SERVICE_V1 else (hpb_grpc, hpb)
         try:
-            stream = hpb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(  # type: ignore[no-untyped-call]
-                hpb.NodeWatchResourcesRequest(), timeout=max(self._backend.options.timeout, 10.0)
+            stream = stubs.DRAResourceHealthStub(channel).NodeWatchResources(
+                messages.NodeWatchResourcesRequest(), timeout=max(self._backend.options.timeout, 10.0)
             )
             first = next(iter(stream))
             stream.cancel()
@@ -241,6 +247,20 @@ class SimDRA:
             channel.close()
         names = {hpb.HEALTHY: "Healthy", hpb.UNHEALTHY: "Unhealthy"}
         return [(d.device.pool_name, d.device.device_name, names.get(d.health, "Unknown")) for d in first.devices]
+
+    def driver_services(self, node: str, driver: str) -> tuple[str, ...] | None:
+        timeout = max(self._backend.options.timeout, 10.0)
+        for socket in sorted(self._dra(node).registry_dir.glob("*.sock")):
+            channel = grpc.insecure_channel(f"unix://{socket}", options=[("grpc.default_authority", "localhost")])
+            try:
+                info = rpb_grpc.RegistrationStub(channel).GetInfo(rpb.InfoRequest(), timeout=timeout)  # type: ignore[no-untyped-call]
+            except grpc.RpcError:
+                continue
+            finally:
+                channel.close()
+            if info.name == driver:
+                return tuple(info.supported_versions)
+        return None
 
     def refuse_next_registration(self, node: str, reason: str) -> None:
         self._dra(node).refuse_next_registration(reason)

@@ -167,10 +167,15 @@ class DriverHandle:
         """Call the driver's DRA service as the kubelet does (``NodePrepareResources``/``NodeUnprepareResources``)."""
         return self.dra.call_driver(self.node.name, self.name, method, claims)
 
-    def health(self) -> list[tuple[str, str, str]] | None:
-        """What the driver's health stream reports first, (pool, device, health) each; ``None``: it has no health
-        service (``v1alpha1.DRAResourceHealth`` unimplemented)."""
-        return self.dra.driver_health(self.node.name, self.name)
+    def health(self, service: str = "v1alpha1.DRAResourceHealth") -> list[tuple[str, str, str]] | None:
+        """What the driver's health stream of ``service`` reports first, (pool, device, health) each; ``None``: it
+        does not serve it (UNIMPLEMENTED)."""
+        return self.dra.driver_health(self.node.name, self.name, service)
+
+    def listed_services(self) -> tuple[str, ...] | None:
+        """What the driver lists in GetInfo (``supported_versions``): its DRA and health services; ``None`` when no
+        registration socket answers for it."""
+        return self.dra.driver_services(self.node.name, self.name)
 
     def wait_usable(self, timeout: float | None = None) -> None:
         """Wait until the kubelet has the driver registered and connected; stops at once when it exited."""

@@ -128,6 +128,12 @@ RULES: dict[str, Rule] = {
             "pkg/kubelet/kubelet.go (kubeletPodsProvider.GetPodByName)",
         ),
         Rule(
+            "dra-checkpoint-share-id",
+            "1.35",
+            "dra_manager_state carries ShareID on every prepared device, null where the driver gave none",
+            "pkg/kubelet/cm/dra/state/state.go (Device.ShareID)",
+        ),
+        Rule(
             "pluginwatcher-retry",
             "1.36",
             "the plugin watcher retries a registration whose RegisterPlugin or NotifyRegistrationStatus failed",

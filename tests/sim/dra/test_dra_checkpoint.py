@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.sim.checkpoint import CheckpointCorruptError, CheckpointFormatError
 from pytest_devplug.sim.dra import checkpoint as cp
 
@@ -26,25 +27,39 @@ def _state(name: str, uid: str, *devices: cp.PreparedDevice) -> cp.ClaimInfoStat
     return cp.ClaimInfoState(uid, name, "default", {POD}, {DRIVER: list(devices)})
 
 
-# (entries, upstream's expected Checksum) from TestCheckpointStateStore
+KUBE_134, KUBE_137 = KubeVersion.of("1.34"), KubeVersion.of("1.37")
+
+# (entries, upstream's expected Checksum of 1.34, of 1.35+ ("ShareID":null on every device)) from
+# TestCheckpointStateStore of pkg/kubelet/cm/dra/state/checkpointer_test.go in each release
 VECTORS = {
-    "single-claim-info-state": ([_state("example", CLAIM1, _dev("dev-1"))], 1656016162),
-    "claim-info-state-with-multiple-devices": ([_state("example", CLAIM1, _dev("dev-1"), _dev("dev-2"))], 3369508096),
+    "single-claim-info-state": ([_state("example", CLAIM1, _dev("dev-1"))], 1656016162, 2570581864),
+    "claim-info-state-with-multiple-devices": (
+        [_state("example", CLAIM1, _dev("dev-1"), _dev("dev-2"))], 3369508096, 1223221469
+    ),
     "two-claim-info-states": (
         [_state("example-1", CLAIM1, _dev("dev-1")), _state("example-2", CLAIM2, _dev("dev-2", full=False))],
         1582256999,
+        2820117767,
     ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(VECTORS))
 def test_upstream_checksum_vectors(case: str) -> None:
-    entries, expected = VECTORS[case]
-    blob = cp.encode(entries)
-    doc = json.loads(blob)
-    assert doc["Checksum"] == expected
-    assert list(doc) == ["Data", "Checksum"]
-    assert cp.decode(blob).entries == entries
+    entries, of_134, of_135 = VECTORS[case]
+    for kube, expected in ((KUBE_134, of_134), (KUBE_137, of_135)):
+        blob = cp.encode(entries, kube)
+        doc = json.loads(blob)
+        assert doc["Checksum"] == expected, kube.name
+        assert list(doc) == ["Data", "Checksum"]
+        assert cp.decode(blob).entries == entries
+
+
+def test_a_share_id_is_written_where_the_release_has_the_field() -> None:
+    """1.35's vector "single-claim-info-state-with-share-id"; a 1.34 kubelet has no such field."""
+    entries = [_state("example", CLAIM1, cp.PreparedDevice("worker-1", "dev-1", ["test request"], [CDI], "aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"))]
+    assert json.loads(cp.encode(entries, KUBE_137))["Checksum"] == 736302156
+    assert b"ShareID" not in cp.encode(entries, KUBE_134)
 
 
 def test_upstream_single_claim_file_byte_for_byte() -> None:
@@ -56,7 +71,7 @@ def test_upstream_single_claim_file_byte_for_byte() -> None:
         '\\"RequestNames\\":[\\"test request\\"],\\"CDIDeviceIDs\\":[\\"example.com/example=cdi-example\\"]}]}}}]}",'
         '"Checksum":1656016162}'
     )
-    assert cp.encode(VECTORS["single-claim-info-state"][0]).decode() == expected
+    assert cp.encode(VECTORS["single-claim-info-state"][0], KUBE_134).decode() == expected
 
 
 def test_upstream_incorrect_checksum_is_refused(tmp_path: Path) -> None:
@@ -125,7 +140,7 @@ def test_devplug_checkpoint_verify_and_show_read_dra_manager_state(tmp_path: Pat
     from pytest_devplug.cli import main as devplug
 
     path = tmp_path / cp.CHECKPOINT_NAME
-    cp.write_checkpoint(path, VECTORS["single-claim-info-state"][0])
+    cp.write_checkpoint(path, VECTORS["single-claim-info-state"][0], KUBE_134)
     assert devplug(["checkpoint", "verify", str(path)]) == 0
     assert capsys.readouterr().out == f"{path}: checksum 1656016162 ok\n"
     assert devplug(["checkpoint", "show", str(path)]) == 0

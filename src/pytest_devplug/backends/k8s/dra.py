@@ -26,7 +26,9 @@ import yaml
 
 from ...api.dra import v1_pb2 as pb
 from ...api.dra import v1beta1_pb2 as pb_beta
+from ...api.drahealth import v1_pb2 as hpb1
 from ...api.drahealth import v1alpha1_pb2 as hpb
+from ...api.pluginregistration import v1_pb2 as rpb
 from ...kuberest import KubeRest, RestError
 from .. import mockstate
 from ..base import BackendError, BackendUnavailableError, PluginSpec, UnsupportedOperationError, node_tolerations
@@ -66,7 +68,14 @@ _SERVICES = {
     "v1.DRAPlugin": (pb, pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name),
     "v1beta1.DRAPlugin": (pb_beta, pb_beta.DESCRIPTOR.services_by_name["DRAPlugin"].full_name),
 }
-_HEALTH_METHOD = f"/{hpb.DESCRIPTOR.services_by_name['DRAResourceHealth'].full_name}/NodeWatchResources"
+#: The kubelet's name of a health service -> the method of its stream (the messages are the same in both).
+_HEALTH_METHODS = {
+    f"{m.DESCRIPTOR.package}.DRAResourceHealth": f"/{m.DESCRIPTOR.services_by_name['DRAResourceHealth'].full_name}/NodeWatchResources"
+    for m in (hpb, hpb1)
+}
+_GET_INFO = f"/{rpb.DESCRIPTOR.services_by_name['Registration'].full_name}/GetInfo"
+#: Where drivers put their registration sockets on a node.
+PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
 
 
 @dataclass
@@ -330,11 +339,11 @@ class KubeDRA:
         # v1beta1 messages are field for field v1's: read the answer as v1, as the kubelet converts it
         return getattr(pb, f"{method}Response").FromString(raw)
 
-    def driver_health(self, node: str, driver: str) -> list[tuple[str, str, str]] | None:
+    def driver_health(self, node: str, driver: str, service: str = "v1alpha1.DRAResourceHealth") -> list[tuple[str, str, str]] | None:
         endpoint, _ = self._endpoint(node, driver)
         try:
             raw = self._b.nodeops.transport.grpc_call(
-                node, endpoint, _HEALTH_METHOD, hpb.NodeWatchResourcesRequest().SerializeToString(),
+                node, endpoint, _HEALTH_METHODS[service], hpb.NodeWatchResourcesRequest().SerializeToString(),
                 timeout=max(self._b.options.timeout, 10.0), stream=True,
             )  # fmt: skip
         except NodeGrpcError as exc:
@@ -344,6 +353,21 @@ class KubeDRA:
         first = hpb.NodeWatchResourcesResponse.FromString(raw)
         names = {hpb.HEALTHY: "Healthy", hpb.UNHEALTHY: "Unhealthy"}
         return [(d.device.pool_name, d.device.device_name, names.get(d.health, "Unknown")) for d in first.devices]
+
+    def driver_services(self, node: str, driver: str) -> tuple[str, ...] | None:
+        listing = self._b.nodeops.exec(node, f"ls -1 {PLUGINS_REGISTRY} 2>/dev/null || true")
+        for name in sorted(n for n in listing.split() if n.endswith(".sock")):
+            try:
+                raw = self._b.nodeops.transport.grpc_call(
+                    node, f"{PLUGINS_REGISTRY}/{name}", _GET_INFO, rpb.InfoRequest().SerializeToString(),
+                    timeout=max(self._b.options.timeout, 10.0),
+                )  # fmt: skip
+            except NodeGrpcError:
+                continue
+            info = rpb.PluginInfo.FromString(raw)
+            if info.name == driver:
+                return tuple(info.supported_versions)
+        return None
 
     def refuse_next_registration(self, node: str, reason: str) -> None:
         raise UnsupportedOperationError(

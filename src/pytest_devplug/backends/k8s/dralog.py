@@ -33,9 +33,12 @@ GREP = "DRA plugin\"|\"Connection changed\"|NodePrepareResources rpc\"|NodeUnpre
 
 _LINE = re.compile(r'^(?P<ts>\d+(?:\.\d+)?) \S+ kubelet\[(?P<pid>\d+)\]: [IWEF]\d{4} \S+\s+\d+ \S+\] "(?P<msg>(?:[^"\\]|\\.)*)"(?P<rest>.*)$')
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
-_UID = re.compile(r"UID:([^,}]+),")
-_CLAIM_ANSWER = re.compile(r"([0-9A-Za-z-]+): &Node(?:Un)?[Pp]repareResourceResponse\{")
-_ERROR = re.compile(r"Error:(.*?),\}", re.S)
+#: How a logged request or response names claims: 1.34's gogo-protobuf ``String()`` (``&Claim{...UID:u,...}``,
+#: ``u: &NodePrepareResourceResponse{...Error:e,}``) or, from 1.35 (google.golang.org/protobuf), its text format
+#: (``claims:{namespace:"n" uid:"u" ...}``, ``claims:{key:"u" value:{... error:"e"}}``, spaces at random).
+_UID = re.compile(r'UID:([^,}]+),|\buid:\s*"([^"]*)"|\bUid:([^\s}]+)')
+_CLAIM_ANSWER = re.compile(r'([0-9A-Za-z-]+): &Node(?:Un)?[Pp]repareResourceResponse\{|\bkey:\s*"([^"]*)"\s*value:\s*\{')
+_ERROR = re.compile(r'Error:(.*?),\}|\berror:\s*"((?:[^"\\]|\\.)*)"', re.S)
 #: A Unix socket path in a plugin's description (``plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/x.sock ...}"``).
 _SOCKET = re.compile(r"(/[^\s\"{}]+\.sock)")
 
@@ -86,9 +89,13 @@ def _claims_errors(response: str) -> dict[str, str]:
     starts = list(_CLAIM_ANSWER.finditer(response))
     for i, m in enumerate(starts):
         section = response[m.end() : starts[i + 1].start() if i + 1 < len(starts) else len(response)]
-        errors = _ERROR.findall(section)
-        out[m.group(1)] = errors[-1].strip() if errors else ""
+        errors = [old or _unquote(f'"{new}"') for old, new in _ERROR.findall(section)]
+        out[m.group(1) or m.group(2)] = errors[-1].strip() if errors else ""
     return out
+
+
+def _claim_uids(request: str) -> tuple[str, ...]:
+    return tuple(next(u for u in found if u) for found in _UID.findall(request))
 
 
 @dataclass
@@ -136,7 +143,7 @@ class KubeletDRAState:
                 self.events.append(RegistrationRecord("failed", socket.group(1) if socket else "", "", f.get("err", "")))
         elif msg.startswith("Calling Node"):
             method = "NodePrepareResources" if "NodePrepare" in msg else "NodeUnprepareResources"
-            self._pending.append(_Call(driver, method, tuple(_UID.findall(f.get("request", ""))), line.at))
+            self._pending.append(_Call(driver, method, _claim_uids(f.get("request", "")), line.at))
         elif msg.startswith("Done calling Node"):
             self._done(line, "NodePrepareResources" if "NodePrepare" in msg else "NodeUnprepareResources")
 

@@ -32,7 +32,8 @@ def test_checkpoint_contents(devplug_claims: ClaimFactory, devplug_driver: Drive
     raw = devplug_driver.node.dra.read_dra_checkpoint(devplug_driver.node.name)
     assert raw is not None
     decoded = cp.decode(raw)
-    assert cp.encode(decoded.entries) == raw, "dra_manager_state does not re-encode to the same bytes"
+    kube = devplug_driver.node.kube
+    assert cp.encode(decoded.entries, kube) == raw, f"dra_manager_state does not re-encode to the same bytes as a kubelet of {kube.name}"
     with tempfile.TemporaryDirectory(prefix="devplug-dra-cp-") as tmp:
         path = Path(tmp) / cp.CHECKPOINT_NAME
         path.write_bytes(raw)

@@ -119,10 +119,26 @@ def test_unprepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, d
                timeout=node.reregistration_timeout + periods["reconcile_period"])  # fmt: skip
 
 
+#: The health services a kubelet of 1.37+ watches, in its order of preference (``healthServicesSupportedByKubelet``).
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+
+
 def _health_service(driver: DriverHandle) -> None:
-    driver.node.require_gate("ResourceHealthStatus", "the kubelet watches DRA device health and reports it in allocatedResourcesStatus")
-    if driver.health() is None:
-        pytest.skip(f"{driver.name} serves no v1alpha1.DRAResourceHealth (NodeWatchResources is unimplemented): it reports no device health")
+    """Skip where the driver reports no health or the node's release reports none; fail a driver whose health a
+    1.37+ kubelet never watches because GetInfo does not list its service (``pickHealthService``)."""
+    kube = driver.node.require_gate("ResourceHealthStatus", "the kubelet watches DRA device health and reports it in allocatedResourcesStatus")
+    served = [s for s in HEALTH_SERVICES if driver.health(s) is not None]
+    if not served:
+        pytest.skip(f"{driver.name} serves neither {' nor '.join(HEALTH_SERVICES)} (NodeWatchResources is unimplemented): it reports no device health")
+    if kube.has("dra-health-v1"):
+        listed = driver.listed_services() or ()
+        if not any(s in listed for s in HEALTH_SERVICES):
+            raise AssertionError(
+                f"{driver.name} serves {', '.join(served)} but lists no health service in GetInfo (supported_versions "
+                f"{list(listed)}): a kubelet of {kube.name} watches only a health service the driver lists "
+                "(pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go, pickHealthService), so its device health never "
+                "reaches a pod's status; list it as the kubeletplugin helper v0.37 does"
+            )
 
 
 def test_device_health_reaches_pod_status(devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector) -> None:

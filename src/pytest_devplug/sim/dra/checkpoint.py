@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel import gojson
 from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointFormatError
 from pytest_devplug.kubeletmodel.gojson import Number, Object, Value
@@ -51,7 +52,7 @@ class PreparedDevice:
     device_name: str
     request_names: list[str] | None = None
     cdi_device_ids: list[str] | None = None
-    #: ``ShareID`` (Kubernetes 1.35+); written only when set.
+    #: ``ShareID`` (Kubernetes 1.35+: always written, ``null`` when unset; before: no such field).
     share_id: str | None = None
 
 
@@ -81,20 +82,20 @@ class DRACheckpointFile:
         return checksum(self.data)
 
 
-def _device_doc(d: PreparedDevice) -> dict[str, Any]:
+def _device_doc(d: PreparedDevice, share_ids: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {"PoolName": d.pool_name, "DeviceName": d.device_name}
-    if d.share_id is not None:
+    if share_ids:  # a *types.UID without a JSON tag: written even when nil
         doc["ShareID"] = d.share_id
     doc["RequestNames"] = d.request_names
     doc["CDIDeviceIDs"] = d.cdi_device_ids
     return doc
 
 
-def _entry_doc(e: ClaimInfoState) -> dict[str, Any]:
+def _entry_doc(e: ClaimInfoState, share_ids: bool) -> dict[str, Any]:
     drivers = None
     if e.driver_state is not None:
         drivers = {
-            name: {"Devices": None if devs is None else [_device_doc(d) for d in devs]}
+            name: {"Devices": None if devs is None else [_device_doc(d, share_ids) for d in devs]}
             for name, devs in sorted(e.driver_state.items(), key=lambda kv: kv[0].encode())
         }
     return {
@@ -106,12 +107,14 @@ def _entry_doc(e: ClaimInfoState) -> dict[str, Any]:
     }
 
 
-def encode_data(entries: list[ClaimInfoState] | None) -> str:
-    """The Data string the kubelet writes for ``entries`` (``NewCheckpoint``)."""
+def encode_data(entries: list[ClaimInfoState] | None, kube: KubeVersion | None = None) -> str:
+    """The Data string the kubelet of ``kube``'s release (default: the default one) writes for ``entries``
+    (``NewCheckpoint``): from 1.35 every device carries ``ShareID``."""
+    share_ids = (kube or KubeVersion.of()).has("dra-checkpoint-share-id")
     doc = {
         "kind": CHECKPOINT_KIND,
         "apiVersion": CHECKPOINT_API_VERSION,
-        "ClaimInfoStateList": None if entries is None else [_entry_doc(e) for e in entries],
+        "ClaimInfoStateList": None if entries is None else [_entry_doc(e, share_ids) for e in entries],
     }
     return gojson.marshal(doc)
 
@@ -121,9 +124,9 @@ def checksum(data: str) -> int:
     return zlib.crc32(data.encode("utf-8", "surrogatepass")) & _UINT32_MAX
 
 
-def encode(entries: list[ClaimInfoState] | None) -> bytes:
-    """The whole file content (``MarshalCheckpoint``)."""
-    data = encode_data(entries)
+def encode(entries: list[ClaimInfoState] | None, kube: KubeVersion | None = None) -> bytes:
+    """The whole file content (``MarshalCheckpoint``) as ``kube``'s release writes it."""
+    data = encode_data(entries, kube)
     return gojson.marshal({"Data": data, "Checksum": checksum(data)}).encode()
 
 
@@ -277,6 +280,6 @@ def read_checkpoint(path: Path) -> list[ClaimInfoState] | None:
     return file.entries
 
 
-def write_checkpoint(path: Path, entries: list[ClaimInfoState] | None) -> None:
+def write_checkpoint(path: Path, entries: list[ClaimInfoState] | None, kube: KubeVersion | None = None) -> None:
     """Write atomically as the kubelet's checkpoint manager does."""
-    write_atomically(path, encode(entries))
+    write_atomically(path, encode(entries, kube))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.api.dra import v1_pb2 as pb
 from pytest_devplug.sim.checkpoint import CheckpointError
 from pytest_devplug.sim.dra import checkpoint as cp
@@ -157,10 +158,13 @@ class DRAManager:
         health_cache: HealthInfoCache | None = None,
         logger: logging.Logger | None = None,
         health_messages: bool = True,
+        kube: KubeVersion | None = None,
     ) -> None:
         self.checkpoint_path = state_dir / cp.CHECKPOINT_NAME
         #: Feature gate ResourceHealthStatusMessage (1.36+): a device's health message reaches the pod's status.
         self.health_messages = health_messages
+        #: The release whose checkpoint layout is written.
+        self.kube = kube
         self.plugins = plugins
         self._claims = claims
         self.health_cache = health_cache or HealthInfoCache()
@@ -182,7 +186,7 @@ class DRAManager:
     # --- state ----------------------------------------------------------------------------------
 
     def _sync_to_checkpoint(self) -> None:
-        cp.write_checkpoint(self.checkpoint_path, [info.state for info in self._cache.values()])
+        cp.write_checkpoint(self.checkpoint_path, [info.state for info in self._cache.values()], self.kube)
 
     def claim_infos(self) -> list[cp.ClaimInfoState]:
         """A snapshot of what the checkpoint holds."""

@@ -207,7 +207,7 @@ class NodeDRA:
         try:
             manager = DRAManager(
                 self.node_dir, plugins, self.api, health_cache=health, logger=self._log,
-                health_messages=self.kube.gate("ResourceHealthStatusMessage"),
+                health_messages=self.kube.gate("ResourceHealthStatusMessage"), kube=self.kube,
             )  # fmt: skip
         except Exception:
             plugins.stop()
