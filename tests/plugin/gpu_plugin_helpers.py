@@ -131,6 +131,8 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
         self._all: list[Registration] = []
         #: Every Register answered with an error, as "resource: error" (the evidence when one never arrives).
         self.refused: list[str] = []
+        #: Endpoints (socket names) a kubelet of 1.37+ still holds an endpoint on: a Register naming one is refused.
+        self.held: set[str] = set()
         self._server: Any = None
 
     def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:
@@ -146,6 +148,9 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
         except grpc.RpcError as exc:
             channel.close()
             self._refuse(request, context, f"failed to dial device plugin: {exc.details()}")
+        if request.endpoint in self.held:  # 1.37's PluginConnected, after asking the options
+            channel.close()
+            self._refuse(request, context, f"device plugin already connected: {self.plugin_dir / request.endpoint}")
         reg = Registration(request, options, time.monotonic(), channel, stub)
         stream = stub.ListAndWatch(pb.Empty())
 

@@ -14,6 +14,8 @@ import pytest
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 
+from devplug_gpu_plugin.server import default_socket_name
+
 from .gpu_plugin_helpers import RESOURCE, SOCKET, UUIDS, WAIT, FakeKubelet, MockStateFile
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
@@ -453,6 +455,23 @@ def test_registration_refused_exits_with_kubelet_message(start_plugin, kubelet_f
     plugin = start_plugin()
     assert plugin.wait_exit() != 0
     assert "is already taken, says the kubelet" in plugin.log()
+
+
+def test_a_socket_the_kubelet_holds_is_left_for_a_fresh_one(start_plugin, kubelet_factory, plugin_dir: Path) -> None:
+    """A kubelet of 1.37+ refuses a Register naming a socket it still holds an endpoint on (an earlier instance's it
+    has not seen gone: kubernetes/kubernetes#139338 documents it refusing such retries indefinitely): the plugin
+    serves on a fresh socket and registers that, instead of exiting into a crash loop."""
+    kubelet = kubelet_factory()
+    held = default_socket_name(RESOURCE)
+    kubelet.held = {held}
+    plugin = start_plugin()
+    reg = kubelet.next_registration()
+    assert reg.request.endpoint != held and reg.request.endpoint.startswith("devplug-"), reg.request.endpoint
+    assert len(reg.next_update().devices) == 4
+    assert kubelet.refused == [f"{RESOURCE}: device plugin already connected: {plugin_dir / held}"]
+    assert not (plugin_dir / held).exists(), "the refused socket is left behind"
+    assert plugin.proc.poll() is None
+    plugin.wait_log("serving on a fresh socket")
 
 
 def test_nvml_real_without_library_points_to_mock(start_plugin, plugin_dir: Path, tmp_path: Path) -> None:

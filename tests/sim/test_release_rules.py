@@ -58,34 +58,32 @@ def before_and_from(rule: str) -> pytest.MarkDecorator:
 # --- device manager -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def dm_kube(dm_dir: Path) -> Iterator[Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]]]:
-    made: list[DeviceManager] = []
-
-    def make(kube: KubeVersion) -> tuple[DeviceManager, DmWaiter]:
-        w = DmWaiter()
-        dm = DeviceManager(dm_dir, on_change=w.notify, grace_period=300.0, kube=kube)
-        dm.start()
-        made.append(dm)
-        return dm, w
-
-    yield make
-    for dm in made:
-        dm.stop()
-
-
 def _counts(dm: DeviceManager, w: DmWaiter, want: tuple[int | None, int | None]) -> None:
     w.until(f"capacity/allocatable {want}", dm_capacity_probe(dm), lambda s: s == want, T)
+
+
+def _a_then_b(
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion
+) -> tuple[DeviceManager, DmWaiter, FakePlugin, FakePlugin]:
+    """Plugin a (2 devices) registered, then b (3 devices) on a socket of its own: the resource lists b's."""
+    dm, w = dm_make(kube=kube)
+    a = dm_fake("a.sock")
+    a.register()
+    _counts(dm, w, (2, 2))
+    b = dm_fake("b.sock", devices=[pb.Device(ID=f"b-{i}", health="Healthy") for i in range(3)])
+    b.register()
+    _counts(dm, w, (3, 3))
+    return dm, w, a, b
 
 
 @judges("endpoint-per-socket")
 @before_and_from("endpoint-per-socket")
 def test_register_on_a_held_socket(
-    dm_kube: Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
 ) -> None:
     """1.37 refuses a Register naming a socket whose stream the kubelet still holds (after dialling it and asking
     its options); before, the kubelet takes it as the resource's plugin again."""
-    dm, w = dm_kube(kube)
+    dm, w = dm_make(kube=kube)
     a = dm_fake("a.sock")
     a.register()
     _counts(dm, w, (2, 2))
@@ -102,19 +100,46 @@ def test_register_on_a_held_socket(
 
 @judges("endpoint-per-socket")
 @before_and_from("endpoint-per-socket")
+def test_a_refused_register_leaves_its_socket_held(
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+) -> None:
+    """1.37's registration server drops the incumbent's client along with the refused one, so the incumbent's exit
+    disconnects nothing: its devices stay as listed and every Register on that socket is refused until the kubelet
+    restarts (kubernetes/kubernetes#139338 documents the indefinite refusals). Before 1.37 the second Register
+    replaces the first and the exit disconnects it."""
+    dm, w = dm_make(kube=kube)
+    a = dm_fake("a.sock")
+    a.register()
+    _counts(dm, w, (2, 2))
+    if not has:
+        a.register()
+        w.until("a second ListAndWatch", lambda: a.law_calls, lambda n: n == 2, T)
+        a.stop()
+        _counts(dm, w, (2, 0))
+        return
+    with pytest.raises(grpc.RpcError):
+        a.register()
+    a.stop()
+    again = dm_fake("a.sock")  # the plugin restarted on the same socket
+    with pytest.raises(grpc.RpcError) as exc:
+        again.register()
+    assert exc.value.details() == f"device plugin already connected: {again.sock}"
+    assert dm.capacity()[:2] == ({GPU: 2}, {GPU: 2})  # never disconnected: nothing turned unhealthy
+    dm.stop()
+    dm2, w2 = dm_make(kube=kube)  # a kubelet restart forgets the endpoint (and removes the plugin's socket)
+    dm_fake("a.sock").register()
+    _counts(dm2, w2, (2, 2))
+
+
+@judges("endpoint-per-socket")
+@before_and_from("endpoint-per-socket")
 def test_earlier_plugins_exit_after_a_newer_one_registered(
-    dm_kube: Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
 ) -> None:
     """A rollout with maxSurge: b registers beside a, then a exits. 1.37 keeps b (another endpoint of the resource
     is still connected: nothing turns unhealthy); before, the registration server disconnects the resource's current
     client, b, when a's stream ends, and every device is unhealthy until b registers again."""
-    dm, w = dm_kube(kube)
-    a = dm_fake("a.sock")
-    a.register()
-    _counts(dm, w, (2, 2))
-    b = dm_fake("b.sock", devices=[pb.Device(ID=f"b-{i}", health="Healthy") for i in range(3)])
-    b.register()
-    _counts(dm, w, (3, 3))
+    dm, w, a, b = _a_then_b(dm_make, dm_fake, kube)
     a.stop()
     if has:
         changes = w.changes
@@ -132,17 +157,11 @@ def test_earlier_plugins_exit_after_a_newer_one_registered(
 @judges("endpoint-per-socket")
 @before_and_from("endpoint-per-socket")
 def test_last_endpoint_of_a_resource_going(
-    dm_kube: Callable[[KubeVersion], tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
 ) -> None:
     """The newer plugin exits first: 1.37 makes the earlier one, still connected, the resource's again (its next
     list counts); before, the earlier one is no client of the kubelet's any more, so the resource goes unhealthy."""
-    dm, w = dm_kube(kube)
-    a = dm_fake("a.sock")
-    a.register()
-    _counts(dm, w, (2, 2))
-    b = dm_fake("b.sock", devices=[pb.Device(ID=f"b-{i}", health="Healthy") for i in range(3)])
-    b.register()
-    _counts(dm, w, (3, 3))
+    dm, w, a, b = _a_then_b(dm_make, dm_fake, kube)
     b.stop()
     if has:
         a.set_devices([pb.Device(ID=f"dev-{i}", health="Healthy") for i in range(2)])

@@ -41,6 +41,13 @@ class RegistrationRefused(Exception):
     """The kubelet answered ``Register`` with an error: retrying will not help."""
 
 
+#: What a kubelet of 1.37+ answers a Register naming a socket it still holds an endpoint for
+#: (``pkg/kubelet/cm/devicemanager/manager.go``, PluginConnected).
+HELD_SOCKET = "device plugin already connected"
+#: How many fresh sockets a plugin tries when the kubelet holds the one it registered with.
+FRESH_SOCKET_TRIES = 3
+
+
 def serve_unix(path: str, add_services: Callable[[Any], None], workers: int) -> Any:
     """A started gRPC server on the Unix socket ``path``, replacing a stale socket file there."""
     try:
@@ -212,6 +219,8 @@ class PluginServer:
         self.config = config
         self.servicer = servicer
         self.stopping = stopping
+        #: The socket served and registered now (a fresh one replaces it when the kubelet holds it).
+        self.socket_name = config.socket_name
         self.socket_path = os.path.join(config.plugin_dir, config.socket_name)
         self.kubelet_socket = os.path.join(config.plugin_dir, KUBELET_SOCKET)
         self._server: Any = None
@@ -265,7 +274,7 @@ class PluginServer:
             raise FileNotFoundError(f"kubelet socket {self.kubelet_socket} does not exist")
         request = pb.RegisterRequest(
             version=API_VERSION,
-            endpoint=self.config.socket_name,
+            endpoint=self.socket_name,
             resource_name=self.config.resource_name,
             options=pb.DevicePluginOptions(
                 pre_start_required=self.config.pre_start_required, get_preferred_allocation_available=True
@@ -280,16 +289,38 @@ class PluginServer:
                     raise ConnectionError(f"kubelet at {self.kubelet_socket}: {exc.details()}") from None
                 raise RegistrationRefused(str(exc.details())) from None
         self._registered_kubelet = identity
-        log.info(
-            "registered with kubelet as %s (endpoint %s)", self.config.resource_name, self.config.socket_name
-        )
+        log.info("registered with kubelet as %s (endpoint %s)", self.config.resource_name, self.socket_name)
 
     def register(self) -> bool:
         """Register, retrying with backoff while the kubelet is absent; False if stopping.
 
         A wait is cut short when ``kubelet.sock`` appears (inotify), so a restarted kubelet
-        is answered at once, whatever the backoff has grown to.
+        is answered at once, whatever the backoff has grown to. A kubelet of 1.37+ that still holds an endpoint
+        on our socket (an earlier instance's, not yet seen gone, or one whose stream it keeps against our new
+        server) refuses the registration: we then serve on a fresh socket of our own and register that, as
+        upstream advises (a new socket name per restart of the server).
         """
+        for attempt in range(FRESH_SOCKET_TRIES + 1):
+            try:
+                return self._register_retrying()
+            except RegistrationRefused as exc:
+                if HELD_SOCKET not in str(exc) or attempt == FRESH_SOCKET_TRIES:
+                    raise
+                log.warning("the kubelet holds %s (%s): serving on a fresh socket", self.socket_name, exc)
+                self._fresh_socket()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _fresh_socket(self) -> None:
+        old = self.socket_path
+        self.socket_name = f"devplug-{secrets.token_hex(4)}.sock"  # short: a Unix socket path holds 107 bytes
+        self.socket_path = os.path.join(self.config.plugin_dir, self.socket_name)
+        self.serve()
+        try:
+            os.unlink(old)
+        except FileNotFoundError:
+            pass
+
+    def _register_retrying(self) -> bool:
 
         def sleep(seconds: float) -> None:
             self._kick.wait(seconds)
@@ -331,11 +362,11 @@ class PluginServer:
             watcher.close()
             log.warning("cannot watch %s (%s): checking it every second instead", self.config.plugin_dir, exc)
             return
-        own, kubelet = self.config.socket_name, KUBELET_SOCKET
+        kubelet = KUBELET_SOCKET
 
         def handle(events: list[InotifyEvent]) -> None:
             for e in events:
-                if (e.name == own and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
+                if (e.name == self.socket_name and e.mask & (IN_DELETE | IN_MOVED_FROM)) or (
                     e.name == kubelet and e.mask & (IN_CREATE | IN_MOVED_TO)
                 ):
                     created = bool(e.mask & (IN_CREATE | IN_MOVED_TO))

@@ -99,6 +99,9 @@ class DeviceManager:
         #: (``endpointStore``); before, the registration server's one client per resource (``clients``), which an
         #: earlier plugin's stream, still open, does not appear in.
         self._connected: dict[str, dict[Path, Endpoint]] = {}
+        #: ids of endpoints whose registration-server client was dropped when a Register on their socket was
+        #: refused (1.37+): their stream's end disconnects nothing.
+        self._orphaned: set[int] = set()
         #: resource -> device ID -> the device as last listed by ListAndWatch.
         self._all: dict[str, dict[str, pb.Device]] = {}
         #: resource -> healthy device IDs (``healthyDevices``).
@@ -220,15 +223,20 @@ class DeviceManager:
             raise RegistrationError(str(err)) from None
         per_socket = self.kube.has("endpoint-per-socket")
         with self._lock:
-            held = per_socket and socket in self._connected.get(resource, {})
-            if not held:
+            incumbent = self._connected.get(resource, {}).get(socket) if per_socket else None
+            if incumbent is not None:
+                # The registration server drops every client on that socket along with the refused one
+                # (connectClient's deregisterClient): the incumbent's stream end then finds no client and never
+                # disconnects it, so the socket stays held until the kubelet restarts (kubernetes/kubernetes#139338).
+                self._orphaned.add(id(incumbent))
+            else:
                 if per_socket:
                     self._connected.setdefault(resource, {})[socket] = ep
                 else:
                     self._connected[resource] = {socket: ep}
                 self._endpoints[resource] = ep
                 timer = self._timers.pop(resource, None)
-        if held:
+        if incumbent is not None:
             ep.close()
             raise RegistrationError(f"device plugin already connected: {socket}")
         if timer is not None:
@@ -273,8 +281,8 @@ class DeviceManager:
             connected = self._connected.get(resource, {})
             if self.kube.has("endpoint-per-socket"):
                 socket = next((path for path, e in connected.items() if e is ep), None)
-                if socket is None:
-                    return
+                if socket is None or id(ep) in self._orphaned:
+                    return  # a stream whose client the registration server dropped: nothing disconnects it
                 del connected[socket]
                 ep.set_stop_time(time.monotonic())
                 if connected:
