@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,22 +33,27 @@ _SPEC = re.compile(
 )
 
 
-def _releases() -> dict[int, tuple[str, str]]:
-    """The pinned releases (kubeletmodel/releases.tsv): minor number -> (k8s.io/kubernetes version, Go toolchain)."""
+def _releases() -> dict[int, str]:
+    """The pinned releases (kubeletmodel/releases.tsv): minor number -> k8s.io/kubernetes version."""
     rows = (ROOT / "src" / "pytest_devplug" / "kubeletmodel" / "releases.tsv").read_text().splitlines()
     cells = [r.split("\t") for r in rows if r.strip() and not r.startswith("#")]
-    return {int(c[0].split(".")[1]): (c[1], c[6]) for c in cells}
+    return {int(c[0].split(".")[1]): c[1] for c in cells}
 
 
-def _module_dir(module: str, version: str, workdir: Path, toolchain: str) -> Path:
-    env = {**os.environ, "GOTOOLCHAIN": toolchain, "GOFLAGS": "-mod=mod"}
+def _source(module: str, version: str, path: str, workdir: Path) -> str:
+    """A file of the module as the Go module proxy serves it (``go mod download``'s zip, read without extracting:
+    a release whose go.mod needs a newer Go, 1.38's 1.27, is read with the Go installed here)."""
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": ""}
     out = subprocess.run(
         ["go", "mod", "download", "-json", f"{module}@{version}"], cwd=workdir, capture_output=True, text=True,
         env=env, check=False,
     )  # fmt: skip
-    if out.returncode != 0:
-        raise SystemExit(f"go mod download {module}@{version} failed: {out.stderr.strip() or out.stdout.strip()}")
-    return Path(json.loads(out.stdout)["Dir"])
+    try:
+        zip_path = json.loads(out.stdout)["Zip"]
+        with zipfile.ZipFile(zip_path) as zf:
+            return zf.read(f"{module}@{version}/{path}").decode()
+    except (ValueError, KeyError, OSError) as exc:
+        raise SystemExit(f"go mod download {module}@{version}: no {path} ({exc}): {out.stderr.strip() or out.stdout.strip()}") from None
 
 
 def _block(text: str, opener: str) -> str:
@@ -87,8 +93,7 @@ def _resolve(specs: list[tuple[int, bool, str, bool, int | None]], minor: int) -
     return chosen
 
 
-def _gates(files: list[Path], minor: int) -> tuple[dict[str, tuple[bool, str, bool]], dict[str, tuple[str, ...]]]:
-    texts = [f.read_text() for f in files]
+def _gates(texts: list[str], minor: int) -> tuple[dict[str, tuple[bool, str, bool]], dict[str, tuple[str, ...]]]:
     consts: dict[str, str] = {}
     for t in texts:
         consts.update(dict(_CONST.findall(t)))
@@ -126,12 +131,11 @@ def generate() -> str:
     dep_lines = ["#: minor -> gate -> the gates it needs enabled", "DEPENDENCIES: dict[int, dict[str, tuple[str, ...]]] = {"]
     with tempfile.TemporaryDirectory(prefix="genfeaturegates-") as tmp:
         work = Path(tmp)
-        (work / "go.mod").write_text("module devplug.local/genfeaturegates\n\ngo 1.24\n")
-        for minor, (version, toolchain) in sorted(_releases().items()):
+        for minor, version in sorted(_releases().items()):
             staging = "v0." + version.removeprefix("v1.")
-            k8s = _module_dir("k8s.io/kubernetes", version, work, toolchain)
-            apiserver = _module_dir("k8s.io/apiserver", staging, work, toolchain)
-            gates, deps = _gates([k8s / "pkg/features/kube_features.go", apiserver / "pkg/features/kube_features.go"], minor)
+            features = "pkg/features/kube_features.go"
+            texts = [_source("k8s.io/kubernetes", version, features, work), _source("k8s.io/apiserver", staging, features, work)]
+            gates, deps = _gates(texts, minor)
             lines.append(f"    {minor}: {{")
             lines += [f"        {name!r}: {spec!r}," for name, spec in sorted(gates.items())]
             lines.append("    },")
