@@ -415,6 +415,38 @@ def test_device_health_in_pod_status_is_the_plugins_last_list(tmp_path: Path) ->
         assert after == entry and entry["resources"][0]["health"] == "Healthy"
 
 
+@pytest.mark.parametrize(
+    ("kube", "prepared"),
+    [
+        pytest.param(KubeVersion.of("1.35"), False, id="1.35"),
+        pytest.param(KubeVersion.of("1.36"), True, id="1.36"),
+        pytest.param(KubeVersion.of("1.36", "DRAExtendedResource=false"), False, id="1.36-gate-off"),
+    ],
+)
+def test_the_schedulers_extended_resource_claim_follows_dra_extended_resource(kube: KubeVersion, prepared: bool) -> None:
+    """With DRAExtendedResource (on from 1.36) the kubelet prepares the claim the scheduler made for a pod's extended
+    resources (``status.extendedResourceClaimStatus``) and gives the mapped container its devices."""
+    from pytest_devplug.sim.dra import checkpoint as cp
+    from pytest_devplug.sim.dra.manager import DRAManager, container_cdi_devices, pod_claims
+
+    pod_obj = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"extendedResourceClaimStatus": {
+            "resourceClaimName": "p-extended-resources-x",
+            "requestMappings": [{"containerName": "main", "resourceName": "example.com/gpu", "requestName": "container-0-request-0"}],
+        }},
+    }  # fmt: skip
+    extended = DRAManager.__new__(DRAManager)  # only the gate's reading is judged here, not a started manager
+    extended.extended_resources = kube.gate("DRAExtendedResource")
+    state = cp.ClaimInfoState("cu", "p-extended-resources-x", "ns", {"u"},
+                              {"d": [cp.PreparedDevice("pool", "gpu-0", ["container-0-request-0"], ["d.example/gpu=gpu-0"])]})  # fmt: skip
+    claims = pod_claims(pod_obj, extended=extended.extended_resources)
+    assert [c.get("resourceClaimName") for c in claims] == (["p-extended-resources-x"] if prepared else [])
+    devices = container_cdi_devices(pod_obj, "main", lambda ns, name: state, extended=extended.extended_resources)
+    assert devices == (["d.example/gpu=gpu-0"] if prepared else [])
+
+
 def test_every_rule_is_judged_here() -> None:
     missing = sorted(set(RULES) - set(COVERED.values()))
     assert not missing, f"rules without a test on both sides of their release: {missing}"

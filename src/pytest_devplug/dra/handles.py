@@ -30,7 +30,7 @@ from .objects import (
     template_manifest,
 )
 
-__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory", "node_tolerations"]
+__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory", "EXTENDED_RESOURCE_CLAIM", "node_tolerations"]
 
 
 class DRANodeHandle(NodeHandle):
@@ -248,12 +248,16 @@ class ClaimPodHandle(PodHandle):
         self.node = node
 
     def claim_names(self) -> dict[str, str | None]:
-        """Pod claim name -> the ResourceClaim it uses (``None`` while a template's claim is not made yet)."""
+        """Pod claim name -> the ResourceClaim it uses (``None`` while a template's claim is not made yet); the claim
+        the scheduler made for the pod's DRA-backed extended resources is under :data:`EXTENDED_RESOURCE_CLAIM`."""
         pod = self.obj
-        generated = {s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        status = pod.get("status") or {}
+        generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
         out: dict[str, str | None] = {}
         for c in (pod.get("spec") or {}).get("resourceClaims") or []:
             out[str(c["name"])] = c.get("resourceClaimName") or generated.get(c["name"])
+        if extended := (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName"):
+            out[EXTENDED_RESOURCE_CLAIM] = str(extended)
         return out
 
     @property
@@ -279,6 +283,10 @@ class ClaimPodHandle(PodHandle):
 
 def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or "dra"
+
+
+#: The key :meth:`ClaimPodHandle.claim_names` lists the scheduler's claim for the pod's extended resources under.
+EXTENDED_RESOURCE_CLAIM = "<extended resources>"
 
 
 class ClaimFactory:
@@ -313,9 +321,13 @@ class ClaimFactory:
         self._made.append(f"{collection}/{made['metadata']['name']}")
         return made
 
-    def device_class(self, name: str | None = None, *, selectors: Sequence[Mapping[str, Any]] | None = None) -> str:
-        """A DeviceClass selecting the driver's devices (and ``selectors``); its name."""
-        body = device_class_manifest(name or self._cluster_wide_name("class"), self.driver.name, selectors)
+    def device_class(
+        self, name: str | None = None, *, selectors: Sequence[Mapping[str, Any]] | None = None, extended_resource_name: str | None = None
+    ) -> str:
+        """A DeviceClass selecting the driver's devices (and ``selectors``; ``extended_resource_name``: pods asking for
+        that extended resource are served by it); its name."""
+        body = device_class_manifest(name or self._cluster_wide_name("class"), self.driver.name, selectors,
+                                     extended_resource_name=extended_resource_name)  # fmt: skip
         return str(self._create(f"{RESOURCE_API}/deviceclasses", body)["metadata"]["name"])
 
     @property
@@ -345,11 +357,13 @@ class ClaimFactory:
     def manifest(
         self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, name: str | None = None,
         containers: int = 1, node: str | None = None, image: str = DEFAULT_IMAGE, same_names: bool = False,
+        limits: Mapping[str, int] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """A pod whose containers each use every claim (by name) and template given, pinned to the node by nodeSelector
         (the scheduler allocates the claims). The claims' entries in the pod are ``c0``, ``c1``, ... (templates ``t0``,
         ...); ``same_names``: each claim's entry is named as the claim, as a kubelet 1.34 reports a claim's device
-        health (``allocatedResourcesStatus``) only for an entry named like the ResourceClaim."""
+        health (``allocatedResourcesStatus``) only for an entry named like the ResourceClaim. ``limits``: extended
+        resources each container asks for (served by a DeviceClass naming them)."""
         names = [c.name if isinstance(c, ClaimHandle) else c for c in claims]
         pod_claims = [{"name": n if same_names else f"c{i}", "resourceClaimName": n} for i, n in enumerate(names)]
         pod_claims += [{"name": f"t{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
@@ -357,7 +371,8 @@ class ClaimFactory:
         target = node or self.node.name
         spec: dict[str, Any] = {
             "containers": [
-                {"name": "main" if i == 0 else f"c{i}", "image": image, "command": ["sleep", "3600"], "resources": {"claims": refs}}
+                {"name": "main" if i == 0 else f"c{i}", "image": image, "command": ["sleep", "3600"],
+                 "resources": {"claims": refs, **({"limits": {k: str(v) for k, v in limits.items()}} if limits else {})}}
                 for i in range(containers)
             ],
             "resourceClaims": pod_claims,

@@ -163,14 +163,15 @@ def driver_selector(driver: str) -> dict[str, Any]:
     return {"cel": {"expression": f'device.driver == "{driver}"'}}
 
 
-def device_class_manifest(name: str, driver: str, selectors: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """A DeviceClass selecting ``driver``'s devices (and ``selectors``, all of which must match)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [driver_selector(driver), *(dict(s) for s in selectors or ())]},
-    }
+def device_class_manifest(
+    name: str, driver: str, selectors: Sequence[Mapping[str, Any]] | None = None, *, extended_resource_name: str | None = None
+) -> dict[str, Any]:
+    """A DeviceClass selecting ``driver``'s devices (and ``selectors``, all of which must match); with
+    ``extended_resource_name`` (DRAExtendedResource, 1.36+) a pod asking for that extended resource is served by it."""
+    spec: dict[str, Any] = {"selectors": [driver_selector(driver), *(dict(s) for s in selectors or ())]}
+    if extended_resource_name is not None:
+        spec["extendedResourceName"] = extended_resource_name
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
 
 
 def _claim_spec(device_class: str, count: int, requests: Sequence[Mapping[str, Any]] | None, selectors: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:

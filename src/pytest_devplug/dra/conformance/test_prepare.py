@@ -34,6 +34,23 @@ def test_claim_for_two_devices(devplug_claims: ClaimFactory, devplug_driver: Dri
     assert len(devices) == len(set(devices)) == 2, f"two devices allocated, the driver prepared {devices}"
 
 
+def test_extended_resource_served_by_the_driver(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """Extended resources backed by DRA (DRAExtendedResource: on from 1.36, GA in 1.37): a DeviceClass naming an
+    extended resource lets a pod ask for it in its limits like a device plugin's; the scheduler allocates one of the
+    driver's devices in a claim of its own (``status.extendedResourceClaimStatus``), the kubelet prepares it like any
+    claim and the container gets the CDI devices the driver returned for it."""
+    devplug_driver.node.require_gate("DRAExtendedResource", "pods ask for a DRA driver's devices as an extended resource")
+    resource = f"{devplug_driver.name}/devplug-extended"
+    devplug_claims.device_class(extended_resource_name=resource)
+    pod = devplug_claims.pod(manifest=devplug_claims.manifest(limits={resource: 1}))
+    (prepared,) = assert_claim_prepared(pod, devplug_driver)
+    mapping = (pod.obj.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    assert prepared.claim_name == mapping.get("resourceClaimName"), f"prepared {prepared.claim_name}; the pod's status: {mapping}"
+    assert [(m.get("containerName"), m.get("resourceName")) for m in mapping.get("requestMappings") or []] == [("main", resource)], mapping
+    devices = prepared.devices[devplug_driver.name]
+    assert len(devices) == 1, f"one device asked for as {resource}, the driver prepared {devices}"
+
+
 def test_claim_from_template(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
     """A pod using a ResourceClaimTemplate gets a claim of its own, owned by the pod; the kubelet prepares it only
     because the pod owns it, and the driver prepares it like any other."""

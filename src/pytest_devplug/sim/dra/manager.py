@@ -33,7 +33,10 @@ from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginError, DRAPluginManager
 from pytest_devplug.sim.errors import SimError
 
-__all__ = ["ClaimSource", "DRAManagerError", "DRAPrepareError", "DRAManager", "claim_name_for", "container_cdi_devices", "container_claims"]
+__all__ = [
+    "ClaimSource", "DRAManagerError", "DRAPrepareError", "DRAManager", "claim_name_for", "container_cdi_devices",
+    "container_claims", "extended_resource_claim", "pod_claims",
+]  # fmt: skip
 
 Obj = Mapping[str, Any]
 
@@ -71,6 +74,24 @@ def claim_name_for(pod: Obj, pod_claim: Obj) -> tuple[str | None, bool]:
                 return (None if name is None else str(name)), True
         raise DRAPrepareError(f"{where}: ResourceClaim not created yet")
     raise DRAPrepareError(f'{where}, spec.resourceClaim "{pod_claim.get("name", "")}": none of the supported fields are set')
+
+
+def extended_resource_claim(pod: Obj) -> str | None:
+    """The ResourceClaim the scheduler made for the pod's DRA-backed extended resources
+    (``status.extendedResourceClaimStatus``; DRAExtendedResource), or ``None``."""
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    name = status.get("resourceClaimName")
+    return None if not name else str(name)
+
+
+def pod_claims(pod: Obj, *, extended: bool = True) -> list[Obj]:
+    """The pod's claim entries as the kubelet prepares them: ``spec.resourceClaims``, then (``extended``: feature gate
+    DRAExtendedResource) the scheduler's claim for its extended resources, as an entry without a name."""
+    claims: list[Obj] = list((pod.get("spec") or {}).get("resourceClaims") or [])
+    name = extended_resource_claim(pod) if extended else None
+    if name is not None:
+        claims.append({"name": "", "resourceClaimName": name})
+    return claims
 
 
 def _owned_by(claim: Obj, pod: Obj) -> bool:
@@ -123,12 +144,29 @@ def container_claims(pod: Obj, container_name: str) -> list[tuple[str, str, str]
     return out
 
 
-def container_cdi_devices(pod: Obj, container_name: str, claim_state: Callable[[str, str], cp.ClaimInfoState | None]) -> list[str]:
+def _extended_requests(pod: Obj, container_name: str) -> list[tuple[str, str, str]]:
+    """(resource, request, claim name) for each DRA-backed extended resource of the container (``requestMappings``)."""
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    name = status.get("resourceClaimName")
+    return [
+        (str(m.get("resourceName", "")), str(m.get("requestName", "")), str(name))
+        for m in status.get("requestMappings") or []
+        if name and m.get("containerName") == container_name
+    ]
+
+
+def container_cdi_devices(
+    pod: Obj, container_name: str, claim_state: Callable[[str, str], cp.ClaimInfoState | None], *, extended: bool = True
+) -> list[str]:
     """``GetResources``: the CDI device IDs the runtime must give the container, in claim order, from the kubelet's
-    state of each claim (``claim_state(namespace, name)``: its checkpoint entry)."""
+    state of each claim (``claim_state(namespace, name)``: its checkpoint entry); ``extended`` (DRAExtendedResource):
+    then those of the requests the scheduler mapped to the container's extended resources."""
     namespace = str(_meta(pod).get("namespace", ""))
     ids: list[str] = []
-    for _, request, name in container_claims(pod, container_name):
+    wanted = container_claims(pod, container_name)
+    if extended:
+        wanted += [(resource, request, name) for resource, request, name in _extended_requests(pod, container_name)]
+    for _, request, name in wanted:
         state = claim_state(namespace, name)
         if state is None:
             raise DRAPrepareError(f"internal error: unable to get claim info for ResourceClaim {name} in namespace {namespace}")
@@ -165,6 +203,8 @@ class DRAManager:
         self.health_messages = health_messages
         #: The release whose checkpoint layout is written.
         self.kube = kube
+        #: Feature gate DRAExtendedResource: the scheduler's claim for a pod's extended resources is prepared too.
+        self.extended_resources = (kube or KubeVersion.of()).gate("DRAExtendedResource")
         self.plugins = plugins
         self._claims = claims
         self.health_cache = health_cache or HealthInfoCache()
@@ -216,7 +256,7 @@ class DRAManager:
         pod_uid = str(meta.get("uid", ""))
         # validation pass: nothing changes if anything is wrong, so a failing pod can be deleted cleanly
         todo: list[tuple[Obj, _ClaimInfo, dict[str, DRAPluginClient]]] = []
-        for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or []:
+        for pod_claim in pod_claims(pod, extended=self.extended_resources):
             name, must_own = claim_name_for(pod, pod_claim)
             if name is None:
                 continue
@@ -294,7 +334,7 @@ class DRAManager:
         """``UnprepareResources`` for a pod being removed."""
         meta = _meta(pod)
         names = []
-        for pod_claim in (pod.get("spec") or {}).get("resourceClaims") or []:
+        for pod_claim in pod_claims(pod, extended=self.extended_resources):
             name, _ = claim_name_for(pod, pod_claim)
             if name is not None:
                 names.append(name)
@@ -364,7 +404,8 @@ class DRAManager:
     def container_cdi_devices(self, pod: Obj, container_name: str) -> list[str]:
         """``GetResources``: the CDI device IDs the runtime must give the container, in claim order."""
         with self._lock:
-            return container_cdi_devices(pod, container_name, lambda ns, name: None if (i := self._cache.get((ns, name))) is None else i.state)
+            return container_cdi_devices(pod, container_name, lambda ns, name: None if (i := self._cache.get((ns, name))) is None else i.state,
+                                         extended=self.extended_resources)  # fmt: skip
 
     def allocated_resources_status(self, pod: Obj, container_name: str) -> list[dict[str, Any]]:
         """``UpdateAllocatedResourcesStatus`` for one container: its ``allocatedResourcesStatus`` entries

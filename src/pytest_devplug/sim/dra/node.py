@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.sim.dra import checkpoint as cp
 from pytest_devplug.sim.dra.health import HealthInfoCache
-from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager, DRAPrepareError
+from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager, DRAPrepareError, extended_resource_claim
 from pytest_devplug.sim.dra.plugins import DEFAULT_WIPING_DELAY_S, DRAPluginError, DRAPluginManager, ResourceSliceWiper
 from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher, RegistrationEvent
 
@@ -82,7 +82,8 @@ class DRACall:
 
 
 def has_claims(pod: Obj) -> bool:
-    return bool((pod.get("spec") or {}).get("resourceClaims"))
+    """Whether the pod uses DRA: claims of its own, or the scheduler's claim for its extended resources."""
+    return bool((pod.get("spec") or {}).get("resourceClaims")) or extended_resource_claim(pod) is not None
 
 
 @dataclass
