@@ -22,7 +22,7 @@ from ..support import dra_check_selection, run_conformance, selection_mismatch
 
 DRIVER = "gpu.example.com"
 #: What the example driver may be skipped for, and nothing else.
-ALLOWED_SKIPS = (re.compile(r"needs a fault injector: .*DRAFaultInjector"), re.compile(r"serves no v1alpha1\.DRAResourceHealth"))
+ALLOWED_SKIPS = (re.compile(r"needs a fault injector: .*DRAFaultInjector"), re.compile(r"serves neither v1\.DRAResourceHealth nor v1alpha1\.DRAResourceHealth"))
 #: The checks it is here to exercise: everything that needs no fault.
 MUST_PASS = (
     "test_driver_registers_with_the_kubelet", "test_reregisters_after_kubelet_restart", "test_reregisters_after_driver_restart",
