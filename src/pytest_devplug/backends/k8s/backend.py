@@ -691,13 +691,14 @@ class KubeBackend:
         raw = self.read_checkpoint(node)
         entries = parse_checkpoint(raw).entries_for(pod["metadata"]["uid"], container) if raw else []
         view = applied_view(entries)
-        if (pod.get("spec") or {}).get("resourceClaims"):
+        if (pod.get("spec") or {}).get("resourceClaims") or (pod.get("status") or {}).get("extendedResourceClaimStatus"):
             view = self._with_claim_devices(node, pod, container, view)
         return self._with_cdi_edits(node, view)
 
     def _with_claim_devices(self, node: str, pod: JSONDict, container: str, view: ContainerView) -> ContainerView:
         """The view plus the CDI device IDs of the container's ResourceClaims, from the kubelet's ``dra_manager_state``
-        (upstream's ``GetResources``: the devices of each claim, or of the request, the container names)."""
+        (upstream's ``GetResources``: the devices of each claim, or of the request, the container names, then those of
+        the scheduler's claim for its DRA-backed extended resources where the node's release has DRAExtendedResource)."""
         from ...sim.dra import checkpoint as dra_cp
         from ...sim.dra.manager import DRAPrepareError, container_cdi_devices
         from .dra import DRA_CHECKPOINT_PATH
@@ -705,7 +706,9 @@ class KubeBackend:
         raw = self.nodeops.read_file(node, DRA_CHECKPOINT_PATH)
         states = {(e.namespace, e.claim_name): e for e in (dra_cp.decode(raw).entries or [])} if raw else {}
         try:
-            ids = container_cdi_devices(pod, container, lambda ns, name: states.get((ns, name)))
+            info = (self.get_node(node).get("status") or {}).get("nodeInfo") or {}
+            extended = self.options.kube.on_node(str(info.get("kubeletVersion") or "")).gate("DRAExtendedResource")
+            ids = container_cdi_devices(pod, container, lambda ns, name: states.get((ns, name)), extended=extended)
         except DRAPrepareError as exc:
             raise BackendError(f"pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')} on {node}: {exc}") from None
         return dataclasses.replace(view, cdi_devices=(*view.cdi_devices, *(i for i in ids if i not in view.cdi_devices)))
