@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the Kubernetes binaries (kubelet, kubeadm, kubectl, kube-apiserver, kube-controller-manager,
-# kube-scheduler) and etcd from their Go modules, statically, into the cache. Prints the bin dir.
+# Build the Kubernetes binaries (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl; then kubelet and
+# kubeadm unless --control-plane) and etcd from their Go modules, statically, into the cache. Prints the bin dir.
 #
 # `go install k8s.io/kubernetes/cmd/...@v1.x` fails because k8s.io/kubernetes's go.mod has replace
 # directives (staging modules), so we build from a tiny local module (lib.sh's write_k8s_gomod).
@@ -9,9 +9,16 @@
 lock k8s
 K8S_BIN="$OFFLINE_CACHE/k8s/$KUBERNETES_VERSION/bin"
 ETCD_BIN="$OFFLINE_CACHE/etcd/$ETCD_VERSION/bin"
-CMDS=(kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler)
+# The control plane first (what --devplug-control-plane real runs; its own marker), then the node's binaries (what
+# the kind node image needs too): a release whose kubelet cannot be built here (1.38.0-beta.0 needs a module the
+# Go module proxy refuses, sigs.k8s.io/iptables-wrappers@v1.0.0) still has its control plane.
+CONTROL_PLANE=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+NODE=(kubelet kubeadm)
+ONLY="${1:-}"   # --control-plane: stop after the control plane
 
+# build_kubernetes MARKER CMD...: build the commands into $K8S_BIN, then touch $K8S_BIN/MARKER
 build_kubernetes() {
+  local marker=$1; shift
   local mod="$OFFLINE_CACHE/k8s/$KUBERNETES_VERSION/mod"
   mkdir -p "$mod" "$K8S_BIN"
   local major minor patch
@@ -28,12 +35,12 @@ build_kubernetes() {
     ld+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date"
   done
   local pkgs=()
-  for c in "${CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-  log "go build ${CMDS[*]} (CGO_ENABLED=0; the long step of a cold build)"
+  for c in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+  log "go build $* (CGO_ENABLED=0; the long step of a cold build)"
   (cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=mod "$GO" build -trimpath -tags providerless \
       -ldflags "$ld" -o "$K8S_BIN/" "${pkgs[@]}")
-  "$K8S_BIN/kubeadm" version -o short | grep -qx "$KUBERNETES_VERSION" || die "kubeadm does not report $KUBERNETES_VERSION"
-  touch "$K8S_BIN/.complete"
+  "$K8S_BIN/$1" --version | grep -q "$KUBERNETES_VERSION" || die "$1 does not report $KUBERNETES_VERSION"
+  touch "$K8S_BIN/$marker"
 }
 
 build_etcd() {
@@ -54,9 +61,14 @@ GOMOD
   touch "$ETCD_BIN/.complete"
 }
 
-if [ -f "$K8S_BIN/.complete" ]; then log "kubernetes $KUBERNETES_VERSION binaries cached: $K8S_BIN"
-else step "build kubernetes $KUBERNETES_VERSION" build_kubernetes; fi
+# .complete-control-plane: the control plane's four binaries; .complete: those and the node's (kubelet, kubeadm)
+if [ -f "$K8S_BIN/.complete-control-plane" ] || [ -f "$K8S_BIN/.complete" ]; then log "kubernetes $KUBERNETES_VERSION control plane cached: $K8S_BIN"
+else step "build the kubernetes $KUBERNETES_VERSION control plane" build_kubernetes .complete-control-plane "${CONTROL_PLANE[@]}"; fi
 if [ -f "$ETCD_BIN/.complete" ]; then log "etcd $ETCD_VERSION cached: $ETCD_BIN"
 else step "build etcd $ETCD_VERSION" build_etcd; fi
+if [ "$ONLY" != --control-plane ]; then
+  if [ -f "$K8S_BIN/.complete" ]; then log "kubernetes $KUBERNETES_VERSION node binaries cached: $K8S_BIN"
+  else step "build the kubernetes $KUBERNETES_VERSION node binaries" build_kubernetes .complete "${NODE[@]}"; fi
+fi
 echo "$K8S_BIN"
 echo "$ETCD_BIN"

@@ -87,11 +87,16 @@ def _found(directory: Path, components: tuple[str, ...]) -> dict[str, Path]:
     return out
 
 
+#: The offline build's markers of a finished build: the control plane alone (``build-k8s.sh --control-plane``), or
+#: everything (the node's binaries too).
+_COMPLETE = (".complete-control-plane", ".complete")
+
+
 def _cache_dirs(root: Path, pins: Release) -> list[Path]:
-    """The offline build's dirs, used only once complete (its ``.complete`` marker), then downloads."""
+    """The offline build's dirs, used only once complete (one of :data:`_COMPLETE`), then downloads."""
     offline = root / "offline"
-    dirs = [d for d in (offline / "k8s" / pins.kubernetes / "bin", offline / "etcd" / pins.etcd / "bin") if (d / ".complete").exists()]
-    return [*dirs, _download_dir(root, pins)]
+    dirs = [offline / "k8s" / pins.kubernetes / "bin", offline / "etcd" / pins.etcd / "bin"]
+    return [*(d for d in dirs if any((d / m).exists() for m in _COMPLETE)), _download_dir(root, pins)]
 
 
 def _download_dir(root: Path, pins: Release) -> Path:
@@ -221,8 +226,8 @@ def build_script() -> Path | None:
 
 
 def build(env: Mapping[str, str] | None = None, *, version: str | None = None) -> Binaries:
-    """``devplug control-plane build``: the offline build's Go-module build of release ``version`` (default: the
-    default release) into the cache (cached: instant)."""
+    """``devplug control-plane build``: the offline build's Go-module build of release ``version``'s control plane
+    (default: the default release) into the cache (cached: instant)."""
     pins = release(version)
     script = build_script()
     if script is None:
@@ -233,7 +238,7 @@ def build(env: Mapping[str, str] | None = None, *, version: str | None = None) -
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
         raise BinariesNotFoundError("devplug control-plane build needs Go (go on PATH or /usr/local/go/bin/go)")
     run_env = {**os.environ, **(env or {}), "DEVPLUG_KUBERNETES_VERSION": pins.minor}
-    rc = subprocess.run(["bash", str(script)], env=run_env, check=False).returncode
+    rc = subprocess.run(["bash", str(script), "--control-plane"], env=run_env, check=False).returncode
     if rc != 0:
         raise ControlPlaneError(f"{script} failed with status {rc} (its log is above)")
     return resolve(version=pins.minor, env=env, download=False)
