@@ -1,7 +1,7 @@
 """The kubelet's device manager, faithful to upstream ``pkg/kubelet/cm/devicemanager``.
 
-It owns the Registration server, one :class:`~pytest_devplug.sim.endpoint.Endpoint` per resource,
-the device sets reported over ListAndWatch (healthy / unhealthy), the allocation of devices to
+It owns the Registration server, the plugins' :class:`~pytest_devplug.sim.endpoint.Endpoint` s (one client per
+resource before 1.37, one per plugin socket from 1.37: ``KubeVersion.has("endpoint-per-socket")``), the device sets reported over ListAndWatch (healthy / unhealthy), the allocation of devices to
 containers (``devicesToAllocate``, NUMA-aware, with ``GetPreferredAllocation`` and one
 ``Allocate`` per resource per container) and the checkpoint that survives a kubelet restart.
 
