@@ -108,7 +108,7 @@ dra_example="test_reregisters_after_driver_restart test_abrupt_kill_then_start_r
   test_slices_kept_when_driver_restarts_quickly test_unprepare_for_pod_deleted_while_kubelet_down
   test_pod_created_while_kubelet_down_runs test_pod_deleted_while_kubelet_down_is_never_prepared
   test_claim_prepared_and_container_sees_it test_claim_for_two_devices test_shared_claim
-  test_unsatisfiable_claim_stays_unschedulable"
+  test_unsatisfiable_claim_stays_unschedulable test_device_taint_keeps_claims_off_tainted_devices"
 
 grace() {
   child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return

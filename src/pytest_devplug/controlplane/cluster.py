@@ -34,10 +34,12 @@ from .processes import PORT_RETRIES, Component, free_port, log_tail, terminate, 
 __all__ = ["ControlPlane", "CONTROLLERS", "stop_kept"]
 
 #: The controllers kube-controller-manager runs: the default ServiceAccount (pods need it to be admitted)
-#: and its token, node lifecycle (it lifts the not-ready taint new Nodes are created with) and DRA's
-#: ResourceClaims (claims made from a pod's ResourceClaimTemplate, ``reservedFor`` released when a pod is gone).
+#: and its token, node lifecycle (it lifts the not-ready taint new Nodes are created with), DRA's
+#: ResourceClaims (claims made from a pod's ResourceClaimTemplate, ``reservedFor`` released when a pod is gone) and
+#: device taints (evicts pods from NoExecute-tainted devices, reports on DeviceTaintRules; off with DRADeviceTaints).
 CONTROLLERS = (
     "serviceaccount-controller", "serviceaccount-token-controller", "node-lifecycle-controller", "resourceclaim-controller",
+    "device-taint-eviction-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
 PIDS_FILE = "pids.json"

@@ -25,6 +25,7 @@ from .objects import (
     SliceView,
     claim_manifest,
     device_class_manifest,
+    device_taint_rule_manifest,
     list_slices,
     parse_dra_checkpoint,
     template_manifest,
@@ -340,12 +341,24 @@ class ClaimFactory:
     def claim(
         self, name: str | None = None, *, count: int = 1, device_class: str | None = None,
         requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
+        tolerations: Sequence[Mapping[str, str]] | None = None,
     ) -> ClaimHandle:  # fmt: skip
-        """A ResourceClaim for ``count`` of the driver's devices (or ``requests`` as given)."""
+        """A ResourceClaim for ``count`` of the driver's devices, tolerating ``tolerations`` of device taints (or
+        ``requests`` as given)."""
         body = claim_manifest(name or self._name("claim"), self.namespace, device_class or self.default_class,
-                              count=count, requests=requests, selectors=selectors)  # fmt: skip
+                              count=count, requests=requests, selectors=selectors, tolerations=tolerations)  # fmt: skip
         made = self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims", body)
         return ClaimHandle(self.rest, self.namespace, made["metadata"]["name"], node=self.node, timeout=self.timeout)
+
+    def taint_rule(self, pool: str, taint: Mapping[str, str]) -> str:
+        """A DeviceTaintRule putting ``taint`` on the driver's devices in ``pool``; its name (``untaint`` removes it,
+        ``cleanup`` too)."""
+        body = device_taint_rule_manifest(self._cluster_wide_name("taint"), self.driver.name, pool, taint)
+        return str(self._create(f"{RESOURCE_API}/devicetaintrules", body)["metadata"]["name"])
+
+    def untaint(self, rule: str) -> None:
+        """Delete DeviceTaintRule ``rule``."""
+        self.rest.delete(f"{RESOURCE_API}/devicetaintrules/{rule}")
 
     def template(self, name: str | None = None, *, count: int = 1, device_class: str | None = None,
                  requests: Sequence[Mapping[str, Any]] | None = None) -> str:  # fmt: skip

@@ -22,6 +22,7 @@ __all__ = [
     "SliceView",
     "claim_manifest",
     "device_class_manifest",
+    "device_taint_rule_manifest",
     "driver_selector",
     "list_slices",
     "parse_dra_checkpoint",
@@ -174,11 +175,27 @@ def device_class_manifest(
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
 
 
-def _claim_spec(device_class: str, count: int, requests: Sequence[Mapping[str, Any]] | None, selectors: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+def device_taint_rule_manifest(name: str, driver: str, pool: str, taint: Mapping[str, str]) -> dict[str, Any]:
+    """A DeviceTaintRule (``resource.k8s.io/v1`` from 1.37, DRADeviceTaintRules) putting ``taint`` (key, value,
+    effect) on every device of ``driver`` in ``pool``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {"deviceSelector": {"driver": driver, "pool": pool}, "taint": dict(taint)},
+    }
+
+
+def _claim_spec(
+    device_class: str, count: int, requests: Sequence[Mapping[str, Any]] | None, selectors: Sequence[Mapping[str, Any]] | None,
+    tolerations: Sequence[Mapping[str, str]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     if requests is None:
         exact: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
         if selectors:
             exact["selectors"] = [dict(s) for s in selectors]
+        if tolerations:
+            exact["tolerations"] = [dict(t) for t in tolerations]
         requests = [{"name": "req-0", "exactly": exact}]
     return {"devices": {"requests": [dict(r) for r in requests]}}
 
@@ -186,13 +203,15 @@ def _claim_spec(device_class: str, count: int, requests: Sequence[Mapping[str, A
 def claim_manifest(
     name: str, namespace: str, device_class: str, *, count: int = 1,
     requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
+    tolerations: Sequence[Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """A ResourceClaim for ``count`` devices of ``device_class`` (one request ``req-0``), or the given ``requests``."""
+    """A ResourceClaim for ``count`` devices of ``device_class`` (one request ``req-0``, tolerating ``tolerations``
+    of device taints), or the given ``requests``."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": _claim_spec(device_class, count, requests, selectors),
+        "spec": _claim_spec(device_class, count, requests, selectors, tolerations),
     }
 
 

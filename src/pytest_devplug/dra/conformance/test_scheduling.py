@@ -1,19 +1,33 @@
-"""What the scheduler does with the driver's slices: no allocation beyond what they describe, one allocation shared.
+"""What the scheduler does with the driver's slices: no allocation beyond what they describe, one allocation shared,
+none of a tainted device.
 
 The real kube-scheduler allocates claims from the published ResourceSlices: a claim no published device can
-satisfy leaves its pod unschedulable (the driver is never asked), and a claim shared by pods is allocated and
-prepared once, then unprepared when its last pod goes.
+satisfy leaves its pod unschedulable (the driver is never asked), a claim shared by pods is allocated and
+prepared once, then unprepared when its last pod goes, and a device with a ``NoSchedule`` taint goes only to a
+claim that tolerates it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from pytest_devplug.dra.assertions import assert_claim_prepared
 from pytest_devplug.dra.handles import ClaimFactory, DriverHandle
+from pytest_devplug.dra.objects import RESOURCE_API
+from pytest_devplug.kuberest import RestError
+from pytest_devplug.waiting import WaitTimeout, wait_for
 
 from ._support import consistently, succeeded, waited
 
 #: What kube-scheduler's DynamicResources plugin says of a node whose devices cannot satisfy a pod's claims.
 UNSCHEDULABLE_TEXT = "cannot allocate all claims"
+#: The taint the device-taint check puts on the driver's devices, and the toleration of it.
+TAINT = {"key": "devplug.example/conformance", "value": "tainted", "effect": "NoSchedule"}
+TOLERATION = {"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+#: How long the check waits for kube-controller-manager to report a DeviceTaintRule before going on without.
+RULE_SEEN_S = 10.0
 
 
 def test_unsatisfiable_claim_stays_unschedulable(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
@@ -58,3 +72,68 @@ def test_shared_claim(devplug_claims: ClaimFactory, devplug_driver: DriverHandle
     waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
            "the claim unprepared once its last pod was deleted", driver=devplug_driver)  # fmt: skip
     assert a.claim_uid == b.claim_uid == uid
+
+
+def _rule_seen(driver: DriverHandle, rule: str) -> None:
+    """Wait until kube-controller-manager's device-taint-eviction controller reported on ``rule`` (its
+    ``EvictionInProgress`` condition of the rule's generation): the rule reached the informers watching
+    DeviceTaintRules, the scheduler's among them. Where that controller does not run, go on after
+    :data:`RULE_SEEN_S`: the scheduler's informer gets a new object within milliseconds."""
+
+    def observed() -> bool:
+        obj: dict[str, Any] = driver.dra.rest.get(f"{RESOURCE_API}/devicetaintrules/{rule}")
+        gen = (obj.get("metadata") or {}).get("generation")
+        return any(c.get("type") == "EvictionInProgress" and c.get("observedGeneration") == gen
+                   for c in (obj.get("status") or {}).get("conditions") or [])  # fmt: skip
+
+    try:
+        wait_for(observed, bool, timeout=RULE_SEEN_S, what=f"kube-controller-manager to report on DeviceTaintRule {rule}")
+    except WaitTimeout:
+        return
+
+
+def test_device_taint_keeps_claims_off_tainted_devices(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """Device taints (DRADeviceTaintRules, GA in 1.37): with a ``NoSchedule`` DeviceTaintRule on the driver's devices
+    on this node, a claim that does not tolerate it is not allocated (its pod stays Pending, Unschedulable, and the
+    driver is never asked), a claim that tolerates it is allocated, prepared and runs, and once the rule is gone the
+    first pod runs too. NVIDIA's DRA driver reports unhealthy GPUs as such taints; a scheduler one release behind its
+    API server (1.36 has the rules off) hands tainted devices out."""
+    node = devplug_driver.node
+    node.require_gate("DRADeviceTaintRules", "DeviceTaintRules the scheduler honours")
+    pools = sorted({s.pool for s in devplug_driver.slices()})
+    assert pools, f"driver {devplug_driver.name} publishes no ResourceSlice on node {node.name}"
+    try:
+        rules = [devplug_claims.taint_rule(pool, TAINT) for pool in pools]
+    except RestError as exc:
+        if exc.not_found:
+            pytest.skip(f"the API server serves no resource.k8s.io/v1 DeviceTaintRules ({exc})")
+        raise
+    for rule in rules:
+        _rule_seen(devplug_driver, rule)
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim])
+    cond = waited(lambda: pod.scheduled_condition or {}, lambda c: c.get("status") in ("True", "False"),
+                  "the scheduler's PodScheduled condition", driver=devplug_driver)  # fmt: skip
+    allocated = [f"{d.pool}/{d.device}" for d in claim.allocated]
+    assert not allocated, (
+        f"the scheduler allocated {', '.join(allocated)} to claim {claim.name}, which does not tolerate the "
+        f"{TAINT['key']}={TAINT['value']}:{TAINT['effect']} taint of DeviceTaintRule(s) {', '.join(rules)} on every "
+        f"device of {devplug_driver.name} in pool(s) {', '.join(pools)} (PodScheduled {cond.get('status')})"
+    )
+    assert cond.get("reason") == "Unschedulable", f"PodScheduled condition {cond}"
+    assert UNSCHEDULABLE_TEXT in str(cond.get("message")), f"the scheduler says {cond.get('message')!r}, not {UNSCHEDULABLE_TEXT!r}"
+    consistently(lambda: (pod.phase, pod.node_name, claim.allocation), lambda s: s == ("Pending", None, None),
+                 "the pod Pending and unbound, its claim unallocated while every device is tainted")  # fmt: skip
+    uid = claim.uid
+    asked = [c for c in node.dra_calls(driver=devplug_driver.name) if uid in c.claim_uids]
+    assert not asked, f"the driver was asked about a claim the taint keeps unallocated: {asked}"
+
+    tolerant = devplug_claims.claim(tolerations=[TOLERATION])
+    runs = devplug_claims.pod([tolerant], wait=True)
+    assert_claim_prepared(runs, devplug_driver)
+    runs.delete()
+    tolerant.delete()  # frees its device for the first pod on a one-device driver
+    for rule in rules:
+        devplug_claims.untaint(rule)
+    pod.wait_running()
+    assert_claim_prepared(pod, devplug_driver)
