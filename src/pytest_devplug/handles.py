@@ -627,6 +627,26 @@ class PodHandle:
     def delete(self) -> None:
         self.backend.delete_pod(self.name, self.namespace)
 
+    def delete_and_wait_gone(self, timeout: float | None = None) -> None:
+        """Delete the pod and wait until neither the scheduler nor the kubelet counts its devices: the API server no
+        longer has it (the scheduler drops a pod on its deletion) and its node's pod-resources lists it no more."""
+        node = self.node_name
+        self.delete()
+
+        def left() -> list[str]:
+            where = []
+            try:
+                self.backend.get_pod(self.name, self.namespace)
+                where.append("the API server")
+            except ObjectNotFoundError:
+                pass
+            if node and any(p.name == self.name and p.namespace == self.namespace for p in self.backend.pod_resources(node)):
+                where.append(f"node {node}'s pod-resources")
+            return where
+
+        wait_for(left, lambda w: not w, timeout=self.timeout if timeout is None else timeout,
+                 what=f"pod {self.namespace}/{self.name} gone, its devices free")  # fmt: skip
+
     # -- waits -------------------------------------------------------------------------------------
     def wait_phase(self, *phases: str, timeout: float | None = None) -> str:
         """Wait until the pod is in one of ``phases``; fails with the pod's status and events otherwise,

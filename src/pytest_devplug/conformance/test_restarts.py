@@ -32,19 +32,26 @@ def _keeps(pod: PodHandle, held: list[str], after: str) -> None:
     assert pod.allocated_devices == held, f"after {after} pod-resources lists {pod.allocated_devices}, it held {held}"
 
 
-def _new_pod_gets_others(pods: PodFactory, held: list[str], after: str) -> PodHandle:
+def _new_pod_gets_a_device(pods: PodFactory, plugin: PluginHandle, pod: PodHandle, held: list[str], after: str) -> None:
+    """A new pod is allocated by the plugin as it is now: another device while ``pod`` keeps ``held``; on a
+    resource whose every device ``pod`` holds, ``pod`` is deleted first and the new pod gets one of those."""
+    node, res = plugin.node, plugin.resource_name
+    if node.allocatable(res) - len(held) < 1:
+        pod.delete_and_wait_gone()
+        other = pods(count=1, wait=True)
+        assert other.allocated_devices, f"after {after} and the pod holding {held} was deleted, a new pod got no device"
+        return
     other = pods(count=1, wait=True)
     assert other.allocated_devices and not set(other.allocated_devices) & set(held), (
         f"after {after} a new pod got {other.allocated_devices}; {held} are still held"
     )
-    return other
 
 
 @pytest.mark.devplug_disruptive
 def test_abrupt_kill_then_restart_serves_again(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
     """SIGKILL: no clean-up runs, the socket file stays. Started again, the plugin registers (the kubelet
     dials it first: it must be serving), its devices come back n/n, the running pod keeps its device and a new
-    pod is allocated by the new process."""
+    pod is allocated by the new process (another device; on a one-device resource the first pod's, once it is gone)."""
     res, node = devplug_plugin.resource_name, devplug_plugin.node
     n = node.capacity(res)
     pod = devplug_pod(count=1, wait=True)
@@ -56,7 +63,7 @@ def test_abrupt_kill_then_restart_serves_again(devplug_pod: PodFactory, devplug_
     after = sorted(set(node.device_ids(res)))
     assert after == ids, f"after a SIGKILL and start the plugin lists {after}; before it listed {ids}"
     _keeps(pod, held, "the plugin was killed and started again")
-    _new_pod_gets_others(devplug_pod, held, "the plugin was killed and started again")
+    _new_pod_gets_a_device(devplug_pod, devplug_plugin, pod, held, "the plugin was killed and started again")
 
 
 @pytest.mark.devplug_disruptive
@@ -96,7 +103,8 @@ def test_container_restart_after_kubelet_restart(devplug_pod: PodFactory, devplu
 @pytest.mark.devplug_disruptive
 def test_kubelet_restart_then_plugin_restart(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
     """The kubelet restarts (the plugin re-registers by itself), then the plugin restarts: the pod keeps its
-    device throughout and a new pod gets another one from the twice-registered plugin."""
+    device throughout and a new pod gets another one from the twice-registered plugin (on a one-device resource the
+    first pod's, once it is gone)."""
     res, node = devplug_plugin.resource_name, devplug_plugin.node
     n = node.capacity(res)
     pod = devplug_pod(count=1, wait=True)
@@ -106,7 +114,7 @@ def test_kubelet_restart_then_plugin_restart(devplug_pod: PodFactory, devplug_pl
     devplug_plugin.restart()
     assert_allocatable(devplug_plugin, n, capacity=n)
     _keeps(pod, held, "the kubelet restart and then the plugin restart")
-    _new_pod_gets_others(devplug_pod, held, "the kubelet restart and then the plugin restart")
+    _new_pod_gets_a_device(devplug_pod, devplug_plugin, pod, held, "the kubelet restart and then the plugin restart")
 
 
 def _health_round_trip(plugin: PluginHandle, faults: FaultInjector, after: str) -> None:
