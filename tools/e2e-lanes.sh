@@ -9,7 +9,8 @@
 #                 soak (no node left for its copy: it runs in the differential lane)
 #   grace         the grace-period test (5 min on a real kubelet) on -worker3; then the DRA sim-vs-kind
 #                 differential on the same node
-#   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4
+#   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4;
+#                 then upstream's stub advertising one device under the whole suite on the same node
 #   differential  the checks only the kind backend runs (kubelet kept down, reboot, the soak with its copy on the
 #                 control plane) against the included plugin on -worker5; then the sim-vs-kind differentials and
 #                 NVIDIA's plugin with cdi-cri (the allocation checks) on the same node
@@ -130,6 +131,13 @@ differential() {
   nvidia cdi-cri "$(node worker5)"
 }
 
+# NVIDIA's plugin, then upstream's stub with one device (tests/peers/test_peers.py) on the same node
+nvidia_then_one_device() {
+  nvidia envvar "$(node worker4)" || return
+  PYTEST_ADDOPTS="--devplug-node=$(node worker4)" child pytest -m kind tests/peers/test_peers.py -k one_device_stub_on_kind \
+    -p no:cacheprovider -rP
+}
+
 dra() {
   PYTEST_ADDOPTS="--devplug-node=$(node worker6)" DEVPLUG_DRA_CHECKS="$dra_shared $dra_included" \
     child pytest -m kind tests/dra/test_included_driver.py -p no:cacheprovider -rP || return
@@ -139,7 +147,7 @@ dra() {
 lane kind kind_then_dra_example
 lane conformance pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak"
 lane grace grace
-lane nvidia nvidia envvar "$(node worker4)"
+lane nvidia nvidia_then_one_device
 lane differential differential
 lane dra dra
 

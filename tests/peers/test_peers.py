@@ -11,6 +11,7 @@ name a reason that fits what the peer lacks; a test that fails here on a correct
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,50 @@ def test_conformance_suite_passes_on_peer(
     missing = [t for t in peer.must_pass if t not in result.passed]
     assert not missing, f"{peer.name}: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
     same_verdicts(peer.name, control_plane, result.verdicts())
+
+
+STUB_DIR = Path(__file__).resolve().parents[2] / "peers" / "stub-plugin"
+#: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of its
+#: own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
+KIND_CLUSTER = "devplug-one-device"
+#: A whole suite on kind (cluster creation and image loads included): ~5 min on 2 cores alone, more beside the lanes.
+KIND_SUITE_TIMEOUT_S = 1800
+#: What may skip on one device: what needs a fault injector, a second device, several resources or a topology, and
+#: the conventions it does not declare.
+ONE_DEVICE_SKIPS = (NO_MOCK, CONVENTION_OFF, NO_TOPOLOGY, ONE_RESOURCE, NO_PRE_START, re.compile(r"needs 2 devices|plugin lists 1"))
+#: The checks that hand a device out again after a restart: on one device they must free it first, and pass.
+ONE_DEVICE_MUST_PASS = (
+    "test_abrupt_kill_then_restart_serves_again", "test_kubelet_restart_then_plugin_restart",
+    "test_plugin_restart_keeps_assignments", "test_checkpoint_survives_kubelet_restart",
+    "test_pods_deleted_while_kubelet_down_free_their_devices", "test_node_reboot_then_plugin_comes_back",
+)  # fmt: skip
+
+
+@pytest.mark.kind
+@pytest.mark.usefixtures("docker_available")
+def test_one_device_stub_on_kind(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """Upstream's stub advertising one device (``peers/stub-plugin/daemonset-one-device.yaml``, as
+    smarter-device-manager advertises each host device) under the suite on a real kubelet: 0 failed. The 5-minute
+    grace-period test and the soak (a second node) are deselected, as for NVIDIA's plugin. Alone it makes a cluster of
+    ``multi-node.yaml`` (the node under test a worker: the reboot check must not take the API server down with it).
+    It runs without ``--pre-start-required``: a real kubelet logs its PreStartContainer calls only at -v>=4 and the
+    stub logs them in words of its own (its PreStart is judged on the embedded kubelet, ``PEERS``)."""
+    peer_binary("stub-plugin")  # a missing Go toolchain skips here (fails under CI), not in the image build
+    script = STUB_DIR / "build-image.sh"
+    built = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800, check=False)
+    image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
+    assert image, f"{script} exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
+    options = ["--backend", "kind", "--plugin-image", image, "--plugin-manifest", str(STUB_DIR / "daemonset-one-device.yaml"),
+               "--resource-name", "example.com/stub", "--timeout", "60"]  # fmt: skip
+    pytest_args = ["-m", "not devplug_grace_period and not devplug_soak", f"--cluster-name={KIND_CLUSTER}",
+                   "--devplug-kind-config=multi-node.yaml"]  # fmt: skip
+    result = run_conformance(options, pytest_args, tmp_path, timeout=KIND_SUITE_TIMEOUT_S)
+    assert not result.failed, "one-device stub on kind:\n" + "\n".join(result.failed) + "\n" + result.output
+    assert result.returncode == 0, f"devplug conformance exited {result.returncode}:\n{result.output}"
+    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in ONE_DEVICE_SKIPS)}
+    assert not unexplained, f"one-device stub: skips without a reason that fits it: {unexplained}"
+    missing = [t for t in ONE_DEVICE_MUST_PASS if t not in result.passed]
+    assert not missing, f"one-device stub: expected to pass on kind, did not: {missing}; skips: {result.skipped}"
 
 
 def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -> None:

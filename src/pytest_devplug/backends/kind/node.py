@@ -12,6 +12,7 @@ sharing the node's volumes (``docker run --volumes-from``) with the plugin image
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -45,8 +46,9 @@ class DockerExecTransport:
         """Nothing to remove: the links live in the backend's work dir."""
 
     def _host_var(self, node: str) -> Path | None:
-        """A short host path to the node's ``/var`` volume, when the host can read it."""
-        link = self.workdir / f"v-{node}"
+        """A short host path to the node's ``/var`` volume, when the host can read it: a link named by a digest of the
+        node's name, since a socket path holds at most 107 bytes and a long cluster name would use them up."""
+        link = self.workdir / f"v-{hashlib.sha256(node.encode()).hexdigest()[:10]}"
         if not link.exists():
             proc = run(["docker", "inspect", "-f", "{{json .Mounts}}", node], timeout=60)
             for m in json.loads(proc.stdout or "[]"):
