@@ -233,6 +233,8 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
                                 "unpreparing the claim a second time failed"),
     "no-republish": (_resync, "expected no-republish.devplug.example to publish its devices again"),
     "exit-on-refusal": (lambda b, d, f: test_registration.test_recovers_after_refused_registration(d), "exited"),
+    "first-request-only": (lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d), "the driver prepared"),
+    "no-request-names": (lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d), "the driver named the requests"),
     "health-unlisted": (lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
                         "lists no health service in GetInfo"),
 }  # fmt: skip

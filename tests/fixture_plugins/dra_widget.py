@@ -15,7 +15,9 @@ unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 * ``no-republish``: never publishes its slice again after it was deleted;
 * ``exit-on-refusal``: exits when the kubelet refuses its registration;
 * ``unprepare-unknown-fails``: unpreparing a claim it does not know is an error;
-* ``health-unlisted``: serves its health stream but lists no health service in GetInfo (a 1.37 kubelet ignores it).
+* ``health-unlisted``: serves its health stream but lists no health service in GetInfo (a 1.37 kubelet ignores it);
+* ``first-request-only``: prepares only the devices of a claim's first request;
+* ``no-request-names``: answers its devices without the requests they were allocated for.
 """
 
 import argparse
@@ -49,7 +51,7 @@ parser.add_argument("--devices", type=int, default=3)
 parser.add_argument("--control", default="")
 parser.add_argument("--break", dest="broken", default="none",
                     choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
-                             "health-unlisted"])
+                             "health-unlisted", "first-request-only", "no-request-names"])
 args = parser.parse_args()
 if not args.node_name:
     sys.exit("dra-widget: --node-name or NODE_NAME is required")
@@ -142,15 +144,19 @@ def prepare(claim):
             raise RuntimeError(f"claim {claim.namespace}/{claim.name} is not allocated")
         serial[0] += 1
         devices, cdi_devices = [], []
-        for r in allocation["devices"]["results"]:
+        results = allocation["devices"]["results"]
+        for r in results:
             if r["driver"] != DRIVER:
+                continue
+            if args.broken == "first-request-only" and r["request"] != results[0]["request"]:
                 continue
             name = r["device"]
             if args.broken == "wrong-device":
                 name = next(d for d in DEVICES if d != name)
             cdi_name = f"{claim.uid}-{name}" + (f"-{serial[0]}" if args.broken == "prepare-not-idempotent" else "")
             cdi_devices.append({"name": cdi_name, "containerEdits": {"env": [f"WIDGET_{DEVICES.index(name)}={name}"]}})
-            devices.append(pb.Device(request_names=[r["request"]], pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]))
+            names = [] if args.broken == "no-request-names" else [r["request"]]
+            devices.append(pb.Device(request_names=names, pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]))
         os.makedirs(args.cdi_root, exist_ok=True)
         tmp = cdi_spec_path(claim.uid) + ".tmp"
         with open(tmp, "w") as f:

@@ -34,6 +34,45 @@ def test_claim_for_two_devices(devplug_claims: ClaimFactory, devplug_driver: Dri
     assert len(devices) == len(set(devices)) == 2, f"two devices allocated, the driver prepared {devices}"
 
 
+def test_claim_with_several_requests(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """A claim with two requests (1 and 2 devices) and one with three (1 each), alternating between two DeviceClasses of
+    the driver, each request used by a container of its own: the driver prepares every request's devices, and names
+    the request each device is for (``requestNames``), since the kubelet gives a container that names a request only
+    that request's CDI devices (and every container all the devices named for no request). Guards against drivers
+    preparing only a claim's first request or answering without request names."""
+    need_devices(devplug_driver, 3)
+    classes = (devplug_claims.default_class, devplug_claims.device_class())
+    for counts in ((1, 2), (1, 1, 1)):
+        names = [f"req-{i}" for i in range(len(counts))]
+        claim = devplug_claims.claim(requests=[
+            {"name": name, "exactly": {"deviceClassName": classes[i % 2], "allocationMode": "ExactCount", "count": n}}
+            for i, (name, n) in enumerate(zip(names, counts, strict=True))
+        ])  # fmt: skip
+        body = devplug_claims.manifest([claim], containers=len(counts))
+        containers = body["spec"]["containers"]
+        for container, name in zip(containers, names, strict=True):
+            container["resources"]["claims"] = [{"name": "c0", "request": name}]
+        pod = devplug_claims.pod(manifest=body)
+        pod.wait_running()
+        allocated = {name: sorted((a.pool, a.device) for a in claim.allocated if a.request == name) for name in names}
+        assert [len(allocated[n]) for n in names] == list(counts), f"the scheduler allocated {allocated} for counts {counts}"
+        prepared = claim.prepared()
+        assert prepared is not None, f"claim {claim.name} is not in the kubelet's dra_manager_state"
+        answered = prepared.devices.get(devplug_driver.name, ())
+        got = sorted((d.pool, d.device) for d in answered)
+        want = sorted(d for devs in allocated.values() for d in devs)
+        assert got == want, f"claim {claim.name} with requests {dict(zip(names, counts, strict=True))}: the driver prepared {got}; the scheduler allocated {allocated}"
+        for container, name in zip(containers, names, strict=True):
+            cdi = sorted({i for d in answered if name in d.requests for i in d.cdi_device_ids})  # an ID shared by devices: once
+            seen = sorted(set(pod.view(container["name"]).cdi_devices))
+            assert cdi and seen == cdi, (
+                f"container {container['name']} uses request {name} of claim {claim.name} (devices {allocated[name]}): it got the "
+                f"CDI devices {seen}, want {cdi or 'some'}; the driver named the requests {[(d.device, list(d.requests)) for d in answered]}"
+            )
+        pod.delete_and_wait_gone()
+        claim.delete()
+
+
 def test_extended_resource_served_by_the_driver(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
     """Extended resources backed by DRA (DRAExtendedResource: on from 1.36, GA in 1.37): a DeviceClass naming an
     extended resource lets a pod ask for it in its limits like a device plugin's; the scheduler allocates one of the
