@@ -101,6 +101,7 @@ dra_included="test_failed_prepare_keeps_pod_pending_then_runs test_prepare_retri
   test_checkpoint_survives_kubelet_restart test_recovers_after_refused_registration
   test_claim_from_template test_prepare_is_idempotent test_unprepared_when_pod_deleted_and_unprepare_is_idempotent
   test_extended_resource_served_by_the_driver test_claim_with_several_requests
+  test_unprepare_after_a_restart_removes_the_claims_cdi_specs
   test_checkpoint_contents"
 # the driver's own restarts, its slices across the kubelet's and its own restarts, the kubelet kept down, the other
 # half of the quick core

@@ -22,7 +22,7 @@ from pytest_devplug.backends.dra import DriverSpec, dra_of
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.controlplane.binaries import cache_root
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
-from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_slices
+from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_restarts, test_slices
 from pytest_devplug.dra.handles import ClaimFactory, DRANodeHandle, DriverHandle
 from pytest_devplug.dra.plugin import _DriverDeployment
 from pytest_devplug.dra.resync import ResyncWatch
@@ -235,6 +235,8 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
     "exit-on-refusal": (lambda b, d, f: test_registration.test_recovers_after_refused_registration(d), "exited"),
     "first-request-only": (lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d), "the driver prepared"),
     "no-request-names": (lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d), "the driver named the requests"),
+    "forget-on-restart": (lambda b, d, f: test_restarts.test_unprepare_after_a_restart_removes_the_claims_cdi_specs(f, d),
+                          "left the CDI spec file(s) its prepare wrote"),
     "health-unlisted": (lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
                         "lists no health service in GetInfo"),
 }  # fmt: skip

@@ -17,7 +17,8 @@ unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 * ``unprepare-unknown-fails``: unpreparing a claim it does not know is an error;
 * ``health-unlisted``: serves its health stream but lists no health service in GetInfo (a 1.37 kubelet ignores it);
 * ``first-request-only``: prepares only the devices of a claim's first request;
-* ``no-request-names``: answers its devices without the requests they were allocated for.
+* ``no-request-names``: answers its devices without the requests they were allocated for;
+* ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back).
 """
 
 import argparse
@@ -51,7 +52,7 @@ parser.add_argument("--devices", type=int, default=3)
 parser.add_argument("--control", default="")
 parser.add_argument("--break", dest="broken", default="none",
                     choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
-                             "health-unlisted", "first-request-only", "no-request-names"])
+                             "health-unlisted", "first-request-only", "no-request-names", "forget-on-restart"])
 args = parser.parse_args()
 if not args.node_name:
     sys.exit("dra-widget: --node-name or NODE_NAME is required")
@@ -188,7 +189,10 @@ class DRA(pbg.DRAPluginServicer):
                 if claim.uid not in prepared and args.broken == "unprepare-unknown-fails":
                     resp.claims[claim.uid].error = f"claim {claim.uid} is not prepared"
                     continue
-                prepared.pop(claim.uid, None)
+                known = prepared.pop(claim.uid, None) is not None
+                if not known and args.broken == "forget-on-restart":
+                    resp.claims[claim.uid].SetInParent()
+                    continue
                 try:
                     os.unlink(cdi_spec_path(claim.uid))
                 except FileNotFoundError:

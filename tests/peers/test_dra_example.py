@@ -34,6 +34,7 @@ MUST_PASS = (
     "test_pod_created_while_kubelet_down_runs", "test_pod_deleted_while_kubelet_down_is_never_prepared",
     "test_unsatisfiable_claim_stays_unschedulable", "test_shared_claim", "test_checkpoint_contents",
     "test_device_taint_keeps_claims_off_tainted_devices", "test_claim_with_several_requests",
+    "test_unprepare_after_a_restart_removes_the_claims_cdi_specs",
 )  # fmt: skip
 SUITE_TIMEOUT_S = 600
 

@@ -27,6 +27,7 @@ from ..api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
 from ..api.pluginregistration import v1_pb2 as rpb
 from ..api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from ..kuberest import KubeRest, RestError
+from ..sim import cdi
 from ..sim.dra.client import SERVICE_V1, DRAPluginCallError, DRAPluginClient
 from ..sim.dra.health import HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1
 from ..sim.endpoint import go_rpc_error
@@ -205,6 +206,11 @@ class SimDRA:
 
     def pending_prepares(self, node: str) -> dict[str, str]:
         return dict(self._dra(node).pending())
+
+    def cdi_spec_files(self, node: str) -> dict[str, bytes]:
+        dirs = self._kubelet(node).cdi_spec_dirs  # the node's /etc/cdi, /var/run/cdi
+        return {f"{where}/{f.name}": f.read_bytes()
+                for where, d in zip(cdi.SPEC_DIRS, dirs, strict=True) if d.is_dir() for f in sorted(d.iterdir()) if f.is_file()}  # fmt: skip
 
     def call_driver(self, node: str, driver: str, method: str, claims: Sequence[Mapping[str, str]]) -> Any:
         dra = self._dra(node)

@@ -61,6 +61,10 @@ class DRANodeHandle(NodeHandle):
         raw = self.dra.read_dra_checkpoint(self.name)
         return None if raw is None else parse_dra_checkpoint(raw)
 
+    def cdi_spec_files(self) -> dict[str, bytes]:
+        """The node's CDI spec files (``/etc/cdi``, ``/var/run/cdi``) by path."""
+        return self.dra.cdi_spec_files(self.name)
+
     def prepared_claim(self, namespace: str, name: str) -> PreparedClaim | None:
         """What the kubelet checkpointed for claim ``namespace/name`` (``None``: not tracked)."""
         cp = self.dra_checkpoint()

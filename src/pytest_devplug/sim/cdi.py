@@ -33,6 +33,7 @@ from typing import Any
 from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
 __all__ = [
+    "SPEC_DIRS",
     "CdiEdits",
     "CdiSpecError",
     "UnresolvableCdiDevicesError",
@@ -43,6 +44,8 @@ __all__ = [
     "names_from_annotations",
 ]
 
+#: Where a runtime reads spec files, lowest priority first (a device in both: ``/var/run/cdi`` wins).
+SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 #: The released CDI spec versions (``specs-go/version.go``); 0.3.0 is the earliest upstream reads.
 KNOWN_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
 #: Container annotations a CDI-enabled runtime reads device names from (comma-separated values).

@@ -62,7 +62,7 @@ T = TypeVar("T")
 #: The kubelet's endpointStopGracePeriod: a constant in the device manager, no flag changes it.
 KUBELET_GRACE_PERIOD = 300.0
 #: Where a CDI-enabled runtime reads spec files, lowest priority first (containerd's and CRI-O's default).
-CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_SPEC_DIRS = cdi.SPEC_DIRS
 #: Waits on the cluster's own pace (pods going, node status after a kubelet restart) get at least this.
 _CLUSTER_PACE_S = 60.0
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -30,6 +32,7 @@ from ...api.drahealth import v1_pb2 as hpb1
 from ...api.drahealth import v1alpha1_pb2 as hpb
 from ...api.pluginregistration import v1_pb2 as rpb
 from ...kuberest import KubeRest, RestError
+from ...sim import cdi
 from .. import mockstate
 from ..base import BackendError, BackendUnavailableError, PluginSpec, UnsupportedOperationError, node_tolerations
 from ..dra import DRACallRecord, DriverSpec, RegistrationRecord
@@ -305,6 +308,11 @@ class KubeDRA:
 
     def read_dra_checkpoint(self, node: str) -> bytes | None:
         return self._b.nodeops.read_file(node, DRA_CHECKPOINT_PATH)
+
+    def cdi_spec_files(self, node: str) -> dict[str, bytes]:
+        with tempfile.TemporaryDirectory(prefix="devplug-cdi-") as tmp:
+            self._b.nodeops.read_tree(node, cdi.SPEC_DIRS, Path(tmp))
+            return {f"/{f.relative_to(tmp)}": f.read_bytes() for f in sorted(Path(tmp).rglob("*")) if f.is_file()}
 
     def pending_prepares(self, node: str) -> dict[str, str]:
         """Pod UID -> the last ``FailedPrepareDynamicResources`` event of each Pending pod of the run on the node."""

@@ -85,3 +85,40 @@ def test_pod_deleted_while_kubelet_down_is_never_prepared(devplug_claims: ClaimF
     consistently(lambda: [c for c in node.dra_calls("NodePrepareResources", driver=devplug_driver.name) if uid in c.claim_uids],
                  lambda calls: not calls, f"no NodePrepareResources of claim {uid} (its pod was deleted before the kubelet saw it)")  # fmt: skip
     assert claim.prepared() is None, f"the claim of a pod deleted before it was admitted is in dra_manager_state: {claim.prepared()}"
+
+
+@pytest.mark.devplug_disruptive
+def test_unprepare_after_a_restart_removes_the_claims_cdi_specs(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """Prepare, then the driver killed and started fresh (in a second round: the kubelet restarted), then the pod
+    deleted: the kubelet's NodeUnprepareResources succeeds and every CDI spec file the prepare wrote (listed before
+    and after it) is gone from the node. A driver that keeps its prepared claims only in memory (its checkpoint not
+    read back at start) forgets them at a restart and leaves their specs behind (dra-example-driver #249,
+    kubernetes/kubernetes#116411)."""
+    node = devplug_driver.node
+
+    def driver_restart() -> None:
+        devplug_driver.kill()
+        devplug_driver.start()
+        devplug_driver.wait_usable()
+
+    def kubelet_restart() -> None:
+        node.restart_kubelet()
+        assert_driver_registered(devplug_driver, node.reregistration_timeout)
+
+    for what, restart in (("the driver was killed and started again", driver_restart), ("the kubelet restarted", kubelet_restart)):
+        before = set(node.cdi_spec_files())
+        claim = devplug_claims.claim()
+        pod = devplug_claims.pod([claim])
+        assert_claim_prepared(pod, devplug_driver)
+        written = sorted(set(node.cdi_spec_files()) - before)
+        restart()
+        uid, since = claim.uid, len(node.dra_calls())
+        pod.delete()
+        waited(lambda uid=uid, since=since: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,  # type: ignore[misc]
+               f"the claim unprepared after {what} and its pod was deleted", driver=devplug_driver)  # fmt: skip
+        left = sorted(set(written) & set(node.cdi_spec_files()))
+        assert not left, (
+            f"after {what} between prepare and unprepare, {devplug_driver.name} unprepared claim {claim.name} but left "
+            f"the CDI spec file(s) its prepare wrote: {left}"
+        )
+        claim.delete()
