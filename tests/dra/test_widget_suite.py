@@ -237,6 +237,8 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
     "no-request-names": (lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d), "the driver named the requests"),
     "forget-on-restart": (lambda b, d, f: test_restarts.test_unprepare_after_a_restart_removes_the_claims_cdi_specs(f, d),
                           "left the CDI spec file(s) its prepare wrote"),
+    "spec-in-subdir": (lambda b, d, f: test_prepare.test_claim_prepared_and_container_sees_it(f, d),
+                       "a subdirectory of /var/run/cdi: a runtime reads only the spec files directly in"),
     "health-unlisted": (lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
                         "lists no health service in GetInfo"),
 }  # fmt: skip

@@ -18,7 +18,8 @@ unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 * ``health-unlisted``: serves its health stream but lists no health service in GetInfo (a 1.37 kubelet ignores it);
 * ``first-request-only``: prepares only the devices of a claim's first request;
 * ``no-request-names``: answers its devices without the requests they were allocated for;
-* ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back).
+* ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back);
+* ``spec-in-subdir``: writes its CDI specs in a subdirectory of the CDI root, which no runtime reads.
 """
 
 import argparse
@@ -52,7 +53,8 @@ parser.add_argument("--devices", type=int, default=3)
 parser.add_argument("--control", default="")
 parser.add_argument("--break", dest="broken", default="none",
                     choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
-                             "health-unlisted", "first-request-only", "no-request-names", "forget-on-restart"])
+                             "health-unlisted", "first-request-only", "no-request-names", "forget-on-restart",
+                             "spec-in-subdir"])
 args = parser.parse_args()
 if not args.node_name:
     sys.exit("dra-widget: --node-name or NODE_NAME is required")
@@ -128,7 +130,8 @@ serial = [0]
 
 
 def cdi_spec_path(uid):
-    return os.path.join(args.cdi_root, f"devplug-widget-{uid}.json")
+    root = os.path.join(args.cdi_root, "widget") if args.broken == "spec-in-subdir" else args.cdi_root
+    return os.path.join(root, f"devplug-widget-{uid}.json")
 
 
 def prepare(claim):
@@ -158,7 +161,7 @@ def prepare(claim):
             cdi_devices.append({"name": cdi_name, "containerEdits": {"env": [f"WIDGET_{DEVICES.index(name)}={name}"]}})
             names = [] if args.broken == "no-request-names" else [r["request"]]
             devices.append(pb.Device(request_names=names, pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]))
-        os.makedirs(args.cdi_root, exist_ok=True)
+        os.makedirs(os.path.dirname(cdi_spec_path(claim.uid)), exist_ok=True)
         tmp = cdi_spec_path(claim.uid) + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"cdiVersion": "0.6.0", "kind": VENDOR, "devices": cdi_devices}, f)

@@ -159,9 +159,9 @@ class DRABackend(Protocol):
     def read_dra_checkpoint(self, node: str) -> bytes | None:
         """``dra_manager_state`` as on the node (``None``: none written yet)."""
 
-    def cdi_spec_files(self, node: str) -> dict[str, bytes]:
-        """The plain files in the node's CDI spec directories (``/etc/cdi``, ``/var/run/cdi``; not their
-        subdirectories, which a runtime does not read), by their path on the node."""
+    def cdi_spec_files(self, node: str, *, nested: bool = False) -> dict[str, bytes]:
+        """The plain files in the node's CDI spec directories (``/etc/cdi``, ``/var/run/cdi``), by their path on the
+        node; ``nested``: those in their subdirectories too (which a runtime does not read)."""
 
     def pending_prepares(self, node: str) -> dict[str, str]:
         """Pod UID -> last prepare error, for pods whose containers wait for their claims."""

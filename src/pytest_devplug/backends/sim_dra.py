@@ -207,10 +207,11 @@ class SimDRA:
     def pending_prepares(self, node: str) -> dict[str, str]:
         return dict(self._dra(node).pending())
 
-    def cdi_spec_files(self, node: str) -> dict[str, bytes]:
+    def cdi_spec_files(self, node: str, *, nested: bool = False) -> dict[str, bytes]:
         dirs = self._kubelet(node).cdi_spec_dirs  # the node's /etc/cdi, /var/run/cdi
-        return {f"{where}/{f.name}": f.read_bytes()
-                for where, d in zip(cdi.SPEC_DIRS, dirs, strict=True) if d.is_dir() for f in sorted(d.iterdir()) if f.is_file()}  # fmt: skip
+        return {f"{where}/{f.relative_to(d)}": f.read_bytes()
+                for where, d in zip(cdi.SPEC_DIRS, dirs, strict=True) if d.is_dir()
+                for f in sorted(d.rglob("*") if nested else d.iterdir()) if f.is_file()}  # fmt: skip
 
     def call_driver(self, node: str, driver: str, method: str, claims: Sequence[Mapping[str, str]]) -> Any:
         dra = self._dra(node)

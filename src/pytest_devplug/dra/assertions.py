@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 from ..evidence import DevplugAssertionError, Evidence, _events, _kubelet_log, _pods, _safe, tail
 from ..waiting import WaitTimeout, wait_for
-from .handles import ClaimHandle, ClaimPodHandle, DriverHandle
+from .handles import ClaimHandle, ClaimPodHandle, DriverHandle, nested_spec_hint
 from .objects import DRACheckpoint, PreparedClaim
 
 __all__ = [
@@ -169,7 +169,7 @@ def assert_claim_prepared(pod: ClaimPodHandle, driver: DriverHandle, timeout: fl
     except AssertionError as exc:
         pending = driver.node.pending_prepares()
         raise _fail(f"expected pod {pod.namespace}/{pod.name} to run with its claims prepared: {exc}; "
-                    f"prepares the kubelet retries: {pending or 'none'}", driver, pods) from None  # fmt: skip
+                    f"prepares the kubelet retries: {pending or 'none'}{nested_spec_hint(pod, driver)}", driver, pods) from None  # fmt: skip
     uid = pod.uid
     claims = pod.claims
     if not claims:

@@ -16,6 +16,7 @@ from ..backends.dra import DRABackend, DRACallRecord, DriverSpec, RegistrationRe
 from ..errors import ObjectNotFoundError
 from ..handles import NodeHandle, PluginChanges, PodHandle, exit_report
 from ..kuberest import KubeRest, RestError
+from ..sim.cdi import SPEC_DIRS
 from ..waiting import wait_for
 from .objects import (
     RESOURCE_API,
@@ -31,7 +32,8 @@ from .objects import (
     template_manifest,
 )
 
-__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory", "EXTENDED_RESOURCE_CLAIM", "node_tolerations"]
+__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory", "EXTENDED_RESOURCE_CLAIM", "nested_spec_hint",
+           "node_tolerations"]
 
 
 class DRANodeHandle(NodeHandle):
@@ -61,9 +63,9 @@ class DRANodeHandle(NodeHandle):
         raw = self.dra.read_dra_checkpoint(self.name)
         return None if raw is None else parse_dra_checkpoint(raw)
 
-    def cdi_spec_files(self) -> dict[str, bytes]:
-        """The node's CDI spec files (``/etc/cdi``, ``/var/run/cdi``) by path."""
-        return self.dra.cdi_spec_files(self.name)
+    def cdi_spec_files(self, *, nested: bool = False) -> dict[str, bytes]:
+        """The node's CDI spec files (``/etc/cdi``, ``/var/run/cdi``; ``nested``: and their subdirectories') by path."""
+        return self.dra.cdi_spec_files(self.name, nested=nested)
 
     def prepared_claim(self, namespace: str, name: str) -> PreparedClaim | None:
         """What the kubelet checkpointed for claim ``namespace/name`` (``None``: not tracked)."""
@@ -290,6 +292,30 @@ def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or "dra"
 
 
+def nested_spec_hint(pod: ClaimPodHandle, driver: DriverHandle) -> str:
+    """Where the pod's CDI devices are defined only in a subdirectory of a CDI spec directory, say so: a runtime
+    reads only the files directly in ``/etc/cdi`` and ``/var/run/cdi``, and refuses the container. ``""`` when not
+    (or when the node cannot be read: a hint must not hide the failure it explains)."""
+    try:
+        ids = [i for c in pod.claims if (p := c.prepared()) is not None for i in p.cdi_device_ids(driver.name)]
+        files = driver.node.cdi_spec_files(nested=True)
+    except Exception:  # noqa: BLE001 - a hint must not hide the failure it explains
+        return ""
+    hints = []
+    for cdi_id in ids:
+        kind, _, name = cdi_id.partition("=")
+        if any(kind.encode() in raw and name.encode() in raw for path, raw in files.items() if path.rsplit("/", 1)[0] in SPEC_DIRS):
+            continue
+        for path, raw in sorted(files.items()):
+            if kind.encode() in raw and name.encode() in raw:
+                top = next(d for d in SPEC_DIRS if path.startswith(d + "/"))
+                hints.append(f"CDI device {cdi_id} is defined in {path}, a subdirectory of {top}: a runtime reads only the "
+                             f"spec files directly in {' and '.join(SPEC_DIRS)}")  # fmt: skip
+                break
+    return "; " + "; ".join(hints) if hints else ""
+
+
+
 #: The key :meth:`ClaimPodHandle.claim_names` lists the scheduler's claim for the pod's extended resources under.
 EXTENDED_RESOURCE_CLAIM = "<extended resources>"
 
@@ -414,7 +440,12 @@ class ClaimFactory:
         app = (body.get("spec") or {}).get("containers") or [{"name": "main"}]
         pod = ClaimPodHandle(self.backend, name, namespace, container=str(app[0]["name"]), timeout=self.timeout, node=self.node)
         if wait:
-            pod.wait_running()
+            try:
+                pod.wait_running()
+            except AssertionError as exc:
+                if hint := nested_spec_hint(pod, self.driver):
+                    exc.args = (f"{exc.args[0]}{hint}", *exc.args[1:])
+                raise
         return pod
 
     def cleanup(self) -> list[str]:

@@ -309,9 +309,9 @@ class KubeDRA:
     def read_dra_checkpoint(self, node: str) -> bytes | None:
         return self._b.nodeops.read_file(node, DRA_CHECKPOINT_PATH)
 
-    def cdi_spec_files(self, node: str) -> dict[str, bytes]:
+    def cdi_spec_files(self, node: str, *, nested: bool = False) -> dict[str, bytes]:
         with tempfile.TemporaryDirectory(prefix="devplug-cdi-") as tmp:
-            self._b.nodeops.read_tree(node, cdi.SPEC_DIRS, Path(tmp))
+            self._b.nodeops.read_tree(node, cdi.SPEC_DIRS, Path(tmp), recursive=nested)
             return {f"/{f.relative_to(tmp)}": f.read_bytes() for f in sorted(Path(tmp).rglob("*")) if f.is_file()}
 
     def pending_prepares(self, node: str) -> dict[str, str]:

@@ -235,11 +235,13 @@ class NodeOps:
     def read_checkpoint(self, node: str) -> bytes | None:
         return self.read_file(node, CHECKPOINT_PATH)
 
-    def read_tree(self, node: str, directories: Sequence[str], into: Path) -> None:
-        """Copy the plain files of ``directories`` on the node (not recursive) to ``into`` + their paths."""
+    def read_tree(self, node: str, directories: Sequence[str], into: Path, *, recursive: bool = False) -> None:
+        """Copy the plain files of ``directories`` on the node (``recursive``: and of their subdirectories) to
+        ``into`` + their paths."""
+        files = "$(find \"$d\" -type f 2>/dev/null)" if recursive else "\"$d\"/*"
         script = (
             "for d in " + " ".join(shlex.quote(d) for d in directories) + "; do "
-            "for f in \"$d\"/*; do [ -f \"$f\" ] && printf '%s %s\\n' \"$f\" \"$(base64 -w0 < \"$f\")\"; done; done; true"
+            f"for f in {files}; do [ -f \"$f\" ] && printf '%s %s\\n' \"$f\" \"$(base64 -w0 < \"$f\")\"; done; done; true"
         )
         for line in self.exec(node, script).splitlines():
             path, _, b64 = line.partition(" ")
