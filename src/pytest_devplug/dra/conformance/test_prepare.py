@@ -52,8 +52,7 @@ def test_claim_with_several_requests(devplug_claims: ClaimFactory, devplug_drive
         containers = body["spec"]["containers"]
         for container, name in zip(containers, names, strict=True):
             container["resources"]["claims"] = [{"name": "c0", "request": name}]
-        pod = devplug_claims.pod(manifest=body)
-        pod.wait_running()
+        pod = devplug_claims.pod(manifest=body, wait=True)
         allocated = {name: sorted((a.pool, a.device) for a in claim.allocated if a.request == name) for name in names}
         assert [len(allocated[n]) for n in names] == list(counts), f"the scheduler allocated {allocated} for counts {counts}"
         prepared = claim.prepared()
