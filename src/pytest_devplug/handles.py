@@ -160,10 +160,11 @@ class NodeHandle:
     def start_kubelet(self) -> None:
         self.backend.start_kubelet(self.name)
 
-    def reboot(self) -> None:
-        """Reboot the node: containers and plugin processes go, the kubelet starts again; the plugin does not
-        (``PluginHandle.start`` brings it back, as its DaemonSet would)."""
-        self.backend.reboot_node(self.name)
+    def reboot(self) -> str:
+        """Reboot the node: containers and plugin processes go, ``/var/run/cdi`` is emptied, the kubelet starts again;
+        the plugin does not (``PluginHandle.start`` brings it back, as its DaemonSet would). Returns how the backend
+        rebooted it (``staged: ...`` where it cannot reboot the machine): record it with ``record_property("devplug_reboot", how)`` for the report."""
+        return self.backend.reboot_node(self.name)
 
     def kubelet_log(self) -> str:
         return self.backend.kubelet_log(self.name)
@@ -677,6 +678,25 @@ class PodHandle:
     def wait_running(self, timeout: float | None = None) -> PodHandle:
         self.wait_phase("Running", timeout=timeout)
         return self
+
+    def wait_container_replaced(self, old_id: str, timeout: float | None = None) -> str:
+        """Wait until the default container runs again as another container than ``old_id`` (after a reboot its
+        pod's containers are created anew); fails at once when the runtime refuses to create it. Returns its ID."""
+        def probe() -> dict[str, Any]:
+            return self.container_status()
+
+        def replaced(status: dict[str, Any]) -> bool:
+            return status.get("containerID", old_id) != old_id and "running" in (status.get("state") or {})
+
+        try:
+            status = wait_for(probe, replaced, timeout=self.timeout if timeout is None else timeout, retry_on=(ContainerStatusMissingError,),
+                              what=f"container {self.container!r} of pod {self.namespace}/{self.name} running again, not as {old_id}",
+                              give_up=lambda: start_failure(self.obj))  # fmt: skip
+        except WaitTimeout as exc:
+            stopped = f"; stopped early: {exc.reason}" if exc.reason else ""
+            raise self._failure(f"expected container {self.container!r} of pod {self.namespace}/{self.name} to run again "
+                                f"as a new container{stopped}") from None  # fmt: skip
+        return str(status["containerID"])
 
     def wait_event(self, pattern: str, timeout: float | None = None) -> str:
         """Wait for an event on this pod whose ``reason: message`` matches the regex ``pattern``."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from .errors import DevplugError
 
 __all__ = [
     "GROUPS",
+    "NOTE_PREFIX",
     "SCHEMA",
     "CheckResult",
     "ReportWriter",
@@ -52,6 +53,8 @@ _KEY = pytest.StashKey["ReportWriter"]()
 #: Set when the run judges a DRA driver rather than a device plugin (decided once, at configure time).
 _DRA_RUN_KEY = pytest.StashKey[bool]()
 SCHEMA = "pytest-devplug/report/v1"
+#: A check's ``user_properties`` under this prefix are notes in its row (``record_property("devplug_reboot", how)``).
+NOTE_PREFIX = "devplug_"
 
 
 def check_group(item: pytest.Item) -> str:
@@ -92,6 +95,8 @@ class CheckResult:
     plugin_restarts: int = 0
     #: How the plugin crash-looped (``CrashLoopBackOff``) when looked at during the check; empty: it did not.
     plugin_crash_loop: str = ""
+    #: What the check recorded about how it ran (``record_property("devplug_<what>", ...)``), e.g. a staged reboot.
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -207,6 +212,10 @@ class ReportWriter:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         check = self._check(report.nodeid)
         check.duration_s += report.duration
+        for key, value in report.user_properties:
+            note = f"{key.removeprefix(NOTE_PREFIX)}: {value}"
+            if key.startswith(NOTE_PREFIX) and note not in check.notes:
+                check.notes.append(note)
         if hasattr(report, "wasxfail"):
             check.outcome = "xfailed" if report.skipped else "xpassed"
             check.reason = _one_line(str(report.wasxfail))
@@ -346,6 +355,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         for c in checks:
             verdict = _VERDICT.get(c["outcome"], c["outcome"])
             plugin = f" {_plugin_cell(c)} |" if with_plugin else ""
-            lines.append(f"| `{_cell(c['name'])}` | {verdict} | {c['duration_s']:.2f} s |{plugin} {_cell(c['reason'])} |")
+            reason = "; ".join([c["reason"], *c.get("notes", [])] if c["reason"] else c.get("notes", []))
+            lines.append(f"| `{_cell(c['name'])}` | {verdict} | {c['duration_s']:.2f} s |{plugin} {_cell(reason)} |")
     return "\n".join(lines) + "\n"
 

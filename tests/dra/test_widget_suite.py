@@ -239,6 +239,8 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
                           "left the CDI spec file(s) its prepare wrote"),
     "spec-in-subdir": (lambda b, d, f: test_prepare.test_claim_prepared_and_container_sees_it(f, d),
                        "a subdirectory of /var/run/cdi: a runtime reads only the spec files directly in"),
+    "reboot-loses-spec": (lambda b, d, f: test_restarts.test_pods_come_back_with_their_devices_after_a_node_reboot(f, d, lambda k, v: None),
+                          "CDI device injection failed: unresolvable CDI devices"),
     "health-unlisted": (lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
                         "lists no health service in GetInfo"),
 }  # fmt: skip

@@ -19,7 +19,10 @@ unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 * ``first-request-only``: prepares only the devices of a claim's first request;
 * ``no-request-names``: answers its devices without the requests they were allocated for;
 * ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back);
-* ``spec-in-subdir``: writes its CDI specs in a subdirectory of the CDI root, which no runtime reads.
+* ``spec-in-subdir``: writes its CDI specs in a subdirectory of the CDI root, which no runtime reads;
+* ``reboot-loses-spec``: keeps its prepared claims in a checkpoint (``<plugins>/<driver>/checkpoint.json``) and
+  answers a claim found there without writing its CDI spec again, so after a reboot emptied ``/var/run/cdi`` the
+  container's CDI devices resolve nowhere (dra-example-driver up to v0.4.0, kubernetes/kubernetes#141433).
 """
 
 import argparse
@@ -54,7 +57,7 @@ parser.add_argument("--control", default="")
 parser.add_argument("--break", dest="broken", default="none",
                     choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
                              "health-unlisted", "first-request-only", "no-request-names", "forget-on-restart",
-                             "spec-in-subdir"])
+                             "spec-in-subdir", "reboot-loses-spec"])
 args = parser.parse_args()
 if not args.node_name:
     sys.exit("dra-widget: --node-name or NODE_NAME is required")
@@ -127,6 +130,30 @@ def publish_loop():
 prepared = {}  # claim uid -> [pb.Device]
 lock = threading.Lock()
 serial = [0]
+CHECKPOINT = os.path.join(args.plugins_dir, DRIVER, "checkpoint.json")
+
+
+def load_checkpoint():
+    """reboot-loses-spec: the claims prepared before this process started, as they were answered."""
+    try:
+        with open(CHECKPOINT) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return
+    for uid, devices in saved.items():
+        prepared[uid] = [pb.Device(request_names=d["requests"], pool_name=d["pool"], device_name=d["device"], cdi_device_ids=d["cdi"])
+                         for d in devices]
+
+
+def save_checkpoint():
+    if args.broken != "reboot-loses-spec":
+        return
+    doc = {uid: [{"requests": list(d.request_names), "pool": d.pool_name, "device": d.device_name, "cdi": list(d.cdi_device_ids)}
+                 for d in devices] for uid, devices in prepared.items()}
+    tmp = CHECKPOINT + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, CHECKPOINT)
 
 
 def cdi_spec_path(uid):
@@ -167,6 +194,7 @@ def prepare(claim):
             json.dump({"cdiVersion": "0.6.0", "kind": VENDOR, "devices": cdi_devices}, f)
         os.replace(tmp, cdi_spec_path(claim.uid))
         prepared[claim.uid] = devices
+        save_checkpoint()
         return devices
 
 
@@ -193,6 +221,7 @@ class DRA(pbg.DRAPluginServicer):
                     resp.claims[claim.uid].error = f"claim {claim.uid} is not prepared"
                     continue
                 known = prepared.pop(claim.uid, None) is not None
+                save_checkpoint()
                 if not known and args.broken == "forget-on-restart":
                     resp.claims[claim.uid].SetInParent()
                     continue
@@ -241,6 +270,8 @@ def main():
     sock_dir = os.path.join(args.plugins_dir, DRIVER)
     os.makedirs(sock_dir, exist_ok=True)
     os.makedirs(args.registry_dir, exist_ok=True)
+    if args.broken == "reboot-loses-spec":
+        load_checkpoint()
     dra_sock = os.path.join(sock_dir, "dra.sock")
     reg_sock = os.path.join(args.registry_dir, f"{DRIVER}-reg.sock")
     for path in (dra_sock, reg_sock):

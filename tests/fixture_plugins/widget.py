@@ -4,13 +4,19 @@ directory (``--plugin-dir`` only overrides it). ``--fault`` makes it break the w
 * ``allocate-empty``: ``Allocate`` answers with no container responses at all;
 * ``exit-at-start``: prints a reason and exits 3 before serving anything;
 * ``panic-at-start``: dies as a Go plugin does, its fatal line first and then a long goroutine dump (exit 2);
-* ``control-ids``: lists device IDs made of control characters (a ``string(uint)`` bug in Go).
+* ``control-ids``: lists device IDs made of control characters (a ``string(uint)`` bug in Go);
+* ``cdi-spec-once``: with ``--cdi-root``, writes its CDI spec only on its first start on the node (a marker file in
+  the plugin directory, which survives a reboot, says it did), as a plugin whose spec an install step generates.
+
+``--cdi-root DIR`` makes ``Allocate`` answer CDI devices (``example.com/widget=<id>``) from a spec the widget writes
+there when it starts.
 
 ``--exit-on-kubelet-restart`` makes it exit when kubelet.sock goes or changes, as plugins do that count on their
 DaemonSet to restart them (with neither it nor ``--retry`` a failed ``Register`` at start exits 1 as well).
 """
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -29,8 +35,9 @@ parser.add_argument("--count", type=int, default=3)
 parser.add_argument("--retry", action="store_true", help="retry a failed registration every 0.5 s (else exit 1)")
 parser.add_argument("--exit-on-kubelet-restart", action="store_true", help="exit 0 when kubelet.sock goes or changes")
 parser.add_argument(
-    "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids"], default="none"
+    "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids", "cdi-spec-once"], default="none"
 )
+parser.add_argument("--cdi-root", default="", help="answer CDI devices, from a spec written here at start")
 args = parser.parse_args()
 
 if args.fault == "exit-at-start":
@@ -70,6 +77,8 @@ class Widgets(pbg.DevicePluginServicer):
             r.envs["WIDGET_IDS"] = ",".join(c.devices_ids)
             for d in c.devices_ids:
                 r.devices.add(container_path=f"/dev/{d}", host_path="/dev/null", permissions="rw")
+                if args.cdi_root:
+                    r.cdi_devices.add(name=f"{CDI_KIND}={d}")
         return out
 
     def PreStartContainer(self, request, context):
@@ -93,7 +102,27 @@ def register() -> None:
         )
 
 
+CDI_KIND = "example.com/widget"
+
+
+def write_cdi_spec() -> None:
+    marker = os.path.join(args.plugin_dir, ".widget-cdi-installed")
+    if args.fault == "cdi-spec-once" and os.path.exists(marker):
+        print("widget: CDI spec installed before, not written again", flush=True)
+        return
+    os.makedirs(args.cdi_root, exist_ok=True)
+    devices = [{"name": i, "containerEdits": {"env": [f"WIDGET_CDI_{n}={i}"]}} for n, i in enumerate(IDS)]
+    path = os.path.join(args.cdi_root, "example.com-widget.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"cdiVersion": "0.6.0", "kind": CDI_KIND, "devices": devices}, f)
+    os.replace(path + ".tmp", path)
+    open(marker, "w").close()
+    print("widget: wrote CDI spec", path, flush=True)
+
+
 print("widget: plugin dir holds", sorted(os.listdir(args.plugin_dir)), flush=True)
+if args.cdi_root:
+    write_cdi_spec()
 server = serve()
 while True:
     try:

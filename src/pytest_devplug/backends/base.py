@@ -323,9 +323,11 @@ class Backend(Protocol):
     def start_kubelet(self, node: str) -> None:
         """Start a kubelet ``stop_kubelet`` stopped; returns once it re-admitted the pods bound to the node."""
 
-    def reboot_node(self, node: str) -> None:
-        """Reboot the node: every container and plugin process goes, then the kubelet starts again. The plugin
-        is not started again (a DaemonSet's pod would come back later: ``start_plugin`` plays that part)."""
+    def reboot_node(self, node: str) -> str:
+        """Reboot the node: every container and plugin process goes, ``/run`` (so ``/var/run/cdi``) is emptied while
+        ``/var/lib/kubelet`` is kept, then the kubelet starts again. The plugin is not started again (a DaemonSet's
+        pod would come back later: ``start_plugin`` plays that part). Returns how the node was rebooted, for the
+        report: a backend that cannot reboot a machine stages the same effect and says ``staged: ...``."""
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         """The NUMA node IDs of the node's machine, as its kubelet's Topology Manager sees them (cadvisor).

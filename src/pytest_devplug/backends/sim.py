@@ -394,8 +394,9 @@ class SimBackend:
     def start_kubelet(self, node: str) -> None:
         self._node(node).start_kubelet()
 
-    def reboot_node(self, node: str) -> None:
+    def reboot_node(self, node: str) -> str:
         self._node(node).reboot()
+        return "rebooted (embedded kubelet): every container, sandbox and plugin process gone, /var/run/cdi emptied, /var/lib/kubelet kept"
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         return list(range(int(self._node(node).numa_nodes)))

@@ -9,6 +9,8 @@ over the stream opened after a kubelet or plugin restart, not only over the firs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from pytest_devplug import (
@@ -176,15 +178,19 @@ def test_pods_deleted_while_kubelet_down_free_their_devices(devplug_pod: PodFact
 
 
 @pytest.mark.devplug_disruptive
-def test_node_reboot_then_plugin_comes_back(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
+def test_node_reboot_then_plugin_comes_back(
+    devplug_pod: PodFactory, devplug_plugin: PluginHandle, record_property: Callable[[str, object], None]
+) -> None:
     """Upstream's reboot order: containers gone, the kubelet re-admits the pod before the plugin re-registered,
     so the pod fails admission (``UnexpectedAdmissionError``). The plugin, started afterwards on a node whose
-    kubelet cleaned the plugin directory, registers the same device IDs and serves new pods."""
+    kubelet cleaned the plugin directory and whose ``/run`` (so ``/var/run/cdi``) the reboot emptied, registers the
+    same device IDs and serves new pods: CDI devices it answers must resolve from a spec it wrote again. Staged on
+    kind and clusters (the report says so)."""
     res, node = devplug_plugin.resource_name, devplug_plugin.node
     n = node.capacity(res)
     pod = devplug_pod(count=1, wait=True)
     before = sorted(set(node.device_ids(res)))
-    node.reboot()
+    record_property("devplug_reboot", node.reboot())
     assert pod.wait_phase("Failed") == "Failed"
     assert pod.reason == "UnexpectedAdmissionError", f"re-admitted before the plugin registered: {pod.reason} {pod.message}"
     devplug_plugin.start()

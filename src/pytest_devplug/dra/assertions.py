@@ -210,17 +210,16 @@ def assert_driver_reregisters_after_kubelet_restart(driver: DriverHandle, timeou
 
 def assert_dra_checkpoint_survives_kubelet_restart(driver: DriverHandle, pods: Sequence[ClaimPodHandle]) -> DRACheckpoint:
     """Restart the kubelet with ``pods`` running: ``dra_manager_state`` is read back (checksum right), every claim keeps
-    its pods and prepared devices, the driver registers again, and the pods keep running. A kubelet 1.34 prepares
-    a running pod's claims only when it creates the pod's sandbox, so it does not ask the driver again; a kubelet
-    that does (the embedded one does) must get the first answer without error. Returns the checkpoint after."""
+    its pods and prepared devices, the driver registers again, and the pods keep running. The kubelet (every release
+    from 1.34 on) prepares claims only on the way to creating a pod's sandbox, so it asks the driver nothing here: a
+    repeated prepare is judged where it is driven, by a direct second call and by a node reboot. Returns the
+    checkpoint after."""
     __tracebackhide__ = True
     node = driver.node
     names = [(p.name, p.namespace) for p in pods]
     before = node.dra_checkpoint()
     if before is None or not before.claims:
         raise _fail("expected dra_manager_state to hold the running pods' claims before the restart; it holds none", driver, names)
-    uids = {c.claim_uid for p in pods for c in (node.prepared_claim(p.namespace, n) for n in p.claim_names().values() if n) if c}
-    calls_before = len(node.dra_calls())
     assert_driver_reregisters_after_kubelet_restart(driver)
     after = node.dra_checkpoint()
     problems = []
@@ -230,9 +229,6 @@ def assert_dra_checkpoint_survives_kubelet_restart(driver: DriverHandle, pods: S
         problems.append(f"checksum stored {after.stored}, computed {after.computed}")
     elif _entries(after) != _entries(before):
         problems.append(f"entries before {_entries(before)}, after {_entries(after)}")
-    failed = [c for c in node.dra_calls("NodePrepareResources", driver=driver.name, since=calls_before) if c.error and uids & set(c.claim_uids)]
-    if failed:
-        problems.append(f"preparing the claims again after the restart failed: {[(list(c.claim_uids), c.error) for c in failed]}")
     for p in pods:
         if p.phase != "Running":
             problems.append(f"pod {p.name} is {p.phase}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -138,6 +139,12 @@ class SimNode:
         return [self.node_dir / "etc-cdi", self.node_dir / "cdi"]
 
     @property
+    def tmpfs_dirs(self) -> list[Path]:
+        """The node's directories under ``/run``, a tmpfs a reboot empties (``/var/run/cdi``); everything under
+        ``/var/lib/kubelet`` (checkpoints, sockets, the drivers' own state) is on disk and survives."""
+        return [self.node_dir / "cdi"]
+
+    @property
     def checkpoint_path(self) -> Path:
         return self.plugin_dir / "kubelet_internal_checkpoint"
 
@@ -219,14 +226,17 @@ class SimNode:
         self.start_kubelet()
 
     def reboot(self) -> None:
-        """A node reboot: the kubelet, every container and every plugin process go away; then the
-        kubelet starts again (plugins are not restarted: their DaemonSet pods would be, later)."""
+        """A node reboot: the kubelet, every container and sandbox and every plugin process go away and
+        ``/run`` is empty (:attr:`tmpfs_dirs`); then the kubelet starts again (plugins are not restarted: their
+        DaemonSet pods would be, later)."""
         self.stop_kubelet()
         for proc in list(self._plugins.values()):
             proc.stop()
         with self._lock:
             self._runtime.clear()
-        self.logger.info('"Node rebooted" node="%s"', self.name)
+        for d in self.tmpfs_dirs:
+            _empty_dir(d)
+        self.logger.info('"Node rebooted" node="%s" emptied="%s"', self.name, ",".join(str(d) for d in self.tmpfs_dirs))
         self.start_kubelet()
 
     def close(self) -> None:
@@ -423,6 +433,7 @@ class SimNode:
             others = [r for r in self._pods.values() if not r.terminal and r.uid != uid]
             runtime = self._runtime.containers(uid)
             running = {n for n, c in runtime.items() if c.state == "running"}
+            sandbox = self._runtime.has_sandbox(uid)
         self.logger.info('"SyncLoop ADD" source="api" pods=["%s"]', _key(pod))
         dm.remove_stale_pods({r.uid for r in others} | {uid})
         try:
@@ -434,7 +445,7 @@ class SimNode:
             return
         with self._lock:
             self._pods[uid] = rec
-        if self.dra is not None and not self.dra.sync_pod(pod, running=bool(running), start=lambda: self._start_prepared(uid)):
+        if self.dra is not None and not self.dra.sync_pod(pod, sandbox=sandbox, start=lambda: self._start_prepared(uid)):
             with self._lock:  # ContainerCreating until its claims are prepared
                 self._runtime.adopt(view, pod)
             return
@@ -664,6 +675,17 @@ class SimNode:
 
     def _event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self._control_plane.record_event(self.name, pod, type_, reason, message)
+
+
+def _empty_dir(directory: Path) -> None:
+    """Remove what ``directory`` holds, keeping the directory itself (a tmpfs mount point after a reboot)."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _key(pod: Mapping[str, Any]) -> str:

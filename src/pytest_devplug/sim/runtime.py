@@ -1,6 +1,8 @@
 """The node's container runtime (containerd's part): the containers that exist, and exactly what each was given.
 
 Containers outlive a kubelet restart (the kubelet adopts the running ones when it starts again), not a reboot.
+So does a pod's sandbox: whether the kubelet must create one decides whether it prepares the pod's claims
+(``kuberuntime_manager.go`` calls ``PrepareDynamicResources`` only on the way to ``CreatePodSandbox``).
 Nothing runs: a container is a record of its state and of the options applied to it, which the sim backend's
 ``exec`` answers from. A CDI-enabled runtime adds the edits of the CDI devices the kubelet names
 (:func:`pytest_devplug.sim.cdi.apply_edits`).
@@ -101,11 +103,18 @@ class ContainerRuntime:
     def __init__(self) -> None:
         #: pod UID -> container name -> its record.
         self._pods: dict[str, dict[str, ContainerRecord]] = {}
+        #: UIDs of the pods whose sandbox exists (made when their containers are first created).
+        self._sandboxes: set[str] = set()
 
     def create(self, view: PodSpecView, pod: Mapping[str, Any]) -> dict[str, ContainerRecord]:
-        """Records for every container of a pod (init containers first), replacing any the pod had."""
+        """The pod's sandbox and records for every container (init containers first), replacing any it had."""
         self._pods[view.uid] = {}
+        self._sandboxes.add(view.uid)
         return self.adopt(view, pod)
+
+    def has_sandbox(self, uid: str) -> bool:
+        """Whether pod ``uid``'s sandbox exists (records made by :meth:`adopt` alone do not make one)."""
+        return uid in self._sandboxes
 
     def adopt(self, view: PodSpecView, pod: Mapping[str, Any]) -> dict[str, ContainerRecord]:
         """The pod's records, adding one for each container the runtime does not hold yet."""
@@ -129,9 +138,11 @@ class ContainerRuntime:
         return list(self._pods)
 
     def remove(self, uid: str) -> bool:
-        """Kill and remove the pod's containers; whether it had any."""
+        """Kill and remove the pod's containers and sandbox; whether it had any containers."""
+        self._sandboxes.discard(uid)
         return bool(self._pods.pop(uid, None))
 
     def clear(self) -> None:
-        """A reboot: every container is gone."""
+        """A reboot: every container and sandbox is gone."""
         self._pods.clear()
+        self._sandboxes.clear()

@@ -42,7 +42,7 @@ class World:
             event_sink=lambda p, t, r, m: self.events.append((p["metadata"]["name"], r, m)),
             timings=DRATimings(retry_period=0.1, reconcile_period=0.2), logger=self.node.logger,
         )  # fmt: skip
-        cdi = root / "cdi"
+        cdi = root / "etc-cdi"  # /etc/cdi: the fake driver writes no spec, so this one must outlive a reboot
         cdi.mkdir(parents=True, exist_ok=True)
         spec = {"cdiVersion": "0.6.0", "kind": "k8s.gpu.example.com/gpu",
                 "devices": [{"name": "gpu-0", "containerEdits": {"env": ["GPU_DEVICE_0=gpu-0"]}}]}  # fmt: skip
@@ -152,14 +152,24 @@ def test_pod_deleted_while_kubelet_down_is_unprepared_once_it_runs(world: World,
     assert not world.dra.claim_infos()
 
 
-def test_restart_prepares_a_running_pod_again_and_keeps_it_running(world: World, driver: FakeDriver) -> None:
+def test_restart_asks_nothing_for_a_running_pod_and_a_reboot_prepares_again(world: World, driver: FakeDriver) -> None:
+    """Claims are prepared on the way to a new sandbox (``kuberuntime_manager.go``): a restart beside the running
+    sandbox keeps the pod running without a call; a reboot, which takes the sandbox, prepares the claim again."""
     p = world.pod_with_claim(driver)
     world.node.admit(p)
     wait_until("the pod running", lambda: world.running("pod-uid-1"))
-    world.node.restart_kubelet()
-    wait_until("a second prepare", lambda: len([c for c in world.dra.calls if c.method == "NodePrepareResources" and not c.error]) == 2)
-    assert world.running("pod-uid-1")
-    assert world.node.container("pod-uid-1", "ctr").restart_count == 0
+
+    def prepares() -> int:
+        return len([c for c in world.dra.calls if c.method == "NodePrepareResources" and not c.error])
+
+    first_id = world.node.container("pod-uid-1", "ctr").container_id
+    world.node.restart_kubelet()  # returns once the pod is re-admitted: nothing was queued for it
+    assert world.running("pod-uid-1") and not world.dra.pending() and prepares() == 1
+    assert world.node.container("pod-uid-1", "ctr").container_id == first_id
+    world.node.reboot()
+    wait_until("the claim prepared again after the reboot", lambda: prepares() == 2)
+    wait_until("the pod running again", lambda: world.running("pod-uid-1"))
+    assert world.node.container("pod-uid-1", "ctr").container_id != first_id
 
 
 def test_pod_created_and_deleted_while_kubelet_down_is_never_prepared(world: World, driver: FakeDriver) -> None:

@@ -63,6 +63,13 @@ T = TypeVar("T")
 KUBELET_GRACE_PERIOD = 300.0
 #: Where a CDI-enabled runtime reads spec files, lowest priority first (containerd's and CRI-O's default).
 CDI_SPEC_DIRS = cdi.SPEC_DIRS
+#: The spec directory on the node's ``/run`` tmpfs, which a reboot empties.
+CDI_RUN_DIR = cdi.SPEC_DIRS[-1]
+#: How ``reboot_node`` rebooted a node here: staged, the machine kept running.
+STAGED_REBOOT = (
+    f"staged: kubelet stopped, every pod sandbox removed through the CRI, {CDI_RUN_DIR} emptied, kubelet started "
+    "(the machine itself was not rebooted)"
+)
 #: Waits on the cluster's own pace (pods going, node status after a kubelet restart) get at least this.
 _CLUSTER_PACE_S = 60.0
 
@@ -436,11 +443,12 @@ class KubeBackend:
         self._after_kubelet_restart(node, before)
         self._wait_pods_resynced(node, bound)
 
-    def reboot_node(self, node: str) -> None:
-        """Upstream's reboot (``device_plugin_test.go``): the kubelet stopped, every pod sandbox removed through the
-        CRI (the containers killed), the kubelet started again. The plugin's pod goes with the others and its
-        DaemonSet stops selecting the node until ``start_plugin`` (a DaemonSet pod would come back later, as the
-        sim's plugin process is started later)."""
+    def reboot_node(self, node: str) -> str:
+        """A staged reboot, as upstream's node e2e tests stage one (``device_plugin_test.go``): the kubelet stopped,
+        every pod sandbox removed through the CRI (the containers killed), the node's ``/var/run/cdi`` emptied (on a
+        real node ``/run`` is a tmpfs), the kubelet started again; the machine itself keeps running. The plugin's pod
+        goes with the others and its DaemonSet stops selecting the node until ``start_plugin`` (a DaemonSet pod would
+        come back later, as the sim's plugin process is started later)."""
         self._reach_without_kubelet(node, "reboot a node")
         dep = self._plugins.get(node)
         if dep is not None:
@@ -452,9 +460,11 @@ class KubeBackend:
             if dep is not None:
                 dep.workload.force_remove_pods("plugin pod removed for the reboot")
             self.nodeops.remove_pod_sandboxes(node)
+            self.nodeops.empty_directory(node, CDI_RUN_DIR)
         finally:
             self.nodeops.start_kubelet(node)
         self._after_kubelet_restart(node, before)
+        return STAGED_REBOOT
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         return self.nodeops.numa_nodes(node)

@@ -188,6 +188,10 @@ class NodeOps:
             "crictl rmp --force --all >/dev/null && test -z \"$(crictl pods -q)\"",
         )
 
+    def empty_directory(self, node: str, path: str) -> None:
+        """Remove what ``path`` holds on the node, keeping the directory (a missing one is left missing)."""
+        self.exec(node, f"if [ -d {shlex.quote(path)} ]; then find {shlex.quote(path)} -mindepth 1 -delete; fi")
+
     def kubelet_active(self, node: str) -> bool:
         return self.transport.run(node, "systemctl is-active --quiet kubelet", timeout=60.0).returncode == 0
 

@@ -3,7 +3,7 @@
 A pod's containers start only once the driver prepared its claims; the devices it returns must be the ones the
 scheduler allocated, and the CDI device IDs it returns must resolve from the spec files it wrote (a CDI-enabled
 runtime refuses the container otherwise). Both calls must be idempotent: the kubelet prepares again after a
-restart and repeats an unprepare that it could not record.
+reboot and repeats an unprepare that it could not record.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_claim_from_template(devplug_claims: ClaimFactory, devplug_driver: Drive
 
 
 def test_prepare_is_idempotent(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
-    """NodePrepareResources for a claim that is already prepared (as the kubelet sends after a restart) answers the
+    """NodePrepareResources for a claim that is already prepared (as the kubelet sends after a reboot) answers the
     same devices and CDI device IDs, without an error."""
     claim = devplug_claims.claim()
     pod = devplug_claims.pod([claim], wait=True)

@@ -1,16 +1,19 @@
-"""Kubelet restarts around prepared claims, in the orders upstream's ``dra_test.go`` uses.
+"""Kubelet restarts and node reboots around prepared claims, in the orders upstream's ``dra_test.go`` uses.
 
-The kubelet keeps its claims in ``dra_manager_state``; after a restart it asks the driver to prepare them again
-(they are not prepared in its new memory), so the answer must be the first one. Pods deleted while the kubelet
-was down are unprepared once it runs again, and a pod that was never started is never prepared.
+The kubelet keeps its claims in ``dra_manager_state``. A restart beside running pods asks the driver nothing (claims
+are prepared on the way to creating a pod's sandbox); a reboot, which takes the sandboxes and empties ``/run``, makes
+it prepare every claim again, and the answer must be the first one with its CDI spec back in place. Pods deleted
+while the kubelet was down are unprepared once it runs again, and a pod that was never started is never prepared.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from pytest_devplug.dra.assertions import assert_claim_prepared, assert_dra_checkpoint_survives_kubelet_restart, assert_driver_registered
-from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle
+from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle, nested_spec_hint
 
 from ._support import consistently, short_dra_timings, succeeded, waited
 
@@ -122,3 +125,41 @@ def test_unprepare_after_a_restart_removes_the_claims_cdi_specs(devplug_claims: 
             f"the CDI spec file(s) its prepare wrote: {left}"
         )
         claim.delete()
+
+
+@pytest.mark.devplug_disruptive
+def test_pods_come_back_with_their_devices_after_a_node_reboot(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, record_property: Callable[[str, object], None]
+) -> None:
+    """A node reboot (staged on kind and clusters, and the report says so): the containers and the driver go, ``/run``
+    (so ``/var/run/cdi``) is empty and ``/var/lib/kubelet`` (``dra_manager_state``, the driver's own checkpoint) is
+    kept. Once the driver is back, the kubelet, which keeps no "prepared" flag in its checkpoint, prepares the claim
+    again (kubernetes/kubernetes#141966) and the driver must answer as before *with its CDI spec written again*:
+    a driver answering from its checkpoint alone leaves the pod in ``CreateContainerError`` for good ("CDI device
+    injection failed: unresolvable CDI devices"), kubernetes/kubernetes#141433 (dra-example-driver's PR #259)."""
+    node = devplug_driver.node
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    (first,) = assert_claim_prepared(pod, devplug_driver)
+    old_id = str(pod.container_status().get("containerID", ""))
+    uid, since = claim.uid, len(node.dra_calls())
+    record_property("devplug_reboot", node.reboot())
+    devplug_driver.start()  # its DaemonSet's pod comes back after a reboot
+    assert_driver_registered(devplug_driver, node.reregistration_timeout)
+    waited(lambda: succeeded(devplug_driver, "NodePrepareResources", uid, since), bool,
+           f"the kubelet preparing claim {uid} again after the reboot, and the driver answering without error",
+           driver=devplug_driver, timeout=node.reregistration_timeout)  # fmt: skip
+    try:
+        pod.wait_container_replaced(old_id)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"after a node reboot emptied /var/run/cdi, {devplug_driver.name} prepared claim {claim.name} again but "
+            f"the pod's container did not come back: {exc}; CDI spec files on the node now: {sorted(node.cdi_spec_files())}"
+            f"{nested_spec_hint(pod, devplug_driver)}"
+        ) from None
+    (again,) = assert_claim_prepared(pod, devplug_driver)
+    # a kubelet before 1.37 appends a re-prepare's devices to the checkpointed ones: compare what was prepared, not how often
+    answered = {d: set(devs) for d, devs in again.devices.items()}
+    assert answered == {d: set(devs) for d, devs in first.devices.items()}, (
+        f"after the reboot the kubelet checkpointed {again.devices} for claim {claim.name}; the first prepare gave {first.devices}"
+    )

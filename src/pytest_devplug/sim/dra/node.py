@@ -311,19 +311,23 @@ class NodeDRA:
 
     # --- pods ----------------------------------------------------------------------------------
 
-    def sync_pod(self, pod: Obj, *, running: bool, start: Callable[[], None]) -> bool:
+    def sync_pod(self, pod: Obj, *, sandbox: bool, start: Callable[[], None]) -> bool:
         """Called when the kubelet (re-)admits ``pod``. ``True``: start (or adopt) its containers now. ``False``:
-        its claims are being prepared; ``start`` is called once they are (never for a pod no longer active)."""
-        if not has_claims(pod):
+        its claims are being prepared; ``start`` is called once they are (never for a pod no longer active).
+
+        Claims are prepared only for a pod whose sandbox is to be created, as ``kuberuntime_manager.go``'s
+        ``SyncPod`` does in every release from 1.34 to 1.38: a kubelet restarted beside a running sandbox asks the
+        driver nothing; after a reboot (sandboxes gone) it asks again for every claim, as its in-memory "prepared"
+        flag is not checkpointed (kubernetes/kubernetes#141966)."""
+        if not has_claims(pod) or sandbox:
             return True
         uid = str(pod["metadata"]["uid"])
         with self._lock:
             if self._stopped.is_set():
-                return running
-            # A running pod keeps running while its claims are prepared again after a restart.
-            self._work[uid] = _PodWork(dict(pod), None if running else start, due=time.monotonic())
+                return False
+            self._work[uid] = _PodWork(dict(pod), start, due=time.monotonic())
         self._wake.set()
-        return running
+        return False
 
     def pods_changed(self) -> None:
         """A pod was deleted or finished: unprepare what only it used, now."""
