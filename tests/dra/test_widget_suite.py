@@ -22,7 +22,7 @@ from pytest_devplug.backends.dra import DriverSpec, dra_of
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.controlplane.binaries import cache_root
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
-from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_restarts, test_slices
+from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_restarts, test_scheduling, test_slices
 from pytest_devplug.dra.handles import ClaimFactory, DRANodeHandle, DriverHandle
 from pytest_devplug.dra.plugin import _DriverDeployment
 from pytest_devplug.dra.resync import ResyncWatch
@@ -241,6 +241,7 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
                        "a subdirectory of /var/run/cdi: a runtime reads only the spec files directly in"),
     "reboot-loses-spec": (lambda b, d, f: test_restarts.test_pods_come_back_with_their_devices_after_a_node_reboot(f, d, lambda k, v: None),
                           "CDI device injection failed: unresolvable CDI devices"),
+    "no-reuse": (lambda b, d, f: test_scheduling.test_devices_prepared_again_for_a_new_claim_after_cleanup(f, d), "is in use by claim"),
     "health-unlisted": (lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
                         "lists no health service in GetInfo"),
 }  # fmt: skip

@@ -20,6 +20,7 @@ unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 * ``no-request-names``: answers its devices without the requests they were allocated for;
 * ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back);
 * ``spec-in-subdir``: writes its CDI specs in a subdirectory of the CDI root, which no runtime reads;
+* ``no-reuse``: marks a prepared device in use and never frees it at unprepare, so a later claim for it fails;
 * ``reboot-loses-spec``: keeps its prepared claims in a checkpoint (``<plugins>/<driver>/checkpoint.json``) and
   answers a claim found there without writing its CDI spec again, so after a reboot emptied ``/var/run/cdi`` the
   container's CDI devices resolve nowhere (dra-example-driver up to v0.4.0, kubernetes/kubernetes#141433).
@@ -57,7 +58,7 @@ parser.add_argument("--control", default="")
 parser.add_argument("--break", dest="broken", default="none",
                     choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
                              "health-unlisted", "first-request-only", "no-request-names", "forget-on-restart",
-                             "spec-in-subdir", "reboot-loses-spec"])
+                             "spec-in-subdir", "reboot-loses-spec", "no-reuse"])
 args = parser.parse_args()
 if not args.node_name:
     sys.exit("dra-widget: --node-name or NODE_NAME is required")
@@ -128,6 +129,7 @@ def publish_loop():
 # -- DRA service --------------------------------------------------------------------------------
 
 prepared = {}  # claim uid -> [pb.Device]
+in_use = {}  # no-reuse: device name -> the claim uid that prepared it
 lock = threading.Lock()
 serial = [0]
 CHECKPOINT = os.path.join(args.plugins_dir, DRIVER, "checkpoint.json")
@@ -182,6 +184,9 @@ def prepare(claim):
             if args.broken == "first-request-only" and r["request"] != results[0]["request"]:
                 continue
             name = r["device"]
+            if args.broken == "no-reuse":
+                if in_use.setdefault(name, claim.uid) != claim.uid:
+                    raise RuntimeError(f"device {name} is in use by claim {in_use[name]}")
             if args.broken == "wrong-device":
                 name = next(d for d in DEVICES if d != name)
             cdi_name = f"{claim.uid}-{name}" + (f"-{serial[0]}" if args.broken == "prepare-not-idempotent" else "")

@@ -117,14 +117,15 @@ def test_prepare_is_idempotent(devplug_claims: ClaimFactory, devplug_driver: Dri
 
 
 def test_unprepared_when_pod_deleted_and_unprepare_is_idempotent(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
-    """Upstream "must prepare and unprepare resources" (the unprepare half): deleting the pod makes the kubelet unprepare
-    its claim (NodeUnprepareResources succeeds, the claim leaves the checkpoint); unpreparing it again, as the kubelet
-    does when it could not record the first answer, succeeds too."""
+    """Upstream "must prepare and unprepare resources" (the unprepare half): deleting the pod completes (it leaves the
+    API server and the node's pod-resources) and makes the kubelet unprepare its claim (NodeUnprepareResources
+    succeeds, the claim leaves the checkpoint); unpreparing it again, as the kubelet does when it could not record the
+    first answer, succeeds too."""
     claim = devplug_claims.claim()
     pod = devplug_claims.pod([claim], wait=True)
     assert_claim_prepared(pod, devplug_driver)
     uid, since = claim.uid, len(devplug_driver.node.dra_calls())
-    pod.delete()
+    pod.delete_and_wait_gone()
     waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
            f"a NodeUnprepareResources of claim {uid} that succeeded", driver=devplug_driver)  # fmt: skip
     waited(claim.prepared, lambda p: p is None, "the claim gone from dra_manager_state", driver=devplug_driver)

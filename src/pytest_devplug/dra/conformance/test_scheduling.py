@@ -19,7 +19,7 @@ from pytest_devplug.dra.objects import RESOURCE_API
 from pytest_devplug.kuberest import RestError
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-from ._support import consistently, succeeded, waited
+from ._support import consistently, need_devices, succeeded, waited
 
 #: What kube-scheduler's DynamicResources plugin says of a node whose devices cannot satisfy a pod's claims.
 UNSCHEDULABLE_TEXT = "cannot allocate all claims"
@@ -72,6 +72,27 @@ def test_shared_claim(devplug_claims: ClaimFactory, devplug_driver: DriverHandle
     waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
            "the claim unprepared once its last pod was deleted", driver=devplug_driver)  # fmt: skip
     assert a.claim_uid == b.claim_uid == uid
+
+
+def test_devices_prepared_again_for_a_new_claim_after_cleanup(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """KEP-5970's resource reuse: a claim for every device the driver publishes on the node runs its pod; once the
+    pod and the claim are gone (the claim unprepared), a new claim for the same devices is allocated, prepared and
+    runs. A driver that keeps an unprepared device marked in use refuses the second prepare."""
+    n = len(need_devices(devplug_driver, 1))
+    first = devplug_claims.claim(count=n)
+    pod = devplug_claims.pod([first], wait=True)
+    assert_claim_prepared(pod, devplug_driver)
+    used = sorted(f"{d.pool}/{d.device}" for d in first.allocated)
+    uid, since = first.uid, len(devplug_driver.node.dra_calls())
+    pod.delete_and_wait_gone()
+    waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
+           f"claim {first.name} for all {n} devices unprepared after its pod was deleted", driver=devplug_driver)  # fmt: skip
+    first.delete()
+    second = devplug_claims.claim(count=n)
+    again = devplug_claims.pod([second], wait=True)
+    assert_claim_prepared(again, devplug_driver)
+    reused = sorted(f"{d.pool}/{d.device}" for d in second.allocated)
+    assert reused == used, f"a second claim for all {n} devices got {reused}; the first one had {used}"
 
 
 def _rule_seen(driver: DriverHandle, rule: str) -> None:
