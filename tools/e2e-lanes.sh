@@ -101,7 +101,7 @@ dra_included="test_failed_prepare_keeps_pod_pending_then_runs test_prepare_retri
   test_checkpoint_survives_kubelet_restart test_recovers_after_refused_registration
   test_claim_from_template test_prepare_is_idempotent test_unprepared_when_pod_deleted_and_unprepare_is_idempotent
   test_extended_resource_served_by_the_driver test_claim_with_several_requests
-  test_unprepare_after_a_restart_removes_the_claims_cdi_specs
+  test_unprepare_after_a_restart_removes_the_claims_cdi_specs test_pods_come_back_with_their_devices_after_a_node_reboot
   test_checkpoint_contents"
 # the driver's own restarts, its slices across the kubelet's and its own restarts, the kubelet kept down, the other
 # half of the quick core
@@ -110,7 +110,8 @@ dra_example="test_reregisters_after_driver_restart test_abrupt_kill_then_start_r
   test_slices_kept_when_driver_restarts_quickly test_unprepare_for_pod_deleted_while_kubelet_down
   test_pod_created_while_kubelet_down_runs test_pod_deleted_while_kubelet_down_is_never_prepared
   test_claim_prepared_and_container_sees_it test_claim_for_two_devices test_shared_claim
-  test_unsatisfiable_claim_stays_unschedulable test_device_taint_keeps_claims_off_tainted_devices"
+  test_unsatisfiable_claim_stays_unschedulable test_device_taint_keeps_claims_off_tainted_devices
+  test_devices_prepared_again_for_a_new_claim_after_cleanup"
 
 grace() {
   child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return
