@@ -1,8 +1,11 @@
 """Peer device plugins built from their Go modules by ``peers/build.sh`` (cached once per machine).
 
 ``peer_binary(name)`` answers the path of a built peer (``sample-device-plugin``, ``stub-plugin``,
-``nvidia-device-plugin``, the DRA peer ``dra-example-kubeletplugin``), building it on first use; the build is the script's, so ``nox -s tests``,
-CI and a developer running ``peers/build.sh`` share one cache.
+``nvidia-device-plugin``, the DRA peers ``dra-example-kubeletplugin`` (v0.2.1),
+``dra-example-kubeletplugin-patched`` (v0.2.1 + peers/dra-example/recreate-cdi-spec-on-restored-claim.patch,
+kubernetes/kubernetes#141433) and ``dra-example-kubeletplugin-v040`` (v0.4.0 as released)), building it on
+first use; the build is the script's, so ``nox -s tests``, CI and a developer running ``peers/build.sh``
+(DRA peers: ``peers/build-dra.sh``) share one cache.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import pytest
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
 #: Peers built by another script (same cache layout): the DRA kubelet plugins.
-BUILD_SCRIPTS = {"dra-example-kubeletplugin": BUILD_SCRIPT.with_name("build-dra.sh")}
+BUILD_SCRIPTS = {
+    name: BUILD_SCRIPT.with_name("build-dra.sh")
+    for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched", "dra-example-kubeletplugin-v040")
+}
 #: A cold build downloads k8s.io/kubernetes' dependencies and compiles them: minutes on 2 cores.
 BUILD_TIMEOUT_S = 1800.0
 
