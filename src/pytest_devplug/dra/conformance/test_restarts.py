@@ -143,12 +143,14 @@ def test_pods_come_back_with_their_devices_after_a_node_reboot(
     (first,) = assert_claim_prepared(pod, devplug_driver)
     old_id = str(pod.container_status().get("containerID", ""))
     uid, since = claim.uid, len(node.dra_calls())
-    record_property("devplug_reboot", node.reboot())
-    devplug_driver.start()  # its DaemonSet's pod comes back after a reboot
-    assert_driver_registered(devplug_driver, node.reregistration_timeout)
-    waited(lambda: succeeded(devplug_driver, "NodePrepareResources", uid, since), bool,
-           f"the kubelet preparing claim {uid} again after the reboot, and the driver answering without error",
-           driver=devplug_driver, timeout=node.reregistration_timeout)  # fmt: skip
+    # the kubelet's prepare fails until the driver is back; its retry (10 s) shortened to 1 s where the backend can
+    with short_dra_timings(devplug_driver, retry_period=1.0) as periods:
+        record_property("devplug_reboot", node.reboot())
+        devplug_driver.start()  # its DaemonSet's pod comes back after a reboot
+        assert_driver_registered(devplug_driver, node.reregistration_timeout)
+        waited(lambda: succeeded(devplug_driver, "NodePrepareResources", uid, since), bool,
+               f"the kubelet preparing claim {uid} again after the reboot, and the driver answering without error",
+               driver=devplug_driver, timeout=node.reregistration_timeout + periods["retry_period"])  # fmt: skip
     try:
         pod.wait_container_replaced(old_id)
     except AssertionError as exc:
