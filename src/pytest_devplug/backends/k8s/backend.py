@@ -63,6 +63,8 @@ T = TypeVar("T")
 KUBELET_GRACE_PERIOD = 300.0
 #: Where a CDI-enabled runtime reads spec files, lowest priority first (containerd's and CRI-O's default).
 CDI_SPEC_DIRS = cdi.SPEC_DIRS
+#: The label of a node running the control plane's static pods (kubeadm's, and so kind's).
+CONTROL_PLANE_ROLE = "node-role.kubernetes.io/control-plane"
 #: The spec directory on the node's ``/run`` tmpfs, which a reboot empties.
 CDI_RUN_DIR = cdi.SPEC_DIRS[-1]
 #: How ``reboot_node`` rebooted a node here: staged, the machine kept running.
@@ -450,6 +452,12 @@ class KubeBackend:
         goes with the others and its DaemonSet stops selecting the node until ``start_plugin`` (a DaemonSet pod would
         come back later, as the sim's plugin process is started later)."""
         self._reach_without_kubelet(node, "reboot a node")
+        labels = (self.get_node(node).get("metadata") or {}).get("labels") or {}
+        if CONTROL_PLANE_ROLE in labels:
+            raise UnsupportedOperationError(
+                f"node {node} runs the cluster's control plane ({CONTROL_PLANE_ROLE}): rebooting it, even staged, takes "
+                "the API server down with its pods; run the reboot checks on a worker node (--devplug-node)"
+            )
         dep = self._plugins.get(node)
         if dep is not None:
             self._not_adopted("reboot the node of")
