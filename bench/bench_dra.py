@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
@@ -31,8 +32,9 @@ KUBELET = "/var/lib/kubelet"
 
 
 def build() -> str:
-    out = subprocess.run(["bash", str(ROOT / "peers" / "build-dra.sh")], capture_output=True, text=True, check=True)
-    return out.stdout.split()[-1]
+    peer = "dra-example-kubeletplugin"
+    out = subprocess.run(["bash", str(ROOT / "peers" / "build-dra.sh"), peer], capture_output=True, text=True, check=True)
+    return next(line.split()[1] for line in out.stdout.splitlines() if line.split()[0] == peer)
 
 
 def one_run(binary: str) -> float:
@@ -104,15 +106,25 @@ def registered_to_slice(binary: str, runs: int) -> list[float]:
     return out
 
 
-def suite(binary: str) -> tuple[float, str]:
-    """Wall seconds of ``devplug conformance --dra`` against the driver, and its summary line."""
+def suite(binary: str) -> tuple[float, str, dict[str, str], dict[str, float]]:
+    """Wall seconds of ``devplug conformance --dra`` against the driver, its summary line, each check's verdict and
+    each check's time (set-up, call and tear-down), from its junit report."""
     devplug = str(Path(sys.executable).with_name("devplug"))
-    t0 = time.monotonic()
-    done = subprocess.run([devplug, "conformance", "--dra", "--driver-cmd", binary, "--driver-name", DRIVER, "--", "-q"],
-                          capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
-    wall = time.monotonic() - t0
+    with tempfile.TemporaryDirectory(prefix="dra-bench-suite-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        t0 = time.monotonic()
+        done = subprocess.run([devplug, "conformance", "--dra", "--driver-cmd", binary, "--driver-name", DRIVER, "--", "-q",
+                               f"--junitxml={junit}"], capture_output=True, text=True, timeout=900, check=False, cwd=tmp)  # fmt: skip
+        wall = time.monotonic() - t0
+        verdicts: dict[str, str] = {}
+        times: dict[str, float] = {}
+        if junit.exists():
+            for case in ET.parse(junit).iter("testcase"):
+                name = case.get("name", "?")
+                verdicts[name] = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+                times[name] = float(case.get("time", "0"))
     summary = next((ln for ln in reversed(done.stdout.splitlines()) if " in " in ln and ("passed" in ln or "failed" in ln)), done.stdout[-300:])
-    return wall, summary.strip("= ")
+    return wall, summary.strip("= "), verdicts, times
 
 
 def _ms(values: list[float]) -> str:
@@ -133,10 +145,25 @@ def main() -> int:
         times = registered_to_slice(binary, args.runs)
         print(f"dra-example-kubeletplugin registered -> ResourceSlice visible (real API server): {_ms(times)} over {args.runs} runs")
     if args.only in (None, "suite"):
+        walls: list[float] = []
+        first: dict[str, str] | None = None
+        differing: list[int] = []
+        slowest: dict[str, float] = {}
         for i in range(args.suite_runs):
-            wall, summary = suite(binary)
-            print(f"devplug conformance --dra (dra-example-kubeletplugin), run {i + 1}: {wall:.1f} s wall; {summary}")
-    return 0
+            wall, summary, verdicts, times = suite(binary)
+            walls.append(wall)
+            first = verdicts if first is None else first
+            if verdicts != first:
+                differing.append(i + 1)
+            for name, t in times.items():
+                slowest[name] = max(slowest.get(name, 0.0), t)
+            top = ", ".join(f"{n} {t:.1f} s" for n, t in sorted(times.items(), key=lambda kv: -kv[1])[:3])
+            print(f"devplug conformance --dra (dra-example-kubeletplugin), run {i + 1}: {wall:.1f} s wall; {summary}; slowest: {top}", flush=True)
+        if args.suite_runs > 1:
+            print(f"{args.suite_runs} runs: wall median {statistics.median(walls):.1f} s, min {min(walls):.1f} s, max {max(walls):.1f} s; "
+                  f"verdict of every check the same as run 1's: {'yes' if not differing else f'no, runs {differing}'}")  # fmt: skip
+            print("each check's longest time over the runs: " + ", ".join(f"{n} {t:.1f} s" for n, t in sorted(slowest.items(), key=lambda kv: -kv[1])[:8]))
+    return 1 if args.only in (None, "suite") and differing else 0
 
 
 if __name__ == "__main__":
