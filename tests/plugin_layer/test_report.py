@@ -81,6 +81,28 @@ def test_report_rows_groups_and_junitxml(pytester: pytest.Pytester) -> None:
     assert junit.find("testsuite") is not None and int(junit.find("testsuite").get("tests", "0")) == 7  # type: ignore[union-attr]
 
 
+def test_a_checks_devplug_properties_are_notes_in_its_row(pytester: pytest.Pytester) -> None:
+    """How a check ran (a staged reboot) reaches its row: ``record_property("devplug_<what>", ...)``, beside the
+    failure's reason where there is one; other properties stay in junit only."""
+    pytester.makepyfile(
+        test_notes="""
+        def test_staged(record_property):
+            record_property("devplug_reboot", "staged: kubelet stopped")
+            record_property("owner", "someone")
+
+        def test_staged_and_failed(record_property):
+            record_property("devplug_reboot", "staged: kubelet stopped")
+            assert False, "the pod did not come back"
+        """
+    )
+    pytester.runpytest("--devplug-report=r.md").assert_outcomes(passed=1, failed=1)
+    checks = {c["name"]: c for c in json.loads((pytester.path / "r.json").read_text())["checks"]}
+    assert checks["notes: test_staged"]["notes"] == ["reboot: staged: kubelet stopped"]
+    md = (pytester.path / "r.md").read_text()
+    assert "| passed | " in md and "reboot: staged: kubelet stopped |" in md and "someone" not in md
+    assert "the pod did not come back assert False; reboot: staged: kubelet stopped |" in md
+
+
 def test_report_header_names_the_plugin_resource_and_backend(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_one="""
