@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "default_sigint",
-    "dra_check_selection", "parse_junit", "run_conformance", "selection_mismatch", "short_dir", "wait_until",
+    "dra_check_selection", "in_ci", "parse_junit", "run_conformance", "selection_mismatch", "short_dir", "wait_until",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -135,6 +135,11 @@ def parse_junit(path: Path) -> SuiteResult:
         else:
             result.passed.append(name)
     return result
+
+
+def in_ci() -> bool:
+    """Whether this runs in CI (``CI`` set and not false): there a missing tool or a skipped kind check fails."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def run_conformance(options: Sequence[str], pytest_args: Sequence[str], cwd: Path, *, timeout: float) -> SuiteResult:

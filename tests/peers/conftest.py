@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ..support import in_ci
+
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
 #: Peers built by another script (same cache layout): the DRA kubelet plugins.
 BUILD_SCRIPTS = {
@@ -30,10 +32,6 @@ BUILD_TIMEOUT_S = 1800.0
 
 class PeerBuildError(Exception):
     """``peers/build.sh`` failed or printed no binary for the peer."""
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _go_available() -> bool:
@@ -74,7 +72,7 @@ def peer_binary() -> Callable[[str], Path]:
         if name not in built:
             if not _go_available():
                 reason = f"no Go toolchain (`go` not on PATH): cannot build the peer {name} from its Go module"
-                if _ci():
+                if in_ci():
                     pytest.fail(reason + " (CI=true: peers must run there)", pytrace=False)
                 pytest.skip(reason)
             built[name] = build_peer(name)
@@ -88,7 +86,7 @@ def docker_available() -> None:
     """Skips without a ``docker`` CLI (the kind peers build images and run kind), failing instead under CI."""
     if shutil.which("docker") is None:
         reason = "no `docker` on PATH: cannot build a peer's image or run kind"
-        if _ci():
+        if in_ci():
             pytest.fail(reason + " (CI=true: the kind tier must run there)", pytrace=False)
         pytest.skip(reason)
 
