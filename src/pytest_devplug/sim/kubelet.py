@@ -46,6 +46,9 @@ from .podstatus import PodRecord, pod_phase, pod_status
 from .process import PluginProcess
 from .runtime import ContainerRecord, ContainerRuntime, image_pull_error
 
+#: How long a kubelet start waits for its wipe of the node's ResourceSlices (a few milliseconds when the API answers).
+STARTUP_WIPE_WAIT_S = 10.0
+
 __all__ = ["SimNode", "ControlPlaneLink", "ContainerRecord", "pod_spec_view", "KlogFormatter"]
 
 
@@ -200,6 +203,8 @@ class SimNode:
             dm.sources_ready = True
             if self.dra is not None:
                 self.dra.sources_ready(self.active_pod_uids)
+                if not self.dra.wait_startup_wipe(STARTUP_WIPE_WAIT_S):
+                    self.logger.warning('"ResourceSlices of the node not deleted yet, going on" node="%s" waited=%gs', self.name, STARTUP_WIPE_WAIT_S)
         self._notify_node_change()
 
     def stop_kubelet(self) -> None:

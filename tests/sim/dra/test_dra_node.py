@@ -5,6 +5,7 @@ upstream's event, claims are unprepared when pods go (also while the kubelet was
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,15 @@ def test_blocked_prepare_keeps_the_pod_pending(world: World, driver: FakeDriver)
     finally:
         driver.prepare_gate.set()
     wait_until("the pod running once the driver answered", lambda: world.running("pod-uid-1"))
+
+
+def test_kubelet_start_returns_once_its_slice_wipe_went_through(world: World) -> None:
+    """The startup wipe runs in the background and is retried after 1 s when the API fails: the embedded kubelet's
+    start returns only after it went through, so a driver started next never has its first slices wiped by it (a
+    driver on kubeletplugin then publishes again only after its resync: up to a minute of a pod Pending)."""
+    world.node.stop_kubelet()
+    world.api.fail = 1
+    started = time.monotonic()
+    world.node.start_kubelet()
+    assert time.monotonic() - started >= 0.9, "start_kubelet returned before the retried wipe"
+    assert world.dra.wipes() == [None], world.dra.wipes()

@@ -224,6 +224,14 @@ class NodeDRA:
         watcher.start()
         self._loop.start()
 
+    def wait_startup_wipe(self, timeout: float) -> bool:
+        """Wait until this kubelet start's wipe of the node's slices went through (upstream runs it in the background,
+        retried with back-off while the API fails). The embedded kubelet's start returns only then, so a driver the
+        harness starts next never has its first slices deleted by a wipe that lagged (the driver would then publish
+        again only after its resync, up to a minute). ``False`` when it did not within ``timeout``."""
+        plugins = self._plugins
+        return plugins is None or plugins.startup_wiped.wait(timeout)
+
     def sources_ready(self, active_pods: Callable[[], set[str]]) -> None:
         """The kubelet has seen every pod bound to it: the reconcile loop may now unprepare claims of pods that are
         not active (its first pass one reconcile period from now, as upstream's loop, unless a pod change comes)."""

@@ -109,6 +109,8 @@ class DRAPluginManager:
         self._pending_wipes: dict[str, threading.Timer] = {}
         #: Wipes done so far as (driver or None for all); read by tests and evidence.
         self.wiped: list[str | None] = []
+        #: Set once the startup wipe of every slice of the node went through.
+        self.startup_wiped = threading.Event()
         self._startup = threading.Thread(target=self._wipe, args=(None,), name="dra-startup-wipe", daemon=True)
         self._startup.start()
 
@@ -237,6 +239,7 @@ class DRAPluginManager:
         """Delete the slices, retrying with upstream's backoff (1 s doubling, capped at 5 min) until it
         works or the manager stops."""
         if self._wiper is None:
+            self.startup_wiped.set()
             return
         delay = 1.0
         while not self._stopped.is_set():
@@ -250,6 +253,8 @@ class DRAPluginManager:
             self._log.info("Deleted ResourceSlices node=%s driver=%s", self.node_name, driver_name or "(all)")
             with self._lock:
                 self.wiped.append(driver_name)
+            if driver_name is None:
+                self.startup_wiped.set()
             return
 
     def stop(self) -> None:
