@@ -163,7 +163,7 @@ class NodeHandle:
     def reboot(self) -> str:
         """Reboot the node: containers and plugin processes go, ``/var/run/cdi`` is emptied, the kubelet starts again;
         the plugin does not (``PluginHandle.start`` brings it back, as its DaemonSet would). Returns how the backend
-        rebooted it (``staged: ...`` where it cannot reboot the machine): record it with ``record_property("devplug_reboot", how)`` for the report."""
+        rebooted it (``staged: ...`` where it cannot reboot the machine): a check notes it for the report (``pytest_devplug.report.note_check``)."""
         return self.backend.reboot_node(self.name)
 
     def kubelet_log(self) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "is_dra_run",
     "json_path_for",
     "mark_dra_run",
+    "note_check",
     "note_driver",
     "note_plugin",
     "note_run",
@@ -53,7 +54,7 @@ _KEY = pytest.StashKey["ReportWriter"]()
 #: Set when the run judges a DRA driver rather than a device plugin (decided once, at configure time).
 _DRA_RUN_KEY = pytest.StashKey[bool]()
 SCHEMA = "pytest-devplug/report/v1"
-#: A check's ``user_properties`` under this prefix are notes in its row (``record_property("devplug_reboot", how)``).
+#: A check's ``user_properties`` under this prefix are notes in its row (:func:`note_check`).
 NOTE_PREFIX = "devplug_"
 
 
@@ -64,6 +65,12 @@ def check_group(item: pytest.Item) -> str:
         if names & markers:
             return group
     return "core"
+
+
+def note_check(node: pytest.Item, what: str, text: str) -> None:
+    """Note how the running check did something (``what``: ``reboot`` -> ``staged: ...``): the report shows it beside
+    its verdict and junit carries it as a property. Not ``record_property``, which warns under junit's xunit2."""
+    node.user_properties.append((NOTE_PREFIX + what, text))
 
 
 def mark_dra_run(config: pytest.Config) -> None:
@@ -95,7 +102,7 @@ class CheckResult:
     plugin_restarts: int = 0
     #: How the plugin crash-looped (``CrashLoopBackOff``) when looked at during the check; empty: it did not.
     plugin_crash_loop: str = ""
-    #: What the check recorded about how it ran (``record_property("devplug_<what>", ...)``), e.g. a staged reboot.
+    #: What the check noted about how it ran (:func:`note_check`), e.g. a staged reboot.
     notes: list[str] = field(default_factory=list)
 
 

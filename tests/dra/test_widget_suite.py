@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -225,6 +226,13 @@ def _resync(backend: SimBackend, driver: DriverHandle, factory: ClaimFactory) ->
         test_slices.test_node_slices_removed_on_kubelet_start_then_published_again(watch, driver)
 
 
+class _NoteSink:
+    """What a check that notes how it ran (``request.node.user_properties``) needs of its ``request`` here."""
+
+    def __init__(self) -> None:
+        self.node = SimpleNamespace(user_properties=[])
+
+
 #: variant -> (how to run the check it must fail, a text its failure must contain)
 BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None], str]] = {
     "prepare-not-idempotent": (lambda b, d, f: test_prepare.test_prepare_is_idempotent(f, d), "preparing the claim again answered"),
@@ -239,7 +247,7 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
                           "left the CDI spec file(s) its prepare wrote"),
     "spec-in-subdir": (lambda b, d, f: test_prepare.test_claim_prepared_and_container_sees_it(f, d),
                        "a subdirectory of /var/run/cdi: a runtime reads only the spec files directly in"),
-    "reboot-loses-spec": (lambda b, d, f: test_restarts.test_pods_come_back_with_their_devices_after_a_node_reboot(f, d, lambda k, v: None),
+    "reboot-loses-spec": (lambda b, d, f: test_restarts.test_pods_come_back_with_their_devices_after_a_node_reboot(f, d, _NoteSink()),
                           "CDI device injection failed: unresolvable CDI devices"),
     "no-reuse": (lambda b, d, f: test_scheduling.test_devices_prepared_again_for_a_new_claim_after_cleanup(f, d), "is in use by claim"),
     "health-unlisted": (lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),

@@ -82,16 +82,18 @@ def test_report_rows_groups_and_junitxml(pytester: pytest.Pytester) -> None:
 
 
 def test_a_checks_devplug_properties_are_notes_in_its_row(pytester: pytest.Pytester) -> None:
-    """How a check ran (a staged reboot) reaches its row: ``record_property("devplug_<what>", ...)``, beside the
+    """How a check ran (a staged reboot) reaches its row (``note_check``, a ``devplug_`` user property), beside the
     failure's reason where there is one; other properties stay in junit only."""
     pytester.makepyfile(
         test_notes="""
-        def test_staged(record_property):
-            record_property("devplug_reboot", "staged: kubelet stopped")
+        from pytest_devplug.report import note_check
+
+        def test_staged(request, record_property):
+            note_check(request.node, "reboot", "staged: kubelet stopped")
             record_property("owner", "someone")
 
-        def test_staged_and_failed(record_property):
-            record_property("devplug_reboot", "staged: kubelet stopped")
+        def test_staged_and_failed(request):
+            note_check(request.node, "reboot", "staged: kubelet stopped")
             assert False, "the pod did not come back"
         """
     )

@@ -9,8 +9,6 @@ over the stream opened after a kubelet or plugin restart, not only over the firs
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from pytest_devplug import (
@@ -22,6 +20,7 @@ from pytest_devplug import (
     assert_reregisters_after_kubelet_restart,
 )
 from pytest_devplug.faults import fault_domain
+from pytest_devplug.report import note_check
 from pytest_devplug.waiting import wait_for
 
 from ._support import fault, wait_marked_unhealthy
@@ -179,7 +178,7 @@ def test_pods_deleted_while_kubelet_down_free_their_devices(devplug_pod: PodFact
 
 @pytest.mark.devplug_disruptive
 def test_node_reboot_then_plugin_comes_back(
-    devplug_pod: PodFactory, devplug_plugin: PluginHandle, record_property: Callable[[str, object], None]
+    devplug_pod: PodFactory, devplug_plugin: PluginHandle, request: pytest.FixtureRequest
 ) -> None:
     """Upstream's reboot order: containers gone, the kubelet re-admits the pod before the plugin re-registered,
     so the pod fails admission (``UnexpectedAdmissionError``). The plugin, started afterwards on a node whose
@@ -190,7 +189,7 @@ def test_node_reboot_then_plugin_comes_back(
     n = node.capacity(res)
     pod = devplug_pod(count=1, wait=True)
     before = sorted(set(node.device_ids(res)))
-    record_property("devplug_reboot", node.reboot())
+    note_check(request.node, "reboot", node.reboot())
     assert pod.wait_phase("Failed") == "Failed"
     assert pod.reason == "UnexpectedAdmissionError", f"re-admitted before the plugin registered: {pod.reason} {pod.message}"
     devplug_plugin.start()

@@ -8,12 +8,11 @@ while the kubelet was down are unprepared once it runs again, and a pod that was
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from pytest_devplug.dra.assertions import assert_claim_prepared, assert_dra_checkpoint_survives_kubelet_restart, assert_driver_registered
 from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle, nested_spec_hint
+from pytest_devplug.report import note_check
 
 from ._support import consistently, short_dra_timings, succeeded, waited
 
@@ -129,7 +128,7 @@ def test_unprepare_after_a_restart_removes_the_claims_cdi_specs(devplug_claims: 
 
 @pytest.mark.devplug_disruptive
 def test_pods_come_back_with_their_devices_after_a_node_reboot(
-    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, record_property: Callable[[str, object], None]
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, request: pytest.FixtureRequest
 ) -> None:
     """A node reboot (staged on kind and clusters, and the report says so): the containers and the driver go, ``/run``
     (so ``/var/run/cdi``) is empty and ``/var/lib/kubelet`` (``dra_manager_state``, the driver's own checkpoint) is
@@ -145,7 +144,7 @@ def test_pods_come_back_with_their_devices_after_a_node_reboot(
     uid, since = claim.uid, len(node.dra_calls())
     # the kubelet's prepare fails until the driver is back; its retry (10 s) shortened to 1 s where the backend can
     with short_dra_timings(devplug_driver, retry_period=1.0) as periods:
-        record_property("devplug_reboot", node.reboot())
+        note_check(request.node, "reboot", node.reboot())
         devplug_driver.start()  # its DaemonSet's pod comes back after a reboot
         assert_driver_registered(devplug_driver, node.reregistration_timeout)
         waited(lambda: succeeded(devplug_driver, "NodePrepareResources", uid, since), bool,
