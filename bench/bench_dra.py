@@ -5,7 +5,9 @@
 ``register``: process start -> the plugin watcher registered it and its DRA socket is connected (no API server).
 ``slices``: with the real control plane, the plugin watcher's registration -> the driver's ResourceSlice visible
 through the API server (the issue's target: < 2 s). ``suite``: ``devplug conformance --dra`` against the driver,
-wall time of the whole command, control plane start included (target: < 60 s).
+wall time of the whole command, control plane start included (target: < 60 s); with ``--suite-runs N`` each run's
+verdicts are compared with the first run's (exit status 1 when any differs) and each check's longest time is listed,
+where a stall shows.
 
 The driver (built or found cached by peers/build-dra.sh) runs with its plain command line in a private mount
 namespace at the kubelet's standard paths. Not a test: numbers are printed, not asserted.
