@@ -20,6 +20,9 @@ from .handles import NodeHandle, PluginHandle, PodFactory, PodHandle
 from .waiting import WaitTimeout, wait_for
 
 __all__ = [
+    "registration_path",
+    "watcher_refusals",
+    "UNLOGGED_PATH",
     "assert_registered",
     "assert_allocatable",
     "assert_devices_unhealthy",
@@ -129,16 +132,58 @@ def _refusal_watch(node: NodeHandle, resource: str) -> Callable[[], str | None]:
 
 
 _KUBELET_SOCKET = re.compile(r'kubeletSocket="([^"]+)"')
+#: The kubelet's words for the two ways a device plugin registers (``Register`` on kubelet.sock; a socket its plugin
+#: watcher found in ``plugins_registry/``, logged at -v=2), and for what its plugin watcher could not register.
+REGISTER_CALL = "Got registration request"
+WATCHER_REGISTRATION = "Registering plugin at endpoint"
+WATCHER_ERROR = "RegisterPlugin error"
+_ENDPOINT = re.compile(r'endpoint="?([^" ]+)')
+
+
+#: What the registration checks note when the kubelet's log does not say how the plugin registered.
+UNLOGGED_PATH = "not in the kubelet's log (the plugin watcher's registrations are logged at -v=2)"
+
+
+def registration_path(node: NodeHandle, resource: str) -> str | None:
+    """How the plugin of ``resource`` last registered, in the kubelet's words: ``"kubelet.sock"`` (it called
+    ``Register``), ``"plugins_registry"`` (the kubelet's plugin watcher found its socket), ``None`` when the log does
+    not say (a kubelet below -v=2 does not log the watcher's registrations)."""
+    log = _kubelet_log(node)
+    if isinstance(log, Exception):
+        return None
+    for ln in reversed(log.splitlines()):
+        if resource in ln and REGISTER_CALL in ln:
+            return "kubelet.sock"
+        if resource in ln and WATCHER_REGISTRATION in ln:
+            return "plugins_registry"
+    return None
+
+
+def watcher_refusals(lines: Iterable[str], resource: str) -> list[str]:
+    """What the plugin watcher logged against the socket of ``resource`` before it registered (the watcher's
+    errors name the socket, not the resource: the socket is the endpoint of the registration that followed)."""
+    lines = list(lines)
+    endpoints = {m.group(1) for ln in lines if WATCHER_REGISTRATION in ln and resource in ln and (m := _ENDPOINT.search(ln))}
+    names = {"/" + e.rsplit("/", 1)[-1] for e in endpoints}  # the socket's name: the log may show its host path
+    return [ln for ln in lines if WATCHER_ERROR in ln and any(n in ln for n in names)]
 
 
 def _unreached_hint(node: NodeHandle) -> str:
-    """When no plugin ever called Register: where the kubelet listens, and how a hard-coded path is run."""
+    """When no plugin ever called Register: what the plugin watcher saw instead, or where the kubelet listens and how
+    a hard-coded path is run."""
     log = _kubelet_log(node)
     if isinstance(log, Exception):
         return ""
     lines = log.splitlines()
-    if any("Got registration request" in ln for ln in lines):
+    if any(REGISTER_CALL in ln for ln in lines):
         return ""
+    watched = [ln.strip() for ln in lines if WATCHER_ERROR in ln or WATCHER_REGISTRATION in ln]
+    if watched:
+        return (
+            "; FAULT: the plugin never called Register on kubelet.sock, and the kubelet's plugin watcher did not register "
+            "it from plugins_registry/ (a socket there must answer GetInfo with type DevicePlugin, the resource name and "
+            "a version the kubelet speaks, v1beta1); the watcher logged: " + " | ".join(watched[-3:])
+        )
     found = [m.group(1) for ln in lines if (m := _KUBELET_SOCKET.search(ln))]
     where = found[-1] if found else "/var/lib/kubelet/device-plugins/kubelet.sock"
     if "namespace" in where:
@@ -148,7 +193,10 @@ def _unreached_hint(node: NodeHandle) -> str:
             "a plugin that hard-codes /var/lib/kubelet/device-plugins needs a command without {plugin_dir}, "
             "which runs it with the node's directories at the kubelet's standard paths"
         )
-    return f"; FAULT: the plugin never reached kubelet.sock (no Register call arrived); the kubelet listens on {where}; {fix}"
+    return (
+        f"; FAULT: the plugin never reached kubelet.sock (no Register call arrived) and put no socket the kubelet's plugin "
+        f"watcher registered in plugins_registry/; the kubelet listens on {where}; {fix}"
+    )
 
 
 def assert_registered(
@@ -519,6 +567,14 @@ def assert_checkpoint_survives_kubelet_restart(
         raise _fail("assignment did not survive the kubelet restart:\n  " + "\n  ".join(problems), node, [pod])
 
 
+def _reregistration_fix(path: str | None) -> str:
+    if path == "plugins_registry":
+        return (". The plugin registered through the kubelet's plugin watcher, which registers it again when it starts: "
+                "its socket in plugins_registry/ must stay and answer GetInfo and the DevicePlugin service")  # fmt: skip
+    return (". A plugin must watch its socket (deleted by the kubelet on start) or kubelet.sock (re-created) and register "
+            "again")  # fmt: skip
+
+
 def assert_reregisters_after_kubelet_restart(
     plugin: PluginHandle, *, count: int | None = None, timeout: float | None = None
 ) -> None:
@@ -545,8 +601,8 @@ def assert_reregisters_after_kubelet_restart(
     except WaitTimeout as exc:
         raise _fail(
             f"expected {res} to come back to {want}/{want} (capacity/allocatable) after the kubelet restarted; "
-            f"saw {exc.last}" + (f"; {exc.reason}" if exc.reason else "") + ". A plugin must watch its socket (deleted by the kubelet on start) or kubelet.sock "
-            "(re-created) and register again" + _kubelet_lines(node, res, "egist"),
+            f"saw {exc.last}" + (f"; {exc.reason}" if exc.reason else "") + _reregistration_fix(registration_path(node, res))
+            + _kubelet_lines(node, res, "egist"),
             node,
         ) from None
     if not plugin.running:

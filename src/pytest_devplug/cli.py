@@ -77,7 +77,8 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
 #: ``devplug conformance`` flag -> the pytest option it becomes (``None``: a boolean flag).
 _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--backend", "--devplug-backend", "sim (embedded kubelet, default) or kind", {"choices": ("sim", "kind"), "default": "sim"}),
-    ("--plugin-cmd", "--devplug-plugin-cmd", "your plugin's command line; {plugin_dir} {mock_state} {python} are filled in", {}),
+    ("--plugin-cmd", "--devplug-plugin-cmd", "your plugin's command line; {plugin_dir} {plugins_registry} {mock_state} {python} are filled in", {}),
+    ("--plugin-env", "--devplug-plugin-env", "your plugin's environment, KEY=VALUE pairs, comma-separated", {}),
     ("--plugin-image", "--devplug-plugin-image", "your plugin's image (kind)", {}),
     ("--plugin-manifest", "--devplug-plugin-manifest", "your plugin's DaemonSet manifest (kind)", {}),
     ("--resource-name", "--devplug-resource-name", "the extended resource(s) it advertises, comma-separated (default nvidia.com/gpu)", {}),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shlex
 import sys
 import time
@@ -154,8 +155,15 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     (
         "plugin-cmd",
-        "command line of the plugin under test (sim); placeholders {plugin_dir}, {mock_state}, {python}. "
-        "Default: the included GPU plugin on a mock NVML (pip install 'pytest-devplug[gpu-plugin]')",
+        "command line of the plugin under test (sim); placeholders {plugin_dir}, {plugins_registry}, {mock_state}, "
+        "{python}. Default: the included GPU plugin on a mock NVML (pip install 'pytest-devplug[gpu-plugin]')",
+        {},
+    ),
+    (
+        "plugin-env",
+        "environment of the plugin under test, KEY=VALUE pairs, comma-separated (sim: its process, placeholders as "
+        "in --devplug-plugin-cmd; kind and cluster: every container of its DaemonSet), e.g. "
+        "DP_REGISTRATION=plugins_registry to have the included plugin register through the kubelet's plugin watcher",
         {},
     ),
     ("plugin-image", "container image of the plugin under test (kind, cluster)", {}),
@@ -435,6 +443,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         numa_nodes=_number(config, "devplug_numa_nodes", int),
         mig=_mig(_opt(config, "devplug_mig")),
         pre_start_required=pre_start,
+        env=_plugin_env(_opt(config, "devplug_plugin_env")),
         conventions=_conventions(_opt(config, "devplug_conventions"), frozenset() if custom else frozenset(CONVENTIONS)),
     )
     timeout = _number(config, "devplug_timeout", float)
@@ -517,6 +526,24 @@ def _mig(value: Any) -> tuple[str, ...]:
     except ValueError as exc:
         raise pytest.UsageError(f"{_flag('devplug_mig')} = {value!r}: {exc}") from None
     return profiles
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _plugin_env(value: Any) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in (p.strip() for p in str(value or "").split(",")):
+        if not pair:
+            continue
+        key, sep, val = pair.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(key):
+            raise pytest.UsageError(
+                f"{_flag('devplug_plugin_env')} = {value!r}: {pair!r} is not KEY=VALUE (KEY a variable name: letters, "
+                "digits and _, not starting with a digit)"
+            )
+        env[key] = val
+    return env
 
 
 def _device_nodes(value: Any) -> tuple[str, ...]:

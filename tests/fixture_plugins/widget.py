@@ -13,6 +13,10 @@ there when it starts.
 
 ``--exit-on-kubelet-restart`` makes it exit when kubelet.sock goes or changes, as plugins do that count on their
 DaemonSet to restart them (with neither it nor ``--retry`` a failed ``Register`` at start exits 1 as well).
+
+``--registration plugins_registry`` puts its socket in ``--registry-dir`` instead, serving ``Registration`` beside
+``DevicePlugin`` (an empty endpoint: the kubelet dials that same socket), as SR-IOV's and RDMA's plugins do; it then
+never calls ``Register``. ``--info-version`` is the version its ``GetInfo`` names (a wrong one is a seeded bug).
 """
 
 import argparse
@@ -27,6 +31,8 @@ import grpc
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pbg
+from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
+from pytest_devplug.api.pluginregistration import v1_pb2_grpc as rpbg
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--plugin-dir", default="/var/lib/kubelet/device-plugins")
@@ -38,6 +44,9 @@ parser.add_argument(
     "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids", "cdi-spec-once"], default="none"
 )
 parser.add_argument("--cdi-root", default="", help="answer CDI devices, from a spec written here at start")
+parser.add_argument("--registration", choices=["kubelet.sock", "plugins_registry"], default="kubelet.sock")
+parser.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry")
+parser.add_argument("--info-version", default="v1beta1", help="the version GetInfo names (plugins_registry)")
 args = parser.parse_args()
 
 if args.fault == "exit-at-start":
@@ -53,7 +62,9 @@ if args.fault == "panic-at-start":
     sys.exit(2)
 
 NAME = "widget.sock"
-SOCK, KUBELET = os.path.join(args.plugin_dir, NAME), os.path.join(args.plugin_dir, "kubelet.sock")
+WATCHED = args.registration == "plugins_registry"
+SOCK = os.path.join(args.registry_dir if WATCHED else args.plugin_dir, NAME)
+KUBELET = os.path.join(args.plugin_dir, "kubelet.sock")
 IDS = [chr(i) for i in range(args.count)] if args.fault == "control-ids" else [f"widget-{i}" for i in range(args.count)]
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -85,11 +96,22 @@ class Widgets(pbg.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
+class Registration(rpbg.RegistrationServicer):
+    def GetInfo(self, request, context):
+        return rpb.PluginInfo(type="DevicePlugin", name=args.resource_name, supported_versions=[args.info_version])
+
+    def NotifyRegistrationStatus(self, request, context):
+        print("widget: the plugin watcher says", "registered" if request.plugin_registered else request.error, flush=True)
+        return rpb.RegistrationStatusResponse()
+
+
 def serve() -> grpc.Server:
     if os.path.exists(SOCK):
         os.unlink(SOCK)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pbg.add_DevicePluginServicer_to_server(Widgets(), server)
+    if WATCHED:
+        rpbg.add_RegistrationServicer_to_server(Registration(), server)
     server.add_insecure_port("unix://" + SOCK)
     server.start()
     return server
@@ -124,6 +146,12 @@ print("widget: plugin dir holds", sorted(os.listdir(args.plugin_dir)), flush=Tru
 if args.cdi_root:
     write_cdi_spec()
 server = serve()
+if WATCHED:  # the kubelet's plugin watcher does the rest, after each of its restarts too
+    print("widget: serving", SOCK, "for the plugin watcher", flush=True)
+    stop.wait()
+    server.stop(0)
+    os.unlink(SOCK)
+    sys.exit(0)
 while True:
     try:
         register()

@@ -18,7 +18,7 @@ from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
 from pytest_devplug.api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginManager, ResourceSliceWiper
-from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher
+from pytest_devplug.sim.pluginwatcher import DRA_PLUGIN_TYPE, PluginWatcher
 
 from ..support import WAIT
 

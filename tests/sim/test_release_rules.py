@@ -27,7 +27,7 @@ from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginError, DRAPluginManager
-from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher
+from pytest_devplug.sim.pluginwatcher import DRA_PLUGIN_TYPE, PluginWatcher
 
 T = 10.0
 #: test name -> the rule it judges (checked against RULES by the last test).

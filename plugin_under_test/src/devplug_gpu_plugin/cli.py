@@ -26,7 +26,7 @@ from .allocation import STRATEGIES, AllocationConfig, ensure_dev_nodes, write_cd
 from .devices import DeviceState
 from .health import DEFAULT_IGNORED_XIDS, HealthMonitor
 from .mock_faults import MockFaults
-from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, instance_socket_name
+from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, WatchedPluginServer, instance_socket_name
 
 log = logging.getLogger(_pkg)
 
@@ -129,6 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
         "plugin socket file name in --plugin-dir (default devplug-<resource>.sock, or a name of this process's "
         "own while another instance serves on that one: a rolling update)",
     )
+    opt(
+        "--registration",
+        "kubelet.sock",
+        "how the kubelet learns of the plugin: kubelet.sock (it calls Register there) or plugins_registry (its "
+        "socket is put in --kubelet-registrar-dir, where the kubelet's plugin watcher finds it) (default %(default)s)",
+        choices=REGISTRATIONS,
+    )
+    opt(
+        "--kubelet-registrar-dir", DRA_DEFAULTS["kubelet_registrar_dir"],
+        "where the kubelet's plugin watcher looks for registration sockets (default %(default)s)",
+    )  # fmt: skip
     opt("--log-level", "info", "debug, info, warning or error (default %(default)s)")
     dra = p.add_argument_group("DRA driver (--dra)")
 
@@ -139,10 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
     dra_opt("--driver-name", DRA_DEFAULTS["driver_name"], "DRA driver name, also the CDI vendor (default %(default)s)")
     dra_opt("--node-name", None, "this node's name: the pool and nodeName of the ResourceSlice (required)", env="NODE_NAME")
     dra_opt("--kubeconfig", None, "kubeconfig of the API server (default: the in-cluster config of a pod)", env="KUBECONFIG")
-    dra_opt(
-        "--kubelet-registrar-dir", DRA_DEFAULTS["kubelet_registrar_dir"],
-        "where the kubelet's plugin watcher looks for registration sockets (default %(default)s)",
-    )  # fmt: skip
     dra_opt(
         "--kubelet-plugins-dir", DRA_DEFAULTS["kubelet_plugins_dir"],
         "parent of the driver's own dir holding dra.sock (default %(default)s)",
@@ -158,11 +165,13 @@ DRA_DEFAULTS = {
     "kubelet_plugins_dir": "/var/lib/kubelet/plugins",
     "cdi_root": "/var/run/cdi",
 }
+#: Values of ``--registration``.
+REGISTRATIONS = ("kubelet.sock", "plugins_registry")
 DEVICE_PLUGIN_ONLY = (
     "plugin_dir", "resource_name", "pre_start_required", "device_list_strategy", "cdi_spec_dir", "replicas", "socket_name",
-    "second_resource",
+    "second_resource", "registration",
 )  # fmt: skip
-DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_registrar_dir", "kubelet_plugins_dir", "cdi_root")
+DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_plugins_dir", "cdi_root")
 #: A DRA driver name: a DNS subdomain of at most 63 characters (the API's limit) starting with a letter (CDI vendor rule).
 _DRIVER_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -308,16 +317,18 @@ class _DevicePlugin:
             )
             for name, _ in self.resources
         ]
-        self.servers: list[PluginServer] = []
+        self.servers: list[PluginServer | WatchedPluginServer] = []
+        watched = args.registration == "plugins_registry"
+        #: Where the sockets are: the plugin watcher's directory, or the device-plugin directory beside kubelet.sock.
+        self.socket_dir = args.kubelet_registrar_dir if watched else args.plugin_dir
         for alloc, (name, member) in zip(self.allocs, self.resources, strict=True):
             servicer = DevicePluginServicer(
                 state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
                 pre_start_fault=faults.pre_start if faults else None, member=member if second else None,
             )  # fmt: skip
-            socket_name = args.socket_name or instance_socket_name(args.plugin_dir, name)
-            self.servers.append(
-                PluginServer(ServerConfig(args.plugin_dir, name, socket_name, args.pre_start_required), servicer, stopping)
-            )
+            config = ServerConfig(self.socket_dir, name, args.socket_name or instance_socket_name(self.socket_dir, name),
+                                  args.pre_start_required)  # fmt: skip
+            self.servers.append(WatchedPluginServer(config, servicer, stopping) if watched else PluginServer(config, servicer, stopping))
 
     def _first_owns(self, uuid: str) -> bool:
         return self._second is None or uuid not in self._second
@@ -339,10 +350,10 @@ class _DevicePlugin:
 
     def run(self) -> None:
         """Run every resource's server (one thread each) until all return; the first error stops the others."""
-        os.makedirs(self.args.plugin_dir, exist_ok=True)
+        os.makedirs(self.socket_dir, exist_ok=True)
         errors: list[BaseException] = []
 
-        def run(server: PluginServer) -> None:
+        def run(server: PluginServer | WatchedPluginServer) -> None:
             try:
                 server.run()
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which reports it

@@ -1,9 +1,15 @@
-"""The DevicePlugin servicer (thin) and the serve -> prove -> register lifecycle.
+"""The DevicePlugin servicer (thin) and the two ways to register: serve -> prove -> ``Register``, or a socket
+the kubelet's plugin watcher finds.
 
 Order matters to the kubelet: it dials the endpoint during ``Register``, so the plugin
 serves first, proves its own socket answers, then registers. Kubelet restarts are seen by
 inotify on the plugin dir (own socket deleted, ``kubelet.sock`` re-created) and answered by
 serving again and registering again.
+
+With ``--registration plugins_registry`` (:class:`WatchedPluginServer`) the socket lives in the watcher's
+directory and serves ``pluginregistration.Registration`` beside ``DevicePlugin``: the kubelet asks ``GetInfo``
+and connects, on every start of its own, so the plugin never calls ``Register`` and has nothing to redo after a
+kubelet restart.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import tenacity
 from .allocation import AllocationConfig, AllocationError, container_response, gpu_of, preferred_allocation, replica_ids
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
+from .api.pluginregistration import v1_pb2 as rpb
+from .api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from .devices import DeviceState, Snapshot
 from .watch import IN_CREATE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Follower, Inotify, InotifyEvent
 
@@ -425,3 +433,76 @@ class PluginServer:
         if self._follower is not None:
             self._follower.stop()
             self._follower = None
+
+
+#: ``GetInfo``'s type for a device plugin (``pluginwatcherapi.DevicePlugin``).
+DEVICE_PLUGIN_TYPE = "DevicePlugin"
+
+
+class WatcherRegistration(rpb_grpc.RegistrationServicer):
+    """What the plugin watcher asks: the resource as the plugin's name, this socket as the endpoint (the kubelet
+    dials it for ``DevicePlugin`` too), the API version; and the kubelet's verdict, logged."""
+
+    def __init__(self, resource_name: str, endpoint: str) -> None:
+        self.resource_name = resource_name
+        self.endpoint = endpoint
+
+    def GetInfo(self, request: rpb.InfoRequest, context: Any) -> rpb.PluginInfo:  # noqa: N802 (gRPC name)
+        return rpb.PluginInfo(type=DEVICE_PLUGIN_TYPE, name=self.resource_name, endpoint=self.endpoint, supported_versions=[API_VERSION])
+
+    def NotifyRegistrationStatus(self, request: rpb.RegistrationStatus, context: Any) -> rpb.RegistrationStatusResponse:  # noqa: N802
+        if request.plugin_registered:
+            log.info("registered with the kubelet's plugin watcher as %s (endpoint %s)", self.resource_name, self.endpoint)
+        else:
+            log.error("the kubelet's plugin watcher refused %s: %s", self.resource_name, request.error)
+        return rpb.RegistrationStatusResponse()
+
+
+class WatchedPluginServer:
+    """Serves ``DevicePlugin`` and ``Registration`` on one socket in the plugin watcher's directory
+    (``config.plugin_dir``) until :meth:`stop`; serves again should the socket be removed."""
+
+    def __init__(self, config: ServerConfig, servicer: DevicePluginServicer, stopping: threading.Event) -> None:
+        self.config = config
+        self.servicer = servicer
+        self.stopping = stopping
+        self.socket_path = os.path.join(config.plugin_dir, config.socket_name)
+        self.registration = WatcherRegistration(config.resource_name, self.socket_path)
+        self._server: Any = None
+
+    def serve(self) -> None:
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            raise ValueError(f"socket path {self.socket_path} is longer than a Unix socket path may be ({MAX_SOCKET_PATH} bytes)")
+        self._stop_server()
+
+        def add(server: Any) -> None:
+            pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+            rpb_grpc.add_RegistrationServicer_to_server(self.registration, server)  # type: ignore[no-untyped-call]
+
+        self._server = serve_unix(self.socket_path, add, workers=16)
+        log.info("serving on %s for the kubelet's plugin watcher", self.socket_path)
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            self._server.stop(0).wait(2)
+            self._server = None
+
+    def run(self) -> None:
+        os.makedirs(self.config.plugin_dir, exist_ok=True)
+        self.serve()
+        while not self.stopping.wait(1.0):  # a periodic self-check: the kubelet does the rest
+            if not os.path.exists(self.socket_path):
+                log.info("own socket %s is gone: serving again", self.socket_path)
+                self.serve()
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket: the watcher deregisters the plugin."""
+        self.stopping.set()
+        self._stop_server()
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass

@@ -130,8 +130,8 @@ class NodeSpec:
 class PluginSpec:
     """How to deploy the plugin under test on a node.
 
-    ``argv`` and ``env`` values (sim) may hold the placeholders ``{plugin_dir}``, ``{mock_state}`` and
-    ``{python}``, filled by :meth:`command` when the plugin is started; ``image`` and ``manifest`` are what
+    ``argv`` and ``env`` values (sim) may hold the placeholders ``{plugin_dir}``, ``{plugins_registry}``,
+    ``{mock_state}`` and ``{python}``, filled by :meth:`command` when the plugin is started; ``image`` and ``manifest`` are what
     kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
     the fault controls (Xid, lost, add/remove, fail_allocate) work; ``gpus``/``numa_nodes`` shape the
     initial mock state.
@@ -152,7 +152,7 @@ class PluginSpec:
     #: sim: run the plugin in a private mount namespace with the node's directories at the kubelet's
     #: standard paths (``/var/lib/kubelet/device-plugins``, ``/var/lib/kubelet/pod-resources``,
     #: ``/var/run/cdi``). ``None`` (default): exactly when neither ``argv`` nor ``env`` holds
-    #: ``{plugin_dir}``, i.e. for a plugin that does not take the directory as a flag.
+    #: ``{plugin_dir}`` or ``{plugins_registry}``, i.e. for a plugin that does not take its directory as a flag.
     standard_paths: bool | None = None
     #: Opt-in checks of one plugin family's conventions the suite runs for this plugin (names in
     #: ``pytest_devplug.plugin.CONVENTIONS``); the kubelet requires none of them.
@@ -176,13 +176,16 @@ class PluginSpec:
         """Whether the sim runs this plugin at the kubelet's standard paths (see ``standard_paths``)."""
         if self.standard_paths is not None:
             return self.standard_paths
-        return not any("{plugin_dir}" in a for a in [*self.argv, *self.env.values()])
+        return not any(p in a for a in [*self.argv, *self.env.values()] for p in ("{plugin_dir}", "{plugins_registry}"))
 
-    def command(self, *, plugin_dir: str | os.PathLike[str], mock_state: str | os.PathLike[str] | None) -> tuple[list[str], dict[str, str]]:
+    def command(
+        self, *, plugin_dir: str | os.PathLike[str], mock_state: str | os.PathLike[str] | None, plugins_registry: str | os.PathLike[str] = ""
+    ) -> tuple[list[str], dict[str, str]]:
         """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
-        directory, ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter.
-        The one place the placeholders are filled."""
-        return fill_placeholders(self.argv, self.env, {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or "")})
+        directory, ``{plugins_registry}`` its plugin watcher's directory, ``{mock_state}`` the mock-NVML state file
+        (empty without one), ``{python}`` this interpreter. The one place the placeholders are filled."""
+        return fill_placeholders(self.argv, self.env, {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or ""),
+                                                       "plugins_registry": os.fspath(plugins_registry)})  # fmt: skip
 
 
 @dataclass(frozen=True)

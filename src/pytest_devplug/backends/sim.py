@@ -221,7 +221,7 @@ class SimBackend:
         with self._lock:
             self._serial += 1
             name = f"plugin-{self._serial}"
-        argv, env = spec.command(plugin_dir=n.plugin_dir, mock_state=mock_path)
+        argv, env = spec.command(plugin_dir=n.plugin_dir, mock_state=mock_path, plugins_registry=n.registry_dir)
         if mock_path is not None:
             env = {**_mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)

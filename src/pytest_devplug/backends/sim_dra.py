@@ -31,6 +31,7 @@ from ..sim import cdi
 from ..sim.dra.client import SERVICE_V1, DRAPluginCallError, DRAPluginClient
 from ..sim.dra.health import HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1
 from ..sim.endpoint import go_rpc_error
+from ..sim.pluginwatcher import DRA_PLUGIN_TYPE
 from ..sim.dra.incluster import SERVICE_ACCOUNT_DIR, DriverCredentials, driver_credentials
 from ..waiting import wait_for
 from . import mockstate
@@ -193,7 +194,8 @@ class SimDRA:
         return None if service is None else str(service)
 
     def registration_events(self, node: str) -> list[RegistrationRecord]:
-        return [RegistrationRecord(e.kind, e.socket, e.name, e.detail) for e in self._dra(node).registration_events()]
+        events = self._kubelet(node).registration_events()  # a socket that never answered GetInfo may be a driver's
+        return [RegistrationRecord(e.kind, e.socket, e.name, e.detail) for e in events if e.plugin_type in (DRA_PLUGIN_TYPE, "")]
 
     def dra_calls(self, node: str) -> list[DRACallRecord]:
         return [DRACallRecord(c.driver, c.method, c.claim_uids, c.error, c.at) for c in list(self._dra(node).calls)]

@@ -5,14 +5,20 @@ from __future__ import annotations
 import pytest
 
 from pytest_devplug import PluginHandle, PodFactory, assert_allocatable, assert_reregisters_after_kubelet_restart
+from pytest_devplug.assertions import UNLOGGED_PATH, registration_path
+from pytest_devplug.report import note_check
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
 from ._support import device_count, short_grace_period
 
 
 @pytest.mark.devplug_disruptive
-def test_reregisters_after_kubelet_restart(devplug_plugin: PluginHandle) -> None:
+def test_reregisters_after_kubelet_restart(devplug_plugin: PluginHandle, request: pytest.FixtureRequest) -> None:
+    """The resource comes back after a kubelet restart without the plugin being restarted: by a new ``Register`` on
+    the new kubelet.sock, or by the kubelet's plugin watcher finding the plugin's socket in ``plugins_registry/``
+    again (the report notes which)."""
     assert_reregisters_after_kubelet_restart(devplug_plugin)
+    note_check(request.node, "registration", registration_path(devplug_plugin.node, devplug_plugin.resource_name) or UNLOGGED_PATH)
 
 
 @pytest.mark.devplug_disruptive

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pytest_devplug import PluginHandle, assert_registered
+from pytest_devplug.assertions import UNLOGGED_PATH, registration_path, watcher_refusals
+from pytest_devplug.report import note_check
 
 
-def test_registers_its_resource(devplug_plugin_started: PluginHandle) -> None:
-    """The node lists the resource by exactly the name the plugin was configured with."""
+def test_registers_its_resource(devplug_plugin_started: PluginHandle, request: pytest.FixtureRequest) -> None:
+    """The node lists the resource by exactly the name the plugin was configured with, registered either way the
+    kubelet takes device plugins: ``Register`` on kubelet.sock, or a socket in ``plugins_registry/`` its plugin
+    watcher finds (the report notes which)."""
     devplug_plugin = devplug_plugin_started
     cap, alloc = assert_registered(devplug_plugin)
     capacity = devplug_plugin.node.obj["status"]["capacity"]
     assert devplug_plugin.resource_name in capacity, f"node capacity lists {sorted(capacity)}"
     assert alloc == cap, f"all devices healthy at start, so allocatable should equal capacity: {cap}/{alloc}"
+    note_check(request.node, "registration", registration_path(devplug_plugin.node, devplug_plugin.resource_name) or UNLOGGED_PATH)
 
 
 def test_registration_accepted_without_errors(devplug_plugin: PluginHandle) -> None:
-    """The kubelet accepted the registration first time: right version, valid name, plugin already serving."""
+    """The kubelet accepted the registration first time: right version, valid name, plugin already serving (through
+    the plugin watcher: its socket answered ``GetInfo`` as a device plugin's must)."""
     assert_registered(devplug_plugin)
     res = devplug_plugin.resource_name
     lines = devplug_plugin.node.kubelet_log().splitlines()
@@ -24,11 +32,12 @@ def test_registration_accepted_without_errors(devplug_plugin: PluginHandle) -> N
     bad = [
         ln
         for ln in lines[:first_ok]
-        if res in ln and ("Bad registration request" in ln or "Error connecting to device plugin client" in ln)
-    ]
+        if res in ln and any(r in ln for r in ("Bad registration request", "Error connecting to device plugin client",
+                                                "Failed to connect to new client"))
+    ] + watcher_refusals(lines[:first_ok], res)  # fmt: skip
     assert not bad, (
-        "the kubelet refused a registration of the plugin (wrong version, bad name, or Register called "
-        f"before the plugin served its socket): {bad}"
+        "the kubelet refused a registration of the plugin (wrong version, bad name, or registered before the plugin "
+        f"served its socket): {bad}"
     )
 
 

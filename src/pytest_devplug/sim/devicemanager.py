@@ -29,7 +29,7 @@ from pytest_devplug.sim.checkpoint import read_checkpoint, write_checkpoint
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
 from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
 from pytest_devplug.sim.pod_devices import NO_NUMA, PodDevices
-from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, plugin_socket_path
+from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, WatcherHandler, plugin_socket_path
 from pytest_devplug.sim.topology import (
     POLICIES,
     TOPOLOGY_AFFINITY_MESSAGE,
@@ -209,11 +209,28 @@ class DeviceManager:
         return [e for by_socket in self._connected.values() for e in by_socket.values()]
 
     def _on_register(self, req: pb.RegisterRequest) -> None:
+        """``Register`` on kubelet.sock: the endpoint is a socket name in the plugin directory."""
+        self.connect_plugin(req.resource_name, plugin_socket_path(self.plugin_dir, req.endpoint))
+
+    def watcher_handler(self, path_of_endpoint: Callable[[str], Path] = Path) -> WatcherHandler:
+        """The ``DevicePlugin`` handler the plugin watcher gets (upstream ``GetWatcherHandler``)."""
+        return WatcherHandler(self.plugin_dir, self.connect_plugin, self.disconnect_plugin, path_of_endpoint=path_of_endpoint,
+                              logger=self._log)  # fmt: skip
+
+    def disconnect_plugin(self, resource: str, socket: Path) -> None:
+        """``DeRegisterPlugin`` (the plugin's socket left ``plugins_registry/``): the client of ``resource`` on ``socket``
+        (before 1.37: the resource's one client, whichever socket) is disconnected as when its stream ends."""
+        with self._lock:
+            connected = self._connected.get(resource, {})
+            ep = connected.get(socket) if self.kube.has("endpoint-per-socket") else next(iter(connected.values()), None)
+        if ep is not None:
+            self._on_stream_end(ep)
+
+    def connect_plugin(self, resource: str, socket: Path) -> None:
         """``PluginConnected``: dial, GetDevicePluginOptions, then take the endpoint as the resource's. From 1.37 it
         joins the resource's other endpoints and a socket the kubelet still holds is refused; before, it replaces
-        the one client of the resource and the earlier plugin's stream stays open (upstream closes nothing)."""
-        resource = req.resource_name
-        socket = plugin_socket_path(self.plugin_dir, req.endpoint)
+        the one client of the resource and the earlier plugin's stream stays open (upstream closes nothing).
+        Raises :class:`RegistrationError`."""
         ep = Endpoint(resource, socket, logger=self._log)
         try:
             ep.connect(self.dial_timeout)

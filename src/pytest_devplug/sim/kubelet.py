@@ -38,7 +38,8 @@ from .apiserver import now_rfc3339
 from .devicemanager import DeviceManager
 from .dra.node import NodeDRA
 from .klog import KlogFormatter, KlogHandler
-from .launcher import KUBELET_PATHS
+from .launcher import KUBELET_PATHS, path_in_node
+from .pluginwatcher import DEVICE_PLUGIN_TYPE, DRA_PLUGIN_TYPE, PluginHandler, PluginWatcher, RegistrationEvent
 from .daemon import KUBELET_BACKOFF, BackOffPolicy, PluginDaemon
 from .nodestatus import DEFAULT_CPU, DEFAULT_MEMORY, DEFAULT_PODS, NodeStatus
 from .podresources import PodResourcesServer
@@ -123,6 +124,9 @@ class SimNode:
         self._running = False
         self._dm: DeviceManager | None = None
         self._podres: PodResourcesServer | None = None
+        self._watcher: PluginWatcher | None = None
+        #: Registration outcomes of the plugin watchers of earlier kubelet lifetimes, oldest first.
+        self._registrations: list[RegistrationEvent] = []
         #: The kubelet's DRA side (``sim/dra/node.py``), set by a cluster with an API server to read claims from.
         self.dra: NodeDRA | None = None
         self.logger = logging.getLogger(f"pytest_devplug.sim.kubelet.{name}.{id(self):x}")
@@ -135,6 +139,15 @@ class SimNode:
     @property
     def plugin_dir(self) -> Path:
         return self.node_dir / "device-plugins"
+
+    @property
+    def registry_dir(self) -> Path:
+        """The plugin watcher's ``/var/lib/kubelet/plugins_registry``."""
+        return self.node_dir / "plugins_registry"
+
+    def host_path(self, path: str) -> Path:
+        """The host path of a path a plugin in the node's namespace names (an endpoint in ``GetInfo``)."""
+        return path_in_node(path, {standard: self.node_dir / d for d, standard in KUBELET_PATHS.items()})
 
     @property
     def cdi_spec_dirs(self) -> list[Path]:
@@ -167,6 +180,12 @@ class SimNode:
     def kubelet_log(self) -> str:
         return self._log_handler.text()
 
+    def registration_events(self) -> list[RegistrationEvent]:
+        """What the plugin watcher of every kubelet lifetime saw, oldest first (device plugins and DRA drivers)."""
+        with self._lock:
+            now = list(self._watcher.events) if self._watcher is not None else []
+            return [*self._registrations, *now]
+
     # --------------------------------------------------------------- lifecycle
     def start_kubelet(self) -> None:
         """Start the kubelet: device manager (reads the checkpoint), pod-resources server, then
@@ -175,8 +194,9 @@ class SimNode:
             if self._running:
                 return
             self.logger.info('"Starting kubelet" node="%s"', self.name)
+            handlers: dict[str, PluginHandler] = {}
             if self.dra is not None:
-                self.dra.start()
+                handlers[DRA_PLUGIN_TYPE] = self.dra.start()
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
             self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
             dm = DeviceManager(
@@ -189,6 +209,8 @@ class SimNode:
                 kube=self.kube,
             )
             dm.start()
+            handlers[DEVICE_PLUGIN_TYPE] = dm.watcher_handler(self.host_path)
+            watcher = PluginWatcher(self.registry_dir, handlers, logger=self.logger, kube=self.kube)
             get_terminal = not self.kube.has("podresources-get-terminal-not-found")
             podres = PodResourcesServer(
                 dm, self._active_pods_for_podresources, self.pod_resources_socket,
@@ -196,8 +218,9 @@ class SimNode:
             )  # fmt: skip
             podres.start()
             with self._lock:
-                self._dm, self._podres, self._running = dm, podres, True
+                self._dm, self._podres, self._watcher, self._running = dm, podres, watcher, True
                 self._pods = {}
+            watcher.start()  # upstream's plugin manager starts once the runtime is up, after the container manager
             self.refresh_status()
             self._readmit_existing()
             dm.sources_ready = True
@@ -213,10 +236,14 @@ class SimNode:
             with self._lock:
                 if not self._running:
                     return
-                dm, podres = self._dm, self._podres
-                self._running, self._dm, self._podres = False, None, None
+                dm, podres, watcher = self._dm, self._podres, self._watcher
+                self._running, self._dm, self._podres, self._watcher = False, None, None, None
                 self._pods = {}
+                if watcher is not None:
+                    self._registrations.extend(watcher.events)
             self.logger.info('"Stopping kubelet" node="%s"', self.name)
+            if watcher is not None:
+                watcher.stop()
             if podres is not None:
                 podres.stop()
             if dm is not None:

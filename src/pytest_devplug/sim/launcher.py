@@ -27,9 +27,10 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-__all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "main", "NO_NAMESPACE_HELP"]
+__all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "main", "NO_NAMESPACE_HELP", "path_in_node"]
 
 #: A node's directory name -> where a kubelet on that node keeps it (``pkg/kubelet/apis``:
 #: ``DevicePluginPath``, ``podresources`` socket dir; the plugin watcher's ``plugins_registry`` and the
@@ -43,6 +44,15 @@ KUBELET_PATHS = {
     "cdi": "/var/run/cdi",
     "etc-cdi": "/etc/cdi",
 }
+
+def path_in_node(path: str, dirs: Mapping[str, Path]) -> Path:
+    """The host path of ``path`` as a plugin in the node's namespace names it: ``dirs`` maps a standard path (a value
+    of :data:`KUBELET_PATHS`) to the node's directory; any other path is the host's own."""
+    for prefix, local in dirs.items():
+        if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+            return local / path[len(prefix.rstrip("/")) + 1 :]
+    return Path(path)
+
 
 #: Where the host's kubelet files are hidden behind a tmpfs inside the namespace.
 _KUBELET_ROOT = "/var/lib/kubelet"

@@ -1,10 +1,17 @@
-"""The kubelet's ``Registration`` service on ``<plugin dir>/kubelet.sock``.
+"""The two ways a device plugin registers with the kubelet: ``Register`` on ``<plugin dir>/kubelet.sock``, and a
+socket in ``plugins_registry/`` found by the plugin watcher.
 
-Mirrors upstream ``plugin/v1beta1/server.go``: the version and the resource name are checked
+``Register`` mirrors upstream ``plugin/v1beta1/server.go``: the version and the resource name are checked
 first, then the plugin is connected synchronously (dial, GetDevicePluginOptions) so that a
 failure reaches the plugin as the error of its ``Register`` call. grpc-go turns a plain Go error
 returned by a handler into status ``Unknown`` with the error text as description; this server
 answers the same way.
+
+The watcher's way is ``plugin/v1beta1/handler.go`` (:class:`WatcherHandler`): ``GetInfo`` names the type
+``DevicePlugin``, the resource as the plugin's name and the socket the kubelet dials (an absolute path; empty: the
+registration socket itself); any one of the plugin's versions must be the kubelet's; the connection is the same as
+``Register``'s, and the socket's removal disconnects the plugin. The handler's setup leaves a ``DEPRECATION`` file in
+the device-plugin directory, as upstream's ``GetPluginHandler`` does on every node.
 
 grpc-go serves every call on its own goroutine, so a plugin whose socket never answers holds
 only its own ``Register`` (for up to the 10 s dial timeout); the thread pool here is sized so
@@ -15,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -24,14 +31,16 @@ import grpc
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
-from pytest_devplug.sim.errors import SimError
 from pytest_devplug.sim.names import is_extended_resource_name
+from pytest_devplug.sim.pluginwatcher import PluginHandlerError
 from pytest_devplug.sim.workdir import check_socket_path
 
 __all__ = [
+    "DEPRECATION_FILE",
     "SUPPORTED_VERSIONS",
     "RegistrationError",
     "RegistrationServer",
+    "WatcherHandler",
     "is_extended_resource_name",
     "unsupported_version_message",
     "invalid_resource_name_message",
@@ -45,7 +54,12 @@ MAX_CONCURRENT_REGISTRATIONS = 64
 
 
 
-class RegistrationError(SimError):
+#: What upstream's ``GetPluginHandler`` creates in the device-plugin directory: the plugin watcher takes device
+#: plugins on this node.
+DEPRECATION_FILE = "DEPRECATION"
+
+
+class RegistrationError(PluginHandlerError):
     """A registration was refused; the text is what the plugin receives."""
 
 
@@ -131,3 +145,53 @@ class RegistrationServer:
             self._server.stop(grace=None).wait(5.0)
             self._server = None
         self.socket_path.unlink(missing_ok=True)
+
+
+def _go_list(values: Sequence[str]) -> str:
+    """fmt's ``%v`` of a Go ``[]string``: ``[a b]``."""
+    return "[" + " ".join(values) + "]"
+
+
+class WatcherHandler:
+    """``cache.PluginHandler`` for ``DevicePlugin`` sockets in ``plugins_registry/`` (upstream ``handler.go``).
+
+    ``connect(resource, socket)`` is the device manager's connection (as for ``Register``; raises
+    :class:`RegistrationError`), ``disconnect(resource, socket)`` its disconnection; ``path_of_endpoint`` maps the
+    endpoint the plugin named (a path in its own mount namespace) to the socket on this host."""
+
+    def __init__(
+        self,
+        plugin_dir: Path,
+        connect: Callable[[str, Path], None],
+        disconnect: Callable[[str, Path], None],
+        *,
+        path_of_endpoint: Callable[[str], Path] = Path,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self._connect, self._disconnect, self._path = connect, disconnect, path_of_endpoint
+        self._log = logger or logging.getLogger(__name__)
+        try:
+            (plugin_dir / DEPRECATION_FILE).touch()
+        except OSError as err:
+            self._log.error("Failed to create deprecation file at socket dir %s: %s", plugin_dir, err)
+
+    def validate_plugin(self, name: str, endpoint: str, versions: Sequence[str]) -> None:
+        self._log.info('"Got plugin at endpoint with versions" plugin="%s" endpoint="%s" versions=%s', name, endpoint, _go_list(versions))
+        if not any(v in SUPPORTED_VERSIONS for v in versions):
+            raise RegistrationError(
+                f"manager version, {SUPPORTED_VERSIONS[0]}, is not among plugin supported versions {_go_list(versions)}"
+            )
+        if not is_extended_resource_name(name):
+            raise RegistrationError(f"invalid name of device plugin socket: {invalid_resource_name_message(name)}")
+
+    def register_plugin(self, name: str, endpoint: str, versions: Sequence[str], timeout: float | None) -> None:
+        self._log.info('"Registering plugin at endpoint" plugin="%s" endpoint="%s"', name, endpoint)
+        try:
+            self._connect(name, self._path(endpoint))
+        except RegistrationError as err:
+            self._log.error('"Failed to connect to new client" err="%s" resource="%s" socketPath="%s"', err, name, endpoint)
+            raise
+
+    def deregister_plugin(self, name: str, endpoint: str) -> None:
+        self._log.info('"Deregistering plugin" plugin="%s" endpoint="%s"', name, endpoint)
+        self._disconnect(name, self._path(endpoint))

@@ -13,7 +13,7 @@ from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.manager import DRAManager
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
-from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher
+from pytest_devplug.sim.pluginwatcher import DRA_PLUGIN_TYPE, PluginWatcher
 
 
 class Kubelet:

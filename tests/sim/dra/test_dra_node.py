@@ -201,7 +201,7 @@ def test_refused_registration_is_retried(world: World, dra_drivers: Callable[...
     world.dra.refuse_next_registration("refused on purpose")
     driver = dra_drivers(DRIVER)
     wait_until("registered after the refusal", lambda: world.dra.usable(DRIVER))
-    failed = [e for e in world.dra.registration_events() if e.kind == "failed"]
+    failed = [e for e in world.node.registration_events() if e.kind == "failed"]
     assert [e.detail for e in failed] == ["RegisterPlugin error -- plugin validation failed with err: refused on purpose"]
     assert driver.calls.statuses[0] == (False, failed[0].detail) and driver.calls.statuses[-1] == (True, "")
 

@@ -34,7 +34,8 @@ from pytest_devplug.sim.dra import checkpoint as cp
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager, DRAPrepareError, extended_resource_claim
 from pytest_devplug.sim.dra.plugins import DEFAULT_WIPING_DELAY_S, DRAPluginError, DRAPluginManager, ResourceSliceWiper
-from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher, RegistrationEvent
+from pytest_devplug.sim.launcher import path_in_node
+from pytest_devplug.sim.pluginwatcher import PluginHandler
 
 __all__ = [
     "POD_RETRY_PERIOD_S",
@@ -156,11 +157,8 @@ class NodeDRA:
         self._stopped.set()
         #: Every call the kubelet made to a driver, oldest first (kept across restarts: the node's history).
         self.calls: list[DRACall] = []
-        #: Registration outcomes of every kubelet lifetime, oldest first.
-        self.registrations: list[RegistrationEvent] = []
         self._plugins: DRAPluginManager | None = None
         self._manager: DRAManager | None = None
-        self._watcher: PluginWatcher | None = None
         self._loop: threading.Thread | None = None
         self._work: dict[str, _PodWork] = {}
         self._active: Callable[[], set[str]] | None = None
@@ -184,10 +182,7 @@ class NodeDRA:
 
     def host_path(self, endpoint: str) -> Path:
         """The socket the kubelet dials for an endpoint a driver named (its namespace's path, or a host path)."""
-        for prefix, local in self._endpoint_paths.items():
-            if endpoint == prefix or endpoint.startswith(prefix.rstrip("/") + "/"):
-                return local / endpoint[len(prefix.rstrip("/")) + 1 :]
-        return Path(endpoint)
+        return path_in_node(endpoint, self._endpoint_paths)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -195,9 +190,10 @@ class NodeDRA:
     def running(self) -> bool:
         return not self._stopped.is_set()
 
-    def start(self) -> None:
+    def start(self) -> PluginHandler:
         """A kubelet start: the DRA manager reads ``dra_manager_state`` (raises ``DRAManagerError`` when it cannot, and
-        the kubelet does not start, as upstream's), the node's slices are wiped, the plugin watcher starts."""
+        the kubelet does not start, as upstream's) and the node's slices are wiped. Returns the ``DRAPlugin`` handler
+        for the kubelet's plugin watcher."""
         health = HealthInfoCache()
         plugins = DRAPluginManager(
             self.node_name, wiper=self.api, wiping_delay=self.timings.wiping_delay,
@@ -213,16 +209,14 @@ class NodeDRA:
         except Exception:
             plugins.stop()
             raise
-        handler = _RefusingHandler(plugins, self._next_refusal)
-        watcher = PluginWatcher(self.registry_dir, {DRA_PLUGIN_TYPE: handler}, logger=self._log, kube=self.kube)
         self.plugins_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            self._plugins, self._manager, self._watcher = plugins, manager, watcher
+            self._plugins, self._manager = plugins, manager
             self._work, self._active, self._reconcile_due = {}, None, float("inf")
             self._stopped.clear()
             self._loop = threading.Thread(target=self._run, name=f"dra-{self.node_name}", daemon=True)
-        watcher.start()
         self._loop.start()
+        return _RefusingHandler(plugins, self._next_refusal)
 
     def wait_startup_wipe(self, timeout: float) -> bool:
         """Wait until this kubelet start's wipe of the node's slices went through (upstream runs it in the background,
@@ -241,19 +235,16 @@ class NodeDRA:
         self._wake.set()
 
     def stop(self) -> None:
-        """The kubelet process ends: watcher, connections (in-flight calls are cancelled) and pending work go."""
+        """The kubelet process ends (its plugin watcher stopped first): connections (in-flight calls are cancelled)
+        and pending work go."""
         with self._lock:
             if self._stopped.is_set():
                 return
             self._stopped.set()
-            watcher, plugins, loop = self._watcher, self._plugins, self._loop
-            if self._watcher is not None:
-                self.registrations.extend(self._watcher.events)
-            self._plugins = self._manager = self._watcher = None
+            plugins, loop = self._plugins, self._loop
+            self._plugins = self._manager = None
             self._work = {}
         self._wake.set()
-        if watcher is not None:
-            watcher.stop()
         if plugins is not None:
             plugins.stop()
         if loop is not None and loop is not threading.current_thread():
@@ -281,12 +272,6 @@ class NodeDRA:
             return plugins.get_plugin(driver).chosen_service if plugins is not None else None
         except DRAPluginError:
             return None
-
-    def registration_events(self) -> list[RegistrationEvent]:
-        """Every registration outcome so far (all kubelet lifetimes), oldest first."""
-        with self._lock:
-            now = list(self._watcher.events) if self._watcher is not None else []
-            return [*self.registrations, *now]
 
     def wipes(self) -> list[str | None]:
         """Slice wipes of this kubelet lifetime: a driver name, or ``None`` for the node's wipe at start."""

@@ -26,12 +26,11 @@ from pytest_devplug.sim.dra.health import (
     HealthInfoCache,
     HealthStream,
 )
-from pytest_devplug.sim.errors import SimError
+from pytest_devplug.sim.pluginwatcher import PluginHandlerError
 
 __all__ = [
     "DEFAULT_WIPING_DELAY_S",
     "DRAPluginError",
-    "PluginHandler",
     "ResourceSliceWiper",
     "DRAPluginManager",
     "go_quote_list",
@@ -41,18 +40,8 @@ __all__ = [
 DEFAULT_WIPING_DELAY_S = 30.0
 
 
-class DRAPluginError(SimError):
+class DRAPluginError(PluginHandlerError):
     """A DRA plugin cannot be registered or used; the text is upstream's."""
-
-
-class PluginHandler(Protocol):
-    """``cache.PluginHandler``: what the plugin watcher calls for one plugin type."""
-
-    def validate_plugin(self, name: str, endpoint: str, versions: Sequence[str]) -> None: ...
-
-    def register_plugin(self, name: str, endpoint: str, versions: Sequence[str], timeout: float | None) -> None: ...
-
-    def deregister_plugin(self, name: str, endpoint: str) -> None: ...
 
 
 class ResourceSliceWiper(Protocol):

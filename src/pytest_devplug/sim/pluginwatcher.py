@@ -2,8 +2,9 @@
 
 A plugin announces itself by creating a Unix socket there that serves ``pluginregistration.Registration``.
 For each socket (hidden names skipped, subdirectories walked) the watcher dials it (10 s), asks
-``GetInfo`` (1 s), hands the info to the handler of its type (``DRAPlugin`` here), with an empty
-endpoint meaning the registration socket itself, and tells the plugin the verdict through
+``GetInfo`` (1 s), hands the info to the handler of its type (``DevicePlugin``: the device manager;
+``DRAPlugin``: the DRA plugin manager), with an empty endpoint meaning the registration socket itself, and
+tells the plugin the verdict through
 ``NotifyRegistrationStatus`` (5 s). A failed attempt is retried with upstream's backoff (0.5 s
 doubling to 2 min 2 s); a socket that goes away is deregistered; one that is replaced (new inode or
 mtime) is deregistered and registered again. Upstream learns of sockets through fsnotify and
@@ -18,28 +19,33 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
 
 from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.api.pluginregistration import v1_pb2_grpc as rpb_grpc
-from pytest_devplug.sim.dra.plugins import DRAPluginError, PluginHandler
 from pytest_devplug.sim.endpoint import go_rpc_error
+from pytest_devplug.sim.errors import SimError
 
 __all__ = [
+    "DEVICE_PLUGIN_TYPE",
     "DRA_PLUGIN_TYPE",
     "DIAL_TIMEOUT_S",
     "GET_INFO_TIMEOUT_S",
     "NOTIFY_TIMEOUT_S",
+    "PluginHandler",
+    "PluginHandlerError",
     "RegistrationEvent",
     "PluginWatcher",
 ]
 
+#: ``pluginwatcherapi.DevicePlugin`` and ``DRAPlugin``: the ``type`` a plugin names in ``GetInfo``.
+DEVICE_PLUGIN_TYPE = "DevicePlugin"
 DRA_PLUGIN_TYPE = "DRAPlugin"
 DIAL_TIMEOUT_S = 10.0
 GET_INFO_TIMEOUT_S = 1.0
@@ -49,15 +55,32 @@ _BACKOFF_START_S = 0.5
 _BACKOFF_MAX_S = 122.0
 
 
+class PluginHandlerError(SimError):
+    """A handler refused a plugin; the text is upstream's (the watcher tells the plugin)."""
+
+
+class PluginHandler(Protocol):
+    """``cache.PluginHandler``: what the plugin watcher calls for one plugin type; refusals raise
+    :class:`PluginHandlerError`."""
+
+    def validate_plugin(self, name: str, endpoint: str, versions: Sequence[str]) -> None: ...
+
+    def register_plugin(self, name: str, endpoint: str, versions: Sequence[str], timeout: float | None) -> None: ...
+
+    def deregister_plugin(self, name: str, endpoint: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class RegistrationEvent:
-    """One outcome the watcher reached: ``kind`` is "registered", "failed" or "deregistered"."""
+    """One outcome the watcher reached: ``kind`` is "registered", "failed" or "deregistered"; ``plugin_type`` is
+    what ``GetInfo`` said ("" when the plugin never answered it)."""
 
     kind: str
     socket: str
     name: str = ""
     detail: str = ""
     at: float = field(default_factory=time.monotonic)
+    plugin_type: str = ""
 
 
 @dataclass
@@ -75,9 +98,10 @@ class _RegistrationFailed(Exception):
     stays in the watcher's actual state anyway, so it is not tried again until its socket is made anew (a failed
     ``RegisterPlugin`` before 1.36)."""
 
-    def __init__(self, error: str, kept: tuple[str, str, str] | None = None) -> None:
+    def __init__(self, error: str, kept: tuple[str, str, str] | None = None, plugin_type: str = "") -> None:
         super().__init__(error)
         self.kept = kept
+        self.plugin_type = plugin_type
 
 
 class PluginWatcher:
@@ -169,17 +193,18 @@ class PluginWatcher:
         kind, name, endpoint = registered
         self._log.info("DeRegisterPlugin pluginName=%s endpoint=%s socket=%s", name, endpoint, path)
         self._handlers[kind].deregister_plugin(name, endpoint)
-        self.events.append(RegistrationEvent("deregistered", path, name))
+        self.events.append(RegistrationEvent("deregistered", path, name, plugin_type=kind))
 
     # --- one registration -----------------------------------------------------------------------
 
     def _register(self, path: str) -> None:
         registered: tuple[str, str, str] | None = None
-        detail = ""
+        detail = plugin_type = ""
         try:
             registered = self._attempt(path)
+            plugin_type = registered[0]
         except _RegistrationFailed as exc:
-            detail = str(exc)
+            detail, plugin_type = str(exc), exc.plugin_type
             registered = exc.kept
             self._log.error("RegisterPlugin error -- failed socket=%s: %s", path, detail)
         with self._lock:
@@ -192,11 +217,12 @@ class PluginWatcher:
             known.in_flight = False
             if registered is not None:
                 known.registered, known.backoff = registered, 0.0
-                self.events.append(RegistrationEvent("failed" if detail else "registered", path, registered[1], detail=detail))
+                self.events.append(RegistrationEvent("failed" if detail else "registered", path, registered[1], detail=detail,
+                                                     plugin_type=plugin_type))  # fmt: skip
             else:
                 known.backoff = min(_BACKOFF_MAX_S, known.backoff * 2 or _BACKOFF_START_S)
                 known.next_attempt = time.monotonic() + known.backoff
-                self.events.append(RegistrationEvent("failed", path, detail=detail))
+                self.events.append(RegistrationEvent("failed", path, detail=detail, plugin_type=plugin_type))
 
     def _attempt(self, path: str) -> tuple[str, str, str]:
         channel: Any = grpc.insecure_channel(f"unix://{path}", options=[("grpc.default_authority", "localhost")])
@@ -214,37 +240,39 @@ class PluginWatcher:
                 ) from None
             handler = self._handlers.get(info.type)
             if handler is None:
-                self._refuse(stub, f"RegisterPlugin error -- no handler registered for plugin type: {info.type} at socket {path}")
+                self._refuse(stub, f"RegisterPlugin error -- no handler registered for plugin type: {info.type} at socket {path}",
+                             plugin_type=info.type)  # fmt: skip
             endpoint = info.endpoint or path
             versions = list(info.supported_versions)
             try:
                 handler.validate_plugin(info.name, endpoint, versions)
-            except DRAPluginError as err:
-                self._refuse(stub, f"RegisterPlugin error -- plugin validation failed with err: {err}")
+            except PluginHandlerError as err:
+                self._refuse(stub, f"RegisterPlugin error -- plugin validation failed with err: {err}", plugin_type=info.type)
             identity = (info.type, info.name, endpoint)
             try:
                 handler.register_plugin(info.name, endpoint, versions, None)
-            except DRAPluginError as err:
+            except PluginHandlerError as err:
                 # Before 1.36 the plugin was added to the actual state first and stays there: never retried.
-                self._refuse(stub, f"RegisterPlugin error -- plugin registration failed with err: {err}", None if self._retry else identity)
+                self._refuse(stub, f"RegisterPlugin error -- plugin registration failed with err: {err}",
+                             None if self._retry else identity, plugin_type=info.type)  # fmt: skip
             try:
                 stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=True), timeout=NOTIFY_TIMEOUT_S)
             except grpc.RpcError as err:
                 error = f"RegisterPlugin error -- failed to send registration status at socket {path}, err: {go_rpc_error(err)}"
                 if self._retry:  # 1.36+: out of the actual state, deregistered, tried again
                     handler.deregister_plugin(info.name, endpoint)
-                    raise _RegistrationFailed(error) from None
+                    raise _RegistrationFailed(error, plugin_type=info.type) from None
                 self._log.error("%s", error)  # before: the registration stays, only logged
             self._log.info("Register plugin pluginName=%s type=%s endpoint=%s socket=%s", info.name, info.type, endpoint, path)
             return identity
         finally:
             channel.close()
 
-    def _refuse(self, stub: Any, error: str, kept: tuple[str, str, str] | None = None) -> NoReturn:
+    def _refuse(self, stub: Any, error: str, kept: tuple[str, str, str] | None = None, *, plugin_type: str = "") -> NoReturn:
         """Tell the plugin it is not registered and why; the attempt ends with ``error`` (``kept``: see
         :class:`_RegistrationFailed`)."""
         try:
             stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=False, error=error), timeout=NOTIFY_TIMEOUT_S)
         except grpc.RpcError as err:
             self._log.error("failed to send registration status: %s", go_rpc_error(err))
-        raise _RegistrationFailed(error, kept)
+        raise _RegistrationFailed(error, kept, plugin_type)

@@ -1,0 +1,37 @@
+"""The suite's registration and restart checks judge a plugin that registers through the kubelet's plugin watcher
+(``plugins_registry/``) as they judge one that calls ``Register``, and the report says which way each used: the
+included plugin with ``DP_REGISTRATION=plugins_registry`` (``--plugin-env``) and with its default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import run_conformance
+
+#: The checks about registering and registering again, and the restarts that depend on it.
+SELECTION = "test_registers_its_resource or test_registration_accepted_without_errors or test_reregisters_after_kubelet_restart or test_kubelet_restart_then_plugin_restart"
+NOTED = ("test_registers_its_resource", "test_reregisters_after_kubelet_restart")
+
+
+def _notes(report: Path) -> dict[str, list[str]]:
+    checks = json.loads(report.with_suffix(".json").read_text())["checks"]
+    return {c["name"].rsplit(" ", 1)[-1].split(":")[-1].strip(): c.get("notes", []) for c in checks}
+
+
+@pytest.mark.parametrize(
+    ("env", "path"),
+    [("DP_REGISTRATION=plugins_registry,DP_KUBELET_REGISTRAR_DIR={plugins_registry}", "plugins_registry"), ("", "kubelet.sock")],
+    ids=["plugins_registry", "kubelet.sock"],
+)
+def test_registration_checks_pass_either_way_and_say_which(tmp_path: Path, env: str, path: str) -> None:
+    report = tmp_path / "report.md"
+    options = ["--report", str(report), *(["--plugin-env", env] if env else [])]
+    result = run_conformance(options, ["-k", SELECTION], tmp_path, timeout=600)
+    assert not result.failed and result.returncode == 0, "\n".join(result.failed) + "\n" + result.output
+    assert sorted(result.passed) == sorted(SELECTION.split(" or ")), result.verdicts()
+    notes = _notes(report)
+    for check in NOTED:
+        assert notes[check] == [f"registration: {path}"], notes
