@@ -6,7 +6,8 @@
 #                 then dra-example-driver (its chart's DaemonSet) under the DRA checks of $dra_shared and
 #                 $dra_example on the same node
 #   conformance   the suite on the cluster backend (kubeconfig only) on -worker2, all but the grace test and the
-#                 soak (no node left for its copy: it runs in the differential lane)
+#                 soak (no node left for its copy: it runs in the differential lane); then the registration checks
+#                 with the included plugin registering through the kubelet's plugin watcher, on the same node
 #   grace         the grace-period test (5 min on a real kubelet) on -worker3; then the DRA sim-vs-kind
 #                 differential on the same node
 #   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4;
@@ -140,6 +141,14 @@ nvidia_then_one_device() {
     -p no:cacheprovider -rP
 }
 
+# The suite; then its registration and restart checks with the included plugin registering through the kubelet's
+# plugin watcher (DP_REGISTRATION=plugins_registry), as NIC plugins do, on the same node.
+conformance() {
+  child pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak" || return
+  PYTEST_ADDOPTS="--devplug-node=$(node worker2)" child pytest -m kind tests/plugin_layer/test_watcher_registration_suite.py \
+    -p no:cacheprovider -rP
+}
+
 dra() {
   PYTEST_ADDOPTS="--devplug-node=$(node worker6)" DEVPLUG_DRA_CHECKS="$dra_shared $dra_included" \
     child pytest -m kind tests/dra/test_included_driver.py -p no:cacheprovider -rP || return
@@ -147,7 +156,7 @@ dra() {
 }
 
 lane kind kind_then_dra_example
-lane conformance pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak"
+lane conformance conformance
 lane grace grace
 lane nvidia nvidia_then_one_device
 lane differential differential

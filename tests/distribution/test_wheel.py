@@ -69,3 +69,10 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
     bare = subprocess.run([str(bin_ / "devplug"), "conformance"], cwd=empty, capture_output=True, text=True, timeout=60, check=False)
     assert bare.returncode == pytest.ExitCode.USAGE_ERROR
     assert "pip install 'pytest-devplug[gpu-plugin]'" in bare.stderr and "--plugin-cmd" in bare.stderr
+
+    # The plain install reads CDI specs in YAML, as NIC plugins write them (no extra needed).
+    (empty / "widget.yaml").write_text("cdiVersion: 0.6.0\nkind: example.com/widget\ndevices:\n- name: w0\n"
+                                       "  containerEdits:\n    env: [WIDGET=0]\n")  # fmt: skip
+    edits = run([py, "-c", "import pathlib; from pytest_devplug.sim import cdi; "
+                 "print(cdi.resolve(['example.com/widget=w0'], [pathlib.Path('.')]).env)"], cwd=empty)  # fmt: skip
+    assert edits.strip() == "{'WIDGET': '0'}", edits

@@ -16,6 +16,11 @@ SELECTION = "test_registers_its_resource or test_registration_accepted_without_e
 NOTED = ("test_registers_its_resource", "test_reregisters_after_kubelet_restart")
 
 
+#: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of its
+#: own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
+KIND_CLUSTER = "devplug-watcher"
+
+
 def _notes(report: Path) -> dict[str, list[str]]:
     checks = json.loads(report.with_suffix(".json").read_text())["checks"]
     return {c["name"].rsplit(" ", 1)[-1].split(":")[-1].strip(): c.get("notes", []) for c in checks}
@@ -35,3 +40,18 @@ def test_registration_checks_pass_either_way_and_say_which(tmp_path: Path, env: 
     notes = _notes(report)
     for check in NOTED:
         assert notes[check] == [f"registration: {path}"], notes
+
+
+@pytest.mark.kind
+def test_registration_checks_pass_through_the_plugin_watcher_on_kind(tmp_path: Path) -> None:
+    """The same on a real kubelet: the included plugin's DaemonSet with ``DP_REGISTRATION=plugins_registry`` (its socket
+    in the node's ``/var/lib/kubelet/plugins_registry``, found by the kubelet's own plugin watcher; kind's kubelets log
+    at -v=4, so the report can say so)."""
+    report = tmp_path / "report.md"
+    options = ["--backend", "kind", "--timeout", "60", "--report", str(report), "--plugin-env", "DP_REGISTRATION=plugins_registry"]
+    result = run_conformance(options, ["-k", SELECTION, f"--cluster-name={KIND_CLUSTER}"], tmp_path, timeout=1800)
+    assert not result.failed and result.returncode == 0, "\n".join(result.failed) + "\n" + result.output
+    assert sorted(result.passed) == sorted(SELECTION.split(" or ")), result.verdicts()
+    notes = _notes(report)
+    for check in NOTED:
+        assert notes[check] == ["registration: plugins_registry"], notes

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
 
 __all__ = [
@@ -174,10 +176,6 @@ def _parse(path: Path) -> Any:
     text = path.read_text()
     if path.suffix == ".json":
         return json.loads(text)
-    try:
-        import yaml  # the cluster and kind extras bring PyYAML; a JSON spec needs nothing
-    except ImportError:
-        raise CdiSpecError(f"{path}: a YAML CDI spec needs PyYAML (pip install pyyaml)") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
