@@ -36,6 +36,8 @@ def test_disruptive():
         (["--devplug-plugin-cmd", "  "], "", ["--devplug-plugin-cmd (ini devplug_plugin_cmd)", "empty command line"]),
         (["--devplug-driver-cmd", " "], "", ["--devplug-driver-cmd (ini devplug_driver_cmd)", "empty command line"]),
         (["--devplug-resource-name", "nvidia.com/gpu,nvidia.com/gpu"], "", ["--devplug-resource-name", "each once"]),
+        (["--devplug-plugin-env", "DP_A=1,oops"], "", ["--devplug-plugin-env", "'oops' is not KEY=VALUE"]),
+        ([], "devplug_plugin_env = 1X=2", ["devplug_plugin_env", "'1X=2' is not KEY=VALUE", "not starting with a digit"]),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
         (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
@@ -129,4 +131,17 @@ def test_spec(devplug_settings):
     result = pytester.runpytest_inprocess(
         "-p", "no:cacheprovider", "--devplug-resource-name", "nvidia.com/gpu, example.com/gpu-half", "--devplug-gpus", "7"
     )
+    result.assert_outcomes(passed=1)
+
+
+def test_plugin_env_reaches_the_spec_with_its_placeholders(pytester: pytest.Pytester) -> None:
+    """``--devplug-plugin-env``: KEY=VALUE pairs (a value may hold '='), placeholders left for the node to fill."""
+    pytester.makepyfile(
+        """
+def test_env(devplug_settings):
+    assert dict(devplug_settings.plugin.env) == {"DP_REGISTRATION": "plugins_registry", "DP_KUBELET_REGISTRAR_DIR": "{plugins_registry}", "X": "a=b"}
+"""
+    )
+    env = "DP_REGISTRATION=plugins_registry, DP_KUBELET_REGISTRAR_DIR={plugins_registry},X=a=b"
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-plugin-env", env)
     result.assert_outcomes(passed=1)
