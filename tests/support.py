@@ -126,10 +126,11 @@ def parse_junit(path: Path) -> SuiteResult:
     for case in ET.parse(path).iter("testcase"):
         name = case.get("name", "?")
         failure, error, skip = case.find("failure"), case.find("error"), case.find("skipped")
+        # the message attribute is cut short by pytest; the element's text holds the rest
         if failure is not None:
-            result.failures[name] = failure.get("message", "")
+            result.failures[name] = failure.get("message", "") + "\n" + (failure.text or "")
         elif error is not None:
-            result.errors[name] = error.get("message", "")
+            result.errors[name] = error.get("message", "") + "\n" + (error.text or "")
         elif skip is not None:
             result.skipped[name] = skip.get("message", "")
         else:

@@ -79,6 +79,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--backend", "--devplug-backend", "sim (embedded kubelet, default) or kind", {"choices": ("sim", "kind"), "default": "sim"}),
     ("--plugin-cmd", "--devplug-plugin-cmd", "your plugin's command line; {plugin_dir} {plugins_registry} {mock_state} {python} are filled in", {}),
     ("--plugin-env", "--devplug-plugin-env", "your plugin's environment, KEY=VALUE pairs, comma-separated", {}),
+    ("--pci-node", "--devplug-pci-node", "sim: a mock PCI/NIC node file (YAML) for a network device plugin", {"metavar": "FILE"}),
     ("--plugin-image", "--devplug-plugin-image", "your plugin's image (kind)", {}),
     ("--plugin-manifest", "--devplug-plugin-manifest", "your plugin's DaemonSet manifest (kind)", {}),
     ("--resource-name", "--devplug-resource-name", "the extended resource(s) it advertises, comma-separated (default nvidia.com/gpu)", {}),

@@ -111,6 +111,8 @@ class DevplugSettings:
     device_nodes: tuple[str, ...] = ()
     #: Seconds the long-lived connection check holds its registration (``--devplug-soak``; 0: off).
     soak: float = DEFAULT_SOAK_S
+    #: The mock PCI/NIC node file of the node under test (``--devplug-pci-node``; sim).
+    pci_node: str | None = None
 
 
 #: Why there is nothing to test: no plugin option, and the included plugin (its own distribution) is absent.
@@ -266,6 +268,14 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "sim: device nodes the node has, comma-separated (e.g. /dev/ttyS0,/dev/widget0), for a plugin that scans "
         "/dev: stub character devices in the private mount namespace of a plugin started without {plugin_dir} "
         "(a mock-NVML node has the GPU's /dev/nvidia* anyway)",
+        {},
+    ),
+    (
+        "pci-node",
+        "sim: a mock PCI/NIC node file (YAML: PCI functions with vendor/device/class, driver, NUMA node, PF/VF, IOMMU "
+        "group, netdev and MAC, RDMA device), or the name of a shipped example (sriov-iavf, sriov-vfio, rdma-connectx), "
+        "shown to a plugin started without "
+        "{plugin_dir}: its sysfs, pci.ids, device nodes and a network namespace with its netdevs (needs root)",
         {},
     ),
     (
@@ -479,6 +489,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         allow_disruptive=allow_disruptive,
         soak=_number(config, "devplug_soak", float),
         device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
+        pci_node=_pci_node(_opt(config, "devplug_pci_node")),
     )
 
 
@@ -526,6 +537,21 @@ def _mig(value: Any) -> tuple[str, ...]:
     except ValueError as exc:
         raise pytest.UsageError(f"{_flag('devplug_mig')} = {value!r}: {exc}") from None
     return profiles
+
+
+def _pci_node(value: Any) -> str | None:
+    """The PCI node file, checked now (a bad file is a usage error naming it), read again by the backend."""
+    if not value:
+        return None
+    from .pcinodes import EXAMPLES, example
+    from .sim.pcinode import PciNodeError, load_pci_node
+
+    path = str(example(str(value))) if str(value) in EXAMPLES else os.path.abspath(str(value))
+    try:
+        load_pci_node(path)
+    except PciNodeError as exc:
+        raise pytest.UsageError(f"{_flag('devplug_pci_node')}: {exc} (or one of the examples: {', '.join(EXAMPLES)})") from None
+    return path
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -762,15 +788,19 @@ def devplug_cluster(pytestconfig: pytest.Config, devplug_settings: DevplugSettin
 
 
 @pytest.fixture(scope="session")
-def devplug_node(
-    devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec, devplug_settings: DevplugSettings
-) -> NodeHandle:
-    """The node (a NodeHandle) the plugin under test runs on."""
-    spec = NodeSpec(
+def devplug_node_spec(devplug_plugin_spec: PluginSpec, devplug_settings: DevplugSettings) -> NodeSpec:
+    """The node under test as the run wants it (a NodeSpec): every node the suite adds for a copy of the plugin (the
+    soak's, a single-numa-node one) is made like it (``dataclasses.replace``), its device nodes and PCI node too."""
+    return NodeSpec(
         NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1), resource_name=devplug_plugin_spec.resource_name,
-        device_nodes=devplug_settings.device_nodes,
+        device_nodes=devplug_settings.device_nodes, pci_node=devplug_settings.pci_node,
     )  # fmt: skip
-    return devplug_cluster.ensure_node(spec)
+
+
+@pytest.fixture(scope="session")
+def devplug_node(devplug_cluster: ClusterHandle, devplug_node_spec: NodeSpec) -> NodeHandle:
+    """The node (a NodeHandle) the plugin under test runs on."""
+    return devplug_cluster.ensure_node(devplug_node_spec)
 
 
 class DevplugWarning(UserWarning):
@@ -909,12 +939,13 @@ def _devplug_deployment(
 
 @pytest.fixture(scope="session")
 def devplug_soak(
-    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec
+    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec,
+    devplug_node_spec: NodeSpec,
 ) -> Iterator[SoakWatch]:
     """The long-lived connection watch (a SoakWatch), for the whole session: a second copy of the plugin on a node of
     its own, registered once and left alone; ``.verdict(timeout)`` waits until it has been registered for
     ``--devplug-soak`` seconds. Started by the first test of a session that collected a soak check."""
-    with SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name) as watch:
+    with SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name, devplug_node_spec) as watch:
         yield watch
 
 

@@ -11,6 +11,7 @@ registered for the soak time: overlapped with the suite, not added to it.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from .backends.base import NodeSpec, PluginSpec, UnsupportedOperationError
 from .handles import ClusterHandle, NodeHandle, PluginHandle
@@ -30,8 +31,12 @@ DEFAULT_SOAK_S = 30.0
 class SoakWatch(Watch):
     """A copy of the plugin on :data:`SOAK_NODE`, registered once and watched until the soak time is over."""
 
-    def __init__(self, cluster: ClusterHandle, spec: PluginSpec, seconds: float, main_node: str) -> None:
+    def __init__(
+        self, cluster: ClusterHandle, spec: PluginSpec, seconds: float, main_node: str, node_like: NodeSpec | None = None
+    ) -> None:
         self.cluster, self.spec, self.seconds, self.main_node = cluster, spec, seconds, main_node
+        #: The node under test's spec: the soak's node is made like it (its device nodes, its PCI node).
+        self.node_like = node_like or NodeSpec(main_node, numa_nodes=max(spec.numa_nodes, 1), resource_name=spec.resource_name)
         self.node: NodeHandle | None = None
         self.plugin: PluginHandle | None = None
         self.registered_at: float | None = None
@@ -46,9 +51,7 @@ class SoakWatch(Watch):
         """Deploy and wait for the first registration; never raises for the plugin's faults (the verdict does)."""
         if self.seconds == 0:
             return
-        spec = NodeSpec(
-            SOAK_NODE, numa_nodes=max(self.spec.numa_nodes, 1), resource_name=self.spec.resource_name, beside=self.main_node
-        )
+        spec = replace(self.node_like, name=SOAK_NODE, beside=self.main_node)
         try:
             node = self.cluster.ensure_node(spec)
         except UnsupportedOperationError as exc:

@@ -3,8 +3,8 @@
 ``peer_binary(name)`` answers the path of a built peer (``sample-device-plugin``, ``stub-plugin``,
 ``nvidia-device-plugin``, the DRA peers ``dra-example-kubeletplugin`` (v0.2.1),
 ``dra-example-kubeletplugin-patched`` (v0.2.1 + peers/dra-example/recreate-cdi-spec-on-restored-claim.patch,
-kubernetes/kubernetes#141433) and ``dra-example-kubeletplugin-v040`` (v0.4.0 as released)), building it on
-first use; the build is the script's, so ``nox -s tests``, CI and a developer running ``peers/build.sh``
+kubernetes/kubernetes#141433) and ``dra-example-kubeletplugin-v040`` (v0.4.0 as released), and ``sriovdp`` (from a
+source tarball: ``peers/build-source.sh``)), building it on first use; the build is the script's, so ``nox -s tests``, CI and a developer running ``peers/build.sh``
 (DRA peers: ``peers/build-dra.sh``) share one cache.
 """
 
@@ -23,15 +23,21 @@ from ..support import in_ci
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
 #: Peers built by another script (same cache layout): the DRA kubelet plugins.
 BUILD_SCRIPTS = {
-    name: BUILD_SCRIPT.with_name("build-dra.sh")
-    for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched", "dra-example-kubeletplugin-v040")
-}
+    **{name: BUILD_SCRIPT.with_name("build-dra.sh")
+       for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched", "dra-example-kubeletplugin-v040")},
+    # from a source tarball or checkout (the Go module proxy refuses the module): DEVPLUG_SRIOV_SOURCE or ../shared
+    "sriovdp": BUILD_SCRIPT.with_name("build-source.sh"),
+}  # fmt: skip
 #: A cold build downloads k8s.io/kubernetes' dependencies and compiles them: minutes on 2 cores.
 BUILD_TIMEOUT_S = 1800.0
 
 
 class PeerBuildError(Exception):
     """``peers/build.sh`` failed or printed no binary for the peer."""
+
+
+class PeerSourceMissing(Exception):
+    """A source-built peer has no source here (``peers/build-source.sh`` printed ``NAME -``); the text says why."""
 
 
 def _go_available() -> bool:
@@ -51,6 +57,8 @@ def build_peer(name: str) -> Path:
         raise PeerBuildError(f"{script.relative_to(script.parents[1])} {name} ran past {BUILD_TIMEOUT_S:.0f}s; its log:\n{log[-4000:]}") from None
     for line in done.stdout.splitlines():
         peer, _, path = line.partition(" ")
+        if peer == name and done.returncode == 0 and path == "-":
+            raise PeerSourceMissing(f"no source to build the peer {name} from: {done.stderr.strip().splitlines()[-1]}")
         if peer == name and done.returncode == 0 and os.access(path, os.X_OK):
             return Path(path)
     raise PeerBuildError(
@@ -75,7 +83,12 @@ def peer_binary() -> Callable[[str], Path]:
                 if in_ci():
                     pytest.fail(reason + " (CI=true: peers must run there)", pytrace=False)
                 pytest.skip(reason)
-            built[name] = build_peer(name)
+            try:
+                built[name] = build_peer(name)
+            except PeerSourceMissing as exc:
+                if in_ci():
+                    pytest.fail(f"{exc} (CI=true: peers must run there)", pytrace=False)
+                pytest.skip(str(exc))
         return built[name]
 
     return get

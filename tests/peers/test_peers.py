@@ -140,6 +140,6 @@ def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -
     )  # fmt: skip
     result = parse_junit(junit)
     assert result.passed == ["test_ok"]
-    assert result.failed == ["test_bad: boom", "test_err: fixture broke"]
+    assert result.failed == ["test_bad: boom\ntb", "test_err: fixture broke\ntb"]  # the message, then the text
     assert result.skipped == {"test_skip": "needs the mock-NVML fault controls"}
     assert NO_MOCK.search(result.skipped["test_skip"]) and not NO_TOPOLOGY.search(result.skipped["test_skip"])

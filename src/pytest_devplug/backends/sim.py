@@ -28,6 +28,7 @@ from ..api.podresources import v1_pb2, v1_pb2_grpc
 from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_env, mock_library
 from ..sim import workdir
 from ..sim.gpunode import gpu_device_nodes, mig_cap_device_nodes, mig_minors, node_file_binds
+from ..sim.pcinode import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, PciNodeError, load_pci_node
 from ..waiting import wait_for
 from . import mockstate
 from .base import (
@@ -98,6 +99,7 @@ class SimBackend:
         #: The DRA side (``backends/sim_dra.py``), with the real control plane only: DRA drivers need its API server.
         self.dra: Any = None
         self._device_nodes: dict[str, tuple[str, ...]] = {}  # node -> its declared device nodes (NodeSpec)
+        self._pci_nodes: dict[str, PciNode] = {}  # node -> its mock PCI/NIC functions (NodeSpec.pci_node)
         self._serial = 0
         self._lock = threading.Lock()
 
@@ -202,6 +204,11 @@ class SimBackend:
         labels = {"kubernetes.io/hostname": spec.name, **spec.labels}
         c.add_node(spec.name, labels=labels, numa_nodes=spec.numa_nodes, topology_policy=spec.topology_policy)
         self._device_nodes[spec.name] = tuple(spec.device_nodes)
+        if spec.pci_node is not None:
+            try:
+                self._pci_nodes[spec.name] = load_pci_node(spec.pci_node)
+            except PciNodeError as exc:
+                raise BackendError(str(exc)) from None
         return spec.name
 
     # -- plugin ------------------------------------------------------------------------------------
@@ -227,14 +234,24 @@ class SimBackend:
         dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
         dep.binds = self._node_files(node, spec)
+        pci = self._pci_nodes.get(node)
         dep.proc = n.start_plugin(
-            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(), extra_binds=dep.binds
-        )
+            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(), extra_binds=dep.binds,
+            netdevs=pci.netdevs if pci is not None and spec.uses_standard_paths() else None,
+        )  # fmt: skip
 
     def _node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
         device nodes and a stub driver root (``sim/gpunode.py``), for the plugin's private mount namespace."""
         nodes = list(self._device_nodes.get(node, ()))
+        pci_binds: list[tuple[Path, str]] = []
+        pci = self._pci_nodes.get(node)
+        if pci is not None:
+            root = Path(self._node(node).node_dir) / "pci-node"
+            sys_dir, ids = pci.write_tree(root)
+            # what the plugin reads (sysfs, the PCI IDs) and writes beside its devices (device-info files)
+            pci_binds = [(sys_dir, "/sys"), (ids, PCI_IDS_PATH), (root / "devinfo", DEVICE_INFO_DIR)]
+            nodes += [d for d in pci.device_nodes() if d not in nodes]
         version, nvml, nvcaps = None, None, None
         if spec.mock:
             gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig)["gpus"]
@@ -247,9 +264,9 @@ class SimBackend:
             except MockBuildError as exc:
                 raise BackendError(f"cannot give the plugin the mock NVML: {exc}") from None
         if not nodes and version is None:
-            return []
+            return pci_binds
         try:
-            return node_file_binds(
+            return pci_binds + node_file_binds(
                 Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, nvcaps=nvcaps
             )
         except ValueError as exc:

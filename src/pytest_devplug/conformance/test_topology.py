@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -42,13 +43,14 @@ def test_convention_numa_packing_fills_one_node_first(devplug_pod: PodFactory, d
 
 @pytest.fixture
 def numa_strict_node(
-    devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec, devplug_plugin: PluginHandle
+    devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec, devplug_plugin: PluginHandle, devplug_node_spec: NodeSpec
 ) -> Iterator[tuple[PluginHandle, PodFactory]]:
     """A second node with the Topology Manager's single-numa-node policy, running the same plugin."""
     require_topology(devplug_plugin)
-    node = devplug_cluster.ensure_node(
-        NodeSpec("devplug-numa-strict", numa_nodes=max(devplug_plugin_spec.numa_nodes, 2), topology_policy="single-numa-node")
-    )
+    node = devplug_cluster.ensure_node(replace(
+        devplug_node_spec, name="devplug-numa-strict", numa_nodes=max(devplug_plugin_spec.numa_nodes, 2),
+        topology_policy="single-numa-node",
+    ))  # fmt: skip
     plugin = devplug_cluster.deploy(node, devplug_plugin_spec)
     pods = devplug_cluster.pods(node, devplug_plugin_spec.resource_name, prefix="numa-strict")
     try:

@@ -290,6 +290,7 @@ class SimNode:
         env: Mapping[str, str] | None = None,
         standard_paths: bool = False,
         extra_binds: Sequence[tuple[Path, str]] = (),
+        netdevs: Mapping[str, str] | None = None,
         backoff: BackOffPolicy = KUBELET_BACKOFF,
     ) -> PluginDaemon:
         """Start a device plugin subprocess running ``argv`` as given (the harness fills its placeholders:
@@ -300,14 +301,15 @@ class SimNode:
         namespace where this node's directories are at the kubelet's standard paths
         (``/var/lib/kubelet/device-plugins`` ...), for plugins that hard-code them; other nodes' plugins never
         see them. ``extra_binds`` (host file or directory, path in the namespace) add the node's own files
-        there: its device nodes, a driver root.
+        there: its device nodes, a driver root, a mock PCI node's sysfs; ``netdevs`` (name -> MAC) are links in a
+        network namespace of the plugin's own.
         """
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] + list(extra_binds) if standard_paths else []
         proc = PluginProcess(
-            argv, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds
+            argv, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds, netdevs=netdevs
         )
         daemon = PluginDaemon(proc, name=name, kubelet=lambda: self._dm, logger=self.logger, policy=backoff)
         daemon.start()

@@ -29,8 +29,10 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "main", "NO_NAMESPACE_HELP", "path_in_node"]
+__all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "enter_network_namespace", "main", "NO_NAMESPACE_HELP",
+           "path_in_node"]
 
 #: A node's directory name -> where a kubelet on that node keeps it (``pkg/kubelet/apis``:
 #: ``DevicePluginPath``, ``podresources`` socket dir; the plugin watcher's ``plugins_registry`` and the
@@ -207,6 +209,43 @@ def enter_namespace(binds: Sequence[tuple[str, str]], scratch: str) -> None:
         _mount(src, dst, None, _MS_BIND | _MS_REC)
 
 
+_CLONE_NEWNET = 0x40000000
+_TUNSETIFF, _TUNSETPERSIST = 0x400454CA, 0x400454CB
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _SIOCSIFHWADDR = 0x8913, 0x8914, 0x8924
+_IFF_UP, _IFF_TAP, _IFF_NO_PI, _ARPHRD_ETHER = 0x1, 0x0002, 0x1000, 1
+
+
+def _link_up(sock: Any, name: str) -> None:
+    import fcntl
+    import struct
+
+    flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, struct.pack("16sH14x", name.encode(), 0)))[1]
+    fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", name.encode(), flags | _IFF_UP))
+
+
+def enter_network_namespace(netdevs: Sequence[tuple[str, str]]) -> None:
+    """A network namespace of the plugin's own holding a tap link per ``(name, MAC)``, up, and ``lo``: what netlink
+    shows a network device plugin of its node's netdevs. Taps (not dummies, not VFs): this kernel has them everywhere.
+    The namespace, and the links with it, go when the plugin's last process exits."""
+    import fcntl
+    import socket
+    import struct
+
+    _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        _link_up(sock, "lo")
+        for name, mac in netdevs:
+            fd = os.open("/dev/net/tun", os.O_RDWR)
+            try:
+                fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH22x", name.encode(), _IFF_TAP | _IFF_NO_PI))
+                fcntl.ioctl(fd, _TUNSETPERSIST, 1)
+            finally:
+                os.close(fd)
+            if mac:
+                fcntl.ioctl(sock, _SIOCSIFHWADDR, struct.pack("16sH6s8x", name.encode(), _ARPHRD_ETHER, bytes.fromhex(mac.replace(":", ""))))
+            _link_up(sock, name)
+
+
 def _set_parent_death_signal(parent: int) -> None:
     if not hasattr(_libc, "prctl"):
         return  # not Linux: no parent-death signal; the run's signal handlers and atexit still stop plugins
@@ -228,6 +267,7 @@ def main(args: Sequence[str]) -> int:
     binds: list[tuple[str, str]] = []
     scratch = ""
     probe = False
+    netdevs: list[tuple[str, str]] = []
     i = 0
     while i < len(opts):
         opt = opts[i]
@@ -240,6 +280,10 @@ def main(args: Sequence[str]) -> int:
             scratch, i = opts[i + 1], i + 2
         elif opt == "--probe":
             probe, i = True, i + 1
+        elif opt == "--netdev":
+            name, _, mac = opts[i + 1].partition("=")
+            netdevs.append((name, mac))
+            i += 2
         else:
             print(f"devplug launcher: unknown option {opt!r}", file=sys.stderr)
             return 2
@@ -257,6 +301,13 @@ def main(args: Sequence[str]) -> int:
             return 126
     if probe:
         return 0
+    if netdevs:
+        try:
+            enter_network_namespace(netdevs)
+        except (NamespaceError, OSError) as exc:
+            print(f"devplug launcher: cannot make the node's network namespace with links {[n for n, _ in netdevs]} ({exc}); "
+                  "it needs root (CAP_NET_ADMIN and /dev/net/tun)", file=sys.stderr)  # fmt: skip
+            return 126
     if parent is not None:
         _set_parent_death_signal(parent)
     try:

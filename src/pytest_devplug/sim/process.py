@@ -215,8 +215,11 @@ class PluginProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         binds: Sequence[tuple[Path, str]] = (),
+        netdevs: Mapping[str, str] | None = None,
     ) -> None:
         self.argv = list(argv)
+        #: Interface name -> MAC: taps in a network namespace of the plugin's own (a mock NIC node's netdevs).
+        self.netdevs = dict(netdevs or {})
         self.log_path = Path(log_path)
         self.env = dict(env) if env is not None else None
         self.binds = [(Path(src), dst) for src, dst in binds]
@@ -285,6 +288,8 @@ class PluginProcess:
                     if not src.exists():  # a node directory; a file bind (a stub device node) exists already
                         src.mkdir(parents=True)
                     command += ["--bind", str(src), dst]
+            for name, mac in self.netdevs.items():
+                command += ["--netdev", f"{name}={mac}"]
             with open(self.log_path, "ab") as log:
                 where = "".join(f"; {dst} is {src}" for src, dst in self.binds if src.is_dir())
                 log.write(f"--- start: {' '.join(self.argv)}{where}\n".encode())

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Build the peers whose modules the Go module proxy refuses, from a source tarball or checkout the user points at:
+#   sriovdp   k8snetworkplumbingwg/sriov-network-device-plugin (./cmd/sriovdp; dependencies from the Go module
+#             proxy, ~3 min cold). Source: $DEVPLUG_SRIOV_SOURCE (a .tar.xz/.tar.gz of a tag, or a checkout), else
+#             the snapshot in ../shared/peer-sources beside the repository when there is one.
+#
+# usage: peers/build-source.sh NAME...   Prints "NAME BINARY" per peer on stdout. With no source for NAME it prints
+# "NAME -" and says why on stderr (exit 0): the tests then skip saying so, and fail under CI=true.
+# Cached like the other peers ($DEVPLUG_CACHE_DIR/peers/<name>-<hash of the source and this script>/bin/<name>).
+. "$(dirname "$0")/../kind-config/offline/lib.sh"
+
+PEERS_CACHE="$CACHE_ROOT/peers"
+SHARED_SOURCES="$(cd "$REPO_ROOT/.." && pwd)/shared/peer-sources"
+KNOWN="sriovdp"
+mkdir -p "$PEERS_CACHE"
+
+peer_source() {  # peer_source NAME: its source (file or directory), or nothing
+  case $1 in
+    sriovdp) echo "${DEVPLUG_SRIOV_SOURCE:-$SHARED_SOURCES/sriov-network-device-plugin-v3.11.0.tar.xz}" ;;
+    *) die "unknown source-built peer '$1' (known: $KNOWN)" ;;
+  esac
+}
+
+peer_package() {  # peer_package NAME: the Go package to build in the source tree
+  case $1 in
+    sriovdp) echo ./cmd/sriovdp ;;
+  esac
+}
+
+source_hash() {  # source_hash SOURCE: what identifies it (a tarball's bytes; a checkout's commit, or its files)
+  if [ -f "$1" ]; then
+    sha256sum "$1" | cut -c1-12
+  elif git -C "$1" rev-parse HEAD >/dev/null 2>&1 && [ -z "$(git -C "$1" status --porcelain)" ]; then
+    git -C "$1" rev-parse HEAD | cut -c1-12
+  else
+    find "$1" -type f -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12
+  fi
+}
+
+unpack() {  # unpack SOURCE DIR: the source tree in DIR (a tarball's one top directory, or a copy of the checkout)
+  local src=$1 dir=$2
+  mkdir -p "$dir"
+  if [ -f "$src" ]; then
+    tar -xf "$src" -C "$dir" || die "cannot unpack $src"
+    local top
+    top=$(find "$dir" -mindepth 1 -maxdepth 1 -type d | head -1)
+    [ -f "$top/go.mod" ] || die "$src: no go.mod at the top of the archive"
+    echo "$top"
+  else
+    cp -r "$src" "$dir/src"
+    echo "$dir/src"
+  fi
+}
+
+build_peer() {
+  local name=$1 src hash out tree
+  src=$(peer_source "$name")
+  if [ ! -e "$src" ]; then
+    log "$name: no source at $src (set DEVPLUG_SRIOV_SOURCE to a tarball or checkout of its tag)"
+    echo "$name -"
+    return 0
+  fi
+  hash=$( (source_hash "$src"; sha256sum "$0" "$OFFLINE_DIR/lib.sh") | sha256sum | cut -c1-12)
+  out="$PEERS_CACHE/$name-$hash"
+  lock "$(basename "$out")" "$PEERS_CACHE"
+  if [ ! -f "$out/bin/.complete" ]; then
+    rm -rf "$out"
+    mkdir -p "$out/bin"
+    tree=$(unpack "$src" "$out/work")
+    step "build $name from $src" bash -c "cd '$tree' && GOFLAGS=-mod=mod CGO_ENABLED=0 '$GO' build -trimpath -ldflags '-s -w' -o '$out/bin/$name' $(peer_package "$name")"
+    rm -rf "$out/work"
+    [ -x "$out/bin/$name" ] || die "$name: the build left no $out/bin/$name"
+    touch "$out/bin/.complete"
+  else
+    log "$name cached: $out/bin/$name"
+  fi
+  echo "$name $out/bin/$name"
+}
+
+[ -x "$GO" ] || die "no Go toolchain (go not on PATH, GO unset): the peers are built from Go source"
+[ $# -gt 0 ] || set -- $KNOWN
+for n in "$@"; do
+  (build_peer "$n")
+done
