@@ -50,13 +50,13 @@ def test_registered_through_the_watcher_and_again_after_a_kubelet_restart(cluste
     plugin = deploy(cluster, "--count", "2")
     assert assert_registered(plugin) == (2, 2)
     node = sim_node(plugin)
-    events = [(e.kind, e.plugin_type, e.name) for e in node.registration_events()]
-    assert events == [("registered", DEVICE_PLUGIN_TYPE, RESOURCE)], events
+    # The watcher records the outcome once the plugin heard it (after the device manager connected).
+    wait_for(lambda: [(e.kind, e.plugin_type, e.name) for e in node.registration_events()],
+             lambda events: events == [("registered", DEVICE_PLUGIN_TYPE, RESOURCE)], timeout=TIMEOUT, what="the registration")  # fmt: skip
     assert registration_path(plugin.node, RESOURCE) == "plugins_registry"
     assert (node.plugin_dir / DEPRECATION_FILE).is_file()  # as upstream's GetPluginHandler leaves on every node
-    assert "widget: the plugin watcher says registered" in plugin.log()
+    wait_for(plugin.log, lambda log: "widget: the plugin watcher says registered" in log, timeout=TIMEOUT, what="the verdict told")
     assert_reregisters_after_kubelet_restart(plugin, count=2)  # the plugin does nothing: the new watcher finds it
-    # The watcher records the outcome once the plugin heard it (after the device manager connected).
     wait_for(lambda: [e.kind for e in node.registration_events()], lambda k: k == ["registered", "registered"],
              timeout=TIMEOUT, what="a second registration, by the restarted kubelet's watcher")  # fmt: skip
 
