@@ -54,10 +54,18 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
         load_pci_node(tmp_path / "bad.yaml")
 
 
-def test_the_examples_load() -> None:
+def test_the_examples_load(tmp_path: Path) -> None:
     assert set(EXAMPLES) == {"sriov-iavf", "sriov-vfio", "rdma-connectx"}
     for name in EXAMPLES:
-        assert load_pci_node(example(name)).functions
+        node = load_pci_node(example(name))
+        sys_dir, _ = node.write_tree(tmp_path / name)
+        for f in node.functions:
+            assert (sys_dir / "bus/pci/devices" / f.address / "vendor").read_text() == f"0x{f.vendor}\n"
+    rdma = load_pci_node(example("rdma-connectx"))
+    sys_dir = tmp_path / "rdma-connectx" / "sys"
+    assert (sys_dir / "class/infiniband_verbs/uverbs0/ibdev").read_text() == "mlx5_0\n"
+    assert (sys_dir / "class/infiniband/mlx5_0").resolve() == (sys_dir / "bus/pci/devices/0000:af:00.0/infiniband/mlx5_0").resolve()
+    assert rdma.device_nodes() == ["/dev/infiniband/uverbs0", "/dev/infiniband/umad0", "/dev/infiniband/issm0", "/dev/infiniband/rdma_cm"]
     with pytest.raises(KeyError, match="sriov-iavf"):
         example("nope")
 
