@@ -83,6 +83,9 @@ CONVENTIONS: dict[str, str] = {
     "application-error Xids leave it Healthy (NVML health monitoring)",
     "rolling-update": "a second instance of the plugin started beside the running one (a DaemonSet rollout with "
     "maxSurge) takes over its resource with no moment at 0 allocatable, and the first one's exit leaves it registered",
+    "exclusive-devices": "each device is one container's alone: no device node injected for one device reaches a "
+    "container holding another (nodes every container gets, such as a control node, aside); a plugin that shares a "
+    "device by design (time-slicing, a scheduling budget) does not declare it",
 }
 
 #: Values of ``--devplug-control-plane``.

@@ -5,6 +5,7 @@ directory (``--plugin-dir`` only overrides it). ``--fault`` makes it break the w
 * ``exit-at-start``: prints a reason and exits 3 before serving anything;
 * ``panic-at-start``: dies as a Go plugin does, its fatal line first and then a long goroutine dump (exit 2);
 * ``control-ids``: lists device IDs made of control characters (a ``string(uint)`` bug in Go);
+* ``node-of-another``: with ``--host-nodes``, the second device's ``Allocate`` names the first device's host node;
 * ``cdi-spec-once``: with ``--cdi-root``, writes its CDI spec only on its first start on the node (a marker file in
   the plugin directory, which survives a reboot, says it did), as a plugin whose spec an install step generates.
 
@@ -13,6 +14,9 @@ there when it starts.
 
 ``--exit-on-kubelet-restart`` makes it exit when kubelet.sock goes or changes, as plugins do that count on their
 DaemonSet to restart them (with neither it nor ``--retry`` a failed ``Register`` at start exits 1 as well).
+
+``--shared`` makes every ID a share of one device (``/dev/widget`` in every container): a scheduling budget, as
+plugins that share a device by design advertise it.
 
 ``--registration plugins_registry`` puts its socket in ``--registry-dir`` instead, serving ``Registration`` beside
 ``DevicePlugin`` (an empty endpoint: the kubelet dials that same socket), as SR-IOV's and RDMA's plugins do; it then
@@ -41,10 +45,13 @@ parser.add_argument("--count", type=int, default=3)
 parser.add_argument("--retry", action="store_true", help="retry a failed registration every 0.5 s (else exit 1)")
 parser.add_argument("--exit-on-kubelet-restart", action="store_true", help="exit 0 when kubelet.sock goes or changes")
 parser.add_argument(
-    "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids", "cdi-spec-once"], default="none"
+    "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids", "cdi-spec-once", "node-of-another"],
+    default="none",
 )
 parser.add_argument("--cdi-root", default="", help="answer CDI devices, from a spec written here at start")
 parser.add_argument("--registration", choices=["kubelet.sock", "plugins_registry"], default="kubelet.sock")
+parser.add_argument("--shared", action="store_true", help="every ID is a share of one device: /dev/widget for all")
+parser.add_argument("--host-nodes", action="store_true", help="each ID its own host node /dev/<id> (not /dev/null)")
 parser.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry")
 parser.add_argument("--info-version", default="v1beta1", help="the version GetInfo names (plugins_registry)")
 args = parser.parse_args()
@@ -87,7 +94,10 @@ class Widgets(pbg.DevicePluginServicer):
             r = out.container_responses.add()
             r.envs["WIDGET_IDS"] = ",".join(c.devices_ids)
             for d in c.devices_ids:
-                r.devices.add(container_path=f"/dev/{d}", host_path="/dev/null", permissions="rw")
+                host = f"/dev/{d}" if args.host_nodes else "/dev/null"
+                if args.fault == "node-of-another" and d == IDS[1]:
+                    host = f"/dev/{IDS[0]}"  # the bug: the second device answered with the first one's node
+                r.devices.add(container_path="/dev/widget" if args.shared else f"/dev/{d}", host_path=host, permissions="rw")
                 if args.cdi_root:
                     r.cdi_devices.add(name=f"{CDI_KIND}={d}")
         return out

@@ -302,9 +302,10 @@ OTHER_SKIPS = {
     "test_convention_rolling_update_without_downtime": "convention check 'rolling-update'",
     "test_critical_xid_turns_that_gpu_unhealthy": "convention check 'nvml-xid'",
     "test_application_xids_leave_the_gpu_healthy": "convention check 'nvml-xid'",
+    "test_convention_exclusive_devices_reach_one_container": "convention check 'exclusive-devices'",
 }
 EXPECTED_SKIPS = {**OTHER_SKIPS, **{t: "needs a fault injector" for t in FAULT_TESTS}}
-SUITE_SIZE = 47
+SUITE_SIZE = 48
 
 
 @pytest.fixture

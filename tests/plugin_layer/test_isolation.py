@@ -47,7 +47,7 @@ def test_conformance_ignores_the_cwds_ini_and_conftests(pytester: pytest.Pyteste
     pytester.mkdir("tests").joinpath("conftest.py").write_text(boom)
     result = pytester.run(DEVPLUG, "conformance", "--", "--collect-only", timeout=120)
     assert result.ret == 0, result.stdout.str()[-4000:] + result.stderr.str()[-2000:]
-    result.stdout.fnmatch_lines(["*<Function test_registers_its_resource>", "*47 tests collected*"])
+    result.stdout.fnmatch_lines(["*<Function test_registers_its_resource>", "*48 tests collected*"])
     assert "this_selects_no_test" not in result.stdout.str()
 
 
