@@ -22,6 +22,7 @@ from pytest_devplug.waiting import WaitTimeout, wait_for
 
 if TYPE_CHECKING:
     from pytest_devplug.controlplane import Binaries
+    from pytest_devplug.handles import ClusterHandle
 
 __all__ = [
     "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "default_sigint",
@@ -177,3 +178,19 @@ def default_sigint(argv: Sequence[str]) -> list[str]:
     that interrupts a child as a terminal does must not depend on how the test run was started: a script's
     background job runs with SIGINT ignored, its children inherit that, and the harness rightly leaves it ignored."""
     return [sys.executable, "-c", _DEFAULT_SIGINT, *argv]
+
+
+@contextmanager
+def sim_cluster(timeout: float = 20.0) -> Iterator[ClusterHandle]:
+    """A cluster on the sim backend for a test that deploys plugins of its own; closed (its plugins and nodes gone)
+    afterwards."""
+    from pytest_devplug.backends.base import BackendOptions
+    from pytest_devplug.backends.sim import SimBackend
+    from pytest_devplug.handles import ClusterHandle
+
+    backend = SimBackend(BackendOptions(timeout=timeout))
+    backend.start()
+    try:
+        yield ClusterHandle(backend, timeout=timeout)
+    finally:
+        backend.close()

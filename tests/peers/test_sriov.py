@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug import PluginSpec
-from pytest_devplug.backends.base import BackendOptions, NodeSpec
-from pytest_devplug.backends.sim import SimBackend
+from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.handles import ClusterHandle
 from pytest_devplug.pcinodes import example
 
-from ..support import SuiteResult, run_conformance
+from ..support import SuiteResult, run_conformance, sim_cluster
 
 PREFIX = "intel.com"
 #: mode -> (resource, PCI node, config selectors)
@@ -100,12 +99,8 @@ def test_netdevice_mode_with_cdi_lists_no_devices(peer_binary: Callable[[str], P
 
 @pytest.fixture
 def nic_cluster() -> Iterator[ClusterHandle]:
-    backend = SimBackend(BackendOptions(timeout=30.0))
-    backend.start()
-    try:
-        yield ClusterHandle(backend, timeout=30.0)
-    finally:
-        backend.close()
+    with sim_cluster(30.0) as cluster:
+        yield cluster
 
 
 @pytest.mark.parametrize("mode", ["netdevice", "vfio-pci"])

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug import PluginSpec, assert_allocatable, assert_registered, assert_reregisters_after_kubelet_restart
-from pytest_devplug.backends.base import BackendOptions, NodeSpec
+from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.handles import ClusterHandle, PluginHandle
 from pytest_devplug.waiting import WaitAbandoned, WaitTimeout, wait_for
+
+from ..support import sim_cluster
 
 WIDGET = str(Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py")
 RESOURCE = "example.com/widget"
@@ -45,12 +47,8 @@ def test_wait_for_gives_up_with_the_reason() -> None:
 
 @pytest.fixture
 def cluster() -> Iterator[ClusterHandle]:
-    backend = SimBackend(BackendOptions(timeout=TIMEOUT))
-    backend.start()
-    try:
-        yield ClusterHandle(backend, timeout=TIMEOUT)
-    finally:
-        backend.close()
+    with sim_cluster(TIMEOUT) as cluster:
+        yield cluster
 
 
 def deploy(cluster: ClusterHandle, *args: str, standard_paths: bool | None = None) -> PluginHandle:

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug import PluginSpec
-from pytest_devplug.backends.base import BackendOptions, NodeSpec
-from pytest_devplug.backends.sim import SimBackend
+from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.handles import ClusterHandle
 from pytest_devplug.pcinodes import EXAMPLES, example
 from pytest_devplug.sim.pcinode import PciNodeError, load_pci_node, parse_pci_node
 from pytest_devplug.waiting import wait_for
+
+from ..support import sim_cluster
 
 PF = {"address": "0000:3b:00.0", "vendor": "8086", "device": "1592", "class": "020000", "driver": "ice", "numa_node": 1,
       "netdev": "ens1f0", "mac": "3c:fd:fe:a0:00:00"}  # fmt: skip
@@ -93,12 +94,8 @@ def test_the_tree_has_the_kernels_layout_and_relative_links(tmp_path: Path) -> N
 
 @pytest.fixture
 def cluster() -> Iterator[ClusterHandle]:
-    backend = SimBackend(BackendOptions(timeout=20.0))
-    backend.start()
-    try:
-        yield ClusterHandle(backend, timeout=20.0)
-    finally:
-        backend.close()
+    with sim_cluster(20.0) as cluster:
+        yield cluster
 
 
 PROBE = textwrap.dedent(

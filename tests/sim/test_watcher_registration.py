@@ -13,12 +13,13 @@ import pytest
 
 from pytest_devplug import PluginSpec, assert_registered, assert_reregisters_after_kubelet_restart
 from pytest_devplug.assertions import registration_path
-from pytest_devplug.backends.base import BackendOptions, NodeSpec
-from pytest_devplug.backends.sim import SimBackend
+from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.handles import ClusterHandle, PluginHandle
 from pytest_devplug.sim.pluginwatcher import DEVICE_PLUGIN_TYPE
 from pytest_devplug.sim.registration import DEPRECATION_FILE
 from pytest_devplug.waiting import wait_for
+
+from ..support import sim_cluster
 
 WIDGET = str(Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py")
 RESOURCE = "example.com/widget"
@@ -27,12 +28,8 @@ TIMEOUT = 20.0
 
 @pytest.fixture
 def cluster() -> Iterator[ClusterHandle]:
-    backend = SimBackend(BackendOptions(timeout=TIMEOUT))
-    backend.start()
-    try:
-        yield ClusterHandle(backend, timeout=TIMEOUT)
-    finally:
-        backend.close()
+    with sim_cluster(TIMEOUT) as cluster:
+        yield cluster
 
 
 def deploy(cluster: ClusterHandle, *args: str, standard_paths: bool = False) -> PluginHandle:
