@@ -276,7 +276,8 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "pci-node",
         "sim: a mock PCI/NIC node file (YAML: PCI functions with vendor/device/class, driver, NUMA node, PF/VF, IOMMU "
-        "group, netdev and MAC, RDMA device), or the name of a shipped example (sriov-iavf, sriov-vfio, rdma-connectx), "
+        "group, netdev and MAC, RDMA device), or the name of a shipped example (sriov-iavf, sriov-vfio, sriov-mlx5-rdma, "
+        "rdma-connectx), "
         "shown to a plugin started without "
         "{plugin_dir}: its sysfs, pci.ids, device nodes and a network namespace with its netdevs (needs root)",
         {},

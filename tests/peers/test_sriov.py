@@ -1,11 +1,12 @@
 """The SR-IOV network device plugin (k8snetworkplumbingwg, v3.11.0; built from its source tarball by
 ``peers/build-source.sh``) as it ships: its plain command line and config file, its hard-coded paths in the node's
 namespaces, registering through the kubelet's plugin watcher (``plugins_registry/`` exists on the node), on a mock
-PCI/NIC node (``--pci-node``: an E810 PF with 4 VFs on ``iavf`` or on ``vfio-pci``).
+PCI/NIC node (``--pci-node``: an E810 PF with 4 VFs on ``iavf`` or on ``vfio-pci``; a ConnectX-6 Dx whose VFs have RDMA devices).
 
-In netdevice and vfio-pci mode, with and without ``-use-cdi``, a correct plugin gets 0 failed; every skip names what it
+In netdevice mode (on E810 VFs; with ``-use-cdi`` on ConnectX VFs with RDMA) and vfio-pci mode (with and without
+``-use-cdi``) a correct plugin gets 0 failed; every skip names what it
 lacks (a fault injector, PreStartContainer, topology over 2+ NUMA nodes, several resources, the conventions it does
-not declare). Netdevice mode with ``-use-cdi`` fails at once for an upstream defect (a VF with no device node gets a
+not declare). Netdevice mode with ``-use-cdi`` on VFs without RDMA fails at once for an upstream defect (a VF with no device node gets a
 CDI device with no edits, which the CDI library refuses, so the plugin never lists its devices:
 k8snetworkplumbingwg/sriov-network-device-plugin#546, still on its main branch): a strict xfail naming it.
 """
@@ -31,6 +32,8 @@ PREFIX = "intel.com"
 MODES = {
     "netdevice": ("intel_sriov_netdevice", "sriov-iavf", {"vendors": ["8086"], "devices": ["1889"], "drivers": ["iavf"]}),
     "vfio-pci": ("intel_sriov_dpdk", "sriov-vfio", {"vendors": ["8086"], "devices": ["1889"], "drivers": ["vfio-pci"], "pfNames": ["ens1f0"]}),
+    # netdevice mode on VFs with RDMA devices (ConnectX): the RDMA nodes are the VF's device nodes
+    "netdevice-rdma": ("mlnx_sriov_rdma", "sriov-mlx5-rdma", {"vendors": ["15b3"], "devices": ["101e"], "drivers": ["mlx5_core"], "isRdma": True}),
 }  # fmt: skip
 ALLOWED_SKIPS = (
     re.compile(r"needs a fault injector"), re.compile(r"does not declare it"), re.compile(r"pre_start_required=false"),
@@ -76,7 +79,7 @@ def _passes(result: SuiteResult, what: str) -> None:
     assert not missing, f"{what}: expected to pass but did not: {missing}; skips: {result.skipped}"
 
 
-@pytest.mark.parametrize(("mode", "cdi"), [("netdevice", False), ("vfio-pci", False), ("vfio-pci", True)])
+@pytest.mark.parametrize(("mode", "cdi"), [("netdevice", False), ("netdevice-rdma", True), ("vfio-pci", False), ("vfio-pci", True)])
 def test_suite_passes_on_the_sriov_plugin(peer_binary: Callable[[str], Path], tmp_path: Path, mode: str, cdi: bool) -> None:
     what = f"sriovdp, {mode} mode{' with -use-cdi' if cdi else ''}"
     result = run_conformance(_options(peer_binary("sriovdp"), tmp_path, mode, cdi), [], tmp_path, timeout=SUITE_TIMEOUT_S)
@@ -103,7 +106,7 @@ def nic_cluster() -> Iterator[ClusterHandle]:
         yield cluster
 
 
-@pytest.mark.parametrize("mode", ["netdevice", "vfio-pci"])
+@pytest.mark.parametrize("mode", ["netdevice", "netdevice-rdma", "vfio-pci"])
 def test_the_container_gets_what_allocate_names(peer_binary: Callable[[str], Path], nic_cluster: ClusterHandle, tmp_path: Path, mode: str) -> None:
     """What the plugin injects is what the suite sees in the container: ``PCIDEVICE_INTEL_COM_<RESOURCE>`` with the VF's
     address, ``..._INFO`` with its device info, and in vfio-pci mode the VF's VFIO group and the VFIO container node."""
@@ -123,5 +126,8 @@ def test_the_container_gets_what_allocate_names(peer_binary: Callable[[str], Pat
         group = {"0000:3b:01.0": 41, "0000:3b:01.1": 42, "0000:3b:01.2": 43, "0000:3b:01.3": 44}[vf]
         assert {"/dev/vfio/vfio", f"/dev/vfio/{group}"} <= nodes, nodes
         assert info[vf]["vfio"]["mount"] == "/dev/vfio/vfio", info  # ("dev-mount" only once its specs were asked for)
+    elif mode == "netdevice-rdma":
+        n = int(info[vf]["rdma"]["uverbs"].removeprefix("/dev/infiniband/uverbs"))  # the VF's own RDMA device
+        assert nodes == {f"/dev/infiniband/uverbs{n}", f"/dev/infiniband/umad{n}", f"/dev/infiniband/issm{n}", "/dev/infiniband/rdma_cm"}, nodes
     else:
         assert not nodes, nodes  # a netdevice VF is moved into the pod's network namespace by CNI: no device node

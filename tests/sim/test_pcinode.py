@@ -56,7 +56,7 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
 
 
 def test_the_examples_load(tmp_path: Path) -> None:
-    assert set(EXAMPLES) == {"sriov-iavf", "sriov-vfio", "rdma-connectx"}
+    assert set(EXAMPLES) == {"sriov-iavf", "sriov-vfio", "sriov-mlx5-rdma", "rdma-connectx"}
     for name in EXAMPLES:
         node = load_pci_node(example(name))
         sys_dir, _ = node.write_tree(tmp_path / name)
