@@ -482,6 +482,12 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         node_image=_opt(config, "devplug_node_image") or image,
         workload_image=_opt(config, "devplug_workload_image"),
     )
+    pci_node = _pci_node(_opt(config, "devplug_pci_node"))
+    if pci_node is not None and backend != "sim":
+        raise pytest.UsageError(
+            f"{_flag('devplug_pci_node')}: a mock PCI node is the embedded kubelet's (--devplug-backend sim); the nodes of "
+            f"{backend} have the NICs they have"
+        )
     allow = _opt(config, "devplug_allow_disruptive")
     allow_disruptive = backend != "cluster" if allow is None else bool(allow)
     return DevplugSettings(
@@ -493,7 +499,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         allow_disruptive=allow_disruptive,
         soak=_number(config, "devplug_soak", float),
         device_nodes=_device_nodes(_opt(config, "devplug_device_nodes")),
-        pci_node=_pci_node(_opt(config, "devplug_pci_node")),
+        pci_node=pci_node,
     )
 
 

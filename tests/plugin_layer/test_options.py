@@ -38,6 +38,7 @@ def test_disruptive():
         (["--devplug-resource-name", "nvidia.com/gpu,nvidia.com/gpu"], "", ["--devplug-resource-name", "each once"]),
         (["--devplug-plugin-env", "DP_A=1,oops"], "", ["--devplug-plugin-env", "'oops' is not KEY=VALUE"]),
         (["--devplug-pci-node", "nope.yaml"], "", ["--devplug-pci-node", "nope.yaml: No such file", "rdma-connectx, sriov-iavf, sriov-mlx5-rdma, sriov-vfio"]),
+        (["--devplug-pci-node", "sriov-iavf", "--devplug-backend", "kind"], "", ["--devplug-pci-node", "the embedded kubelet's"]),
         ([], "devplug_plugin_env = 1X=2", ["devplug_plugin_env", "'1X=2' is not KEY=VALUE", "not starting with a digit"]),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
