@@ -162,8 +162,7 @@ def test_two_nodes_run_the_hard_coded_plugin_in_isolation(tmp_path: Path) -> Non
             for node in nodes:
                 # Each plugin saw only its own node's directory (its kubelet.sock, nobody else's socket).
                 log = node.plugin("plugin").log()
-                # DEPRECATION: the kubelet's plugin watcher takes device plugins too (as on every real node).
-                assert "widget: plugin dir holds ['DEPRECATION', 'kubelet.sock']" in log, log
+                assert "widget: plugin dir holds ['kubelet.sock']" in log, log
                 assert (node.plugin_dir / "widget.sock").is_socket()
                 assert node.kubelet_log().count("Got registration request") == 1
         finally:

@@ -16,7 +16,6 @@ from pytest_devplug.assertions import registration_path
 from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.handles import ClusterHandle, PluginHandle
 from pytest_devplug.sim.pluginwatcher import DEVICE_PLUGIN_TYPE
-from pytest_devplug.sim.registration import DEPRECATION_FILE
 from pytest_devplug.waiting import wait_for
 
 from ..support import sim_cluster
@@ -51,7 +50,8 @@ def test_registered_through_the_watcher_and_again_after_a_kubelet_restart(cluste
     wait_for(lambda: [(e.kind, e.plugin_type, e.name) for e in node.registration_events()],
              lambda events: events == [("registered", DEVICE_PLUGIN_TYPE, RESOURCE)], timeout=TIMEOUT, what="the registration")  # fmt: skip
     assert registration_path(plugin.node, RESOURCE) == "plugins_registry"
-    assert (node.plugin_dir / DEPRECATION_FILE).is_file()  # as upstream's GetPluginHandler leaves on every node
+    # no DEPRECATION file: upstream's stub would skip Register (the kubelet never calls GetPluginHandler, which makes it)
+    assert sorted(p.name for p in node.plugin_dir.iterdir()) == ["kubelet.sock", "kubelet_internal_checkpoint"]
     wait_for(plugin.log, lambda log: "widget: the plugin watcher says registered" in log, timeout=TIMEOUT, what="the verdict told")
     assert_reregisters_after_kubelet_restart(plugin, count=2)  # the plugin does nothing: the new watcher finds it
     wait_for(lambda: [e.kind for e in node.registration_events()], lambda k: k == ["registered", "registered"],

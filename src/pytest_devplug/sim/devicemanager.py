@@ -214,8 +214,7 @@ class DeviceManager:
 
     def watcher_handler(self, path_of_endpoint: Callable[[str], Path] = Path) -> WatcherHandler:
         """The ``DevicePlugin`` handler the plugin watcher gets (upstream ``GetWatcherHandler``)."""
-        return WatcherHandler(self.plugin_dir, self.connect_plugin, self.disconnect_plugin, path_of_endpoint=path_of_endpoint,
-                              logger=self._log)  # fmt: skip
+        return WatcherHandler(self.connect_plugin, self.disconnect_plugin, path_of_endpoint=path_of_endpoint, logger=self._log)
 
     def disconnect_plugin(self, resource: str, socket: Path) -> None:
         """``DeRegisterPlugin`` (the plugin's socket left ``plugins_registry/``): the client of ``resource`` on ``socket``

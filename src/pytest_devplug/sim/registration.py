@@ -10,8 +10,9 @@ answers the same way.
 The watcher's way is ``plugin/v1beta1/handler.go`` (:class:`WatcherHandler`): ``GetInfo`` names the type
 ``DevicePlugin``, the resource as the plugin's name and the socket the kubelet dials (an absolute path; empty: the
 registration socket itself); any one of the plugin's versions must be the kubelet's; the connection is the same as
-``Register``'s, and the socket's removal disconnects the plugin. The handler's setup leaves a ``DEPRECATION`` file in
-the device-plugin directory, as upstream's ``GetPluginHandler`` does on every node.
+``Register``'s, and the socket's removal disconnects the plugin. No ``DEPRECATION`` file is made in the device-plugin
+directory: upstream's ``GetPluginHandler``, which would make one, is called nowhere in the kubelet (1.34 to 1.38), and
+upstream's stub skips ``Register`` where it finds one.
 
 grpc-go serves every call on its own goroutine, so a plugin whose socket never answers holds
 only its own ``Register`` (for up to the 10 s dial timeout); the thread pool here is sized so
@@ -36,7 +37,6 @@ from pytest_devplug.sim.pluginwatcher import PluginHandlerError
 from pytest_devplug.sim.workdir import check_socket_path
 
 __all__ = [
-    "DEPRECATION_FILE",
     "SUPPORTED_VERSIONS",
     "RegistrationError",
     "RegistrationServer",
@@ -52,11 +52,6 @@ SUPPORTED_VERSIONS = ("v1beta1",)
 #: and threads are only made when calls arrive.
 MAX_CONCURRENT_REGISTRATIONS = 64
 
-
-
-#: What upstream's ``GetPluginHandler`` creates in the device-plugin directory: the plugin watcher takes device
-#: plugins on this node.
-DEPRECATION_FILE = "DEPRECATION"
 
 
 class RegistrationError(PluginHandlerError):
@@ -161,7 +156,6 @@ class WatcherHandler:
 
     def __init__(
         self,
-        plugin_dir: Path,
         connect: Callable[[str, Path], None],
         disconnect: Callable[[str, Path], None],
         *,
@@ -170,10 +164,6 @@ class WatcherHandler:
     ) -> None:
         self._connect, self._disconnect, self._path = connect, disconnect, path_of_endpoint
         self._log = logger or logging.getLogger(__name__)
-        try:
-            (plugin_dir / DEPRECATION_FILE).touch()
-        except OSError as err:
-            self._log.error("Failed to create deprecation file at socket dir %s: %s", plugin_dir, err)
 
     def validate_plugin(self, name: str, endpoint: str, versions: Sequence[str]) -> None:
         self._log.info('"Got plugin at endpoint with versions" plugin="%s" endpoint="%s" versions=%s', name, endpoint, _go_list(versions))
