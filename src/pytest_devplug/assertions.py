@@ -23,6 +23,7 @@ __all__ = [
     "registration_path",
     "watcher_refusals",
     "UNLOGGED_PATH",
+    "INFERRED_WATCHER_PATH",
     "assert_registered",
     "assert_allocatable",
     "assert_devices_unhealthy",
@@ -140,23 +141,28 @@ WATCHER_ERROR = "RegisterPlugin error"
 _ENDPOINT = re.compile(r'endpoint="?([^" ]+)')
 
 
-#: What the registration checks note when the kubelet's log does not say how the plugin registered.
-UNLOGGED_PATH = "not in the kubelet's log (the plugin watcher's registrations are logged at -v=2)"
+#: How a registration is noted that the kubelet's log shows no ``Register`` call for and no watcher line (below -v=2).
+INFERRED_WATCHER_PATH = "plugins_registry (no Register call in the kubelet's log; it logs the watcher's registrations at -v=2)"
+#: What the registration checks note when the kubelet's log cannot tell how the plugin registered.
+UNLOGGED_PATH = "unknown (the kubelet's log could not be read)"
 
 
 def registration_path(node: NodeHandle, resource: str) -> str | None:
-    """How the plugin of ``resource`` last registered, in the kubelet's words: ``"kubelet.sock"`` (it called
-    ``Register``), ``"plugins_registry"`` (the kubelet's plugin watcher found its socket), ``None`` when the log does
-    not say (a kubelet below -v=2 does not log the watcher's registrations)."""
+    """How the plugin of ``resource``, registered now, last registered, in the kubelet's words: ``"kubelet.sock"`` (it
+    called ``Register``), ``"plugins_registry"`` (the kubelet's plugin watcher found its socket). A kubelet below -v=2
+    does not log the watcher's registrations but logs every ``Register`` call at any verbosity: a registered resource
+    without one in this run's log came through the watcher, said as :data:`INFERRED_WATCHER_PATH` (a plugin that
+    registered before the run's log began, one adopted on a cluster, would be taken for one too). ``None`` when the log
+    cannot be read or is empty."""
     log = _kubelet_log(node)
-    if isinstance(log, Exception):
+    if isinstance(log, Exception) or not log.strip():
         return None
     for ln in reversed(log.splitlines()):
         if resource in ln and REGISTER_CALL in ln:
             return "kubelet.sock"
         if resource in ln and WATCHER_REGISTRATION in ln:
             return "plugins_registry"
-    return None
+    return INFERRED_WATCHER_PATH
 
 
 def watcher_refusals(lines: Iterable[str], resource: str) -> list[str]:

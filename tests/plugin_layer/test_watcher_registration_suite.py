@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_devplug.assertions import INFERRED_WATCHER_PATH
 from tests.support import run_conformance
 
 #: The checks about registering and registering again, and the restarts that depend on it.
@@ -45,8 +46,8 @@ def test_registration_checks_pass_either_way_and_say_which(tmp_path: Path, env: 
 @pytest.mark.kind
 def test_registration_checks_pass_through_the_plugin_watcher_on_kind(tmp_path: Path) -> None:
     """The same on a real kubelet: the included plugin's DaemonSet with ``DP_REGISTRATION=plugins_registry`` (its socket
-    in the node's ``/var/lib/kubelet/plugins_registry``, found by the kubelet's own plugin watcher; kind's kubelets log
-    at -v=4, so the report can say so)."""
+    in the node's ``/var/lib/kubelet/plugins_registry``, found by the kubelet's own plugin watcher). The e2e cluster's
+    kubelets log at the default verbosity, where the watcher's registrations are not logged: the report says so."""
     report = tmp_path / "report.md"
     options = ["--backend", "kind", "--timeout", "60", "--report", str(report), "--plugin-env", "DP_REGISTRATION=plugins_registry"]
     result = run_conformance(options, ["-k", SELECTION, f"--cluster-name={KIND_CLUSTER}"], tmp_path, timeout=1800)
@@ -54,4 +55,4 @@ def test_registration_checks_pass_through_the_plugin_watcher_on_kind(tmp_path: P
     assert sorted(result.passed) == sorted(SELECTION.split(" or ")), result.verdicts()
     notes = _notes(report)
     for check in NOTED:
-        assert notes[check] == ["registration: plugins_registry"], notes
+        assert notes[check] in (["registration: plugins_registry"], [f"registration: {INFERRED_WATCHER_PATH}"]), notes[check]

@@ -394,9 +394,11 @@ class KubeBackend:
         self._wait_pods_resynced(node, running)
 
     def _running_pods(self, node: str) -> set[tuple[str, str]]:
+        """The pods the API server has running on ``node`` and not being deleted (any namespace: other runs' too)."""
         return {
             (p["metadata"]["namespace"], p["metadata"]["name"])
             for p in self.api.list_pods(None, field_selector=f"spec.nodeName={node},status.phase=Running")
+            if not p["metadata"].get("deletionTimestamp")
         }
 
     def _wait_pods_resynced(self, node: str, running: set[tuple[str, str]]) -> None:
@@ -408,10 +410,11 @@ class KubeBackend:
         marks a source seen only after handling its first update): devices of pods deleted before the
         restart still count as allocated from the checkpoint, and a pod arriving in that first sync can be
         refused (e.g. TopologyAffinityError: its NUMA node's devices look taken). The embedded kubelet's
-        restart returns only after its sources are ready, so it has no such window.
+        restart returns only after its sources are ready, so it has no such window. A pod deleted meanwhile (another
+        run's, on a shared cluster) is not waited for.
         """
         self._wait(
-            lambda: running - {(p.namespace, p.name) for p in self.pod_resources(node)},
+            lambda: (running & self._running_pods(node)) - {(p.namespace, p.name) for p in self.pod_resources(node)},
             lambda missing: not missing,
             f"pod-resources on {node} listing the pods that ran before the kubelet restart",
             timeout=max(self.options.timeout, _CLUSTER_PACE_S),
