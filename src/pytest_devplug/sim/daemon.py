@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SimError
-from .process import PluginProcess
+from .process import PluginProcess, append_log
 
 __all__ = ["BackOffPolicy", "CrashBackOff", "KUBELET_BACKOFF", "PluginDaemon"]
 
@@ -244,11 +244,7 @@ class PluginDaemon:
         self._logger.info('"Restarted container" container="%s" pid=%s restartCount=%d', self.name, self.proc.pid, self._restarts)
 
     def _note(self, line: str) -> None:
-        try:
-            with open(self.proc.log_path, "a") as log:
-                log.write(line + "\n")
-        except OSError:
-            pass  # the node dir is going away
+        append_log(self.proc.log_path, line)
 
     def exit_reason(self) -> str | None:
         """Why the plugin is not running and will not come back soon by itself, or ``None`` (it runs, or the

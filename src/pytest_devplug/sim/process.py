@@ -35,6 +35,7 @@ from pytest_devplug.sim.errors import NamespaceUnavailableError, PluginProcessEr
 __all__ = [
     "PluginProcess",
     "RUN_OWNER_ENV",
+    "append_log",
     "forget",
     "kill_all",
     "live_processes",
@@ -107,10 +108,23 @@ def forget(path: Path) -> None:
 
 def _kill_everything() -> None:
     kill_all()
+    # Under the lock that every write into a work dir takes (:func:`append_log`, :meth:`PluginProcess.start`):
+    # a supervisor thread noting an exit cannot re-create a file in a dir half removed.
     with _registry_lock:
-        dirs = list(_work_dirs)
-    for path in dirs:
-        shutil.rmtree(path, ignore_errors=True)
+        for path in list(_work_dirs):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def append_log(path: Path, line: str) -> None:
+    """Append ``line`` to a plugin's log, unless the run is ending (its work dirs are being removed)."""
+    with _registry_lock:
+        if _ending.is_set():
+            return
+        try:
+            with open(path, "a") as log:
+                log.write(line + "\n")
+        except OSError:
+            pass  # the work dir is going away
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -257,15 +271,13 @@ class PluginProcess:
             return
         self._noted = popen
         how = f"status {rc}" if rc >= 0 else f"killed by signal {-rc}"
-        try:
-            with open(self.log_path, "a") as log:
-                log.write(f"--- exited: {how}\n")
-        except OSError:
-            pass  # the work dir is going away
+        append_log(self.log_path, f"--- exited: {how}")
 
     def start(self) -> None:
         """Start the process (error if it is already running)."""
-        with self._lock:
+        problem = namespace_problem() if self.binds else None  # probed outside the locks: it may take seconds
+        # _registry_lock too: the dirs made here must not appear while a signal's handler removes the work dir.
+        with self._lock, _registry_lock:
             if self.running:
                 raise PluginProcessError(f"plugin already running (pid {self.pid}): {self.argv}")
             if _ending.is_set():
@@ -278,7 +290,6 @@ class PluginProcess:
                 raise PluginProcessError(f"cannot start plugin {self.argv}: {self.argv[0]!r} is not an executable file or on PATH")
             command = [*_LAUNCHER, "--parent", str(os.getpid())]
             if self.binds:
-                problem = namespace_problem()
                 if problem is not None:
                     raise NamespaceUnavailableError(problem)
                 scratch = self.log_path.with_name(f".{self.log_path.stem}.mnt")
@@ -311,8 +322,7 @@ class PluginProcess:
                     raise PluginProcessError(f"cannot start plugin {self.argv}: {err}") from err
             self._popen = popen
             _install_handlers()
-            with _registry_lock:
-                _registry[popen.pid] = self
+            _registry[popen.pid] = self
             if _ending.is_set():  # kill_all ran while this one was being forked: it missed it
                 self._kill_group(signal.SIGKILL)
                 raise PluginProcessError(f"not starting {self.argv}: the run is ending (its plugins were killed)")
