@@ -273,3 +273,45 @@ def test_mig_devices_need_mig_enabled(mock_lib_path: Path, state: StateFile, cap
     state.write(doc)
     assert _code(Nvml(str(mock_lib_path)).init) == DRIVER_NOT_LOADED
     assert 'gpus[0].mig_devices: needs "mig_enabled": true' in capfd.readouterr().err
+
+
+class Placement(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+#: An A100's possible GPU instance placements (start, size in memory slices), NVIDIA's MIG user guide.
+A100_PLACEMENTS = {
+    0: [(s, 1) for s in range(7)], 7: [(s, 1) for s in range(7)], 9: [(0, 2), (2, 2), (4, 2), (6, 2)],
+    1: [(0, 2), (2, 2), (4, 2)], 2: [(0, 4), (4, 4)], 3: [(0, 4)], 4: [(0, 8)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("symbol", ["nvmlDeviceGetGpuInstancePossiblePlacements_v2", "nvmlDeviceGetGpuInstancePossiblePlacements"])
+def test_possible_placements_of_each_profile(mig: Nvml, symbol: str) -> None:
+    """NVIDIA's DRA driver lists every profile's placements (go-nvml calls ``_v2``, else the unversioned name):
+    the count alone with no array, then the placements; profiles an A100 lacks and GPUs without MIG: NOT_SUPPORTED."""
+    gpu = mig.handles()[1]
+    seen = {}
+    for profile in range(17):
+        count = ctypes.c_uint()
+        try:
+            mig.call(symbol, gpu, ctypes.c_uint(profile), None, ctypes.byref(count))
+        except NvmlError as exc:
+            assert exc.code == NOT_SUPPORTED, (profile, exc)
+            continue
+        out = (Placement * count.value)()
+        mig.call(symbol, gpu, ctypes.c_uint(profile), out, ctypes.byref(count))
+        seen[profile] = [(p.start, p.size) for p in out]
+    assert seen == A100_PLACEMENTS
+    assert _code(mig.call, symbol, gpu, ctypes.c_uint(0), None, None) == INVALID_ARGUMENT
+    assert _code(mig.call, symbol, mig.handles()[2], ctypes.c_uint(0), None, ctypes.byref(ctypes.c_uint())) == NOT_SUPPORTED
+
+
+def test_architecture_and_brand_are_an_a100s(mig: Nvml) -> None:
+    """go-nvlib's GetArchitectureAsString / GetBrandAsString, which NVIDIA's DRA driver publishes as attributes."""
+    for handle in [*mig.handles(), mig_devices(mig, mig.handles()[0])[0]]:
+        arch, brand = ctypes.c_uint(), ctypes.c_int()
+        mig.call("nvmlDeviceGetArchitecture", handle, ctypes.byref(arch))
+        mig.call("nvmlDeviceGetBrand", handle, ctypes.byref(brand))
+        assert (arch.value, brand.value) == (7, 14)  # NVML_DEVICE_ARCH_AMPERE, NVML_BRAND_NVIDIA
+    assert _code(mig.call, "nvmlDeviceGetArchitecture", mig.handles()[0], None) == INVALID_ARGUMENT

@@ -152,6 +152,8 @@ typedef struct {
 #define MOCK_PCI_DEVICE_ID 0x20B010DEU /* device 0x20B0 (A100-SXM4-40GB), vendor 0x10DE */
 #define MOCK_SMS_PER_SLICE 14           /* an A100's 98 MIG SMs in 7 slices (108 on the whole GPU) */
 #define MOCK_GPU_SMS 108
+#define NVML_DEVICE_ARCH_AMPERE 7
+#define NVML_BRAND_NVIDIA 14 /* what NVML says of data-center GPUs since the A100 ("Product Brand: NVIDIA") */
 
 /* ---- MIG: an A100's GPU instance profiles, each with a compute instance as large as itself ---------- */
 #define MIG_MAX 7          /* MIG devices on one GPU (nvmlDeviceGetMaxMigDeviceCount) */
@@ -1311,6 +1313,20 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *ma
     return leave(rc);
 }
 
+API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !arch) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *arch = NVML_DEVICE_ARCH_AMPERE;
+    return leave(rc);
+}
+
+API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *type) {
+    nvmlReturn_t rc = enter(device);
+    if (!rc && !type) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *type = NVML_BRAND_NVIDIA;
+    return leave(rc);
+}
+
 /* PCIe-only GPUs (no NVLink): the same NUMA node is NODE, anything else SYSTEM. */
 API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, int *pathInfo) {
     nvmlReturn_t rc = enter_gpu(device1);
@@ -1430,6 +1446,34 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsign
         info->memorySizeMB = profile_memory_mib(p, device->gpu.memory_mib);
     }
     return leave(rc);
+}
+
+/* Where a GPU instance of profile p may start, in memory slices (NVIDIA's MIG user guide, A100 placements): at a
+ * multiple of its memory size, its compute slices within the first MIG_SLICES; at most max written to out (NULL:
+ * none). Returns how many there are. */
+static unsigned gi_placements(const struct mig_profile *p, nvmlGpuInstancePlacement_t *out, unsigned max) {
+    unsigned n = 0;
+    for (unsigned start = 0; start + p->slices <= MIG_SLICES && start + p->mem_slices <= MIG_MEMORY_SLICES;
+         start += p->mem_slices, n++)
+        if (out && n < max) out[n].start = start, out[n].size = p->mem_slices;
+    return n;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int profileId,
+                                                               nvmlGpuInstancePlacement_t *placements,
+                                                               unsigned int *count) {
+    nvmlReturn_t rc = enter_mig_capable(device);
+    const struct mig_profile *p = gi_profile(profileId);
+    if (!rc && (!count || profileId >= NVML_GPU_INSTANCE_PROFILE_COUNT)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && !p) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc) *count = gi_placements(p, placements, MIG_MEMORY_SLICES);
+    return leave(rc);
+}
+
+/* The name go-nvml falls back to where the library has no _v2 (NVML before 11.4): the same answer. */
+API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(nvmlDevice_t device, unsigned int profileId,
+                                                            nvmlGpuInstancePlacement_t *placements, unsigned int *count) {
+    return nvmlDeviceGetGpuInstancePossiblePlacements_v2(device, profileId, placements, count);
 }
 
 API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance) {
