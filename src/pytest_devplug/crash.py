@@ -2,7 +2,9 @@
 
 A Go plugin that panics prints ``panic: ...`` first and then a goroutine dump of a hundred lines; klog's
 ``Fatal`` writes an ``F`` line and a stack; a Python plugin ends with a traceback whose last line is the
-exception. The last lines of such a log hide the cause, so messages quote the fatal lines found here
+exception; the dynamic loader ends a program that calls a function no loaded library has (``symbol lookup
+error: ... undefined symbol: X``, exit 127) or that lacks a library (``error while loading shared libraries``),
+with one line among the program's own. The last lines of such a log hide the cause, so messages quote the fatal lines found here
 before the tail. A workload pod whose image cannot be pulled never starts, however long a wait.
 """
 
@@ -15,6 +17,9 @@ __all__ = ["fatal_lines", "last_error_line", "start_failure"]
 _GO_FATAL = re.compile(r"^(panic: |fatal error: )")
 _KLOG_FATAL = re.compile(r"^F\d{4} \d{2}:\d{2}:\d{2}\.\d+ ")
 _STRUCTURED_FATAL = re.compile(r'level=(fatal|panic)\b|"level":\s*"(fatal|panic)"', re.I)
+#: glibc's ld.so: ``<program>: symbol lookup error: <object>: undefined symbol: <name>`` (a lazily bound call into
+#: a library that lacks it, e.g. a mock NVML without a function the plugin calls) and a library not found at start.
+_LOADER_FATAL = re.compile(r": (symbol lookup error|error while loading shared libraries): ")
 _TRACEBACK = "Traceback (most recent call last):"
 #: How many fatal lines a message quotes (a crash loop repeats the same one).
 MAX_FATAL = 3
@@ -22,7 +27,8 @@ MAX_FATAL = 3
 
 def fatal_lines(log: str) -> list[str]:
     """The lines of ``log`` that say why the process died, first seen first, repeats dropped: Go's ``panic:``
-    and ``fatal error:``, klog ``F`` lines, ``level=fatal`` (logrus, zap), a Python traceback's exception."""
+    and ``fatal error:``, klog ``F`` lines, ``level=fatal`` (logrus, zap), a Python traceback's exception, the
+    dynamic loader's ``symbol lookup error`` (naming the missing symbol) and ``error while loading shared libraries``."""
     found: list[str] = []
     lines = log.splitlines()
     in_traceback = False
@@ -37,7 +43,7 @@ def fatal_lines(log: str) -> list[str]:
                 if not text.startswith("During handling") and not text.startswith("The above exception"):
                     found.append(text)
             continue
-        if _GO_FATAL.match(text) or _KLOG_FATAL.match(text) or _STRUCTURED_FATAL.search(text):
+        if _GO_FATAL.match(text) or _KLOG_FATAL.match(text) or _STRUCTURED_FATAL.search(text) or _LOADER_FATAL.search(text):
             found.append(text)
     unique = list(dict.fromkeys(found))
     return unique[-MAX_FATAL:]

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from pytest_devplug.crash import fatal_lines, start_failure
 
 GO_PANIC = "I1201 main.go:1] starting\npanic: runtime error: index out of range [3] with length 3\n\ngoroutine 1 [running]:\n" + (
@@ -37,6 +43,33 @@ def test_python_traceback_gives_its_exception_line() -> None:
         "Traceback (most recent call last):\n  File \"x.py\", line 3\nOSError: [Errno 98] Address already in use\n"
     )
     assert fatal_lines(log) == ["KeyError: 'x'", "OSError: [Errno 98] Address already in use"]
+
+
+#: A library whose function calls one nothing loaded defines, and a program using it: what a plugin on a mock NVML
+#: that lacks a function it calls hits (its call is bound lazily, at the first call).
+CALLER = "int nvmlDeviceGetArchitecture(void *device, unsigned *arch);\nint arch(void) { unsigned a; return nvmlDeviceGetArchitecture(0, &a); }\n"
+PROGRAM = '#include <stdio.h>\nint arch(void);\nint main(void) { puts("I1201 10:00:00.000001 1 main.go:1] listing GPUs"); fflush(stdout); return arch(); }\n'
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to make the loader fail for real")
+def test_the_loaders_symbol_lookup_error_names_the_missing_symbol(tmp_path: Path) -> None:
+    """A lazily bound call to a function no loaded library has ends the process with ld.so's line (exit 127):
+    the fatal line quoted is that one, with the symbol's name, not the last lines of the log."""
+    (tmp_path / "caller.c").write_text(CALLER)
+    (tmp_path / "prog.c").write_text(PROGRAM)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libcaller.so"), str(tmp_path / "caller.c")], check=True)
+    subprocess.run(["cc", "-o", str(tmp_path / "prog"), str(tmp_path / "prog.c"), f"-L{tmp_path}", "-lcaller",
+                    f"-Wl,-rpath,{tmp_path}", "-Wl,--allow-shlib-undefined"], check=True)  # fmt: skip
+    done = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, env={})
+    assert done.returncode == 127, done
+    log = done.stdout + done.stderr + "--- exited: status 127\n"
+    [line] = fatal_lines(log)
+    assert "symbol lookup error" in line and line.endswith("undefined symbol: nvmlDeviceGetArchitecture"), log
+
+
+def test_a_library_missing_at_start_is_the_fatal_line() -> None:
+    log = "gpu-kubelet-plugin: error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file: No such file or directory\n"
+    assert fatal_lines(log) == [log.strip()]
 
 
 def test_ordinary_logs_have_no_fatal_line_and_repeats_are_dropped() -> None:
