@@ -67,6 +67,43 @@ def test_launcher_binds_node_dirs_at_the_standard_paths_and_leaves_the_host_alon
     assert host_view() == before
 
 
+def test_a_new_top_level_directory_and_a_file_in_a_host_directory(tmp_path: Path) -> None:
+    """What a driver's image has and a host lacks: ``/driver-root`` (a new directory at the top: the layer holding it
+    becomes the process's root) and ``/usr/bin/nvidia-cdi-hook`` (a file beside the host's own); the host sees
+    neither, and the host's files stay visible inside."""
+    if launcher_problem := _problem():
+        pytest.skip(f"this machine allows no private mount namespace: {launcher_problem}")
+    top, tool = "/devplug-test-root", "/usr/bin/devplug-test-tool"
+    assert not os.path.lexists(top) and not os.path.lexists(tool)
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "marker").write_text("driver root")
+    (tmp_path / "tool").write_text("#!/bin/sh\necho tool ran\n")
+    (tmp_path / "tool").chmod(0o755)
+    (tmp_path / "dp").mkdir()
+    (tmp_path / "scratch").mkdir()
+    binds = ["--bind", str(tmp_path / "dp"), f"{KUBELET_DIR}/device-plugins", "--bind", str(tmp_path / "root"), top,
+             "--bind", str(tmp_path / "tool"), tool]  # fmt: skip
+    script = f"cat {top}/marker; echo; {tool}; test -x /bin/sh && ls {KUBELET_DIR} && cat {tmp_path}/root/marker"
+    done = subprocess.run([*LAUNCHER, "--scratch", str(tmp_path / "scratch"), *binds, "--", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:4] == ["driver root", "tool ran", "device-plugins", "driver root"], done.stdout
+    assert not os.path.lexists(top) and not os.path.lexists(tool)
+
+
+def test_a_failed_bind_names_the_mount_not_the_permissions(tmp_path: Path) -> None:
+    """Root may unshare, so a mount that fails (its source gone) is said as it is, without advice about root or user
+    namespaces."""
+    if launcher_problem := _problem():
+        pytest.skip(f"this machine allows no private mount namespace: {launcher_problem}")
+    (tmp_path / "scratch").mkdir()
+    done = subprocess.run([*LAUNCHER, "--scratch", str(tmp_path / "scratch"), "--bind", str(tmp_path / "gone"),
+                           "/var/lib/kubelet/device-plugins", "--", "true"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 126
+    assert f"mount {tmp_path / 'gone'} on /var/lib/kubelet/device-plugins: No such file or directory" in done.stderr
+    assert "user namespaces" not in done.stderr, done.stderr
+
+
 def test_unprivileged_user_gets_the_namespace_through_a_user_namespace(shared_tmp: Path) -> None:
     """As nobody, through an unprivileged user namespace (uid and gid mapped to themselves)."""
     setpriv, python = shutil.which("setpriv"), shutil.which("python3", path="/usr/bin:/bin")

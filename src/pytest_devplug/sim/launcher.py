@@ -13,7 +13,7 @@ so that starting a plugin imports nothing but the standard library); it replaces
   a tmpfs first when a ``DST`` lies below it, so the host's kubelet files stay out of sight. Missing
   mount points are made without touching the host: the first missing directory's parent is shadowed
   by a tmpfs (made under ``--scratch DIR``) holding bind mounts of all of its entries plus the new
-  directory.
+  directory (for a new directory at the top, such a layer becomes the process's root).
 
 Exit status 126 with a message on stderr (the plugin log) when the namespace cannot be made, 127
 when ``ARGV[0]`` cannot be executed. ``--probe`` makes the namespace and exits 0 without a command.
@@ -81,6 +81,10 @@ class NamespaceError(Exception):
     """The private mount namespace could not be made (no root, no user namespaces, a failed mount)."""
 
 
+class MountError(NamespaceError):
+    """The namespace was made, but a mount in it failed: no permission problem, so no advice about one."""
+
+
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
@@ -91,7 +95,8 @@ def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: s
     def b(s: str | None) -> bytes | None:
         return None if s is None else os.fsencode(s)
 
-    _check(_libc.mount(b(src), b(target), b(fstype), ctypes.c_ulong(flags), b(data)), f"mount {src or fstype} on {target}")
+    if _libc.mount(b(src), b(target), b(fstype), ctypes.c_ulong(flags), b(data)) != 0:
+        raise MountError(f"mount {src or fstype} on {target}: {os.strerror(ctypes.get_errno())}")
 
 
 def _write(path: str, text: str) -> None:
@@ -181,7 +186,13 @@ class _Mounter:
             open(os.path.join(layer, new_child), "w").close()
         else:
             os.mkdir(os.path.join(layer, new_child))
-        _mount(layer, parent, None, _MS_BIND | _MS_REC)
+        if parent == "/":
+            # A mount over "/" is not seen by this process, whose root stays the old one: the layer becomes the
+            # root instead (a new top-level directory such as /driver-root, as a container's image has one).
+            os.chroot(layer)
+            os.chdir("/")
+        else:
+            _mount(layer, parent, None, _MS_BIND | _MS_REC)
         self.ours.add(parent)
 
 
@@ -296,6 +307,9 @@ def main(args: Sequence[str]) -> int:
     if binds or probe:
         try:
             enter_namespace(binds, scratch)
+        except MountError as exc:
+            print(f"devplug launcher: cannot set up the node's mount namespace: {exc}", file=sys.stderr)
+            return 126
         except (NamespaceError, OSError) as exc:
             print(f"devplug launcher: cannot make the node's mount namespace ({exc}); {NO_NAMESPACE_HELP}", file=sys.stderr)
             return 126
