@@ -7,7 +7,11 @@ A GPU node has ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools`
 the mock), except that device nodes must be character devices (NVIDIA's locator skips anything else): each
 is ``/dev/null`` bind-mounted at the device's path. Everything is bind-mounted into the plugin's namespace
 only — the host's ``/dev`` is never touched: the device nodes at ``/dev`` and, with the libraries, under the
-driver root :data:`DRIVER_ROOT` (the GPU operator's; a plugin's ``--driver-root``).
+driver root :data:`DRIVER_ROOT` (the GPU operator's; a plugin's ``--driver-root``) and again at
+:data:`CONTAINER_DRIVER_ROOT`, where NVIDIA's Helm charts mount the host's driver root into a driver's container.
+NVIDIA's DRA driver also copies ``nvidia-cdi-hook`` out of its image (:data:`CDI_HOOK`) and names it in its CDI
+specs' hooks: a stub that accepts the hooks' subcommands stands in (the embedded runtime records hooks; a
+container here has no root filesystem for them to change).
 """
 
 from __future__ import annotations
@@ -17,12 +21,24 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "NVCAPS_DIR", "gpu_device_nodes", "mig_cap_device_nodes",
+    "CDI_HOOK", "CONTAINER_DRIVER_ROOT", "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "NVCAPS_DIR", "gpu_device_nodes", "mig_cap_device_nodes",
     "mig_minors", "node_file_binds",
 ]  # fmt: skip
 
 #: Where the stub driver root is in the plugin's namespace (the GPU operator's driver root).
 DRIVER_ROOT = "/run/nvidia/driver"
+#: Where NVIDIA's charts mount the host's driver root in a driver's container (``DRIVER_ROOT_CTR_PATH``'s default).
+CONTAINER_DRIVER_ROOT = "/driver-root"
+#: Where NVIDIA's images keep the container toolkit's hook program.
+CDI_HOOK = "/usr/bin/nvidia-cdi-hook"
+#: The stub at :data:`CDI_HOOK`: the container toolkit's hook subcommands succeed, anything else is refused.
+_CDI_HOOK_STUB = """#!/bin/sh
+# pytest-devplug's stand-in for nvidia-cdi-hook: the embedded runtime's containers have no root filesystem to edit.
+case "$1" in
+  create-symlinks|update-ldcache|enable-cuda-compat|disable-device-node-modification|chmod|create-soname-symlinks|--version|-v) exit 0 ;;
+  *) echo "nvidia-cdi-hook (devplug stub): unknown command '$1'" >&2; exit 1 ;;
+esac
+"""
 #: Driver libraries NVIDIA's CDI generation looks for (``<name>.<driver version>``, and ``.1`` links).
 DRIVER_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so", "libcudadebugger.so")
 #: Driver tools it mounts into containers when present.
@@ -85,8 +101,9 @@ def node_file_binds(
 ) -> list[tuple[Path, str]]:
     """Make stub files under ``root`` (the node's own directory) and return the ``(host file or directory,
     path in the namespace)`` binds that show them: each of ``device_nodes`` (absolute paths under ``/dev``)
-    at its path and, with ``driver_version``, a stub driver root at :data:`DRIVER_ROOT` holding the driver's
-    libraries and tools and the same device nodes; its ``libnvidia-ml.so`` is ``nvml`` (the mock library),
+    at its path and, with ``driver_version``, a stub driver root at :data:`DRIVER_ROOT` and
+    :data:`CONTAINER_DRIVER_ROOT` holding the driver's libraries and tools and the same device nodes, and the
+    :data:`CDI_HOOK` stub; its ``libnvidia-ml.so`` is ``nvml`` (the mock library),
     for a plugin that loads NVML from its driver root. ``nvcaps``: the ``mig-minors`` text at
     :data:`NVCAPS_DIR`."""
     for node in device_nodes:
@@ -111,8 +128,13 @@ def node_file_binds(
             _touch(driver / "usr" / "bin" / tool).chmod(0o755)
         for node in device_nodes:
             _touch(driver / node.lstrip("/"))  # mount points, under the driver root bound first
-        binds.append((driver, DRIVER_ROOT))
-        binds += [(_CHAR_DEVICE, DRIVER_ROOT + node) for node in device_nodes]
+        for where in (DRIVER_ROOT, CONTAINER_DRIVER_ROOT):
+            binds.append((driver, where))
+            binds += [(_CHAR_DEVICE, where + node) for node in device_nodes]
+        hook = root / "nvidia-cdi-hook"
+        hook.write_text(_CDI_HOOK_STUB)
+        hook.chmod(0o755)
+        binds.append((hook, CDI_HOOK))
     binds += [(_CHAR_DEVICE, node) for node in device_nodes]
     if nvcaps is not None:
         caps = root / "nvidia-caps"
