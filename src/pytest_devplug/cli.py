@@ -78,7 +78,7 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
 _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--backend", "--devplug-backend", "sim (embedded kubelet, default) or kind", {"choices": ("sim", "kind"), "default": "sim"}),
     ("--plugin-cmd", "--devplug-plugin-cmd", "your plugin's command line; {plugin_dir} {plugins_registry} {mock_state} {python} are filled in", {}),
-    ("--plugin-env", "--devplug-plugin-env", "your plugin's environment, KEY=VALUE pairs, comma-separated", {}),
+    ("--plugin-env", "--devplug-plugin-env", "your plugin's environment, KEY=VALUE pairs, comma-separated (\\, a comma in a value)", {}),
     ("--pci-node", "--devplug-pci-node", "sim: a mock PCI/NIC node file (YAML) for a network device plugin", {"metavar": "FILE"}),
     ("--plugin-image", "--devplug-plugin-image", "your plugin's image (kind)", {}),
     ("--plugin-manifest", "--devplug-plugin-manifest", "your plugin's DaemonSet manifest (kind)", {}),
@@ -97,6 +97,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--missing-faults", "--devplug-missing-faults", "skip (default) or fail the fault-injection tests when no fault injector is available", {"choices": ("skip", "fail")}),
     ("--conventions", "--devplug-conventions", "opt-in convention checks, comma-separated (see pytest --help)", {}),
     ("--driver-cmd", "--devplug-driver-cmd", "with --dra: your DRA driver's command line; {plugins_registry} {plugins_dir} {cdi_root} {node_name} {kubeconfig} {mock_state} {python} are filled in", {}),
+    ("--driver-env", "--devplug-driver-env", "with --dra: your DRA driver's environment, KEY=VALUE pairs, comma-separated (\\, a comma in a value)", {}),
     ("--driver-name", "--devplug-driver-name", "with --dra: the name your DRA driver registers and publishes slices under (default gpu.devplug.io)", {}),
     ("--driver-manifest", "--devplug-driver-manifest", "with --dra, kind: your DRA driver's manifest (ServiceAccount, RBAC, DaemonSet)", {}),
     ("--driver-image", "--devplug-driver-image", "with --dra, kind: the image its containers run", {}),

@@ -167,7 +167,7 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "plugin-env",
         "environment of the plugin under test, KEY=VALUE pairs, comma-separated (sim: its process, placeholders as "
-        "in --devplug-plugin-cmd; kind and cluster: every container of its DaemonSet), e.g. "
+        "in --devplug-plugin-cmd; kind and cluster: every container of its DaemonSet; \\, is a comma in a value), e.g. "
         "DP_REGISTRATION=plugins_registry to have the included plugin register through the kubelet's plugin watcher",
         {},
     ),
@@ -457,7 +457,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         numa_nodes=_number(config, "devplug_numa_nodes", int),
         mig=_mig(_opt(config, "devplug_mig")),
         pre_start_required=pre_start,
-        env=_plugin_env(_opt(config, "devplug_plugin_env")),
+        env=_env_pairs("devplug_plugin_env", _opt(config, "devplug_plugin_env")),
         conventions=_conventions(_opt(config, "devplug_conventions"), frozenset() if custom else frozenset(CONVENTIONS)),
     )
     timeout = _number(config, "devplug_timeout", float)
@@ -567,15 +567,18 @@ def _pci_node(value: Any) -> str | None:
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _plugin_env(value: Any) -> dict[str, str]:
+def _env_pairs(dest: str, value: Any) -> dict[str, str]:
+    """Option ``dest``'s ``KEY=VALUE`` pairs, comma-separated; ``\\,`` is a comma inside a value (a chart's
+    ``FEATURE_GATES=A=true,B=false`` is ``FEATURE_GATES=A=true\\,B=false``)."""
     env: dict[str, str] = {}
-    for pair in (p.strip() for p in str(value or "").split(",")):
+    for raw in re.split(r"(?<!\\),", str(value or "")):
+        pair = raw.replace("\\,", ",").strip()
         if not pair:
             continue
         key, sep, val = pair.partition("=")
         if not sep or not _ENV_NAME.fullmatch(key):
             raise pytest.UsageError(
-                f"{_flag('devplug_plugin_env')} = {value!r}: {pair!r} is not KEY=VALUE (KEY a variable name: letters, "
+                f"{_flag(dest)} = {value!r}: {pair!r} is not KEY=VALUE (KEY a variable name: letters, "
                 "digits and _, not starting with a digit)"
             )
         env[key] = val

@@ -40,6 +40,7 @@ def test_disruptive():
         (["--devplug-pci-node", "nope.yaml"], "", ["--devplug-pci-node", "nope.yaml: No such file", "rdma-connectx, sriov-iavf, sriov-mlx5-rdma, sriov-vfio"]),
         (["--devplug-pci-node", "sriov-iavf", "--devplug-backend", "kind"], "", ["--devplug-pci-node", "the embedded kubelet's"]),
         ([], "devplug_plugin_env = 1X=2", ["devplug_plugin_env", "'1X=2' is not KEY=VALUE", "not starting with a digit"]),
+        (["--devplug-driver-env", "A=1,B"], "", ["--devplug-driver-env (ini devplug_driver_env)", "'B' is not KEY=VALUE"]),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
         (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
@@ -146,4 +147,17 @@ def test_env(devplug_settings):
     )
     env = "DP_REGISTRATION=plugins_registry, DP_KUBELET_REGISTRAR_DIR={plugins_registry},X=a=b"
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-plugin-env", env)
+    result.assert_outcomes(passed=1)
+
+
+def test_driver_env_reaches_the_driver_spec_with_escaped_commas(pytester: pytest.Pytester) -> None:
+    """``--devplug-driver-env``: a chart's environment, ``\\,`` a comma inside a value (FEATURE_GATES=A=true,B=false)."""
+    pytester.makepyfile(
+        """
+def test_env(devplug_driver_spec):
+    assert dict(devplug_driver_spec.env) == {"CDI_ROOT": "/var/run/cdi", "FEATURE_GATES": "A=true,B=false", "EMPTY": ""}
+"""
+    )
+    env = r"CDI_ROOT=/var/run/cdi,FEATURE_GATES=A=true\,B=false,EMPTY="
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-driver-cmd", "my-driver", "--devplug-driver-env", env)
     result.assert_outcomes(passed=1)

@@ -36,6 +36,7 @@ from ..plugin import (
     NODE_NAME,
     DevplugSettings,
     _command_line,
+    _env_pairs,
     _fixture_overrides,
     _flag,
     _kubernetes_version,
@@ -87,6 +88,13 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         "Default: the included GPU plugin's DRA mode (devplug-gpu-plugin --dra)",
         {},
     ),
+    (
+        "driver-env",
+        "environment of the DRA driver under test, KEY=VALUE pairs, comma-separated (\\, is a comma in a value; sim: its "
+        "process, placeholders as in --devplug-driver-cmd; kind and cluster: every container of its DaemonSet), e.g. the "
+        "variables its Helm chart sets",
+        {},
+    ),
     ("driver-name", "the DRA driver's name (what it registers and publishes ResourceSlices under)", {"default": DEFAULT_DRIVER_NAME}),
     (
         "driver-manifest",
@@ -109,6 +117,7 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
     image = _opt(config, "devplug_driver_image")
     if manifest and not Path(str(manifest)).is_file():
         raise pytest.UsageError(f"{_flag('devplug_driver_manifest')} = {manifest!r}: no such file")
+    env = _env_pairs("devplug_driver_env", _opt(config, "devplug_driver_env"))
     included = not (cmd or manifest or image)
     argv: list[str] = []
     if cmd:
@@ -118,7 +127,7 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
     explicit_mock = _opt(config, "devplug_mock")
     mock = included if explicit_mock is None else bool(explicit_mock)
     spec = DriverSpec(driver_name=name, argv=tuple(argv), image=str(image) if image else None, manifest=str(manifest) if manifest else None,
-                      mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes)  # fmt: skip
+                      env=env, mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes)  # fmt: skip
     return DRASettings(spec, included=included)
 
 
