@@ -3,6 +3,9 @@
 #   sriovdp   k8snetworkplumbingwg/sriov-network-device-plugin (./cmd/sriovdp; dependencies from the Go module
 #             proxy, ~3 min cold). Source: $DEVPLUG_SRIOV_SOURCE (a .tar.xz/.tar.gz of a tag, or a checkout), else
 #             the snapshot in ../shared/peer-sources beside the repository when there is one.
+#   gpu-kubelet-plugin  NVIDIA's DRA driver, sigs.k8s.io/dra-driver-nvidia-gpu (./cmd/gpu-kubelet-plugin; vendored,
+#             cgo: go-nvml loads libnvidia-ml.so.1 at run time, ~5 min cold). Source: $DEVPLUG_NVIDIA_DRA_SOURCE, else
+#             the v0.4.0 snapshot in ../shared/peer-sources.
 #
 # usage: peers/build-source.sh NAME...   Prints "NAME BINARY" per peer on stdout. With no source for NAME it prints
 # "NAME -" and says why on stderr (exit 0): the tests then skip saying so, and fail under CI=true.
@@ -11,12 +14,13 @@
 
 PEERS_CACHE="$CACHE_ROOT/peers"
 SHARED_SOURCES="$(cd "$REPO_ROOT/.." && pwd)/shared/peer-sources"
-KNOWN="sriovdp"
+KNOWN="sriovdp gpu-kubelet-plugin"
 mkdir -p "$PEERS_CACHE"
 
 peer_source() {  # peer_source NAME: its source (file or directory), or nothing
   case $1 in
     sriovdp) echo "${DEVPLUG_SRIOV_SOURCE:-$SHARED_SOURCES/sriov-network-device-plugin-v3.11.0.tar.xz}" ;;
+    gpu-kubelet-plugin) echo "${DEVPLUG_NVIDIA_DRA_SOURCE:-$SHARED_SOURCES/dra-driver-nvidia-gpu-v0.4.0.tar.xz}" ;;
     *) die "unknown source-built peer '$1' (known: $KNOWN)" ;;
   esac
 }
@@ -24,6 +28,22 @@ peer_source() {  # peer_source NAME: its source (file or directory), or nothing
 peer_package() {  # peer_package NAME: the Go package to build in the source tree
   case $1 in
     sriovdp) echo ./cmd/sriovdp ;;
+    gpu-kubelet-plugin) echo ./cmd/gpu-kubelet-plugin ;;
+  esac
+}
+
+peer_env() {  # peer_env NAME: how its build is configured (a vendored tree builds offline from vendor/)
+  case $1 in
+    sriovdp) echo "GOFLAGS=-mod=mod CGO_ENABLED=0" ;;
+    # go-nvml's cgo stubs leave NVML's symbols to the library loaded at run time
+    gpu-kubelet-plugin) echo "GOFLAGS=-mod=vendor CGO_ENABLED=1 CGO_LDFLAGS_ALLOW=-Wl,--unresolved-symbols=ignore-in-object-files" ;;
+  esac
+}
+
+source_variable() {  # source_variable NAME: the environment variable that points at its source
+  case $1 in
+    sriovdp) echo DEVPLUG_SRIOV_SOURCE ;;
+    gpu-kubelet-plugin) echo DEVPLUG_NVIDIA_DRA_SOURCE ;;
   esac
 }
 
@@ -56,7 +76,7 @@ build_peer() {
   local name=$1 src hash out tree
   src=$(peer_source "$name")
   if [ ! -e "$src" ]; then
-    log "$name: no source at $src (set DEVPLUG_SRIOV_SOURCE to a tarball or checkout of its tag)"
+    log "$name: no source at $src (set $(source_variable "$name") to a tarball or checkout of its tag)"
     echo "$name -"
     return 0
   fi
@@ -67,7 +87,7 @@ build_peer() {
     rm -rf "$out"
     mkdir -p "$out/bin"
     tree=$(unpack "$src" "$out/work")
-    step "build $name from $src" bash -c "cd '$tree' && GOFLAGS=-mod=mod CGO_ENABLED=0 '$GO' build -trimpath -ldflags '-s -w' -o '$out/bin/$name' $(peer_package "$name")"
+    step "build $name from $src" bash -c "cd '$tree' && env $(peer_env "$name") '$GO' build -trimpath -ldflags '-s -w' -o '$out/bin/$name' $(peer_package "$name")"
     rm -rf "$out/work"
     [ -x "$out/bin/$name" ] || die "$name: the build left no $out/bin/$name"
     touch "$out/bin/.complete"
