@@ -11,7 +11,7 @@
 # concurrent build of the same peer waits on its lock and then finds it cached.
 . "$(dirname "$0")/../kind-config/offline/lib.sh"
 
-NVIDIA_PLUGIN_VERSION=v0.17.4
+NVIDIA_PLUGIN_VERSION=v0.19.1
 PEERS_DIR="$REPO_ROOT/peers"
 PEERS_CACHE="$CACHE_ROOT/peers"
 mkdir -p "$PEERS_CACHE"

@@ -5,7 +5,7 @@
 # keyed by the binary, the Dockerfile and the base, so a second call finds the image built.
 #
 # Usage: peer-image.sh PEER_DIR BUILD_SCRIPT BINARY REPOSITORY:VERSION
-#   e.g. peer-image.sh peers/nvidia peers/build.sh nvidia-device-plugin devplug/nvidia-device-plugin:v0.17.4
+#   e.g. peer-image.sh peers/nvidia peers/build.sh nvidia-device-plugin devplug/nvidia-device-plugin:v0.19.1
 set -euo pipefail
 if [ $# -ne 4 ]; then
   echo "usage: $0 PEER_DIR BUILD_SCRIPT BINARY REPOSITORY:VERSION" >&2

@@ -1,4 +1,4 @@
-"""MIG on the mock libnvidia-ml.so.1: the calls NVIDIA's k8s-device-plugin v0.17.4 (go-nvlib v0.7.4) makes for
+"""MIG on the mock libnvidia-ml.so.1: the calls NVIDIA's k8s-device-plugin v0.19.1 (go-nvlib v0.9.1) makes for
 ``--mig-strategy single`` and ``mixed``, through NVML's C ABI and struct layouts, and the profile names go-nvlib
 derives from what they answer."""
 

@@ -1,4 +1,4 @@
-"""NVIDIA's k8s-device-plugin v0.17.4 under the conformance suite, on the mock libnvidia-ml.so.1.
+"""NVIDIA's k8s-device-plugin v0.19.1 under the conformance suite, on the mock libnvidia-ml.so.1.
 
 Built from its Go module by ``peers/build.sh`` (cached per version) and started with its plain command
 line, ``nvidia-device-plugin --device-discovery-strategy nvml`` (it hard-codes

@@ -2,7 +2,7 @@
 device it backs, and a check that names the device a fault left Healthy (NVIDIA's bug #1929 shape).
 
 The included plugin with two replicas per GPU (``DP_REPLICAS=2``: ``<uuid>::0``, ``<uuid>::1``) marks both
-replicas of a GPU with a critical Xid Unhealthy: the check passes. NVIDIA's plugin v0.17.4 with time-slicing
+replicas of a GPU with a critical Xid Unhealthy: the check passes. NVIDIA's plugin v0.19.1 with time-slicing
 marks one and fails it (``tests/peers/test_nvidia_plugin.py``).
 """
 
