@@ -135,16 +135,19 @@ def real_backend(k8s_bin_dir: Path) -> Iterator[SimBackend]:
 
 
 @pytest.fixture
-def broken_driver(real_backend: SimBackend, request: pytest.FixtureRequest) -> Iterator[Callable[[str], DriverHandle]]:
-    """Deploys the widget with ``--break <variant>`` on a node of its own; removes it afterwards."""
+def broken_driver(real_backend: SimBackend, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[str], DriverHandle]]:
+    """Deploys the widget with ``--break <variant>`` (and a control file: :func:`_faults`) on a node of its own;
+    removes it afterwards."""
     made: list[str] = []
 
-    def deploy(variant: str) -> DriverHandle:
+    def deploy(variant: str, *extra: str) -> DriverHandle:
         node_name = real_backend.ensure_node(NodeSpec(f"broken-{len(made)}-{abs(hash(request.node.name)) % 10000}"))
         dra = dra_of(real_backend)
         node = DRANodeHandle(real_backend, dra, node_name, timeout=20.0, reregistration_timeout=40.0)
+        control = tmp_path / f"control-{len(made)}.json"
+        control.write_text("{}")
         spec = DriverSpec(driver_name=f"{variant}.devplug.example", argv=[sys.executable, str(WIDGET), "--break", variant,
-                          "--driver-name", f"{variant}.devplug.example"])  # fmt: skip
+                          "--driver-name", f"{variant}.devplug.example", "--control", str(control), *extra])  # fmt: skip
         dra.deploy_driver(node_name, spec)
         made.append(node_name)
         driver = DriverHandle(node, spec)
@@ -198,8 +201,10 @@ def widget(real_backend: SimBackend, tmp_path_factory: pytest.TempPathFactory) -
     dra.remove_driver(name)
 
 
-#: Every check of the suite that needs a fault, with the widget's injector: they pass on a correct driver.
-FAULT_CHECKS = {name: getattr(test_faults, name) for name in dir(test_faults) if name.startswith("test_")}
+#: The check of health reported as device taints: judged on the widget with ``--health taints`` (below).
+TAINT_CHECK = "test_device_health_reported_as_device_taints"
+#: Every other check of the suite that needs a fault, with the widget's injector: they pass on a correct driver.
+FAULT_CHECKS = {name: getattr(test_faults, name) for name in dir(test_faults) if name.startswith("test_") and name != TAINT_CHECK}
 
 
 @pytest.mark.parametrize("name", sorted(FAULT_CHECKS))
@@ -217,6 +222,26 @@ def test_fault_checks_pass_on_a_driver_with_an_injector(name: str, real_backend:
         deployment.reset_if_needed()
 
 
+def test_health_by_device_taints_passes_on_a_driver_that_taints(real_backend: SimBackend, broken_driver: Callable[..., DriverHandle]) -> None:
+    """The widget with ``--health taints`` (no health service; an Unhealthy device tainted NoSchedule in its slice)."""
+    driver = broken_driver("none", "--health", "taints")
+    factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix="taints")
+    try:
+        test_faults.test_device_health_reported_as_device_taints(factory, driver, _faults(driver))
+    finally:
+        factory.cleanup()
+
+
+def test_health_by_device_taints_skips_a_driver_with_a_health_stream(real_backend: SimBackend, broken_driver: Callable[..., DriverHandle]) -> None:
+    driver = broken_driver("none")
+    factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix="stream")
+    try:
+        with pytest.raises(pytest.skip.Exception, match="reports device health through its health stream"):
+            test_faults.test_device_health_reported_as_device_taints(factory, driver, _faults(driver))
+    finally:
+        factory.cleanup()
+
+
 def _resync(backend: SimBackend, driver: DriverHandle, factory: ClaimFactory) -> None:
     """The resync check on a copy of the broken driver; a 2 s republish bound (the widget republishes within 0.3 s).
     The copy itself gets the same 20 s to come up as every driver here: a Python process start alone took over 5 s
@@ -224,6 +249,12 @@ def _resync(backend: SimBackend, driver: DriverHandle, factory: ClaimFactory) ->
     cluster = ClusterHandle(backend, timeout=20.0)
     with ResyncWatch(cluster, driver.spec, driver.node.name, f"{driver.node.name}-rs", republish_s=2.0) as watch:
         test_slices.test_node_slices_removed_on_kubelet_start_then_published_again(watch, driver)
+
+
+def _faults(driver: DriverHandle) -> WidgetFaults:
+    """The injector of a widget deployed with ``--control FILE``."""
+    argv = list(driver.spec.argv)
+    return WidgetFaults(driver, Path(argv[argv.index("--control") + 1]))
 
 
 class _NoteSink:
@@ -252,6 +283,10 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
     "no-reuse": (lambda b, d, f: test_scheduling.test_devices_prepared_again_for_a_new_claim_after_cleanup(f, d), "is in use by claim"),
     "health-unlisted": (lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
                         "lists no health service in GetInfo"),
+    "taint-effect-none": (lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
+                          "no effect keeps new claims off it"),
+    "taint-every-device": (lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
+                           "tainted devices other than the Unhealthy"),
 }  # fmt: skip
 
 

@@ -8,7 +8,9 @@ under ``--cdi-root``, idempotently. The API is reached the in-cluster way (servi
 unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 
 ``--control FILE`` (JSON, re-read on every call) injects faults: ``fail_prepare``, ``fail_unprepare`` (bools) and
-``unhealthy`` (device names reported Unhealthy on the health stream). ``--break`` makes it wrong the way drivers are:
+``unhealthy`` (device names reported Unhealthy on the health stream, or with ``--health taints`` as a
+``NoSchedule`` taint on the device in its ResourceSlice, with no health service, as NVIDIA's DRA driver reports
+health). ``--break`` makes it wrong the way drivers are:
 
 * ``prepare-not-idempotent``: a second prepare of a claim answers other CDI IDs;
 * ``wrong-device``: prepares another device than the one allocated;
@@ -21,6 +23,8 @@ unless ``--kubeconfig`` is given. Device names are opaque (``w-<hash>``).
 * ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back);
 * ``spec-in-subdir``: writes its CDI specs in a subdirectory of the CDI root, which no runtime reads;
 * ``no-reuse``: marks a prepared device in use and never frees it at unprepare, so a later claim for it fails;
+* ``taint-effect-none`` (health by taints): taints an Unhealthy device with effect ``None``, which keeps no claim off;
+* ``taint-every-device`` (health by taints): taints every device once one is Unhealthy;
 * ``reboot-loses-spec``: keeps its prepared claims in a checkpoint (``<plugins>/<driver>/checkpoint.json``) and
   answers a claim found there without writing its CDI spec again, so after a reboot emptied ``/var/run/cdi`` the
   container's CDI devices resolve nowhere (dra-example-driver up to v0.4.0, kubernetes/kubernetes#141433).
@@ -58,8 +62,10 @@ parser.add_argument("--control", default="")
 parser.add_argument("--break", dest="broken", default="none",
                     choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
                              "health-unlisted", "first-request-only", "no-request-names", "forget-on-restart",
-                             "spec-in-subdir", "reboot-loses-spec", "no-reuse"])
+                             "spec-in-subdir", "reboot-loses-spec", "no-reuse", "taint-effect-none", "taint-every-device"])
+parser.add_argument("--health", choices=["stream", "taints"], default="stream")
 args = parser.parse_args()
+TAINTS = args.health == "taints" or args.broken.startswith("taint-")
 if not args.node_name:
     sys.exit("dra-widget: --node-name or NODE_NAME is required")
 
@@ -107,12 +113,36 @@ def slice_body():
             "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
 
 
+def wanted_taints():
+    """device -> taint effect, from the control file's Unhealthy devices (--health taints)."""
+    bad = set(control().get("unhealthy") or [])
+    effect = "None" if args.broken == "taint-effect-none" else "NoSchedule"
+    return {d: effect for d in (DEVICES if bad and args.broken == "taint-every-device" else sorted(bad))}
+
+
+def retaint(obj):
+    """Put the wanted taints on the slice's devices when they differ from what it has."""
+    want = wanted_taints()
+    have = {d["name"]: (d.get("taints") or [{}])[0].get("effect") for d in obj["spec"]["devices"] if d.get("taints")}
+    if have == want:
+        return
+    for d in obj["spec"]["devices"]:
+        d.pop("taints", None)
+        if d["name"] in want:
+            d["taints"] = [{"key": f"{DRIVER}/unhealthy", "value": "true", "effect": want[d["name"]],
+                            "timeAdded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+    request("PUT", f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}", obj)
+    log(f"tainted {sorted(want)}")
+
+
 def publish_loop():
     published = False
     while not stop.is_set():
         try:
-            request("GET", f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}")
+            obj = request("GET", f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}")
             published = True
+            if TAINTS:
+                retaint(obj)
         except RuntimeError as exc:
             if " 404 " not in str(exc):
                 log(f"reading my slice: {exc}")
@@ -258,7 +288,7 @@ class Registration(rpbg.RegistrationServicer):
         self.endpoint = endpoint
 
     def GetInfo(self, request_, context):
-        services = ["v1.DRAPlugin"] if args.broken == "health-unlisted" else ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        services = ["v1.DRAPlugin"] if args.broken == "health-unlisted" or TAINTS else ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
         return rpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=self.endpoint, supported_versions=services)
 
     def NotifyRegistrationStatus(self, request_, context):
@@ -286,7 +316,8 @@ def main():
             pass
     dra = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pbg.add_DRAPluginServicer_to_server(DRA(), dra)
-    hpbg.add_DRAResourceHealthServicer_to_server(Health(), dra)
+    if not TAINTS:
+        hpbg.add_DRAResourceHealthServicer_to_server(Health(), dra)
     dra.add_insecure_port(f"unix://{dra_sock}")
     dra.start()
     threading.Thread(target=publish_loop, daemon=True).start()

@@ -10,7 +10,10 @@ driver on a second node (the suite's resync node) would find the metrics port (`
 ``healthcheckPort: 0`` picks a free port, as on a node whose port is taken by something else.
 
 A correct driver gets 0 failed; every skip must name what it lacks: a fault injector that fails prepare or unprepare
-(the mock NVML has no such fault), a health service (v0.4.0 serves no ``DRAResourceHealth``). v0.4.0 fails the node
+(the mock NVML has no such fault), a health service (v0.4.0 serves no ``DRAResourceHealth``). Its health is judged as
+it reports it, as device taints: with its ``NVMLDeviceHealthCheck`` gate on (a chart value), an Xid on a running
+pod's GPU taints that device ``gpu.nvidia.com/xid=79:NoSchedule`` and the scheduler keeps new claims off it (on the
+default release, 1.37, where the API server keeps device taints). v0.4.0 fails the node
 reboot check for an upstream defect: a prepare of a claim its checkpoint holds as ``PrepareCompleted`` is skipped,
 so after a reboot emptied ``/var/run/cdi`` the claim's CDI spec is never written again and the container is refused
 for good (kubernetes-sigs/dra-driver-nvidia-gpu#951); that stays visible as a strict xfail.
@@ -27,13 +30,15 @@ import pytest
 from ..support import SuiteResult, in_ci, run_conformance
 
 DRIVER = "gpu.nvidia.com"
-#: The gpus container's environment as the chart (v0.4.0, default values) renders it; NODE_NAME is the harness's.
+#: The gpus container's environment as the chart (v0.4.0) renders it with its default values and
+#: ``featureGates: {NVMLDeviceHealthCheck: true}`` (its health monitor: an Xid taints the GPU in its slice); NODE_NAME
+#: is the harness's.
 CHART_ENV = {
     "HTTP_ENDPOINT": ":8080", "METRICS_PATH": "/metrics", "LOG_VERBOSITY": "4", "MASK_NVIDIA_DRIVER_PARAMS": "false",
     "NVIDIA_DRIVER_ROOT": "/", "NVIDIA_VISIBLE_DEVICES": "void", "CDI_ROOT": "/var/run/cdi",
     "NVIDIA_MIG_CONFIG_DEVICES": "all", "NAMESPACE": "dra-driver-nvidia-gpu",
     "IMAGE_NAME": "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:v0.4.0", "NVIDIA_CDI_HOOK_PATH": "",
-    "FEATURE_GATES": "", "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
+    "FEATURE_GATES": "NVMLDeviceHealthCheck=true", "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
     "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins", "HEALTHCHECK_PORT": "51515",
 }  # fmt: skip
 #: The chart values that differ on the embedded kubelet (its nodes share one network namespace; see above).
@@ -53,6 +58,7 @@ MUST_PASS = (
     "test_pod_deleted_while_kubelet_down_is_never_prepared", "test_unprepare_after_a_restart_removes_the_claims_cdi_specs",
     "test_unsatisfiable_claim_stays_unschedulable", "test_shared_claim", "test_devices_prepared_again_for_a_new_claim_after_cleanup",
     "test_device_taint_keeps_claims_off_tainted_devices", "test_checkpoint_contents", "test_extended_resource_served_by_the_driver",
+    "test_device_health_reported_as_device_taints",
 )  # fmt: skip
 SUITE_TIMEOUT_S = 600
 REBOOT_CHECK = "test_pods_come_back_with_their_devices_after_a_node_reboot"

@@ -1,5 +1,8 @@
 """Faults: failing prepares and unprepares, retried by the kubelet, and device health reaching the pod status.
 
+A driver may report health instead as KEP-5055 device taints in its ResourceSlices (NVIDIA's DRA driver: an Xid
+taints the GPU ``gpu.nvidia.com/xid=79:NoSchedule``); where the release keeps such taints, that report is judged too.
+
 These need the driver's cooperation to fail on purpose (the ``devplug_dra_faults`` fixture, or health the driver
 reports itself); without an injector they skip naming the contract. The kubelet retries a failed prepare after
 its pod worker's back-off (10 s; 0.5 s where the backend can shorten it) while the pod stays Pending with ``FailedPrepareDynamicResources``;
@@ -15,7 +18,7 @@ from pytest_devplug.dra.faults import DRAFaultInjector, FaultNotSupportedError
 from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-from ._support import fault, short_dra_timings, succeeded, waited
+from ._support import consistently, fault, short_dra_timings, succeeded, waited
 
 
 def _backoff(periods: dict[str, float]) -> float:
@@ -178,3 +181,70 @@ def test_device_health_unknown_after_driver_stops(devplug_claims: ClaimFactory, 
     assert_driver_registered(devplug_driver)
     waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Healthy"}, "the device Healthy again after the driver restarted",
            driver=devplug_driver)  # fmt: skip
+
+
+#: What the scheduler says of a pod whose claims cannot all be allocated.
+UNSCHEDULABLE_TEXT = "cannot allocate all claims"
+#: Taint effects that keep new claims off a device.
+KEEPS_CLAIMS_OFF = ("NoSchedule", "NoExecute")
+
+
+def _taints(driver: DriverHandle) -> dict[tuple[str, str], list[dict[str, str]]]:
+    """(pool, device) -> the taints the driver publishes on it, for the devices that have any."""
+    out: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for s in driver.slices():
+        for name in s.devices:
+            taints = s.device(name).get("taints") or []
+            if taints:
+                out[(s.pool, name)] = [{k: str(t.get(k, "")) for k in ("key", "value", "effect")} for t in taints]
+    return out
+
+
+@pytest.mark.devplug_disruptive
+def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
+                                                 devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+    """KEP-5055 device taints as the health report, for a driver with no health stream (NVIDIA's DRA driver with its
+    NVMLDeviceHealthCheck gate): once a running pod's device turns Unhealthy the driver's slice taints that device
+    with an effect that keeps new claims off it (NoSchedule or NoExecute), no unrelated device is tainted, and the
+    scheduler places no new claim on it: a claim for every device of the pool stays Unschedulable. A driver that
+    reports neither way is skipped, saying so."""
+    driver = devplug_driver
+    if any(driver.health(s) is not None for s in HEALTH_SERVICES):
+        pytest.skip(f"{driver.name} reports device health through its health stream (judged by test_device_health_reaches_pod_status)")
+    driver.node.require_gate("DRADeviceTaints", "device taints in ResourceSlices; an API server without it drops them")
+    devices = driver.devices()
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    (allocated,) = claim.allocated
+    target = (allocated.pool, allocated.device)
+    assert not _taints(driver), f"{driver.name} taints devices before any fault: {_taints(driver)}"
+    with fault("report a device Unhealthy"):
+        devplug_dra_faults.set_unhealthy(*target)
+    try:
+        tainted = wait_for(lambda: _taints(driver), bool, timeout=driver.node.timeout, what="a device taint in the slices")
+    except WaitTimeout:
+        pytest.skip(f"{driver.name} serves no health service and tainted no device within {driver.node.timeout:g} s of "
+                    f"{target[0]}/{target[1]} turning Unhealthy: it reports no device health")  # fmt: skip
+    tainted = waited(lambda: _taints(driver), lambda t: target in t, f"device {target[0]}/{target[1]} tainted",
+                     driver=driver)  # fmt: skip
+    effects = {t["effect"] for t in tainted[target]}
+    assert effects & set(KEEPS_CLAIMS_OFF), (
+        f"{driver.name} tainted the Unhealthy device {target[0]}/{target[1]} with {tainted[target]}: no effect keeps new "
+        f"claims off it ({' or '.join(KEEPS_CLAIMS_OFF)})"
+    )
+    others = {f"{p}/{d}": t for (p, d), t in tainted.items() if (p, d) != target}
+    assert not others, f"{driver.name} tainted devices other than the Unhealthy {target[0]}/{target[1]}: {others}"
+    pod.delete()
+    claim.delete()  # every device free again, one of them tainted
+    pool = [d for p, d in devices if p == allocated.pool]
+    every = devplug_claims.claim(count=len(pool))
+    blocked = devplug_claims.pod([every])
+    cond = waited(lambda: blocked.scheduled_condition or {}, lambda c: c.get("status") in ("True", "False"),
+                  "the scheduler's PodScheduled condition", driver=driver)  # fmt: skip
+    assert not every.allocated and cond.get("reason") == "Unschedulable", (
+        f"the scheduler allocated {[f'{d.pool}/{d.device}' for d in every.allocated]} to a claim for all {len(pool)} devices of "
+        f"pool {allocated.pool}, one of them tainted {tainted[target]} (PodScheduled {cond})"
+    )
+    assert UNSCHEDULABLE_TEXT in str(cond.get("message")), f"the scheduler says {cond.get('message')!r}"
+    consistently(lambda: (blocked.phase, every.allocation), lambda s: s == ("Pending", None),
+                 "the pod Pending, its claim unallocated while a device it needs is tainted")  # fmt: skip
