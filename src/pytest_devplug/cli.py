@@ -85,6 +85,7 @@ _CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
     ("--resource-name", "--devplug-resource-name", "the extended resource(s) it advertises, comma-separated (default nvidia.com/gpu)", {}),
     ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
     ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
+    ("--gpu-model", "--devplug-gpu-model", "the mock GPUs' model (a100-40gb default, a100-80gb, h100-80gb, h200-141gb, b200)", {}),
     ("--mig", "--devplug-mig", "MIG devices on every mock GPU, comma-separated profiles (e.g. 1g.5gb,2g.10gb)", {}),
     ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
     ("--reregistration-timeout", "--devplug-reregistration-timeout", "seconds a plugin may take to register again after a kubelet restart (default 40)", {}),

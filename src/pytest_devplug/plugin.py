@@ -213,9 +213,16 @@ _OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("gpus", "GPUs in the mock NVML state", {"type": int, "default": 4}),
     ("numa-nodes", "NUMA nodes the mock GPUs are spread over, 0 = no topology", {"type": int, "default": 2}),
     (
+        "gpu-model",
+        "the mock GPUs' model, for what NVML answers (name, memory, PCI device ID, architecture, compute capability, "
+        f"SMs, MIG profile names): one of {', '.join(mockstate.GPU_MODELS)}",
+        {"default": mockstate.DEFAULT_GPU_MODEL},
+    ),
+    (
         "mig",
-        "MIG devices on every mock GPU, comma-separated profiles (of 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, "
-        "4g.20gb, 7g.40gb; e.g. 1g.5gb,1g.5gb,2g.10gb): the mock GPUs are MIG-enabled, and what is advertised is the "
+        "MIG devices on every mock GPU, comma-separated profiles (on the default a100-40gb: 1g.5gb, 1g.5gb+me, 1g.10gb, "
+        "2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb; named for the model's memory, e.g. 1g.10gb on h100-80gb; e.g. "
+        "1g.5gb,1g.5gb,2g.10gb): the mock GPUs are MIG-enabled, and what is advertised is the "
         "plugin's choice (NVIDIA's --mig-strategy single: nvidia.com/gpu, mixed: nvidia.com/mig-1g.5gb ...)",
         {},
     ),
@@ -442,6 +449,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     mock = (not custom) if mock is None else bool(mock)
     pre_start = _opt(config, "devplug_pre_start_required")
     pre_start = (not custom) if pre_start is None else bool(pre_start)
+    model = _gpu_model(_opt(config, "devplug_gpu_model"))
     if cmd:
         argv = _command_line("devplug_plugin_cmd", cmd)  # placeholders are filled when the plugin starts (PluginSpec.command)
     else:
@@ -455,7 +463,8 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         mock=mock,
         gpus=_number(config, "devplug_gpus", int),
         numa_nodes=_number(config, "devplug_numa_nodes", int),
-        mig=_mig(_opt(config, "devplug_mig")),
+        mig=_mig(_opt(config, "devplug_mig"), model),
+        gpu_model=model,
         pre_start_required=pre_start,
         env=_env_pairs("devplug_plugin_env", _opt(config, "devplug_plugin_env")),
         conventions=_conventions(_opt(config, "devplug_conventions"), frozenset() if custom else frozenset(CONVENTIONS)),
@@ -540,10 +549,19 @@ def _included_second(config: pytest.Config, extra: list[str]) -> tuple[str, int]
     return extra[0], gpus // 2
 
 
-def _mig(value: Any) -> tuple[str, ...]:
+def _gpu_model(value: Any) -> str:
+    model = str(value or mockstate.DEFAULT_GPU_MODEL)
+    try:
+        mockstate.check_gpu_model(model)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{_flag('devplug_gpu_model')} = {value!r}: {exc}") from None
+    return model
+
+
+def _mig(value: Any, model: str) -> tuple[str, ...]:
     profiles = tuple(p.strip() for p in str(value or "").split(",") if p.strip())
     try:
-        mockstate.check_mig_profiles(profiles)
+        mockstate.check_mig_profiles(profiles, model)
     except ValueError as exc:
         raise pytest.UsageError(f"{_flag('devplug_mig')} = {value!r}: {exc}") from None
     return profiles

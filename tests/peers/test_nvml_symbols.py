@@ -14,6 +14,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from pytest_devplug.backends.mockstate import GPU_MODELS
 from pytest_devplug.nvml.build import mock_library
 
 from ..support import run_conformance
@@ -51,10 +54,13 @@ def _judge(what: str, trace_dir: Path, output: str, failed: list[str]) -> set[st
     return bound
 
 
-def test_nvidias_dra_driver_calls_only_what_the_mock_answers(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", sorted(GPU_MODELS))
+def test_nvidias_dra_driver_calls_only_what_the_mock_answers(model: str, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """On every GPU model the mock has (it publishes each GPU's product name, architecture, brand, memory and MIG
+    profiles as attributes)."""
     trace = tmp_path / "ld-trace"
     trace.mkdir()
-    options = dra_command(peer_binary("gpu-kubelet-plugin"))
+    options = [*dra_command(peer_binary("gpu-kubelet-plugin")), "--gpu-model", model]
     at = options.index("--driver-env") + 1
     options[at] += f",LD_DEBUG=bindings,LD_DEBUG_OUTPUT={trace}/trace"
     result = run_conformance(options, ["-k", "registers_with or claim_prepared_and_container or claim_for_two"], tmp_path,

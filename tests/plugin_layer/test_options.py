@@ -40,6 +40,8 @@ def test_disruptive():
         (["--devplug-pci-node", "nope.yaml"], "", ["--devplug-pci-node", "nope.yaml: No such file", "rdma-connectx, sriov-iavf, sriov-mlx5-rdma, sriov-vfio"]),
         (["--devplug-pci-node", "sriov-iavf", "--devplug-backend", "kind"], "", ["--devplug-pci-node", "the embedded kubelet's"]),
         ([], "devplug_plugin_env = 1X=2", ["devplug_plugin_env", "'1X=2' is not KEY=VALUE", "not starting with a digit"]),
+        (["--devplug-gpu-model", "v100"], "", ["--devplug-gpu-model", "unknown GPU model 'v100'", "h100-80gb, h200-141gb"]),
+        (["--devplug-gpu-model", "h100-80gb", "--devplug-mig", "1g.5gb"], "", ["--devplug-mig", "(h100-80gb) have 1g.10gb"]),
         (["--devplug-driver-env", "A=1,B"], "", ["--devplug-driver-env (ini devplug_driver_env)", "'B' is not KEY=VALUE"]),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),

@@ -150,6 +150,8 @@ class PluginSpec:
     numa_nodes: int = 2
     #: MIG devices (profiles such as ``1g.5gb``) on every mock GPU, which are then MIG-enabled; none: MIG off.
     mig: tuple[str, ...] = ()
+    #: The mock GPUs' model (``mockstate.GPU_MODELS``).
+    gpu_model: str = "a100-40gb"
     #: Whether the plugin asks for PreStartContainer (a conformance test checks it is called).
     pre_start_required: bool = False
     #: sim: run the plugin in a private mount namespace with the node's directories at the kubelet's

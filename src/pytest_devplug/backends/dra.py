@@ -56,6 +56,8 @@ class DriverSpec:
     mock: bool = False
     gpus: int = 4
     numa_nodes: int = 2
+    #: The mock GPUs' model (``mockstate.GPU_MODELS``).
+    gpu_model: str = "a100-40gb"
     #: Run in the node's private mount namespace at the kubelet's standard paths (``/var/lib/kubelet/plugins_registry``,
     #: ``/var/lib/kubelet/plugins``, ``/etc/cdi``, ``/var/run/cdi``, the service account's files). ``None``: exactly
     #: when no directory placeholder appears in ``argv`` or ``env``.

@@ -224,7 +224,7 @@ class SimBackend:
             mock_dir = self.workdir / f"mock-{node}"
             mock_dir.mkdir(exist_ok=True)
             mock_path = mock_dir / "mock-state.json"
-            _write_json_atomic(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig))
+            _write_json_atomic(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model))
         with self._lock:
             self._serial += 1
             name = f"plugin-{self._serial}"
@@ -254,7 +254,7 @@ class SimBackend:
             nodes += [d for d in pci.device_nodes() if d not in nodes]
         version, nvml, nvcaps = None, None, None
         if spec.mock:
-            gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig)["gpus"]
+            gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model)["gpus"]
             minors = [int(g["minor"]) for g in gpus]
             nodes += [d for d in gpu_device_nodes(minors) + mig_cap_device_nodes(gpus) if d not in nodes]
             version = MOCK_DRIVER_VERSION

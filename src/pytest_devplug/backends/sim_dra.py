@@ -112,7 +112,7 @@ class SimDRA:
         if spec.mock:
             mock_path = node_dir / "mock-dra" / "mock-state.json"
             mock_path.parent.mkdir(exist_ok=True)
-            self.write_mock(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes))
+            self.write_mock(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, model=spec.gpu_model))
         argv, own_env = spec.command(
             plugins_registry=n.dra.registry_dir, plugins_dir=n.dra.plugins_dir, cdi_root=node_dir / "cdi",
             node_name=node, kubeconfig=creds.kubeconfig, mock_state=mock_path,

@@ -6,10 +6,14 @@
  * nvml.h is the reference). What the GPUs look like comes from the JSON file named by
  * DEVPLUG_NVML_STATE (docs/design.md):
  *
- *   {"gpus": [{"uuid": "GPU-...", "name": "...", "memory_mib": 40960, "numa_node": 0, "minor": 0,
+ *   {"gpus": [{"uuid": "GPU-...", "model": "a100-40gb", "name": "...", "memory_mib": 40960, "numa_node": 0, "minor": 0,
  *              "lost": false, "fail_allocate": false,
  *              "mig_enabled": true, "mig_devices": [{"uuid": "MIG-...", "profile": "1g.5gb", "gi": 1}]}],
  *    "events": [{"uuid": "GPU-...", "xid": 79}]}
+ *
+ * "model" (a100-40gb, the default; a100-80gb, h100-80gb, h200-141gb, b200) gives what the state does not carry:
+ * the PCI device ID, architecture, CUDA compute capability and SM counts; the MIG geometry (7 compute, 8 memory
+ * slices) is the same on all of them, the profiles named for the GPU's memory.
  *
  * MIG: a GPU with "mig_enabled" (true or false) is MIG-capable, one without it is not (NVML answers
  * NOT_SUPPORTED). A MIG-enabled GPU holds the MIG devices of "mig_devices", each a GPU instance with one
@@ -143,17 +147,32 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlEventData_t;
 
-/* What the mock reports for every GPU (an A100's values), besides what the state file says. */
+/* What the mock reports for every GPU, besides what the state file and its GPU model say. */
 #define MOCK_DRIVER_VERSION "550.54.15"
 #define MOCK_NVML_VERSION "12.550.54.15"
 #define MOCK_CUDA_DRIVER_VERSION 12040
-#define MOCK_CC_MAJOR 8
-#define MOCK_CC_MINOR 0
-#define MOCK_PCI_DEVICE_ID 0x20B010DEU /* device 0x20B0 (A100-SXM4-40GB), vendor 0x10DE */
-#define MOCK_SMS_PER_SLICE 14           /* an A100's 98 MIG SMs in 7 slices (108 on the whole GPU) */
-#define MOCK_GPU_SMS 108
 #define NVML_DEVICE_ARCH_AMPERE 7
+#define NVML_DEVICE_ARCH_HOPPER 9
+#define NVML_DEVICE_ARCH_BLACKWELL 10
 #define NVML_BRAND_NVIDIA 14 /* what NVML says of data-center GPUs since the A100 ("Product Brand: NVIDIA") */
+
+/* A GPU model (a state GPU's "model"; its "name" and "memory_mib" come with the state): what NVML answers for it
+ * that the state does not carry. Facts from NVIDIA's data sheets and PCI IDs. */
+struct gpu_model {
+    const char *key;
+    unsigned pci_device_id; /* device << 16 | vendor 0x10DE */
+    unsigned arch, cc_major, cc_minor;
+    unsigned sms, sms_per_slice; /* SMs of the whole GPU, and of one MIG compute slice */
+};
+
+static const struct gpu_model gpu_models[] = {
+    {"a100-40gb", 0x20B010DEU, NVML_DEVICE_ARCH_AMPERE, 8, 0, 108, 14},
+    {"a100-80gb", 0x20B210DEU, NVML_DEVICE_ARCH_AMPERE, 8, 0, 108, 14},
+    {"h100-80gb", 0x233010DEU, NVML_DEVICE_ARCH_HOPPER, 9, 0, 132, 16},
+    {"h200-141gb", 0x233510DEU, NVML_DEVICE_ARCH_HOPPER, 9, 0, 132, 16},
+    {"b200", 0x290110DEU, NVML_DEVICE_ARCH_BLACKWELL, 10, 0, 148, 18},
+};
+#define NMODELS (sizeof gpu_models / sizeof gpu_models[0])
 
 /* ---- MIG: an A100's GPU instance profiles, each with a compute instance as large as itself ---------- */
 #define MIG_MAX 7          /* MIG devices on one GPU (nvmlDeviceGetMaxMigDeviceCount) */
@@ -477,6 +496,7 @@ struct mig {
 struct gpu {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    const struct gpu_model *model;
     unsigned long long memory_mib;
     int has_numa, lost;
     unsigned numa_node, minor;
@@ -672,6 +692,17 @@ static int read_migs(const struct json *o, const char *where, struct gpu *g, cha
     return 0;
 }
 
+/* The GPU model named by the "model" field (default: the A100 40 GB the mock began as). */
+static int read_model(const struct json *o, const char *where, struct gpu *g, char *err) {
+    char key[32], known[96] = "";
+    if (get_text(o, where, "model", gpu_models[0].key, 0, key, sizeof key, err)) return -1;
+    for (size_t i = 0; i < NMODELS; i++) {
+        if (!strcmp(key, gpu_models[i].key)) return g->model = &gpu_models[i], 0;
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", gpu_models[i].key);
+    }
+    return field_error(err, where, "model", "unknown GPU model \"%s\" (known: %s)", key, known);
+}
+
 static int read_gpu(const struct json *o, size_t i, struct gpu *g, char *err) {
     char where[40];
     unsigned long long minor, memory, numa;
@@ -684,7 +715,8 @@ static int read_gpu(const struct json *o, size_t i, struct gpu *g, char *err) {
         get_text(o, where, "name", "NVIDIA A100-SXM4-40GB", 0, g->name, sizeof g->name, err) ||
         get_uint(o, where, "minor", UINT_MAX, -1, &minor, err) ||
         get_uint(o, where, "memory_mib", MEMORY_MIB_MAX, 40960, &memory, err) ||
-        get_bool(o, where, "lost", &g->lost, err) || get_bool(o, where, "fail_allocate", &(int){0}, err))
+        get_bool(o, where, "lost", &g->lost, err) || get_bool(o, where, "fail_allocate", &(int){0}, err) ||
+        read_model(o, where, g, err))
         return -1;
     g->minor = (unsigned)minor, g->memory_mib = memory;
     nv = get(o, "numa_node", &dup);
@@ -1295,7 +1327,7 @@ static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci) {
         unsigned m = gpu_of(device)->gpu.minor;
         memset(pci, 0, sizeof *pci);
         pci->domain = m >> 13, pci->bus = (m >> 5) & 0xFF, pci->device = m & 0x1F;
-        pci->pciDeviceId = MOCK_PCI_DEVICE_ID, pci->pciSubSystemId = 0x145F10DEU;
+        pci->pciDeviceId = gpu_of(device)->gpu.model->pci_device_id, pci->pciSubSystemId = 0x145F10DEU;
         snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
         snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", pci->domain & 0xFFFF, pci->bus,
                  pci->device);
@@ -1309,14 +1341,14 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci
 API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
     nvmlReturn_t rc = enter(device);
     if (!rc && (!major || !minor)) rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (!rc) *major = MOCK_CC_MAJOR, *minor = MOCK_CC_MINOR;
+    if (!rc) *major = (int)gpu_of(device)->gpu.model->cc_major, *minor = (int)gpu_of(device)->gpu.model->cc_minor;
     return leave(rc);
 }
 
 API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch) {
     nvmlReturn_t rc = enter(device);
     if (!rc && !arch) rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (!rc) *arch = NVML_DEVICE_ARCH_AMPERE;
+    if (!rc) *arch = gpu_of(device)->gpu.model->arch;
     return leave(rc);
 }
 
@@ -1419,7 +1451,8 @@ API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttri
     if (!rc) {
         unsigned slices = device->parent ? device->mig.profile->slices : MIG_SLICES;
         memset(attributes, 0, sizeof *attributes);
-        attributes->multiprocessorCount = device->parent ? MOCK_SMS_PER_SLICE * slices : MOCK_GPU_SMS;
+        const struct gpu_model *model = gpu_of(device)->gpu.model;
+        attributes->multiprocessorCount = device->parent ? model->sms_per_slice * slices : model->sms;
         attributes->sharedCopyEngineCount = slices;
         attributes->sharedDecoderCount = (slices + 1) / 2;
         attributes->sharedJpegCount = slices == MIG_SLICES;
@@ -1440,7 +1473,7 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsign
     if (!rc) {
         memset(info, 0, sizeof *info);
         info->id = profile, info->sliceCount = p->slices, info->instanceCount = p->instances;
-        info->multiprocessorCount = MOCK_SMS_PER_SLICE * p->slices;
+        info->multiprocessorCount = device->gpu.model->sms_per_slice * p->slices;
         info->copyEngineCount = p->slices, info->decoderCount = (p->slices + 1) / 2;
         info->jpegCount = info->ofaCount = p->slices == MIG_SLICES;
         info->memorySizeMB = profile_memory_mib(p, device->gpu.memory_mib);
@@ -1536,7 +1569,7 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t 
         unsigned n = slices_of[profile];
         memset(info, 0, sizeof *info);
         info->id = profile, info->sliceCount = n, info->instanceCount = m->mig.profile->slices / n;
-        info->multiprocessorCount = MOCK_SMS_PER_SLICE * n;
+        info->multiprocessorCount = m->parent->gpu.model->sms_per_slice * n;
         info->sharedCopyEngineCount = m->mig.profile->slices, info->sharedDecoderCount = (m->mig.profile->slices + 1) / 2;
     }
     return leave(rc);

@@ -521,7 +521,7 @@ class KubeBackend:
         image = None if self._adopted() else self.provider.plugin_image(spec, node)
         self.note_node_image(image)
         if spec.mock:  # before the DaemonSet: the plugin reads the state and loads the library at start
-            self.prepare_mock_node(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig), MOCK_STATE_PATH)
+            self.prepare_mock_node(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model), MOCK_STATE_PATH)
         adopted = self._adopted()
         if adopted is not None:
             ds = self.api.get_daemonset(adopted[1], adopted[0])
