@@ -234,6 +234,7 @@ def e2e(session: nox.Session) -> None:
         image = _last_line(session.run("python", "tools/plugin-image.py", tmp, silent=True))
         session.run("bash", "peers/nvidia/build-image.sh", env=env, external=True, silent=True)  # cached for its lanes
         session.run("bash", "peers/dra-example/build-image.sh", env=env, external=True, silent=True)  # likewise
+        session.run("bash", "peers/nvidia-dra/build-image.sh", env=env, external=True, silent=True)  # likewise
         clock.lap("images")
         try:
             kubeconfig = _create_kind_cluster(session, kind, name, Path(tmp), offline.get("DEVPLUG_KIND_NODE_IMAGE"))

@@ -7,6 +7,7 @@ helpers are imported relatively (``from ..support import wait_until``), never ``
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pytest
+
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
 if TYPE_CHECKING:
@@ -25,8 +28,9 @@ if TYPE_CHECKING:
     from pytest_devplug.handles import ClusterHandle
 
 __all__ = [
-    "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "SuiteResult", "control_plane_bin_dir", "control_plane_binaries", "default_sigint",
-    "dra_check_selection", "in_ci", "parse_junit", "run_conformance", "selection_mismatch", "short_dir", "wait_until",
+    "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "KnownUpstreamDefect", "SuiteResult", "assert_suite_passed", "control_plane_bin_dir",
+    "control_plane_binaries", "default_sigint", "dra_check_selection", "in_ci", "parse_junit", "run_conformance",
+    "selection_mismatch", "short_dir", "upstream_defect_verdict", "wait_until",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -142,6 +146,34 @@ def parse_junit(path: Path) -> SuiteResult:
 def in_ci() -> bool:
     """Whether this runs in CI (``CI`` set and not false): there a missing tool or a skipped kind check fails."""
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+class KnownUpstreamDefect(AssertionError):
+    """A peer failed the check about a defect it is known to have upstream, for that defect and nothing else (what
+    a strict xfail naming the upstream report expects)."""
+
+
+def assert_suite_passed(result: SuiteResult, what: str, allowed_skips: Sequence[re.Pattern[str]], must_pass: Sequence[str]) -> None:
+    """A peer's suite run: nothing failed, every skip has a reason ``allowed_skips`` explains, ``must_pass`` passed."""
+    __tracebackhide__ = True
+    assert not result.failed, f"{what}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert result.returncode == 0, f"{what}: devplug conformance exited {result.returncode}:\n{result.output}"
+    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in allowed_skips)}
+    assert not unexplained, f"{what}: skips without a reason that fits it: {unexplained}"
+    missing = [t for t in must_pass if t not in result.passed]
+    assert not missing, f"{what}: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+
+
+def upstream_defect_verdict(result: SuiteResult, what: str, check: str, symptom: str, upstream: str) -> None:
+    """Raise :class:`KnownUpstreamDefect` when ``check`` alone failed, saying ``symptom``; otherwise the check must
+    have passed (a skip outside CI skips the test, saying why)."""
+    __tracebackhide__ = True
+    failure = "\n".join(result.failed)
+    if list(result.failures) == [check] and not result.errors and symptom in result.failures[check] + result.output:
+        raise KnownUpstreamDefect(f"{what}: {upstream}:\n{failure[-2000:]}")
+    if check in result.skipped and not in_ci():
+        pytest.skip(f"{what}: {check} skipped: {result.skipped[check]}")
+    assert result.passed == [check], f"{what}: expected {check} to run; failed: {failure}; skipped: {result.skipped}\n{result.output}"
 
 
 def run_conformance(options: Sequence[str], pytest_args: Sequence[str], cwd: Path, *, timeout: float) -> SuiteResult:

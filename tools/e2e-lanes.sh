@@ -9,7 +9,7 @@
 #                 soak (no node left for its copy: it runs in the differential lane); then the registration checks
 #                 with the included plugin registering through the kubelet's plugin watcher, on the same node
 #   grace         the grace-period test (5 min on a real kubelet) on -worker3; then the DRA sim-vs-kind
-#                 differential on the same node
+#                 differential and NVIDIA's DRA driver (its chart's DaemonSet) on the same node
 #   nvidia        NVIDIA's k8s-device-plugin under the whole suite (kind backend; its plain command line) on -worker4;
 #                 then upstream's stub advertising one device under the whole suite on the same node
 #   differential  the checks only the kind backend runs (kubelet kept down, reboot, the soak with its copy on the
@@ -117,7 +117,8 @@ dra_example="test_reregisters_after_driver_restart test_abrupt_kill_then_start_r
 
 grace() {
   child pytest "${suite[@]}" --devplug-node "$(node worker3)" -m devplug_grace_period -q || return
-  child pytest -m kind tests/differential/test_dra_differential.py "${kind_backend[@]}" --devplug-node "$(node worker3)"
+  child pytest -m kind tests/differential/test_dra_differential.py "${kind_backend[@]}" --devplug-node "$(node worker3)" || return
+  PYTEST_ADDOPTS="--devplug-node=$(node worker3)" child pytest -m kind tests/peers/test_nvidia_dra.py -p no:cacheprovider -rP
 }
 
 # The DRA suite runs `devplug conformance --dra` itself (tests/dra, tests/peers); PYTEST_ADDOPTS reaches it too.

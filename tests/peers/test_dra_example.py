@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from ..support import SuiteResult, dra_check_selection, in_ci, run_conformance, selection_mismatch
+from ..support import (
+    KnownUpstreamDefect, SuiteResult, assert_suite_passed, dra_check_selection, run_conformance, selection_mismatch,
+    upstream_defect_verdict,
+)
 
 DRIVER = "gpu.example.com"
 #: What the example driver may be skipped for, and nothing else.
@@ -52,10 +55,6 @@ UPSTREAM_BUG = (
 )
 
 
-class KnownUpstreamDefect(AssertionError):
-    """The driver failed the reboot check for the upstream defect it is known to have, and for nothing else."""
-
-
 def _command(binary: Path) -> list[str]:
     return ["--dra", "--driver-cmd", f"{binary} --cdi-root {CHART_CDI_ROOT}", "--driver-name", DRIVER]
 
@@ -64,12 +63,7 @@ def test_dra_suite_passes_on_the_example_driver(peer_binary: Callable[[str], Pat
     """v0.2.1 as its chart runs it, every check but the reboot check (the strict xfail below judges that one)."""
     binary = peer_binary("dra-example-kubeletplugin")
     result = run_conformance(_command(binary), ["-k", f"not {REBOOT_CHECK}"], tmp_path, timeout=SUITE_TIMEOUT_S)
-    assert not result.failed, f"dra-example-driver: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
-    assert result.returncode == 0, f"devplug conformance --dra exited {result.returncode}:\n{result.output}"
-    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in ALLOWED_SKIPS)}
-    assert not unexplained, f"dra-example-driver: skips without a reason that fits the driver: {unexplained}"
-    missing = [t for t in MUST_PASS if t not in result.passed]
-    assert not missing, f"dra-example-driver: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    assert_suite_passed(result, "dra-example-driver", ALLOWED_SKIPS, MUST_PASS)
 
 
 @pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=UPSTREAM_BUG)
@@ -85,14 +79,7 @@ def test_example_driver_releases_fail_the_reboot_check(peer: str, peer_binary: C
 def _reboot_verdict(result: SuiteResult, what: str) -> None:
     """:class:`KnownUpstreamDefect` when the reboot check failed for the CDI refusal and nothing else failed."""
     __tracebackhide__ = True
-    failure = "\n".join(result.failed)
-    if list(result.failures) == [REBOOT_CHECK] and not result.errors and REBOOT_BUG in result.failures[REBOOT_CHECK] + result.output:
-        raise KnownUpstreamDefect(f"{what}: {UPSTREAM_BUG}:\n{failure[-2000:]}")
-    if REBOOT_CHECK in result.skipped and not in_ci():
-        pytest.skip(f"{what}: {REBOOT_CHECK} skipped: {result.skipped[REBOOT_CHECK]}")
-    assert result.passed == [REBOOT_CHECK], (
-        f"{what}: expected {REBOOT_CHECK} to run; failed: {failure}; skipped: {result.skipped}\n{result.output}"
-    )
+    upstream_defect_verdict(result, what, REBOOT_CHECK, REBOOT_BUG, UPSTREAM_BUG)
 
 
 def test_patched_example_driver_passes_the_reboot_check(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:

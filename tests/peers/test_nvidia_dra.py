@@ -17,17 +17,23 @@ default release, 1.37, where the API server keeps device taints). v0.4.0 fails t
 reboot check for an upstream defect: a prepare of a claim its checkpoint holds as ``PrepareCompleted`` is skipped,
 so after a reboot emptied ``/var/run/cdi`` the claim's CDI spec is never written again and the container is refused
 for good (kubernetes-sigs/dra-driver-nvidia-gpu#951); that stays visible as a strict xfail.
+
+On kind (``nox -s e2e``) it runs as its chart deploys it (``peers/nvidia-dra/``: the chart's kubelet-plugin DaemonSet
+and RBAC, its image built here from the same binary), on the mock GPU node the kind backend makes (the stub driver
+root at ``/run/nvidia/driver``, the chart's ``nvidiaDriverRoot`` for a GPU-operator node), under a real kubelet and
+containerd: registration, slices, a claim's devices reaching a container, and health as device taints.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..support import SuiteResult, in_ci, run_conformance
+from ..support import KnownUpstreamDefect, SuiteResult, assert_suite_passed, run_conformance, upstream_defect_verdict
 
 DRIVER = "gpu.nvidia.com"
 #: The gpus container's environment as the chart (v0.4.0) renders it with its default values and
@@ -69,10 +75,6 @@ UPSTREAM_BUG = (
 )
 
 
-class KnownUpstreamDefect(AssertionError):
-    """The driver failed the reboot check for the upstream defect it is known to have, and for nothing else."""
-
-
 def _env(values: dict[str, str]) -> str:
     """``--driver-env``'s form: KEY=VALUE pairs, a comma inside a value escaped."""
     return ",".join(f"{k}={v.replace(',', chr(92) + ',')}" for k, v in values.items())
@@ -87,12 +89,7 @@ def test_dra_suite_passes_on_nvidias_dra_driver(peer_binary: Callable[[str], Pat
     """v0.4.0 as its chart starts it, every check but the reboot check (the strict xfail below judges that one)."""
     binary = peer_binary("gpu-kubelet-plugin")
     result = run_conformance(_command(binary), ["-k", f"not {REBOOT_CHECK}"], tmp_path, timeout=SUITE_TIMEOUT_S)
-    assert not result.failed, f"NVIDIA's DRA driver: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
-    assert result.returncode == 0, f"devplug conformance --dra exited {result.returncode}:\n{result.output}"
-    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in ALLOWED_SKIPS)}
-    assert not unexplained, f"NVIDIA's DRA driver: skips without a reason that fits the driver: {unexplained}"
-    missing = [t for t in MUST_PASS if t not in result.passed]
-    assert not missing, f"NVIDIA's DRA driver: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    assert_suite_passed(result, "NVIDIA's DRA driver", ALLOWED_SKIPS, MUST_PASS)
 
 
 @pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=UPSTREAM_BUG)
@@ -105,9 +102,35 @@ def test_nvidias_dra_driver_fails_the_reboot_check(peer_binary: Callable[[str], 
 
 def _reboot_verdict(result: SuiteResult) -> None:
     __tracebackhide__ = True
-    failure = "\n".join(result.failed)
-    if list(result.failures) == [REBOOT_CHECK] and not result.errors and REBOOT_BUG in result.failures[REBOOT_CHECK] + result.output:
-        raise KnownUpstreamDefect(f"NVIDIA's DRA driver v0.4.0: {UPSTREAM_BUG}:\n{failure[-2000:]}")
-    if REBOOT_CHECK in result.skipped and not in_ci():
-        pytest.skip(f"{REBOOT_CHECK} skipped: {result.skipped[REBOOT_CHECK]}")
-    assert result.passed == [REBOOT_CHECK], f"expected {REBOOT_CHECK} to run; failed: {failure}; skipped: {result.skipped}\n{result.output}"
+    upstream_defect_verdict(result, "NVIDIA's DRA driver v0.4.0", REBOOT_CHECK, REBOOT_BUG, UPSTREAM_BUG)
+
+
+NVIDIA_DRA_DIR = Path(__file__).resolve().parents[2] / "peers" / "nvidia-dra"
+#: What it runs on kind: registration and slices, devices handed to containers, health reported as device taints.
+KIND_CHECKS = (
+    "test_driver_registers_with_the_kubelet", "test_slices_published", "test_claim_prepared_and_container_sees_it",
+    "test_claim_for_two_devices", "test_device_health_reported_as_device_taints",
+)  # fmt: skip
+#: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of its
+#: own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
+KIND_CLUSTER = "devplug-nvidia-dra"
+KIND_SUITE_TIMEOUT_S = 1800
+
+
+@pytest.mark.kind
+@pytest.mark.usefixtures("docker_available")
+def test_nvidias_dra_driver_on_kind(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """v0.4.0 as its chart deploys it (``peers/nvidia-dra/kubeletplugin.yaml``), on a real kubelet and containerd."""
+    peer_binary("gpu-kubelet-plugin")  # no source or Go: skips here (fails under CI), not in the image build
+    built = subprocess.run(["bash", str(NVIDIA_DRA_DIR / "build-image.sh")], capture_output=True, text=True, timeout=1800, check=False)
+    image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
+    assert image, f"build-image.sh exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
+    options = ["--dra", "--mock", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER, "--driver-image", image,
+               "--driver-manifest", str(NVIDIA_DRA_DIR / "kubeletplugin.yaml")]  # fmt: skip
+    result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", " or ".join(KIND_CHECKS)], tmp_path,
+                             timeout=KIND_SUITE_TIMEOUT_S)  # fmt: skip
+    assert not result.failed, f"NVIDIA's DRA driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert result.returncode == 0, f"devplug conformance --dra --backend kind exited {result.returncode}:\n{result.output}"
+    missing = [t for t in KIND_CHECKS if t not in result.passed]
+    assert not missing, f"NVIDIA's DRA driver on kind: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    print(f"verdict: {len(result.passed)} passed, 0 failed")

@@ -25,7 +25,7 @@ from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.handles import ClusterHandle
 from pytest_devplug.pcinodes import example
 
-from ..support import SuiteResult, run_conformance, sim_cluster
+from ..support import KnownUpstreamDefect, SuiteResult, assert_suite_passed, run_conformance, sim_cluster
 
 PREFIX = "intel.com"
 #: mode -> (resource, PCI node, config selectors)
@@ -52,10 +52,6 @@ UPSTREAM_BUG = (
 )
 
 
-class KnownUpstreamDefect(AssertionError):
-    """The plugin failed for the upstream defect it is known to have, and for nothing else."""
-
-
 def _config(tmp_path: Path, mode: str) -> Path:
     resource, _, selectors = MODES[mode]
     path = tmp_path / "config.json"
@@ -71,12 +67,7 @@ def _options(binary: Path, tmp_path: Path, mode: str, cdi: bool) -> list[str]:
 
 def _passes(result: SuiteResult, what: str) -> None:
     __tracebackhide__ = True
-    assert not result.failed, f"{what}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
-    assert result.returncode == 0, f"{what}: devplug conformance exited {result.returncode}:\n{result.output}"
-    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in ALLOWED_SKIPS)}
-    assert not unexplained, f"{what}: skips without a reason that fits the plugin: {unexplained}"
-    missing = [t for t in MUST_PASS if t not in result.passed]
-    assert not missing, f"{what}: expected to pass but did not: {missing}; skips: {result.skipped}"
+    assert_suite_passed(result, what, ALLOWED_SKIPS, MUST_PASS)
 
 
 @pytest.mark.parametrize(("mode", "cdi"), [("netdevice", False), ("netdevice-rdma", True), ("vfio-pci", False), ("vfio-pci", True)])
