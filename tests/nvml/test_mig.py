@@ -315,3 +315,18 @@ def test_architecture_and_brand_are_an_a100s(mig: Nvml) -> None:
         mig.call("nvmlDeviceGetBrand", handle, ctypes.byref(brand))
         assert (arch.value, brand.value) == (7, 14)  # NVML_DEVICE_ARCH_AMPERE, NVML_BRAND_NVIDIA
     assert _code(mig.call, "nvmlDeviceGetArchitecture", mig.handles()[0], None) == INVALID_ARGUMENT
+
+
+def test_each_gpu_instance_lies_at_a_possible_placement(mig: Nvml) -> None:
+    """A MIG device's GPU instance starts where its profile may start (NVIDIA's DRA driver names a MIG device by its
+    placement and matches it against the possible ones): 1g.5gb at 0, 2g.10gb at 2, 1g.5gb at 4."""
+    parent = mig.handles()[0]
+    seen = []
+    for device in mig_devices(mig, parent):
+        gi_id = mig.uint("nvmlDeviceGetGpuInstanceId", device)
+        gi = handle_out(mig, "nvmlDeviceGetGpuInstanceById", parent, ctypes.c_uint(gi_id))
+        info = GiInfo()
+        mig.call("nvmlGpuInstanceGetInfo", gi, ctypes.byref(info))
+        assert (info.start, info.size) in A100_PLACEMENTS[info.profile_id], (info.profile_id, info.start, info.size)
+        seen.append(info.start)
+    assert seen == [0, 2, 4]

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..support import KnownUpstreamDefect, SuiteResult, assert_suite_passed, run_conformance, upstream_defect_verdict
+from ..support import KnownUpstreamDefect, SuiteResult, assert_suite_passed, parse_junit, run_conformance, upstream_defect_verdict
 
 DRIVER = "gpu.nvidia.com"
 #: The gpus container's environment as the chart (v0.4.0) renders it with its default values and
@@ -103,6 +104,59 @@ def test_nvidias_dra_driver_fails_the_reboot_check(peer_binary: Callable[[str], 
 def _reboot_verdict(result: SuiteResult) -> None:
     __tracebackhide__ = True
     upstream_defect_verdict(result, "NVIDIA's DRA driver v0.4.0", REBOOT_CHECK, REBOOT_BUG, UPSTREAM_BUG)
+
+
+#: Static MIG (its default, DynamicMIG off) on mock GPUs with MIG enabled: a check of NVIDIA's own, run inside a
+#: pytest run against the driver (``devplug_driver``, ``devplug_claims``).
+STATIC_MIG = ("1g.5gb", "2g.10gb")
+STATIC_MIG_CHECK = """
+import json
+import yaml
+from pytest_devplug.backends import mockstate
+from pytest_devplug.dra.assertions import assert_claim_prepared
+from pytest_devplug.sim.gpunode import mig_minors
+
+MIG = {mig!r}
+
+
+def test_static_mig(devplug_driver, devplug_claims):
+    state = mockstate.initial_state(4, 2, MIG)
+    migs = {{m["uuid"]: (g["minor"], m["gi"], m["profile"]) for g in state["gpus"] for m in g["mig_devices"]}}
+    attrs = {{d: {{k: next(iter(v.values())) for k, v in (s.device(d).get("attributes") or {{}}).items()}}
+             for s in devplug_driver.slices() for d in s.devices}}
+    published = {{a.get("uuid"): (a.get("type"), a.get("profile")) for a in attrs.values()}}
+    assert published == {{u: ("mig", p) for u, (_, _, p) in migs.items()}}, published  # every MIG device, no full GPU
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    assert_claim_prepared(pod, devplug_driver)
+    (allocated,) = claim.allocated
+    minor, gi, _ = migs[attrs[allocated.device]["uuid"]]
+    caps = dict(line.rsplit(" ", 1) for line in mig_minors([minor]).splitlines())
+    want = {{f"/dev/nvidia{{minor}}", f"/dev/nvidia-caps/nvidia-cap{{caps[f'gpu{{minor}}/gi{{gi}}/access']}}",
+             f"/dev/nvidia-caps/nvidia-cap{{caps[f'gpu{{minor}}/gi{{gi}}/ci0/access']}}"}}
+    nodes = set()
+    for body in devplug_driver.node.cdi_spec_files().values():
+        for d in (yaml.safe_load(body) or {{}}).get("devices") or []:
+            if d["name"].endswith(allocated.device):
+                nodes |= {{n["path"] for n in d["containerEdits"].get("deviceNodes") or []}}
+    assert want <= nodes, f"the CDI device of {{allocated.device}} gives {{sorted(nodes)}}, not {{sorted(want)}}"
+"""
+
+
+def test_static_mig_devices_published_and_prepared(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """Every mock GPU MIG-enabled (``--devplug-mig 1g.5gb,2g.10gb``): the driver publishes each MIG device (type
+    ``mig``, its MIG UUID and profile) and no full GPU, and a claim's MIG device reaches the container with its GPU's
+    device node and the ``nvidia-caps`` nodes of its GPU and compute instance (the minors ``mig-minors`` and the
+    capability files under ``/proc/driver/nvidia/capabilities`` give)."""
+    binary = peer_binary("gpu-kubelet-plugin")
+    (tmp_path / "test_mig.py").write_text(STATIC_MIG_CHECK.format(mig=STATIC_MIG))
+    junit = tmp_path / "junit.xml"
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}", "test_mig.py",
+            "--devplug-control-plane", "real", "--devplug-mock", "--devplug-mig", ",".join(STATIC_MIG),
+            "--devplug-driver-cmd", f"{binary} -v 4", "--devplug-driver-name", DRIVER, "--devplug-driver-env", _env({**CHART_ENV, **SIM_VALUES})]  # fmt: skip
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
+    result = parse_junit(junit) if junit.exists() else None
+    assert result is not None and result.passed == ["test_static_mig"], (done.stdout + done.stderr)[-6000:]
 
 
 NVIDIA_DRA_DIR = Path(__file__).resolve().parents[2] / "peers" / "nvidia-dra"

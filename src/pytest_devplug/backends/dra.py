@@ -58,6 +58,8 @@ class DriverSpec:
     numa_nodes: int = 2
     #: The mock GPUs' model (``mockstate.GPU_MODELS``).
     gpu_model: str = "a100-40gb"
+    #: MIG devices (profiles) on every mock GPU, which are then MIG-enabled; none: MIG off.
+    mig: tuple[str, ...] = ()
     #: Run in the node's private mount namespace at the kubelet's standard paths (``/var/lib/kubelet/plugins_registry``,
     #: ``/var/lib/kubelet/plugins``, ``/etc/cdi``, ``/var/run/cdi``, the service account's files). ``None``: exactly
     #: when no directory placeholder appears in ``argv`` or ``env``.

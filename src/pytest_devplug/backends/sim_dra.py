@@ -112,7 +112,7 @@ class SimDRA:
         if spec.mock:
             mock_path = node_dir / "mock-dra" / "mock-state.json"
             mock_path.parent.mkdir(exist_ok=True)
-            self.write_mock(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, model=spec.gpu_model))
+            self.write_mock(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model))
         argv, own_env = spec.command(
             plugins_registry=n.dra.registry_dir, plugins_dir=n.dra.plugins_dir, cdi_root=node_dir / "cdi",
             node_name=node, kubeconfig=creds.kubeconfig, mock_state=mock_path,
@@ -123,7 +123,8 @@ class SimDRA:
         standard = spec.uses_standard_paths()
         binds = [(creds.directory, SERVICE_ACCOUNT_DIR)] if standard else []
         # the mock GPU node's files, as for a device plugin on the mock NVML
-        binds += self._backend._node_files(node, PluginSpec(mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes))
+        binds += self._backend._node_files(node, PluginSpec(mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes, mig=spec.mig,
+                                                            gpu_model=spec.gpu_model))  # fmt: skip
         self._serial += 1
         proc = n.start_plugin(argv, name=f"dra-driver-{self._serial}", env=env,
                               standard_paths=standard, extra_binds=binds)  # fmt: skip

@@ -127,7 +127,8 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
     explicit_mock = _opt(config, "devplug_mock")
     mock = included if explicit_mock is None else bool(explicit_mock)
     spec = DriverSpec(driver_name=name, argv=tuple(argv), image=str(image) if image else None, manifest=str(manifest) if manifest else None,
-                      env=env, mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes, gpu_model=base.plugin.gpu_model)  # fmt: skip
+                      env=env, mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes, gpu_model=base.plugin.gpu_model,
+                      mig=base.plugin.mig)  # fmt: skip
     return DRASettings(spec, included=included)
 
 

@@ -1545,8 +1545,14 @@ API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuIn
     nvmlDevice_t m = enter_gi(gpuInstance, &rc);
     if (!rc && !info) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) {
-        unsigned start = 0;
-        for (unsigned j = 0; j < m->index; j++) start += m->parent->migs[j]->mig.profile->mem_slices;
+        /* the MIG devices lie in list order, each at the first placement after the one before (a multiple of its
+         * size: gi_placements) */
+        unsigned start = 0, size = m->mig.profile->mem_slices;
+        for (unsigned j = 0; j < m->index; j++) {
+            unsigned s = m->parent->migs[j]->mig.profile->mem_slices;
+            start = (start + s - 1) / s * s + s;
+        }
+        start = (start + size - 1) / size * size;
         memset(info, 0, sizeof *info);
         info->device = m->parent, info->id = m->mig.gi, info->profileId = m->mig.profile->gi_profile;
         info->placement.start = start, info->placement.size = m->mig.profile->mem_slices;

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CDI_HOOK", "CONTAINER_DRIVER_ROOT", "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "NVCAPS_DIR", "gpu_device_nodes", "mig_cap_device_nodes",
+    "CDI_HOOK", "CONTAINER_DRIVER_ROOT", "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "NVCAPS_DIR", "NVCAPS_PROC_DIR", "gpu_device_nodes", "mig_cap_device_nodes",
     "mig_minors", "node_file_binds",
 ]  # fmt: skip
 
@@ -52,6 +52,13 @@ _CHAR_DEVICE = Path("/dev/null")
 #: Where the driver says which ``/dev/nvidia-caps/nvidia-cap<N>`` grants access to a MIG device's GPU and compute
 #: instance (its ``mig-minors``): NVIDIA's plugin reads it to inject a MIG device's nodes, and fails without it.
 NVCAPS_DIR = "/proc/driver/nvidia-caps"
+#: The same minors as NVIDIA's DRA driver reads them: a file per GPU and compute instance
+#: (``gpu<minor>/mig/gi<G>/access``, ``.../ci<C>/access``: ``DeviceFileMinor: <n>``), and the device number's major
+#: from ``/proc/devices`` (``nvidia-caps``), which a node without NVIDIA's kernel modules lacks.
+NVCAPS_PROC_DIR = "/proc/driver/nvidia/capabilities"
+PROC_DEVICES = "/proc/devices"
+#: The major the driver registers for ``nvidia-caps`` on a node (dynamic; this one is free on common kernels).
+NVCAPS_MAJOR = 511
 _GIS, _CIS = 15, 8  # GPU instance IDs 0..14 per GPU, compute instance IDs 0..7 per GPU instance
 
 
@@ -85,6 +92,30 @@ def mig_cap_device_nodes(gpus: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def _cap_file(minor: int) -> str:
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+
+
+def write_mig_capabilities(root: Path, gpu_minors: Iterable[int]) -> None:
+    """The ``capabilities`` tree of :data:`NVCAPS_PROC_DIR` under ``root``, for every GPU and compute instance."""
+    for g in sorted(set(gpu_minors)):
+        for gi in range(_GIS):
+            base = root / f"gpu{g}" / "mig" / f"gi{gi}"
+            base.mkdir(parents=True, exist_ok=True)
+            (base / "access").write_text(_cap_file(_cap_minor(g, gi)))
+            for ci in range(_CIS):
+                (base / f"ci{ci}").mkdir(exist_ok=True)
+                (base / f"ci{ci}" / "access").write_text(_cap_file(_cap_minor(g, gi, ci)))
+
+
+def proc_devices_with_nvidia_caps(host: str) -> str:
+    """``host`` (a ``/proc/devices`` text) with ``nvidia-caps`` among its character devices, if it lacks one."""
+    if " nvidia-caps\n" in host:
+        return host
+    head, sep, tail = host.partition("\nBlock devices:")
+    return f"{head.rstrip()}\n{NVCAPS_MAJOR} nvidia-caps\n{sep}{tail}" if sep else host
+
+
 def _touch(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
@@ -105,7 +136,8 @@ def node_file_binds(
     :data:`CONTAINER_DRIVER_ROOT` holding the driver's libraries and tools and the same device nodes, and the
     :data:`CDI_HOOK` stub; its ``libnvidia-ml.so`` is ``nvml`` (the mock library),
     for a plugin that loads NVML from its driver root. ``nvcaps``: the ``mig-minors`` text at
-    :data:`NVCAPS_DIR`."""
+    :data:`NVCAPS_DIR`, and with it the same minors at :data:`NVCAPS_PROC_DIR` and ``nvidia-caps`` in
+    :data:`PROC_DEVICES`."""
     for node in device_nodes:
         if not node.startswith("/dev/") or ".." in node.split("/"):
             raise ValueError(f"device node {node!r}: want an absolute path under /dev")
@@ -141,4 +173,10 @@ def node_file_binds(
         caps.mkdir(parents=True, exist_ok=True)
         (caps / "mig-minors").write_text(nvcaps)
         binds.append((caps, NVCAPS_DIR))
+        minors = sorted({int(line.split("/")[0][3:]) for line in nvcaps.splitlines() if line.startswith("gpu")})
+        write_mig_capabilities(root / "capabilities", minors)
+        binds.append((root / "capabilities", NVCAPS_PROC_DIR))
+        devices = root / "proc-devices"
+        devices.write_text(proc_devices_with_nvidia_caps(Path(PROC_DEVICES).read_text()))
+        binds.append((devices, PROC_DEVICES))
     return binds

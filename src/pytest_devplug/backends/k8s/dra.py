@@ -176,7 +176,7 @@ class KubeDRA:
             image = self._b.provider.plugin_image(PluginSpec(image=spec.image), node)
             self._b.note_node_image(image)
         if spec.mock:
-            self._b.prepare_mock_node(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, model=spec.gpu_model), DRA_MOCK_STATE_PATH)
+            self._b.prepare_mock_node(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model), DRA_MOCK_STATE_PATH)
         ns = self._b.namespace
         uid = str(self.rest.get(f"/api/v1/namespaces/{ns}")["metadata"]["uid"])
         objects = render_driver(
