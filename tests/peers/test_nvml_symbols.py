@@ -70,11 +70,12 @@ def test_nvidias_dra_driver_calls_only_what_the_mock_answers(model: str, peer_bi
     assert {"nvmlDeviceGetArchitecture", "nvmlDeviceGetBrand", "nvmlDeviceGetCudaComputeCapability"} <= bound, sorted(bound)
 
 
-def test_nvidias_device_plugin_calls_only_what_the_mock_answers(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", sorted(GPU_MODELS))
+def test_nvidias_device_plugin_calls_only_what_the_mock_answers(model: str, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     trace = tmp_path / "ld-trace"
     trace.mkdir()
     binary = peer_binary("nvidia-device-plugin")
-    options = ["--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock",
+    options = ["--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock", "--gpu-model", model,
                "--plugin-env", f"LD_DEBUG=bindings,LD_DEBUG_OUTPUT={trace}/trace"]  # fmt: skip
     result = run_conformance(options, ["-k", "registers_its_resource or allocate_injections or critical_xid"], tmp_path,
                              timeout=SUITE_TIMEOUT_S)  # fmt: skip
