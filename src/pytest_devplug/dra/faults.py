@@ -54,7 +54,7 @@ class DRAFaultInjector(Protocol):
 
 class _OnMockState:
     """An injector acting through the driver's mock-NVML state; a device is mapped to its GPU by the ``uuid``
-    attribute the driver publishes for it."""
+    attribute the driver publishes for it (a MIG device's UUID: its GPU, as NVML's Xids and losses are GPU-wide)."""
 
     def __init__(self, driver: DriverHandle, read_state: Callable[[], dict[str, Any]], write_state: Callable[[dict[str, Any]], None]) -> None:
         self._driver = driver
@@ -71,9 +71,15 @@ class _OnMockState:
                 attr = (s.device(device).get("attributes") or {}).get("uuid") or {}
                 value = attr.get("string") if isinstance(attr, dict) else None
                 if value:
-                    return str(value)
+                    return self._gpu_of(str(value))
                 raise FaultNotSupportedError(f"device {pool}/{device} publishes no uuid attribute to find its mock GPU by")
         raise FaultNotSupportedError(f"the driver publishes no device {pool}/{device}")
+
+    def _gpu_of(self, uuid: str) -> str:
+        for gpu in self._read().get("gpus") or []:
+            if uuid in (gpu.get("uuid"), *(m.get("uuid") for m in gpu.get("mig_devices") or [])):
+                return str(gpu["uuid"])
+        return uuid  # not the mock's: the state edit names it
 
     def _edit(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         self._driver.mark_changed(devices=True)

@@ -14,12 +14,17 @@ from pytest_devplug.dra.handles import ClaimHandle, DriverHandle
 from pytest_devplug.errors import FaultNotSupportedError
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-__all__ = ["CONSISTENTLY_S", "claim_ref", "consistently", "fault", "need_devices", "short_dra_timings", "succeeded", "waited"]
+__all__ = [
+    "CONSISTENTLY_S", "UNSCHEDULABLE_TEXT", "claim_ref", "consistently", "fault", "need_devices", "scheduled_condition",
+    "short_dra_timings", "succeeded", "waited",
+]  # fmt: skip
 
 T = TypeVar("T")
 
 #: How long a check watches that something does *not* happen (upstream's node e2e watch 5 s for slices).
 CONSISTENTLY_S = 3.0
+#: What kube-scheduler's DynamicResources plugin says of a node whose devices cannot satisfy a pod's claims.
+UNSCHEDULABLE_TEXT = "cannot allocate all claims"
 
 
 @contextmanager
@@ -90,3 +95,10 @@ def need_devices(driver: DriverHandle, n: int) -> list[tuple[str, str]]:
     if len(devices) < n:
         pytest.skip(f"needs {n} devices of {driver.name} on the node; it publishes {len(devices)}: {devices}")
     return devices
+
+
+def scheduled_condition(pod: Any, driver: DriverHandle) -> dict[str, Any]:
+    """The pod's PodScheduled condition once the scheduler has decided (True or False)."""
+    __tracebackhide__ = True
+    return waited(lambda: pod.scheduled_condition or {}, lambda c: c.get("status") in ("True", "False"),
+                  "the scheduler's PodScheduled condition", driver=driver)  # fmt: skip

@@ -18,7 +18,7 @@ from pytest_devplug.dra.faults import DRAFaultInjector, FaultNotSupportedError
 from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-from ._support import consistently, fault, short_dra_timings, succeeded, waited
+from ._support import UNSCHEDULABLE_TEXT, consistently, fault, scheduled_condition, short_dra_timings, succeeded, waited
 
 
 def _backoff(periods: dict[str, float]) -> float:
@@ -183,10 +183,11 @@ def test_device_health_unknown_after_driver_stops(devplug_claims: ClaimFactory, 
            driver=devplug_driver)  # fmt: skip
 
 
-#: What the scheduler says of a pod whose claims cannot all be allocated.
-UNSCHEDULABLE_TEXT = "cannot allocate all claims"
 #: Taint effects that keep new claims off a device.
 KEEPS_CLAIMS_OFF = ("NoSchedule", "NoExecute")
+#: The standard attribute that names a device's hardware (``k8s.io/dynamic-resource-allocation/deviceattribute``):
+#: devices that share it (a GPU and its MIG devices, or its shared replicas) go Unhealthy together.
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
 
 def _taints(driver: DriverHandle) -> dict[tuple[str, str], list[dict[str, str]]]:
@@ -200,14 +201,26 @@ def _taints(driver: DriverHandle) -> dict[tuple[str, str], list[dict[str, str]]]
     return out
 
 
+def _pci_bus_ids(driver: DriverHandle) -> dict[tuple[str, str], str]:
+    """(pool, device) -> its standard PCI bus ID attribute, for the devices that publish one."""
+    out: dict[tuple[str, str], str] = {}
+    for s in driver.slices():
+        for name in s.devices:
+            value = ((s.device(name).get("attributes") or {}).get(PCI_BUS_ID) or {}).get("string")
+            if value:
+                out[(s.pool, name)] = str(value)
+    return out
+
+
 @pytest.mark.devplug_disruptive
 def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
                                                  devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
     """KEP-5055 device taints as the health report, for a driver with no health stream (NVIDIA's DRA driver with its
     NVMLDeviceHealthCheck gate): once a running pod's device turns Unhealthy the driver's slice taints that device
-    with an effect that keeps new claims off it (NoSchedule or NoExecute), no unrelated device is tainted, and the
-    scheduler places no new claim on it: a claim for every device of the pool stays Unschedulable. A driver that
-    reports neither way is skipped, saying so."""
+    with an effect that keeps new claims off it (NoSchedule or NoExecute), taints no device on other hardware (those
+    sharing its ``resource.kubernetes.io/pciBusID`` may be tainted with it), and the scheduler places no new claim on
+    it: a claim for every device of the pool stays Unschedulable. Taints the driver published before the fault (e.g.
+    an informational one) are its own business. A driver that reports neither way is skipped, saying so."""
     driver = devplug_driver
     if any(driver.health(s) is not None for s in HEALTH_SERVICES):
         pytest.skip(f"{driver.name} reports device health through its health stream (judged by test_device_health_reaches_pod_status)")
@@ -217,30 +230,39 @@ def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, d
     pod = devplug_claims.pod([claim], wait=True)
     (allocated,) = claim.allocated
     target = (allocated.pool, allocated.device)
-    assert not _taints(driver), f"{driver.name} taints devices before any fault: {_taints(driver)}"
+    before = _taints(driver)
+
+    def added() -> dict[tuple[str, str], list[dict[str, str]]]:
+        """The taints published since the fault, by device."""
+        now = _taints(driver)
+        return {k: new for k, v in now.items() if (new := [t for t in v if t not in before.get(k, [])])}
+
     with fault("report a device Unhealthy"):
         devplug_dra_faults.set_unhealthy(*target)
     try:
-        tainted = wait_for(lambda: _taints(driver), bool, timeout=driver.node.timeout, what="a device taint in the slices")
+        wait_for(added, bool, timeout=driver.node.timeout, what="a new device taint in the slices")
     except WaitTimeout:
         pytest.skip(f"{driver.name} serves no health service and tainted no device within {driver.node.timeout:g} s of "
                     f"{target[0]}/{target[1]} turning Unhealthy: it reports no device health")  # fmt: skip
-    tainted = waited(lambda: _taints(driver), lambda t: target in t, f"device {target[0]}/{target[1]} tainted",
-                     driver=driver)  # fmt: skip
+    tainted = waited(added, lambda t: target in t, f"device {target[0]}/{target[1]} tainted", driver=driver)
     effects = {t["effect"] for t in tainted[target]}
     assert effects & set(KEEPS_CLAIMS_OFF), (
         f"{driver.name} tainted the Unhealthy device {target[0]}/{target[1]} with {tainted[target]}: no effect keeps new "
         f"claims off it ({' or '.join(KEEPS_CLAIMS_OFF)})"
     )
-    others = {f"{p}/{d}": t for (p, d), t in tainted.items() if (p, d) != target}
-    assert not others, f"{driver.name} tainted devices other than the Unhealthy {target[0]}/{target[1]}: {others}"
+    bus = _pci_bus_ids(driver)
+    same = {k for k, b in bus.items() if target in bus and b == bus[target]}
+    others = {f"{p}/{d}": t for (p, d), t in tainted.items() if (p, d) != target and (p, d) not in same}
+    assert not others, (
+        f"{driver.name} tainted devices other than the Unhealthy {target[0]}/{target[1]} and those on its hardware "
+        f"({PCI_BUS_ID} {bus.get(target, 'not published')}): {others}"
+    )
     pod.delete()
     claim.delete()  # every device free again, one of them tainted
     pool = [d for p, d in devices if p == allocated.pool]
     every = devplug_claims.claim(count=len(pool))
     blocked = devplug_claims.pod([every])
-    cond = waited(lambda: blocked.scheduled_condition or {}, lambda c: c.get("status") in ("True", "False"),
-                  "the scheduler's PodScheduled condition", driver=driver)  # fmt: skip
+    cond = scheduled_condition(blocked, driver)
     assert not every.allocated and cond.get("reason") == "Unschedulable", (
         f"the scheduler allocated {[f'{d.pool}/{d.device}' for d in every.allocated]} to a claim for all {len(pool)} devices of "
         f"pool {allocated.pool}, one of them tainted {tainted[target]} (PodScheduled {cond})"

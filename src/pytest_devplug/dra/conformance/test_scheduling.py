@@ -19,10 +19,7 @@ from pytest_devplug.dra.objects import RESOURCE_API
 from pytest_devplug.kuberest import RestError
 from pytest_devplug.waiting import WaitTimeout, wait_for
 
-from ._support import consistently, need_devices, succeeded, waited
-
-#: What kube-scheduler's DynamicResources plugin says of a node whose devices cannot satisfy a pod's claims.
-UNSCHEDULABLE_TEXT = "cannot allocate all claims"
+from ._support import UNSCHEDULABLE_TEXT, consistently, need_devices, scheduled_condition, succeeded, waited
 #: The taint the device-taint check puts on the driver's devices, and the toleration of it.
 TAINT = {"key": "devplug.example/conformance", "value": "tainted", "effect": "NoSchedule"}
 TOLERATION = {"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
@@ -133,8 +130,7 @@ def test_device_taint_keeps_claims_off_tainted_devices(devplug_claims: ClaimFact
         _rule_seen(devplug_driver, rule)
     claim = devplug_claims.claim()
     pod = devplug_claims.pod([claim])
-    cond = waited(lambda: pod.scheduled_condition or {}, lambda c: c.get("status") in ("True", "False"),
-                  "the scheduler's PodScheduled condition", driver=devplug_driver)  # fmt: skip
+    cond = scheduled_condition(pod, devplug_driver)
     allocated = [f"{d.pool}/{d.device}" for d in claim.allocated]
     assert not allocated, (
         f"the scheduler allocated {', '.join(allocated)} to claim {claim.name}, which does not tolerate the "
