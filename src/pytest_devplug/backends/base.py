@@ -27,6 +27,7 @@ from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpo
 from ..kubeletmodel.releases import KubeVersion
 from ..kubeletmodel.runoptions import applied_view
 from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
+from .mockstate import DEFAULT_GPU_MODEL
 
 __all__ = [
     "Backend",
@@ -151,7 +152,7 @@ class PluginSpec:
     #: MIG devices (profiles such as ``1g.5gb``) on every mock GPU, which are then MIG-enabled; none: MIG off.
     mig: tuple[str, ...] = ()
     #: The mock GPUs' model (``mockstate.GPU_MODELS``).
-    gpu_model: str = "a100-40gb"
+    gpu_model: str = DEFAULT_GPU_MODEL
     #: Whether the plugin asks for PreStartContainer (a conformance test checks it is called).
     pre_start_required: bool = False
     #: sim: run the plugin in a private mount namespace with the node's directories at the kubelet's

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import UnsupportedOperationError
 from ..kuberest import KubeRest
 from .base import fill_placeholders
+from .mockstate import DEFAULT_GPU_MODEL
 
 __all__ = [
     "DEFAULT_DRIVER_NAME",
@@ -57,7 +58,7 @@ class DriverSpec:
     gpus: int = 4
     numa_nodes: int = 2
     #: The mock GPUs' model (``mockstate.GPU_MODELS``).
-    gpu_model: str = "a100-40gb"
+    gpu_model: str = DEFAULT_GPU_MODEL
     #: MIG devices (profiles) on every mock GPU, which are then MIG-enabled; none: MIG off.
     mig: tuple[str, ...] = ()
     #: Run in the node's private mount namespace at the kubelet's standard paths (``/var/lib/kubelet/plugins_registry``,
