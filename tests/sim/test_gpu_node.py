@@ -74,8 +74,13 @@ def test_mig_capabilities_are_numbered_as_the_driver_numbers_them() -> None:
 def test_a_mig_node_shows_the_plugin_its_mig_capabilities(backend: SimBackend) -> None:
     cluster = ClusterHandle(backend, timeout=20.0)
     node = cluster.ensure_node(NodeSpec("mig-node", numa_nodes=1))
-    script = "grep 'gpu0/gi1/' /proc/driver/nvidia-caps/mig-minors; stat -c '%F %n' /dev/nvidia-caps/nvidia-cap13; echo done; sleep 60"
+    script = ("grep 'gpu0/gi1/' /proc/driver/nvidia-caps/mig-minors; stat -c '%F %n' /dev/nvidia-caps/nvidia-cap13; "
+              "head -1 /proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access; grep ' nvidia-caps$' /proc/devices; "
+              "echo done; sleep 60")  # fmt: skip
     spec = PluginSpec(argv=["sh", "-c", script], mock=True, gpus=1, numa_nodes=1, mig=("1g.5gb",), standard_paths=True)
     plugin = cluster.deploy(node, spec)
     log = wait_for(plugin.log, lambda text: "\ndone\n" in text, timeout=20.0, what="the stub plugin's listing", give_up=plugin.crashed)
     assert "gpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n" in log and "character special file /dev/nvidia-caps/nvidia-cap13" in log, log
+    # the same minor where NVIDIA's DRA driver reads it, and the major of nvidia-caps (the host's /proc/devices lacks it)
+    assert "DeviceFileMinor: 13\n" in log and "511 nvidia-caps\n" in log, log
+    assert " nvidia-caps\n" not in Path("/proc/devices").read_text()

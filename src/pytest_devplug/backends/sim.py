@@ -27,7 +27,7 @@ import grpc
 from ..api.podresources import v1_pb2, v1_pb2_grpc
 from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_env, mock_library
 from ..sim import workdir
-from ..sim.gpunode import gpu_device_nodes, mig_cap_device_nodes, mig_minors, node_file_binds
+from ..sim.gpunode import gpu_device_nodes, mig_cap_device_nodes, node_file_binds
 from ..sim.pcinode import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, PciNodeError, load_pci_node
 from ..waiting import wait_for
 from . import mockstate
@@ -252,13 +252,13 @@ class SimBackend:
             # what the plugin reads (sysfs, the PCI IDs) and writes beside its devices (device-info files)
             pci_binds = [(sys_dir, "/sys"), (ids, PCI_IDS_PATH), (root / "devinfo", DEVICE_INFO_DIR)]
             nodes += [d for d in pci.device_nodes() if d not in nodes]
-        version, nvml, nvcaps = None, None, None
+        version, nvml, mig_gpus = None, None, None
         if spec.mock:
             gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model)["gpus"]
             minors = [int(g["minor"]) for g in gpus]
             nodes += [d for d in gpu_device_nodes(minors) + mig_cap_device_nodes(gpus) if d not in nodes]
             version = MOCK_DRIVER_VERSION
-            nvcaps = mig_minors(minors) if spec.mig else None
+            mig_gpus = minors if spec.mig else None
             try:
                 nvml = mock_library()
             except MockBuildError as exc:
@@ -267,7 +267,7 @@ class SimBackend:
             return pci_binds
         try:
             return pci_binds + node_file_binds(
-                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, nvcaps=nvcaps
+                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, mig_gpus=mig_gpus
             )
         except ValueError as exc:
             raise BackendError(f"node {node}: {exc}") from None

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CDI_HOOK", "CONTAINER_DRIVER_ROOT", "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "NVCAPS_DIR", "NVCAPS_PROC_DIR", "gpu_device_nodes", "mig_cap_device_nodes",
-    "mig_minors", "node_file_binds",
+    "CDI_HOOK", "CONTAINER_DRIVER_ROOT", "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "NVCAPS_DIR", "NVCAPS_PROC_DIR",
+    "PROC_DEVICES", "gpu_device_nodes", "mig_cap_device_nodes", "mig_minors", "node_file_binds",
 ]  # fmt: skip
 
 #: Where the stub driver root is in the plugin's namespace (the GPU operator's driver root).
@@ -96,7 +96,7 @@ def _cap_file(minor: int) -> str:
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
 
 
-def write_mig_capabilities(root: Path, gpu_minors: Iterable[int]) -> None:
+def _write_mig_capabilities(root: Path, gpu_minors: Iterable[int]) -> None:
     """The ``capabilities`` tree of :data:`NVCAPS_PROC_DIR` under ``root``, for every GPU and compute instance."""
     for g in sorted(set(gpu_minors)):
         for gi in range(_GIS):
@@ -108,7 +108,7 @@ def write_mig_capabilities(root: Path, gpu_minors: Iterable[int]) -> None:
                 (base / f"ci{ci}" / "access").write_text(_cap_file(_cap_minor(g, gi, ci)))
 
 
-def proc_devices_with_nvidia_caps(host: str) -> str:
+def _proc_devices_with_nvidia_caps(host: str) -> str:
     """``host`` (a ``/proc/devices`` text) with ``nvidia-caps`` among its character devices, if it lacks one."""
     if " nvidia-caps\n" in host:
         return host
@@ -128,16 +128,16 @@ def node_file_binds(
     *,
     driver_version: str | None = None,
     nvml: Path | None = None,
-    nvcaps: str | None = None,
+    mig_gpus: Sequence[int] | None = None,
 ) -> list[tuple[Path, str]]:
     """Make stub files under ``root`` (the node's own directory) and return the ``(host file or directory,
     path in the namespace)`` binds that show them: each of ``device_nodes`` (absolute paths under ``/dev``)
     at its path and, with ``driver_version``, a stub driver root at :data:`DRIVER_ROOT` and
     :data:`CONTAINER_DRIVER_ROOT` holding the driver's libraries and tools and the same device nodes, and the
     :data:`CDI_HOOK` stub; its ``libnvidia-ml.so`` is ``nvml`` (the mock library),
-    for a plugin that loads NVML from its driver root. ``nvcaps``: the ``mig-minors`` text at
-    :data:`NVCAPS_DIR`, and with it the same minors at :data:`NVCAPS_PROC_DIR` and ``nvidia-caps`` in
-    :data:`PROC_DEVICES`."""
+    for a plugin that loads NVML from its driver root. ``mig_gpus``: the minors of MIG-enabled GPUs, whose
+    capability minors are shown at :data:`NVCAPS_DIR` (``mig-minors``) and :data:`NVCAPS_PROC_DIR`, with
+    ``nvidia-caps`` in :data:`PROC_DEVICES`."""
     for node in device_nodes:
         if not node.startswith("/dev/") or ".." in node.split("/"):
             raise ValueError(f"device node {node!r}: want an absolute path under /dev")
@@ -168,15 +168,14 @@ def node_file_binds(
         hook.chmod(0o755)
         binds.append((hook, CDI_HOOK))
     binds += [(_CHAR_DEVICE, node) for node in device_nodes]
-    if nvcaps is not None:
+    if mig_gpus is not None:
         caps = root / "nvidia-caps"
         caps.mkdir(parents=True, exist_ok=True)
-        (caps / "mig-minors").write_text(nvcaps)
+        (caps / "mig-minors").write_text(mig_minors(mig_gpus))
         binds.append((caps, NVCAPS_DIR))
-        minors = sorted({int(line.split("/")[0][3:]) for line in nvcaps.splitlines() if line.startswith("gpu")})
-        write_mig_capabilities(root / "capabilities", minors)
+        _write_mig_capabilities(root / "capabilities", mig_gpus)
         binds.append((root / "capabilities", NVCAPS_PROC_DIR))
         devices = root / "proc-devices"
-        devices.write_text(proc_devices_with_nvidia_caps(Path(PROC_DEVICES).read_text()))
+        devices.write_text(_proc_devices_with_nvidia_caps(Path(PROC_DEVICES).read_text()))
         binds.append((devices, PROC_DEVICES))
     return binds
