@@ -163,3 +163,21 @@ def test_env(devplug_driver_spec):
     env = r"CDI_ROOT=/var/run/cdi,FEATURE_GATES=A=true\,B=false,EMPTY="
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-driver-cmd", "my-driver", "--devplug-driver-env", env)
     result.assert_outcomes(passed=1)
+
+
+def test_gpu_model_reaches_the_plugin_and_the_driver(pytester: pytest.Pytester) -> None:
+    """``--devplug-gpu-model`` sets the mock GPUs of both the device plugin and a DRA driver, and the state they get."""
+    pytester.makepyfile(
+        """
+from pytest_devplug.backends import mockstate
+
+def test_model(devplug_settings, devplug_driver_spec):
+    assert devplug_settings.plugin.gpu_model == devplug_driver_spec.gpu_model == "h100-80gb"
+    assert devplug_driver_spec.mig == devplug_settings.plugin.mig == ("1g.10gb",)
+    state = mockstate.initial_state(1, 1, devplug_settings.plugin.mig, devplug_settings.plugin.gpu_model)
+    assert state["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-gpu-model", "h100-80gb", "--devplug-mig", "1g.10gb",
+                                          "--devplug-driver-cmd", "my-driver")  # fmt: skip
+    result.assert_outcomes(passed=1)
