@@ -559,7 +559,10 @@ def assert_checkpoint_survives_kubelet_restart(
     after = _entries(node, pod)
     problems = []
     if after.get(key) != before[key]:
-        problems.append(f"checkpoint entry {key}: before {before[key][0]}, after {after.get(key, (None,))[0]}")
+        now = after.get(key, (None, b""))
+        what = "device IDs" if now[0] != before[key][0] else "Allocate response (the kubelet allocated again)"
+        problems.append(f"checkpoint entry {key}: its {what} changed: before {before[key][0]} {before[key][1]!r}, "
+                        f"after {now[0]} {now[1]!r}")  # fmt: skip
     if pod.phase != "Running":
         problems.append(f"pod phase {pod.phase} ({pod.reason}: {pod.message}) after the restart")
     elif pod.restart_count != restarts:
