@@ -371,12 +371,14 @@ class ClaimFactory:
     def claim(
         self, name: str | None = None, *, count: int = 1, device_class: str | None = None,
         requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
-        tolerations: Sequence[Mapping[str, str]] | None = None,
+        tolerations: Sequence[Mapping[str, str]] | None = None, config: Mapping[str, Any] | None = None,
     ) -> ClaimHandle:  # fmt: skip
         """A ResourceClaim for ``count`` of the driver's devices, tolerating ``tolerations`` of device taints (or
-        ``requests`` as given)."""
+        ``requests`` as given); ``config``: the driver's opaque parameters for it (e.g. NVIDIA's ``GpuConfig``)."""
+        opaque = {self.driver.name: config} if config is not None else None
         body = claim_manifest(name or self._name("claim"), self.namespace, device_class or self.default_class,
-                              count=count, requests=requests, selectors=selectors, tolerations=tolerations)  # fmt: skip
+                              count=count, requests=requests, selectors=selectors, tolerations=tolerations,
+                              config=opaque)  # fmt: skip
         made = self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims", body)
         return ClaimHandle(self.rest, self.namespace, made["metadata"]["name"], node=self.node, timeout=self.timeout)
 

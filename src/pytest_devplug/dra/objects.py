@@ -188,7 +188,7 @@ def device_taint_rule_manifest(name: str, driver: str, pool: str, taint: Mapping
 
 def _claim_spec(
     device_class: str, count: int, requests: Sequence[Mapping[str, Any]] | None, selectors: Sequence[Mapping[str, Any]] | None,
-    tolerations: Sequence[Mapping[str, str]] | None = None,
+    tolerations: Sequence[Mapping[str, str]] | None = None, config: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     if requests is None:
         exact: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
@@ -197,21 +197,25 @@ def _claim_spec(
         if tolerations:
             exact["tolerations"] = [dict(t) for t in tolerations]
         requests = [{"name": "req-0", "exactly": exact}]
-    return {"devices": {"requests": [dict(r) for r in requests]}}
+    devices: dict[str, Any] = {"requests": [dict(r) for r in requests]}
+    if config:
+        devices["config"] = [{"opaque": {"driver": d, "parameters": dict(params)}} for d, params in config.items()]
+    return {"devices": devices}
 
 
 def claim_manifest(
     name: str, namespace: str, device_class: str, *, count: int = 1,
     requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
-    tolerations: Sequence[Mapping[str, str]] | None = None,
+    tolerations: Sequence[Mapping[str, str]] | None = None, config: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """A ResourceClaim for ``count`` devices of ``device_class`` (one request ``req-0``, tolerating ``tolerations``
-    of device taints), or the given ``requests``."""
+    of device taints), or the given ``requests``. ``config``: opaque parameters per driver name, for every request
+    (``spec.devices.config``: how a claim asks a driver for a setting, e.g. NVIDIA's ``GpuConfig`` sharing)."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": _claim_spec(device_class, count, requests, selectors, tolerations),
+        "spec": _claim_spec(device_class, count, requests, selectors, tolerations, config),
     }
 
 
