@@ -5,4 +5,4 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 exec bash "$here/../peer-image.sh" "$here" "$here/../build-source.sh" gpu-kubelet-plugin \
-  devplug/gpu-kubelet-plugin:v0.4.0
+  devplug/gpu-kubelet-plugin:v0.4.0 "$here/../../src/pytest_devplug/sim/nvidia-cdi-hook.sh"
