@@ -74,15 +74,25 @@ def _put_pyenv_builds_on_path(versions: list[str]) -> list[str]:
 TEST_PYTHONS = _put_pyenv_builds_on_path(PYTHON) or [PYTHON[0]]
 
 
-@nox.session(python=TEST_PYTHONS)
-def tests(session: nox.Session) -> None:
-    """Unit and integration tests on the embedded kubelet (no Docker needed), on every supported Python this
-    machine has (``nox -s tests`` runs them all; ``nox -s "tests-3.11"`` or ``-p 3.11`` one)."""
+def _tests(session: nox.Session) -> None:
     _install(session, GRPC_TOOLS, "build", "twine", HYPOTHESIS, XDIST[0])
     # The real control plane's binaries for the embedded-vs-real differential: the offline kind build's cache
     # (the same dirs CI caches for it), built from Go modules when cold; instant when cached.
     session.run("devplug", "control-plane", "build")
     session.run("pytest", "-m", "not kind", *XDIST[1:], *session.posargs)
+
+
+@nox.session(python=None)
+def tests(session: nox.Session) -> None:
+    """Unit and integration tests on the embedded kubelet (no Docker needed), on the Python running nox: one suite's
+    time once the Kubernetes build is cached (``tests_matrix`` runs them on every supported Python)."""
+    _tests(session)
+
+
+@nox.session(python=TEST_PYTHONS)
+def tests_matrix(session: nox.Session) -> None:
+    """The same tests on every supported Python this machine has (``nox -s "tests_matrix-3.12"``: one of them)."""
+    _tests(session)
 
 
 @nox.session(python=_interpreter(LOWEST_PYTHON), venv_backend="uv")
