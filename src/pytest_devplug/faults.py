@@ -113,6 +113,11 @@ class _OnMockState:
         gpu = self._gpu(device_id)
         return sorted({device_id, *self._mock.backed_devices().get(gpu, [])})
 
+    def inject_ecc_error(self, device_id: str) -> None:
+        """An uncorrectable ECC error on the mock GPU backing ``device_id``, as NVML reports one (counts, a
+        DoubleBitEcc event, Xid 48). Beyond the contract: no check needs it, a test of NVML health handling may."""
+        self._mock.inject_ecc_error(self._gpu(device_id))
+
 
 class MockNvmlFaults(_OnMockState):
     """The contract on the mock NVML: edits the mock-state JSON (``lost``, ``fail_allocate``, ``fail_pre_start``,

@@ -242,6 +242,10 @@ class MockNvml:
         """Deliver an Xid critical-error event for ``uuid`` (79 = fallen off the bus: makes it Unhealthy)."""
         self._edit(lambda s: mockstate.with_xid(s, uuid, xid))
 
+    def inject_ecc_error(self, uuid: str) -> None:
+        """An uncorrectable ECC error on ``uuid``: NVML counts it and delivers a DoubleBitEcc event and Xid 48."""
+        self._edit(lambda s: mockstate.with_ecc_error(s, uuid))
+
     def set_lost(self, uuid: str, lost: bool = True) -> None:
         """Make NVML answer GPU_IS_LOST for ``uuid`` (or answer again, which also clears an Xid)."""
         self._edit(lambda s: mockstate.with_lost(s, uuid, lost))

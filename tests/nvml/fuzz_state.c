@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
             pthread_mutex_lock(&mu);
             apply_state(&s, accepted == 1);
             pthread_mutex_unlock(&mu);
-            for (size_t i = 0; i < norder; i++) nvmlDeviceRegisterEvents(order[i], nvmlEventTypeXidCriticalError, set);
+            for (size_t i = 0; i < norder; i++) nvmlDeviceRegisterEvents(order[i], MOCK_EVENT_TYPES, set);
             for (size_t i = 0; i < norder; i++) walk_migs(order[i]);
             while (nvmlEventSetWait_v2(set, &data, 0) != NVML_ERROR_TIMEOUT) {
             }

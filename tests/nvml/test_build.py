@@ -67,8 +67,8 @@ def test_probe_command_reports_the_mock(tmp_path: Path) -> None:
     assert [d["uuid"] for d in report["devices"]] == [mockstate.gpu_uuid(0), mockstate.gpu_uuid(1)]
     assert [d["NUMA node"] for d in report["devices"]] == ["0", "1"]
     assert report["devices"][0]["memory MiB"] == "40960"
-    assert report["devices"][1]["PCI bus id"] == "00000000:00:01.0"
-    assert report["devices"][0]["events"] == "XidCriticalError"
+    assert report["devices"][1]["PCI bus id"] == "000010DE:00:01.0"  # the mock's PCI domain, none of the host's
+    assert report["devices"][0]["events"] == "SingleBitEccError,DoubleBitEccError,XidCriticalError"
     assert report["devices"][0]["MIG mode"] == "n/a (Not Supported)"
 
 

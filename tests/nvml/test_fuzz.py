@@ -27,7 +27,7 @@ TOKENS = [
     b"-1", b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"null", b"true", b"false",
     b'"uuid"', b'"minor"', b'"xid"', b'"gpus"', b'"events"', b'"numa_node"', b'"lost"', b"[" * 40, b"{" * 40,
     b"G" * 200, b"\x00", b"\t\n ", b'"mig_enabled"', b'"mig_devices"', b'"profile"', b'"gi"', b'"7g.40gb"',
-    b'"1g.5gb+me"', b'"1g.10gb"', b"15", b"14",
+    b'"1g.5gb+me"', b'"1g.10gb"', b"15", b"14", b'"ecc"', b'"uncorrected"',
 ]  # fmt: skip
 
 
@@ -39,6 +39,8 @@ def _seeds(rng: random.Random) -> list[bytes]:
         for i in range(n):
             if rng.random() < 0.3:
                 state = mockstate.with_xid(state, mockstate.gpu_uuid(i), rng.choice((13, 79, 48)))
+            if rng.random() < 0.2:
+                state = mockstate.with_ecc_error(state, mockstate.gpu_uuid(i))
             if rng.random() < 0.2:
                 state = mockstate.with_lost(state, mockstate.gpu_uuid(i), True)
         docs.append(json.dumps(state).encode())
@@ -68,10 +70,11 @@ def _cases() -> list[bytes]:
     rng = random.Random(20261201)
     seeds = _seeds(rng)
     cases = list(seeds)
-    # A growing document: valid states whose events append, so the apply path delivers them.
+    # A growing document: valid states whose events (Xids, ECC errors) append, so the apply path delivers them.
     state = mockstate.initial_state(3, 1)
     for i in range(50):
-        state = mockstate.with_xid(state, mockstate.gpu_uuid(i % 3), 79)
+        uuid = mockstate.gpu_uuid(i % 3)
+        state = mockstate.with_ecc_error(state, uuid) if i % 4 == 3 else mockstate.with_xid(state, uuid, 79)
         cases.append(json.dumps(state).encode())
     while len(cases) < CASES:
         cases.append(_mutate(rng, rng.choice(seeds)))

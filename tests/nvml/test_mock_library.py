@@ -52,7 +52,7 @@ def test_devices_as_the_state_describes_them(nvml: Nvml) -> None:
         assert nvml.memory_total(h) == 40960 << 20
         assert nvml.uint("nvmlDeviceGetNumaNodeId", h) == index // 2
         assert nvml.compute_capability(h) == "8.0"
-        assert nvml.pci_bus_id(h) == f"00000000:00:{index:02X}.0"
+        assert nvml.pci_bus_id(h) == f"000010DE:00:{index:02X}.0"
         assert nvml.supported_events(h) & XID
         assert _code(nvml.mig_mode, h) == NOT_SUPPORTED
     assert len(set(handles)) == 4

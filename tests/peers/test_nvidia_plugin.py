@@ -183,6 +183,34 @@ def test_nvidia_plugin_mig_mixed_registers_a_resource_per_profile(peer_binary: C
         backend.close()
 
 
+def test_nvidia_plugin_marks_a_gpu_with_an_uncorrectable_ecc_error_unhealthy(
+    peer_binary: Callable[[str], Path],
+) -> None:
+    """An uncorrectable ECC error injected while it runs: it registers DoubleBitEcc with the Xids (the mock now
+    supports both), skips the DBE event and acts on the Xid 48 that comes with it; the other GPU stays Healthy."""
+    from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec, assert_devices_unhealthy
+    from pytest_devplug.backends.base import BackendOptions
+    from pytest_devplug.backends.mockstate import gpu_uuid
+    from pytest_devplug.backends.sim import SimBackend
+    from pytest_devplug.faults import NvmlXidFaults
+
+    binary = peer_binary("nvidia-device-plugin")
+    backend = SimBackend(BackendOptions(timeout=30.0))
+    backend.start()
+    try:
+        cluster = ClusterHandle(backend, timeout=30.0)
+        node = cluster.ensure_node(NodeSpec("devplug-ecc", numa_nodes=1))
+        argv = (str(binary), "--device-discovery-strategy", "nvml")
+        plugin = cluster.deploy(node, PluginSpec(argv=argv, mock=True, gpus=2, numa_nodes=1))
+        plugin.wait_listed()
+        victim, spared = gpu_uuid(0), gpu_uuid(1)
+        NvmlXidFaults(plugin).inject_ecc_error(victim)
+        cause = f"uncorrectable ECC error on {victim}"
+        assert_devices_unhealthy(plugin, [victim], kept=[spared], capacity=2, cause=cause)
+    finally:
+        backend.close()
+
+
 #: What the kind backend runs besides (issue 17): the kubelet kept down, a node reboot. (The soak, which needs a
 #: second node, runs on kind against the included plugin: the e2e cluster has no node to spare for NVIDIA's copy.)
 KIND_MUST_PASS = ("test_pods_deleted_while_kubelet_down_free_their_devices", "test_node_reboot_then_plugin_comes_back")

@@ -287,7 +287,7 @@ def test_mock_answers_pynvml_like_the_library(nvml: None) -> None:
     assert pynvml.nvmlDeviceGetMemoryInfo(h).total == 40960 * 1024 * 1024
     assert pynvml.nvmlDeviceGetMinorNumber(h) == 2
     assert pynvml.nvmlDeviceGetNumaNodeId(h) == 1
-    assert pynvml.nvmlDeviceGetPciInfo(h).busId == "00000000:00:02.0"
+    assert pynvml.nvmlDeviceGetPciInfo(h).busId == "000010DE:00:02.0"
     assert pynvml.nvmlDeviceGetCudaComputeCapability(h) == (8, 0)
     assert pynvml.nvmlDeviceGetSupportedEventTypes(h) & pynvml.nvmlEventTypeXidCriticalError
     with pytest.raises(pynvml.NVMLError_NotSupported):

@@ -11,8 +11,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_GPU_MODEL", "GPU_MODELS", "MIG_PROFILES", "initial_state", "mig_profiles", "gpu_uuid", "mig_uuid",
-    "check_gpu_model", "check_mig_profiles", "with_xid", "with_lost", "with_fail_allocate", "with_fail_pre_start",
-    "with_gpu_added", "with_gpu_removed",
+    "check_gpu_model", "check_mig_profiles", "with_xid", "with_ecc_error", "with_lost", "with_fail_allocate",
+    "with_fail_pre_start", "with_gpu_added", "with_gpu_removed",
 ]  # fmt: skip
 
 State = dict[str, Any]
@@ -116,6 +116,15 @@ def with_xid(state: State, uuid: str, xid: int) -> State:
     new = copy.deepcopy(state)
     _find(new, uuid)
     new.setdefault("events", []).append({"uuid": uuid, "xid": int(xid)})
+    return new
+
+
+def with_ecc_error(state: State, uuid: str) -> State:
+    """Append an uncorrectable (double-bit) ECC error: the mock NVML counts it, and delivers it once as a
+    DoubleBitEcc event followed by the Xid 48 the driver logs for it (append-only, like :func:`with_xid`)."""
+    new = copy.deepcopy(state)
+    _find(new, uuid)
+    new.setdefault("events", []).append({"uuid": uuid, "ecc": "uncorrected"})
     return new
 
 

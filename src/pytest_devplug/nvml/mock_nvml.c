@@ -9,11 +9,12 @@
  *   {"gpus": [{"uuid": "GPU-...", "model": "a100-40gb", "name": "...", "memory_mib": 40960, "numa_node": 0, "minor": 0,
  *              "lost": false, "fail_allocate": false,
  *              "mig_enabled": true, "mig_devices": [{"uuid": "MIG-...", "profile": "1g.5gb", "gi": 1}]}],
- *    "events": [{"uuid": "GPU-...", "xid": 79}]}
+ *    "events": [{"uuid": "GPU-...", "xid": 79}, {"uuid": "GPU-...", "ecc": "uncorrected"}]}
  *
  * "model" (a100-40gb, the default; a100-80gb, h100-80gb, h200-141gb, b200) gives what the state does not carry:
- * the PCI device ID, architecture, CUDA compute capability and SM counts; the MIG geometry (7 compute, 8 memory
- * slices) is the same on all of them, the profiles named for the GPU's memory.
+ * the PCI device ID, architecture, CUDA compute capability and SM counts, and an NVLink fabric on the Hopper and
+ * newer ones (nvmlDeviceGetGpuFabricInfo); the MIG geometry (7 compute, 8 memory slices) is the same on all of them,
+ * the profiles named for the GPU's memory.
  *
  * MIG: a GPU with "mig_enabled" (true or false) is MIG-capable, one without it is not (NVML answers
  * NOT_SUPPORTED). A MIG-enabled GPU holds the MIG devices of "mig_devices", each a GPU instance with one
@@ -37,6 +38,14 @@
  * registered it returns NVML_ERROR_GPU_IS_LOST once (NVML's documented answer when a GPU fell off
  * the bus). A malformed file never harms the host process: the last good state stays, and the
  * problem is printed once to stderr.
+ *
+ * ECC: an "events" entry holds either "xid" or "ecc": "uncorrected", an uncorrectable (double-bit) ECC error in
+ * the GPU's memory. Every GPU reports ECC enabled (nvmlDeviceGetEccMode); its uncorrected counts
+ * (nvmlDeviceGetTotalEccErrors, nvmlDeviceGetMemoryErrorCounter at DEVICE_MEMORY) are the ECC entries naming
+ * it in the file, volatile and aggregate alike (the mock's driver never reloads), its corrected counts 0. An
+ * ECC entry appended later is delivered as the driver delivers a DBE: an nvmlEventTypeDoubleBitEccError
+ * (eventData 0) to the sets that registered the GPU for it, then Xid 48 (an nvmlEventTypeXidCriticalError) to
+ * those that registered it for Xids. Supported event types: SingleBitEcc, DoubleBitEcc, XidCriticalError.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -74,7 +83,18 @@ typedef enum {
 #define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
+#define nvmlEventTypeSingleBitEccError 0x0000000000000001LL
+#define nvmlEventTypeDoubleBitEccError 0x0000000000000002LL
 #define nvmlEventTypeXidCriticalError 0x0000000000000008LL
+#define MOCK_EVENT_TYPES (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeXidCriticalError)
+#define XID_DBE 48 /* the Xid the driver logs for a double-bit ECC error */
+#define NVML_FEATURE_ENABLED 1
+#define NVML_MEMORY_ERROR_TYPE_CORRECTED 0
+#define NVML_MEMORY_ERROR_TYPE_UNCORRECTED 1
+#define NVML_VOLATILE_ECC 0
+#define NVML_AGGREGATE_ECC 1
+#define NVML_MEMORY_LOCATION_DEVICE_MEMORY 2
+#define NVML_MEMORY_LOCATION_COUNT 8
 #define NVML_TOPOLOGY_INTERNAL 0
 #define NVML_TOPOLOGY_NODE 40
 #define NVML_TOPOLOGY_SYSTEM 50
@@ -498,6 +518,7 @@ struct gpu {
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     const struct gpu_model *model;
     unsigned long long memory_mib;
+    unsigned long long ecc_uncorrected; /* the ECC entries of "events" naming it */
     int has_numa, lost;
     unsigned numa_node, minor;
     int mig_capable, mig_enabled;
@@ -507,7 +528,8 @@ struct gpu {
 
 struct xid_event {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-    unsigned long long xid;
+    unsigned long long xid; /* an ECC entry: XID_DBE, its companion */
+    int ecc;                /* an uncorrectable ECC error ("ecc": "uncorrected") */
 };
 
 struct state {
@@ -729,14 +751,48 @@ static int read_gpu(const struct json *o, size_t i, struct gpu *g, char *err) {
     return read_migs(o, where, g, err);
 }
 
+/* An Xid ("xid") or an uncorrectable ECC error ("ecc": "uncorrected"). */
 static int read_event(const struct json *o, size_t i, struct xid_event *e, char *err) {
+    static const char uncorrected[] = "uncorrected";
     char where[40];
+    int dup = 0;
+    const struct json *xid, *ecc;
     snprintf(where, sizeof where, "events[%zu]", i);
     if (o->type != J_OBJ) return snprintf(err, ERR_LEN, "%s: must be an object", where), -1;
-    return get_text(o, where, "uuid", NULL, 1, e->uuid, sizeof e->uuid, err) ||
-                   get_uint(o, where, "xid", ULLONG_MAX, -1, &e->xid, err)
-               ? -1
-               : 0;
+    if (get_text(o, where, "uuid", NULL, 1, e->uuid, sizeof e->uuid, err)) return -1;
+    xid = get(o, "xid", &dup), ecc = get(o, "ecc", &dup);
+    if (!xid == !ecc)
+        return snprintf(err, ERR_LEN, "%s: needs either \"xid\" (an Xid number) or \"ecc\": \"uncorrected\"%s", where,
+                        xid ? ", not both" : ""), -1;
+    if (xid) return get_uint(o, where, "xid", ULLONG_MAX, -1, &e->xid, err);
+    if (dup) return field_error(err, where, "ecc", "given twice");
+    if (ecc->type != J_STR || ecc->len != sizeof uncorrected - 1 || memcmp(ecc->str, uncorrected, ecc->len))
+        return field_error(err, where, "ecc", "must be \"uncorrected\" (the ECC error the mock has)");
+    e->ecc = 1, e->xid = XID_DBE;
+    return 0;
+}
+
+static int cmp_gpu_uuid(const void *key, const void *gpu) {
+    return strcmp(key, (*(struct gpu *const *)gpu)->uuid);
+}
+
+static int cmp_gpus(const void *a, const void *b) { return cmp_gpu_uuid((*(struct gpu *const *)a)->uuid, b); }
+
+/* Each GPU's uncorrected ECC count: the ECC entries naming it (a sorted index: 10,000 GPUs stay cheap). */
+static int count_ecc(struct state *s, char *err) {
+    struct gpu **by_uuid, **hit;
+    size_t necc = 0;
+    for (size_t i = 0; i < s->nevents; i++) necc += (size_t)s->events[i].ecc;
+    if (!necc || !s->ngpus) return 0;
+    by_uuid = malloc(s->ngpus * sizeof *by_uuid);
+    if (!by_uuid) return snprintf(err, ERR_LEN, "out of memory"), -1;
+    for (size_t i = 0; i < s->ngpus; i++) by_uuid[i] = &s->gpus[i];
+    qsort(by_uuid, s->ngpus, sizeof *by_uuid, cmp_gpus);
+    for (size_t i = 0; i < s->nevents; i++)
+        if (s->events[i].ecc && (hit = bsearch(s->events[i].uuid, by_uuid, s->ngpus, sizeof *by_uuid, cmp_gpu_uuid)))
+            (*hit)->ecc_uncorrected++;
+    free(by_uuid);
+    return 0;
 }
 
 /* Parse a whole state document; on error *s is empty and err says what and where. */
@@ -781,7 +837,7 @@ static int parse_state(const char *text, size_t len, struct state *s, char *err)
         if (read_gpu(&gpus->items[s->ngpus], s->ngpus, &s->gpus[s->ngpus], err)) goto done;
     for (; events && s->nevents < events->n; s->nevents++)
         if (read_event(&events->items[s->nevents], s->nevents, &s->events[s->nevents], err)) goto done;
-    rc = check_unique(s, err);
+    rc = check_unique(s, err) ? -1 : count_ecc(s, err);
     goto done;
 out:
     snprintf(err, ERR_LEN, "%s", ps.err);
@@ -841,7 +897,7 @@ struct nvmlEventSet_st {
 
 struct logged_event {
     nvmlDevice_t device;
-    unsigned long long xid;
+    unsigned long long type, data; /* nvmlEventData_t's eventType and eventData */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* guards everything below */
@@ -947,18 +1003,22 @@ static int apply_state(struct state *s, int fresh) {
         for (size_t i = 0; i < norder && !d; i++)
             if (!strcmp(order[i]->gpu.uuid, e->uuid)) d = order[i];
         if (!d) {
-            fprintf(stderr, "mock libnvidia-ml: events[%zu]: Xid %llu names %s, which is not in gpus; dropped\n",
-                    events_seen, e->xid, e->uuid);
+            if (e->ecc)
+                fprintf(stderr, "mock libnvidia-ml: events[%zu]: ECC error names %s, which is not in gpus; dropped\n",
+                        events_seen, e->uuid);
+            else
+                fprintf(stderr, "mock libnvidia-ml: events[%zu]: Xid %llu names %s, which is not in gpus; dropped\n",
+                        events_seen, e->xid, e->uuid);
             continue;
         }
-        if (nlog == log_cap) {
+        if (nlog + 2 > log_cap) { /* room for an ECC entry's two events */
             size_t ncap = log_cap ? log_cap * 2 : 16;
             struct logged_event *grown = realloc(event_log, ncap * sizeof *grown);
             if (!grown) return -1;
             event_log = grown, log_cap = ncap;
         }
-        event_log[nlog].device = d, event_log[nlog].xid = e->xid;
-        nlog++;
+        if (e->ecc) event_log[nlog++] = (struct logged_event){d, nvmlEventTypeDoubleBitEccError, 0};
+        event_log[nlog++] = (struct logged_event){d, nvmlEventTypeXidCriticalError, e->xid};
     }
     pthread_cond_broadcast(&changed);
     return 0;
@@ -1318,15 +1378,17 @@ API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node
     return leave(rc);
 }
 
-/* A made-up but valid PCI address per minor: domain, bus and device taken from its bits (a MIG device's
- * is its GPU's). */
+/* A made-up but valid PCI address per minor, on a PCI domain of the mock's own so that it names none of the host's
+ * devices (the mock GPU node's sysfs shows the GPUs there: sim/gpunode.py's gpu_pci_address): bus and device taken
+ * from the minor's bits, its high bits added to the domain (a MIG device's address is its GPU's). */
+#define MOCK_PCI_DOMAIN 0x10DEU
 static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci) {
     nvmlReturn_t rc = enter(device);
     if (!rc && !pci) rc = NVML_ERROR_INVALID_ARGUMENT;
     if (!rc) {
         unsigned m = gpu_of(device)->gpu.minor;
         memset(pci, 0, sizeof *pci);
-        pci->domain = m >> 13, pci->bus = (m >> 5) & 0xFF, pci->device = m & 0x1F;
+        pci->domain = MOCK_PCI_DOMAIN + (m >> 13), pci->bus = (m >> 5) & 0xFF, pci->device = m & 0x1F;
         pci->pciDeviceId = gpu_of(device)->gpu.model->pci_device_id, pci->pciSubSystemId = 0x145F10DEU;
         snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
         snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", pci->domain & 0xFFFF, pci->bus,
@@ -1378,6 +1440,87 @@ API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link
     (void)link;
     if (!rc && !isActive) rc = NVML_ERROR_INVALID_ARGUMENT;
     return leave(rc ? rc : NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* ---- NVLink fabric ------------------------------------------------------------------------------------ */
+/* The Hopper and newer models (H100, H200, B200) are HGX boards on an NVLink fabric: NVIDIA's Fabric Manager has
+ * registered every GPU (probe state COMPLETED, status SUCCESS, healthy), all in one cluster and clique, which NVIDIA's
+ * DRA driver joins into the node's ComputeDomain clique ID ("<cluster UUID>.<clique ID>"). Older GPUs (the A100s)
+ * answer NOT_SUPPORTED (NVML: "for Hopper or newer fully supported devices"), and so does a MIG device. */
+#define NVML_GPU_FABRIC_UUID_LEN 16
+#define NVML_GPU_FABRIC_STATE_COMPLETED 3
+#define NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY 1
+/* Each field of the health mask at its good value: degraded bandwidth, route recovery, route unhealthy and access
+ * timeout recovery FALSE (2, at bits 0, 2, 4, 6), incorrect configuration NONE (1, at bit 8). */
+#define MOCK_FABRIC_HEALTH_MASK (2U | 2U << 2 | 2U << 4 | 2U << 6 | 1U << 8)
+#define MOCK_FABRIC_CLIQUE_ID 1U
+/* The node's NVLink cluster, f2a3b4c5-d6e7-4f80-9a1b-2c3d4e5f6a7b (Fabric Manager's UUID for it; any non-zero one). */
+static const unsigned char fabric_cluster_uuid[NVML_GPU_FABRIC_UUID_LEN] = {
+    0xf2, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0x4f, 0x80, 0x9a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f, 0x6a, 0x7b};
+
+typedef unsigned char nvmlGpuFabricState_t;
+
+typedef struct {
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+} nvmlGpuFabricInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+
+typedef struct { /* v2 and healthSummary: v2 is its prefix */
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+#define nvmlGpuFabricInfo_v2 NVML_STRUCT_VERSION(GpuFabricInfo, 2)
+#define nvmlGpuFabricInfo_v3 NVML_STRUCT_VERSION(GpuFabricInfo, 3)
+
+/* enter() for the fabric calls: a GPU of Hopper or newer, and somewhere to write the answer. */
+static nvmlReturn_t enter_fabric(nvmlDevice_t device, const void *info) {
+    nvmlReturn_t rc = enter_gpu(device);
+    if (!rc && !info) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && device->gpu.model->arch < NVML_DEVICE_ARCH_HOPPER) rc = NVML_ERROR_NOT_SUPPORTED;
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info) {
+    nvmlReturn_t rc = enter_fabric(device, info);
+    if (!rc) {
+        memset(info, 0, sizeof *info);
+        memcpy(info->clusterUuid, fabric_cluster_uuid, sizeof info->clusterUuid);
+        info->status = NVML_SUCCESS, info->cliqueId = MOCK_FABRIC_CLIQUE_ID, info->state = NVML_GPU_FABRIC_STATE_COMPLETED;
+    }
+    return leave(rc);
+}
+
+/* The caller says which version its struct is (v2 or v3); a v2 caller's struct gets no healthSummary. */
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfo_v3_t *info) {
+    nvmlReturn_t rc = enter_fabric(device, info);
+    if (!rc && info->version != nvmlGpuFabricInfo_v2 && info->version != nvmlGpuFabricInfo_v3)
+        rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!rc) {
+        unsigned int version = info->version;
+        memset(info, 0, version == nvmlGpuFabricInfo_v3 ? sizeof(nvmlGpuFabricInfo_v3_t) : sizeof(nvmlGpuFabricInfo_v2_t));
+        info->version = version;
+        memcpy(info->clusterUuid, fabric_cluster_uuid, sizeof info->clusterUuid);
+        info->status = NVML_SUCCESS, info->cliqueId = MOCK_FABRIC_CLIQUE_ID, info->state = NVML_GPU_FABRIC_STATE_COMPLETED;
+        info->healthMask = MOCK_FABRIC_HEALTH_MASK;
+        if (version == nvmlGpuFabricInfo_v3) info->healthSummary = NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY;
+    }
+    return leave(rc);
 }
 
 /* ---- MIG ---------------------------------------------------------------------------------------------- */
@@ -1604,11 +1747,43 @@ API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInst
     return leave(rc);
 }
 
+/* ---- ECC: always enabled; uncorrected errors as "events" lists them ------------------------------------ */
+API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
+    nvmlReturn_t rc = enter_gpu(device);
+    if (!rc && (!current || !pending)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *current = *pending = NVML_FEATURE_ENABLED;
+    return leave(rc);
+}
+
+/* A GPU's count of errorType (volatile and aggregate alike); INVALID_ARGUMENT for types NVML does not define. */
+static nvmlReturn_t ecc_count(nvmlDevice_t device, int errorType, int counterType, unsigned long long *count) {
+    nvmlReturn_t rc = enter_gpu(device);
+    int known_error = errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED || errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED;
+    int known_counter = counterType == NVML_VOLATILE_ECC || counterType == NVML_AGGREGATE_ECC;
+    if (!rc && (!count || !known_error || !known_counter)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc) *count = errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? device->gpu.ecc_uncorrected : 0;
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                             unsigned long long *eccCounts) {
+    return leave(ecc_count(device, errorType, counterType, eccCounts));
+}
+
+/* The errors lie in device memory (DRAM); the other locations count none. */
+API nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, int errorType, int counterType, int locationType,
+                                                 unsigned long long *count) {
+    nvmlReturn_t rc = ecc_count(device, errorType, counterType, count);
+    if (!rc && (locationType < 0 || locationType >= NVML_MEMORY_LOCATION_COUNT)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!rc && locationType != NVML_MEMORY_LOCATION_DEVICE_MEMORY) *count = 0;
+    return leave(rc);
+}
+
 /* ---- events -------------------------------------------------------------------------------------------- */
 API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
     nvmlReturn_t rc = enter_gpu(device);
     if (!rc && !types) rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (!rc) *types = nvmlEventTypeXidCriticalError;
+    if (!rc) *types = MOCK_EVENT_TYPES;
     return leave(rc);
 }
 
@@ -1652,7 +1827,7 @@ API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
 API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
     nvmlReturn_t rc = enter_gpu(device);
     if (!rc && !set_known(set)) rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (!rc && (types & ~(unsigned long long)nvmlEventTypeXidCriticalError)) rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!rc && (types & ~(unsigned long long)MOCK_EVENT_TYPES)) rc = NVML_ERROR_NOT_SUPPORTED;
     if (!rc) {
         struct registration *r = NULL;
         for (size_t i = 0; i < set->nregs && !r; i++)
@@ -1678,13 +1853,13 @@ static struct registration *registration(nvmlEventSet_t set, nvmlDevice_t device
     return NULL;
 }
 
-/* Next logged Xid for a device this set registered for Xids (mu held); skips the others. */
+/* Next logged event of a type this set registered its device for (mu held); skips the others. */
 static int take_event(nvmlEventSet_t set, nvmlEventData_t *data) {
     while (set->cursor < nlog) {
         const struct logged_event *e = &event_log[set->cursor++];
         const struct registration *r = registration(set, e->device);
-        if (r && (r->types & nvmlEventTypeXidCriticalError)) {
-            data->device = e->device, data->eventType = nvmlEventTypeXidCriticalError, data->eventData = e->xid;
+        if (r && (r->types & e->type)) {
+            data->device = e->device, data->eventType = e->type, data->eventData = e->data;
             data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFU;
             return 1;
         }
