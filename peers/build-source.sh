@@ -6,6 +6,9 @@
 #   gpu-kubelet-plugin  NVIDIA's DRA driver, sigs.k8s.io/dra-driver-nvidia-gpu (./cmd/gpu-kubelet-plugin; vendored,
 #             cgo: go-nvml loads libnvidia-ml.so.1 at run time, ~5 min cold). Source: $DEVPLUG_NVIDIA_DRA_SOURCE, else
 #             the v0.4.0 snapshot in ../shared/peer-sources.
+#   compute-domain-kubelet-plugin  the same driver's ComputeDomain (IMEX) kubelet plugin
+#             (./cmd/compute-domain-kubelet-plugin; same source, build and variable as gpu-kubelet-plugin). Its chart's
+#             CRDs are kept beside the binary (<out>/crds): it serves only once the API server serves ComputeDomains.
 #
 # usage: peers/build-source.sh NAME...   Prints "NAME BINARY" per peer on stdout. With no source for NAME it prints
 # "NAME -" and says why on stderr (exit 0): the tests then skip saying so, and fail under CI=true.
@@ -14,13 +17,13 @@
 
 PEERS_CACHE="$CACHE_ROOT/peers"
 SHARED_SOURCES="$(cd "$REPO_ROOT/.." && pwd)/shared/peer-sources"
-KNOWN="sriovdp gpu-kubelet-plugin"
+KNOWN="sriovdp gpu-kubelet-plugin compute-domain-kubelet-plugin"
 mkdir -p "$PEERS_CACHE"
 
 peer_source() {  # peer_source NAME: its source (file or directory), or nothing
   case $1 in
     sriovdp) echo "${DEVPLUG_SRIOV_SOURCE:-$SHARED_SOURCES/sriov-network-device-plugin-v3.11.0.tar.xz}" ;;
-    gpu-kubelet-plugin) echo "${DEVPLUG_NVIDIA_DRA_SOURCE:-$SHARED_SOURCES/dra-driver-nvidia-gpu-v0.4.0.tar.xz}" ;;
+    gpu-kubelet-plugin | compute-domain-kubelet-plugin) echo "${DEVPLUG_NVIDIA_DRA_SOURCE:-$SHARED_SOURCES/dra-driver-nvidia-gpu-v0.4.0.tar.xz}" ;;
     *) die "unknown source-built peer '$1' (known: $KNOWN)" ;;
   esac
 }
@@ -28,7 +31,7 @@ peer_source() {  # peer_source NAME: its source (file or directory), or nothing
 peer_package() {  # peer_package NAME: the Go package to build in the source tree
   case $1 in
     sriovdp) echo ./cmd/sriovdp ;;
-    gpu-kubelet-plugin) echo ./cmd/gpu-kubelet-plugin ;;
+    gpu-kubelet-plugin | compute-domain-kubelet-plugin) echo "./cmd/$1" ;;
   esac
 }
 
@@ -36,14 +39,20 @@ peer_env() {  # peer_env NAME: how its build is configured (a vendored tree buil
   case $1 in
     sriovdp) echo "GOFLAGS=-mod=mod CGO_ENABLED=0" ;;
     # go-nvml's cgo stubs leave NVML's symbols to the library loaded at run time
-    gpu-kubelet-plugin) echo "GOFLAGS=-mod=vendor CGO_ENABLED=1 CGO_LDFLAGS_ALLOW=-Wl,--unresolved-symbols=ignore-in-object-files" ;;
+    gpu-kubelet-plugin | compute-domain-kubelet-plugin) echo "GOFLAGS=-mod=vendor CGO_ENABLED=1 CGO_LDFLAGS_ALLOW=-Wl,--unresolved-symbols=ignore-in-object-files" ;;
+  esac
+}
+
+peer_keep() {  # peer_keep NAME: directories of the source tree kept in the cache beside bin/ (what running it needs)
+  case $1 in
+    compute-domain-kubelet-plugin) echo deployments/helm/dra-driver-nvidia-gpu/crds ;;
   esac
 }
 
 source_variable() {  # source_variable NAME: the environment variable that points at its source
   case $1 in
     sriovdp) echo DEVPLUG_SRIOV_SOURCE ;;
-    gpu-kubelet-plugin) echo DEVPLUG_NVIDIA_DRA_SOURCE ;;
+    gpu-kubelet-plugin | compute-domain-kubelet-plugin) echo DEVPLUG_NVIDIA_DRA_SOURCE ;;
   esac
 }
 
@@ -88,6 +97,9 @@ build_peer() {
     mkdir -p "$out/bin"
     tree=$(unpack "$src" "$out/work")
     step "build $name from $src" bash -c "cd '$tree' && env $(peer_env "$name") '$GO' build -trimpath -ldflags '-s -w' -o '$out/bin/$name' $(peer_package "$name")"
+    for keep in $(peer_keep "$name"); do
+      cp -r "$tree/$keep" "$out/" || die "$name: no $keep in $src"
+    done
     rm -rf "$out/work"
     [ -x "$out/bin/$name" ] || die "$name: the build left no $out/bin/$name"
     touch "$out/bin/.complete"

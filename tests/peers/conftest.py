@@ -4,7 +4,7 @@
 ``nvidia-device-plugin``, the DRA peers ``dra-example-kubeletplugin`` (v0.2.1),
 ``dra-example-kubeletplugin-patched`` (v0.2.1 + peers/dra-example/recreate-cdi-spec-on-restored-claim.patch,
 kubernetes/kubernetes#141433) and ``dra-example-kubeletplugin-v040`` (v0.4.0 as released), and ``sriovdp`` and
-``gpu-kubelet-plugin`` (NVIDIA's DRA driver) from a source tarball: ``peers/build-source.sh``), building it on first use; the build is the script's, so ``nox -s tests``, CI and a developer running ``peers/build.sh``
+``gpu-kubelet-plugin`` and ``compute-domain-kubelet-plugin`` (NVIDIA's DRA driver) from a source tarball: ``peers/build-source.sh``), building it on first use; the build is the script's, so ``nox -s tests``, CI and a developer running ``peers/build.sh``
 (DRA peers: ``peers/build-dra.sh``) share one cache.
 """
 
@@ -29,6 +29,8 @@ BUILD_SCRIPTS = {
     "sriovdp": BUILD_SCRIPT.with_name("build-source.sh"),
     # NVIDIA's DRA driver, likewise: DEVPLUG_NVIDIA_DRA_SOURCE or ../shared
     "gpu-kubelet-plugin": BUILD_SCRIPT.with_name("build-source.sh"),
+    # its ComputeDomain kubelet plugin (same source), the chart's CRDs kept beside it: <binary>/../../crds
+    "compute-domain-kubelet-plugin": BUILD_SCRIPT.with_name("build-source.sh"),
 }  # fmt: skip
 #: A cold build downloads k8s.io/kubernetes' dependencies and compiles them: minutes on 2 cores.
 BUILD_TIMEOUT_S = 1800.0
