@@ -5,17 +5,19 @@ message (e.g. :class:`ObjectNotFoundError` for "not found").
 The modules that raise them re-export them where they lived before (``backends.base``, ``waiting``,
 ``faults``, ``handles``, ``evidence``, ``nvml``), so existing imports keep working. Errors internal to the
 embedded kubelet (``sim.errors``) and the checkpoint codec derive from :class:`DevplugError` too.
+
+:class:`Evidence`, what a :class:`DevplugAssertionError` carries, lives here too (``evidence`` re-exports it): the
+evidence module reads the cluster through ``backends``, which raise these errors, so it cannot be imported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from .evidence import Evidence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 __all__ = [
+    "Evidence",
     "DevplugError",
     "DevplugAssertionError",
     "BackendError",
@@ -33,6 +35,14 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One report section: ``title`` (prefixed ``devplug:`` in the report) and its text."""
+
+    title: str
+    text: str
 
 
 class DevplugError(Exception):

@@ -12,24 +12,15 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime
 
 from .backends.base import Backend, parse_checkpoint
-from .errors import DevplugAssertionError
+from .errors import DevplugAssertionError, Evidence
 
 __all__ = ["Evidence", "DevplugAssertionError", "collect_evidence", "tail", "set_test_window", "current_test_lines"]
 
 #: Lines of a log kept in a report section: enough to see the story, short enough to read.
 LOG_TAIL_LINES = 80
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One report section: ``title`` (prefixed ``devplug:`` in the report) and its text."""
-
-    title: str
-    text: str
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -10,8 +10,6 @@ document read from and written to the node. Nothing here exposes a sim object.
 from __future__ import annotations
 
 import os
-import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -27,7 +25,9 @@ from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpo
 from ..kubeletmodel.releases import KubeVersion
 from ..kubeletmodel.runoptions import applied_view
 from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
+from .dra import DRABackend
 from .mockstate import DEFAULT_GPU_MODEL
+from .placeholders import fill_placeholders
 
 __all__ = [
     "Backend",
@@ -73,21 +73,6 @@ DEFAULT_GRACE_PERIOD = 300.0
 DEFAULT_IMAGE = "busybox:1.36"
 
 JSONDict = dict[str, Any]
-
-
-def fill_placeholders(
-    argv: Sequence[str], env: Mapping[str, str], values: Mapping[str, str]
-) -> tuple[list[str], dict[str, str]]:
-    """``argv`` and ``env``'s values with each ``{name}`` of ``values`` (and ``{python}``: this interpreter) put in, in
-    one pass: a value is never filled again, other braces stay as written. What :meth:`PluginSpec.command` and
-    ``DriverSpec.command`` share."""
-    values = {"python": sys.executable, **values}
-    pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")\}")
-
-    def fill(text: str) -> str:
-        return pattern.sub(lambda m: values[m.group(1)], text)
-
-    return [fill(a) for a in argv], {k: fill(v) for k, v in env.items()}
 
 
 #: Taints the node lifecycle controller puts on a node whose kubelet is not ready (``node.kubernetes.io/not-ready``,
@@ -263,6 +248,11 @@ class Backend(Protocol):
     options: BackendOptions
     #: Namespace of the test pods (sim: ``"default"``; kind and cluster make one of their own for the session).
     pod_namespace: str
+
+    @property
+    def dra(self) -> DRABackend | None:
+        """The DRA side (drivers, the kubelet's view of them); ``None`` where the backend has none (not started, or
+        sim without the real control plane). Read-only, so a backend may type it as its own implementation."""
 
     # -- cluster lifecycle -------------------------------------------------------------------------
     def start(self) -> None:

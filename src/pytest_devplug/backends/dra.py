@@ -16,8 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import UnsupportedOperationError
 from ..kuberest import KubeRest
-from .base import fill_placeholders
 from .mockstate import DEFAULT_GPU_MODEL
+from .placeholders import fill_placeholders
 
 __all__ = [
     "DEFAULT_DRIVER_NAME",
@@ -25,6 +25,7 @@ __all__ = [
     "DRABackend",
     "DRACallRecord",
     "DriverSpec",
+    "HasDRA",
     "RegistrationRecord",
     "dra_of",
 ]
@@ -198,19 +199,27 @@ class DRABackend(Protocol):
     def write_driver_mock_state(self, node: str, state: dict[str, Any]) -> None: ...
 
 
-def dra_of(backend: Any) -> DRABackend:
+class HasDRA(Protocol):
+    """What :func:`dra_of` reads of a backend (every :class:`~.base.Backend` has it; ``base`` imports this module,
+    so the whole protocol cannot be named here)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dra(self) -> DRABackend | None: ...
+
+
+def dra_of(backend: HasDRA) -> DRABackend:
     """The backend's DRA side, or ``UnsupportedOperationError`` saying why there is none."""
-    dra = getattr(backend, "dra", None)
+    dra = backend.dra
     if dra is None:
-        name = getattr(backend, "name", "?")
         why = (
             "a DRA driver reads its claims from the API server and publishes ResourceSlices through it, which the "
             "embedded control plane does not serve: run with --devplug-control-plane real (devplug conformance --dra does)"
-            if name == "sim"
-            else f"the {name} backend has no DRA side (not started, or not a backend with one: sim with the real control "
-            "plane, kind, cluster)"
+            if backend.name == "sim"
+            else f"the {backend.name} backend has no DRA side (not started, or not a backend with one: sim with the real "
+            "control plane, kind, cluster)"
         )
         raise UnsupportedOperationError(why)
-    if not isinstance(dra, DRABackend):
-        raise TypeError(f"{backend!r}.dra is not a DRABackend")
     return dra

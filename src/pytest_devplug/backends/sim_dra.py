@@ -15,7 +15,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -35,21 +35,39 @@ from ..sim.pluginwatcher import DRA_PLUGIN_TYPE
 from ..sim.dra.incluster import SERVICE_ACCOUNT_DIR, DriverCredentials, driver_credentials
 from ..waiting import wait_for
 from . import mockstate
-from .base import BackendError, BackendUnavailableError, PluginSpec, UnsupportedOperationError
+from .base import BackendError, BackendOptions, BackendUnavailableError, PluginSpec, UnsupportedOperationError
 from .dra import DRACallRecord, DriverSpec, RegistrationRecord
+from .mocknvml import mock_nvml_env
 
 if TYPE_CHECKING:
+    from ..controlplane import ControlPlane
     from ..sim.apicluster import ApiCluster
+    from ..sim.clusterapi import ClusterApi
     from ..sim.daemon import PluginDaemon
-    from .sim import SimBackend
+    from ..sim.kubelet import SimNode
+
+__all__ = ["SimDRA", "SimDRAHost"]
 
 
-def _mock_nvml_env(mock_path: Path) -> dict[str, str]:
-    from .sim import _mock_nvml_env as env
+class SimDRAHost(Protocol):
+    """What :class:`SimDRA` needs of its :class:`~pytest_devplug.backends.sim.SimBackend`, and no more: as the
+    kubelet's DRA manager is handed narrow functions (``getNode``, ``activePods``), not the kubelet."""
 
-    return env(mock_path)
+    @property
+    def options(self) -> BackendOptions: ...
 
-__all__ = ["SimDRA"]
+    @property
+    def control_plane(self) -> ControlPlane | None:
+        """The real control plane (its server and CA go into the drivers' credentials)."""
+
+    @property
+    def cluster(self) -> ClusterApi | None: ...
+
+    def sim_node(self, name: str) -> SimNode:
+        """The node's embedded kubelet; ``ObjectNotFoundError`` when there is none."""
+
+    def node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
+        """The node's device nodes and files, bound into a process started there as they are for a plugin."""
 
 
 @dataclass
@@ -62,7 +80,7 @@ class _Driver:
 class SimDRA:
     """Drivers on the nodes of one :class:`~pytest_devplug.backends.sim.SimBackend` with a real control plane."""
 
-    def __init__(self, backend: SimBackend, client: Any) -> None:
+    def __init__(self, backend: SimDRAHost, client: Any) -> None:
         self._backend = backend
         self.rest = KubeRest(client, max(backend.options.timeout, 10.0))
         self._drivers: dict[str, _Driver] = {}
@@ -74,7 +92,7 @@ class SimDRA:
             self.remove_driver(node)
 
     def _kubelet(self, node: str) -> Any:
-        n = self._backend._node(node)
+        n = self._backend.sim_node(node)
         if n.dra is None:
             raise BackendUnavailableError(f"node {node} has no DRA side (its kubelet has no API server to read claims from)")
         return n
@@ -119,11 +137,11 @@ class SimDRA:
         )  # fmt: skip
         env = {"NODE_NAME": node, **creds.env, **own_env}
         if mock_path is not None:
-            env = {**_mock_nvml_env(mock_path), **env}
+            env = {**mock_nvml_env(mock_path), **env}
         standard = spec.uses_standard_paths()
         binds = [(creds.directory, SERVICE_ACCOUNT_DIR)] if standard else []
         # the mock GPU node's files, as for a device plugin on the mock NVML
-        binds += self._backend._node_files(node, PluginSpec(mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes, mig=spec.mig,
+        binds += self._backend.node_files(node, PluginSpec(mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes, mig=spec.mig,
                                                             gpu_model=spec.gpu_model))  # fmt: skip
         self._serial += 1
         proc = n.start_plugin(argv, name=f"dra-driver-{self._serial}", env=env,
@@ -288,7 +306,9 @@ class SimDRA:
     def _api_cluster(self) -> ApiCluster:
         from ..sim.apicluster import ApiCluster  # the kubernetes client: only with the real control plane
 
-        cluster = self._backend._c()
+        cluster = self._backend.cluster
+        if cluster is None:
+            raise BackendError("sim backend not started")
         if not isinstance(cluster, ApiCluster):
             raise UnsupportedOperationError("DRA timings need the real control plane (--devplug-control-plane real)")
         return cluster

@@ -50,6 +50,7 @@ from ..base import (
 from . import gpunode
 from .api import KubeApi
 from .daemonsets import PinnedDaemonSets, container_statuses, exit_reason, pods_running, restarts
+from .dra import DRA_CHECKPOINT_PATH, KubeDRA
 from .manifests import GPU_LABEL, MOCK_DIR, mock_library_file, own_daemonset, render_daemonsets
 from .node import MOCK_STATE_PATH, NodeOps, NodeTransport
 from .ownership import MANAGED_BY, Owner, SignalGuard, delete_namespace, sweep_orphans
@@ -148,7 +149,7 @@ class KubeBackend:
         self._kubelet_down: set[str] = set()  # nodes whose kubelet stop_kubelet stopped
         self._gpu_node_files: dict[str, list[str]] = {}  # node -> what we made of a mock GPU node there (removed at the end)
         self._signals = SignalGuard()
-        self._dra: Any = None
+        self._dra: KubeDRA | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -174,7 +175,7 @@ class KubeBackend:
         except BackendError as exc:
             raise BackendUnavailableError(f"{self.name} backend: {exc}") from None
         # Pods are refused until the namespace's default ServiceAccount exists.
-        self._wait(
+        self.wait_until(
             lambda: self.api.service_account_exists("default", self.namespace), bool,
             f"ServiceAccount default in namespace {self.namespace}", timeout=max(self.options.timeout, _CLUSTER_PACE_S),
         )  # fmt: skip
@@ -235,11 +236,9 @@ class KubeBackend:
         return errors
 
     @property
-    def dra(self) -> Any:
+    def dra(self) -> KubeDRA | None:
         """The DRA side (:class:`~.dra.KubeDRA`), made at first use; ``None`` before the backend started."""
         if self._dra is None and self._api is not None and self._nodeops is not None:
-            from .dra import KubeDRA
-
             self._dra = KubeDRA(self)
         return self._dra
 
@@ -255,7 +254,7 @@ class KubeBackend:
             raise BackendError(f"{self.name} backend not started")
         return self._nodeops
 
-    def _wait(self, probe: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float | None = None) -> T:
+    def wait_until(self, probe: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float | None = None) -> T:
         """:func:`wait_for` with the backend's timeout; API and node errors count as "not yet"."""
         try:
             return wait_for(
@@ -341,9 +340,11 @@ class KubeBackend:
             if node not in self._policy_saved:
                 self._policy_saved[node] = self.nodeops.kubelet_config(node)
             config["topologyManagerPolicy"] = spec.topology_policy
-            self._reconfigure_kubelet(node, yaml.safe_dump(config))
+            self.reconfigure_kubelet(node, yaml.safe_dump(config))
 
-    def _reconfigure_kubelet(self, node: str, text: str) -> None:
+    def reconfigure_kubelet(self, node: str, text: str) -> None:
+        """Give the node's kubelet config ``text`` and restart it; returns once its pods and the plugin's resource
+        are back."""
         before = self._status_heartbeat(node)
         running = self._running_pods(node)
         self.nodeops.set_kubelet_config(node, text)
@@ -352,7 +353,7 @@ class KubeBackend:
         dep = self._plugins.get(node)
         if dep is not None and self.plugin_running(node):
             res = dep.spec.resource_name
-            self._wait(
+            self.wait_until(
                 lambda: (self.get_node(node)["status"].get("allocatable") or {}).get(res),
                 lambda a: a not in (None, "0"),
                 f"{res} registered again on {node} after reconfiguring its kubelet",
@@ -374,7 +375,7 @@ class KubeBackend:
         """Wait until the new kubelet serves and has posted a fresh node status (so reads are not stale)."""
         limit = max(self.options.timeout, _CLUSTER_PACE_S)
         self.nodeops.wait_kubelet_serving(node, limit)
-        self._wait(
+        self.wait_until(
             lambda: self._status_heartbeat(node),
             lambda hb: hb != heartbeat_before,
             f"a node status from the restarted kubelet on {node}",
@@ -413,7 +414,7 @@ class KubeBackend:
         restart returns only after its sources are ready, so it has no such window. A pod deleted meanwhile (another
         run's, on a shared cluster) is not waited for.
         """
-        self._wait(
+        self.wait_until(
             lambda: (running & self._running_pods(node)) - {(p.namespace, p.name) for p in self.pod_resources(node)},
             lambda missing: not missing,
             f"pod-resources on {node} listing the pods that ran before the kubelet restart",
@@ -527,7 +528,7 @@ class KubeBackend:
             ds = self.api.get_daemonset(adopted[1], adopted[0])
             if ds is None:
                 raise BackendUnavailableError(f"--devplug-plugin-daemonset {adopted[0]}/{adopted[1]}: no such DaemonSet")
-            self._plugins[node] = _Deployed(spec, self._pinned(node, [ds]), "(adopted)")
+            self._plugins[node] = _Deployed(spec, self.pinned_daemonsets(node, [ds]), "(adopted)")
             return
         assert image is not None
         labels = {MANAGED_BY[0]: MANAGED_BY[1]}
@@ -535,7 +536,7 @@ class KubeBackend:
             own_daemonset(ds, self.namespace, node, labels, tolerations=node_tolerations(self.get_node(node)))
             for ds in render_daemonsets(spec, image)
         ]
-        workload = self._pinned(node, daemonsets)
+        workload = self.pinned_daemonsets(node, daemonsets)
         workload.apply()
         self._plugins[node] = _Deployed(spec, workload, image)
 
@@ -555,9 +556,11 @@ class KubeBackend:
             made = self.nodeops.exec(node, gpunode.make_script((int(g["minor"]) for g in state["gpus"]), library[0]))
             self._gpu_node_files[node] = made.split()
 
-    def _pinned(self, node: str, daemonsets: list[JSONDict]) -> PinnedDaemonSets:
+    def pinned_daemonsets(self, node: str, daemonsets: list[JSONDict]) -> PinnedDaemonSets:
+        """``daemonsets`` (not applied yet) as a workload pinned to ``node``, its waits on the cluster's pace."""
+
         def wait_gone(probe: Callable[[], list[JSONDict]], what: str) -> None:
-            self._wait(probe, lambda pods: not pods, what, timeout=max(self.options.timeout, _CLUSTER_PACE_S))
+            self.wait_until(probe, lambda pods: not pods, what, timeout=max(self.options.timeout, _CLUSTER_PACE_S))
 
         return PinnedDaemonSets(self.api, node, daemonsets, wait_gone)
 
@@ -577,7 +580,7 @@ class KubeBackend:
         counts, a scheduler binds to them and admission fails (``no healthy devices``) before the new
         plugin registers. The sim updates at once, so it needs no such wait.
         """
-        self._wait(
+        self.wait_until(
             lambda: (self.get_node(node).get("status", {}).get("allocatable") or {}).get(resource),
             lambda a: a in (None, "0"),
             f"{resource} allocatable 0 on {node} after its plugin stopped (the kubelet posts status every 10 s)",
@@ -590,7 +593,7 @@ class KubeBackend:
             return
         dep.refs -= 1
         if node in self._policy_saved:
-            self._reconfigure_kubelet(node, self._policy_saved.pop(node))
+            self.reconfigure_kubelet(node, self._policy_saved.pop(node))
         if dep.refs > 0:
             return
         if self._adopted() is not None:  # not ours: left running
@@ -692,7 +695,9 @@ class KubeBackend:
                 return True
             return False
 
-        self._wait(gone, bool, f"pod {namespace}/{name} deleted", timeout=max(self.options.timeout, _CLUSTER_PACE_S))
+        self.wait_until(
+            gone, bool, f"pod {namespace}/{name} deleted", timeout=max(self.options.timeout, _CLUSTER_PACE_S)
+        )
 
     def list_pods(self, namespace: str | None = None) -> list[JSONDict]:
         return self.api.list_pods(namespace)
@@ -722,7 +727,6 @@ class KubeBackend:
         the scheduler's claim for its DRA-backed extended resources where the node's release has DRAExtendedResource)."""
         from ...sim.dra import checkpoint as dra_cp
         from ...sim.dra.manager import DRAPrepareError, container_cdi_devices
-        from .dra import DRA_CHECKPOINT_PATH
 
         raw = self.nodeops.read_file(node, DRA_CHECKPOINT_PATH)
         states = {(e.namespace, e.claim_name): e for e in (dra_cp.decode(raw).entries or [])} if raw else {}

@@ -22,7 +22,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import yaml
 
@@ -34,18 +35,25 @@ from ...api.pluginregistration import v1_pb2 as rpb
 from ...kuberest import KubeRest, RestError
 from ...sim import cdi
 from .. import mockstate
-from ..base import BackendError, BackendUnavailableError, PluginSpec, UnsupportedOperationError, node_tolerations
+from ..base import (
+    BackendError,
+    BackendOptions,
+    BackendUnavailableError,
+    PluginSpec,
+    UnsupportedOperationError,
+    node_tolerations,
+)
 from ..dra import DRACallRecord, DriverSpec, RegistrationRecord
 from .daemonsets import PinnedDaemonSets, container_statuses, exit_reason, pods_running, restarts
 from .dralog import VMODULE, KubeletDRAState, read_into, read_script
+from .api import KubeApi
 from .dramanifests import COLLECTIONS, DRA_MOCK_STATE_PATH, render_driver
-from .node import NodeGrpcError
+from .node import NodeGrpcError, NodeOps
 from .ownership import MANAGED_BY
 
-if TYPE_CHECKING:
-    from .backend import KubeBackend
+__all__ = ["DRA_CHECKPOINT_PATH", "KUBELET_DRA_TIMINGS", "DriverImages", "KubeDRA", "KubeDRAHost", "go_duration_s"]
 
-__all__ = ["DRA_CHECKPOINT_PATH", "KUBELET_DRA_TIMINGS", "KubeDRA", "go_duration_s"]
+T = TypeVar("T")
 
 #: The kubelet's DRA checkpoint (``<root dir>/dra_manager_state``).
 DRA_CHECKPOINT_PATH = "/var/lib/kubelet/dra_manager_state"
@@ -101,10 +109,59 @@ class _Journal:
         self.cursor = cursor
 
 
+class DriverImages(Protocol):
+    """What :class:`KubeDRA` asks of the cluster provider: the driver's image and how its pods reach the API."""
+
+    @property
+    def routes_services(self) -> bool: ...
+
+    def plugin_image(self, spec: PluginSpec, node: str) -> str: ...
+
+
+class KubeDRAHost(Protocol):
+    """What :class:`KubeDRA` needs of its :class:`~.backend.KubeBackend`, and no more: as the kubelet's DRA manager
+    is handed narrow functions (``kubeClient``, ``getNode``, ``activePods``), not the kubelet."""
+
+    @property
+    def options(self) -> BackendOptions: ...
+
+    @property
+    def provider(self) -> DriverImages: ...
+
+    @property
+    def namespace(self) -> str:
+        """The run's namespace: the driver's DaemonSet and RBAC go there."""
+
+    @property
+    def pod_namespace(self) -> str: ...
+
+    @property
+    def api(self) -> KubeApi: ...
+
+    @property
+    def nodeops(self) -> NodeOps: ...
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+
+    def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[dict[str, Any]]: ...
+
+    def note_node_image(self, image: str | None) -> None: ...
+
+    def prepare_mock_node(self, node: str, state: dict[str, Any], state_path: str) -> None: ...
+
+    def pinned_daemonsets(self, node: str, daemonsets: list[dict[str, Any]]) -> PinnedDaemonSets: ...
+
+    def reconfigure_kubelet(self, node: str, text: str) -> None: ...
+
+    def wait_until(
+        self, probe: Callable[[], T], ok: Callable[[T], bool], what: str, timeout: float | None = None
+    ) -> T: ...
+
+
 class KubeDRA:
     """DRA drivers on the nodes of one started :class:`~.backend.KubeBackend`."""
 
-    def __init__(self, backend: KubeBackend) -> None:
+    def __init__(self, backend: KubeDRAHost) -> None:
         self._b = backend
         self.rest = KubeRest(backend.api.client, max(backend.options.timeout, 10.0))
         self._drivers: dict[str, _Driver] = {}
@@ -125,7 +182,7 @@ class KubeDRA:
                 errors.append(f"removing the DRA driver on {node}: {exc}")
         for node, text in sorted(self._config_saved.items()):
             try:
-                self._b._reconfigure_kubelet(node, text)
+                self._b.reconfigure_kubelet(node, text)
                 del self._config_saved[node]
             except BackendError as exc:
                 errors.append(f"restoring the kubelet config of {node}: {exc}")
@@ -184,7 +241,7 @@ class KubeDRA:
             api_endpoint=self._api_endpoint(), tolerations=node_tolerations(self._b.get_node(node)),
         )  # fmt: skip
         self._create_rbac(objects.rbac)
-        workload = self._b._pinned(node, objects.daemonsets)
+        workload = self._b.pinned_daemonsets(node, objects.daemonsets)
         workload.apply()
         self._drivers[node] = _Driver(spec, workload)
 
@@ -200,7 +257,7 @@ class KubeDRA:
         d.workload.wait_no_pods(f"DRA driver pods on {node} gone after deleting the DaemonSet")
 
     def _wait_gone(self, node: str, driver: str) -> None:
-        self._b._wait(lambda: self.driver_usable(node, driver), lambda usable: not usable,
+        self._b.wait_until(lambda: self.driver_usable(node, driver), lambda usable: not usable,
                       f"the kubelet on {node} seeing DRA driver {driver} go (its journal: connection or registration ended)")  # fmt: skip
 
     def stop_driver(self, node: str) -> None:
@@ -269,7 +326,7 @@ class KubeDRA:
             have[pattern] = max(have.get(pattern, 0), level)
         logging["vmodule"] = [{"filePattern": f, "verbosity": v} for f, v in have.items()]
         config["logging"] = logging
-        self._b._reconfigure_kubelet(node, yaml.safe_dump(config))
+        self._b.reconfigure_kubelet(node, yaml.safe_dump(config))
         self._config_saved[node] = text
 
     def _journal(self, node: str) -> _Journal:
