@@ -11,6 +11,7 @@ import pytest
 
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml.probe import Nvml, NvmlError
+from pytest_devplug.sim.gpunode import gpu_pci_functions
 
 from .nvml_helpers import StateFile
 from .test_mig import GiProfileInfo, mig_devices
@@ -65,6 +66,10 @@ def test_a_model_answers_as_that_gpu(model: str, mock_lib_path: object, state: S
         pci = PciInfo()
         nvml.call("nvmlDeviceGetPciInfo_v3", gpu, ctypes.byref(pci))
         assert pci.pci_device_id == pci_id
+        # the mock GPU node shows the same PCI function in sysfs, where NVIDIA's plugins look it up by the bus ID
+        sysfs = gpu_pci_functions(doc["gpus"])[1]
+        bus_id = pci.bus_id.decode().lower().removeprefix("0000")
+        assert (sysfs.address, int(sysfs.device, 16)) == (bus_id, pci_id >> 16)
         got_arch, major, minor = ctypes.c_uint(), ctypes.c_int(), ctypes.c_int()
         nvml.call("nvmlDeviceGetArchitecture", gpu, ctypes.byref(got_arch))
         nvml.call("nvmlDeviceGetCudaComputeCapability", gpu, ctypes.byref(major), ctypes.byref(minor))

@@ -143,20 +143,97 @@ def test_static_mig(devplug_driver, devplug_claims):
 """
 
 
+def _run_own_check(binary: Path, tmp_path: Path, name: str, source: str, options: list[str], env: dict[str, str]) -> None:
+    """Run the check ``name`` (pytest source ``source``) against the driver as the chart starts it with ``env``."""
+    __tracebackhide__ = True
+    (tmp_path / f"{name}.py").write_text(source)
+    junit = tmp_path / "junit.xml"
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}", f"{name}.py",
+            "--devplug-control-plane", "real", "--devplug-mock", *options, "--devplug-driver-cmd", f"{binary} -v 4",
+            "--devplug-driver-name", DRIVER, "--devplug-driver-env", _env({**CHART_ENV, **SIM_VALUES, **env})]  # fmt: skip
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
+    result = parse_junit(junit) if junit.exists() else None
+    assert result is not None and result.passed == [name], (done.stdout + done.stderr)[-6000:]
+
+
 def test_static_mig_devices_published_and_prepared(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """Every mock GPU MIG-enabled (``--devplug-mig 1g.5gb,2g.10gb``): the driver publishes each MIG device (type
     ``mig``, its MIG UUID and profile) and no full GPU, and a claim's MIG device reaches the container with its GPU's
     device node and the ``nvidia-caps`` nodes of its GPU and compute instance (the minors ``mig-minors`` and the
     capability files under ``/proc/driver/nvidia/capabilities`` give)."""
-    binary = peer_binary("gpu-kubelet-plugin")
-    (tmp_path / "test_mig.py").write_text(STATIC_MIG_CHECK.format(mig=STATIC_MIG))
-    junit = tmp_path / "junit.xml"
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}", "test_mig.py",
-            "--devplug-control-plane", "real", "--devplug-mock", "--devplug-mig", ",".join(STATIC_MIG),
-            "--devplug-driver-cmd", f"{binary} -v 4", "--devplug-driver-name", DRIVER, "--devplug-driver-env", _env({**CHART_ENV, **SIM_VALUES})]  # fmt: skip
-    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
-    result = parse_junit(junit) if junit.exists() else None
-    assert result is not None and result.passed == ["test_static_mig"], (done.stdout + done.stderr)[-6000:]
+    _run_own_check(peer_binary("gpu-kubelet-plugin"), tmp_path, "test_static_mig", STATIC_MIG_CHECK.format(mig=STATIC_MIG),
+                   ["--devplug-mig", ",".join(STATIC_MIG)], {})  # fmt: skip
+
+
+#: Time-slicing through a claim's opaque ``GpuConfig`` (chart value ``featureGates.TimeSlicingSettings: true``): the
+#: driver runs its driver root's ``nvidia-smi compute-policy --set-timeslice``, which on the mock GPU node sets the GPU's
+#: ``timeslice`` in the mock state (:mod:`pytest_devplug.nvml.smi`).
+TIME_SLICING_CHECK = """
+from pytest_devplug.dra.assertions import assert_claim_prepared
+from pytest_devplug.dra.conformance._support import waited
+from pytest_devplug.nvml.smi import COMPUTE_MODE_FIELD, TIMESLICE_FIELD
+
+CONFIG = {{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+           "sharing": {{"strategy": "TimeSlicing", "timeSlicingConfig": {{"interval": "{interval}"}}}}}}
+
+
+def test_time_slicing(devplug_driver, devplug_claims):
+    def timeslices():
+        state = devplug_driver.dra.read_driver_mock_state(devplug_driver.node.name)
+        return {{g["uuid"]: g.get(TIMESLICE_FIELD) for g in state["gpus"]}}
+
+    def compute_mode(uuid):
+        state = devplug_driver.dra.read_driver_mock_state(devplug_driver.node.name)
+        return next(g.get(COMPUTE_MODE_FIELD) for g in state["gpus"] if g["uuid"] == uuid)
+
+    attrs = {{d: {{k: next(iter(v.values())) for k, v in (s.device(d).get("attributes") or {{}}).items()}}
+             for s in devplug_driver.slices() for d in s.devices}}
+    before = timeslices()
+    claim = devplug_claims.claim(config=CONFIG)
+    pod = devplug_claims.pod([claim], wait=True)
+    assert_claim_prepared(pod, devplug_driver)
+    (allocated,) = claim.allocated
+    gpu = attrs[allocated.device]["uuid"]
+    after = timeslices()
+    assert after[gpu] == {value}, f"GPU {{gpu}} of the claim has time-slice {{after[gpu]}}, not {value} ({interval})"
+    assert compute_mode(gpu) == "DEFAULT", f"time-slicing needs compute mode DEFAULT; GPU {{gpu}} has {{compute_mode(gpu)}}"
+    assert {{u: t for u, t in after.items() if u != gpu}} == {{u: t for u, t in before.items() if u != gpu}}, (
+        f"time-slices of GPUs outside the claim changed: {{before}} -> {{after}}")
+    pod.delete_and_wait_gone()
+    waited(timeslices, lambda t: t[gpu] == 0, f"GPU {{gpu}} back to the default time-slice (0) after unprepare",
+           driver=devplug_driver)
+"""
+
+
+def test_time_slicing_through_gpu_config(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """A claim whose ``GpuConfig`` asks for time-slicing with the ``Long`` interval: its GPU gets time-slice 3 while the
+    claim is prepared and the default (0) again after unprepare; no other GPU's setting changes."""
+    _run_own_check(peer_binary("gpu-kubelet-plugin"), tmp_path, "test_time_slicing",
+                   TIME_SLICING_CHECK.format(interval="Long", value=3), [],
+                   {"FEATURE_GATES": "NVMLDeviceHealthCheck=true,TimeSlicingSettings=true"})  # fmt: skip
+
+
+#: What NVIDIA's DRA driver publishes of a GPU's PCI function (``resource.kubernetes.io/pciBusID`` from NVML,
+#: ``resource.kubernetes.io/pcieRoot`` from the target of the link ``/sys/bus/pci/devices/<bus ID>``, or nothing when
+#: the link is missing) must be the mock GPU node's: every GPU at its bus ID under the mock's PCIe root, never a host
+#: device's.
+PCIE_ROOT_CHECK = """
+from pytest_devplug.sim.gpunode import gpu_pci_address
+
+
+def test_pcie_root(devplug_driver):
+    state = devplug_driver.dra.read_driver_mock_state(devplug_driver.node.name)
+    want = {g["uuid"]: (gpu_pci_address(g["minor"]), "pci" + gpu_pci_address(g["minor"])[:7]) for g in state["gpus"]}
+    attrs = [{k: next(iter(v.values())) for k, v in (s.device(d).get("attributes") or {}).items()}
+             for s in devplug_driver.slices() for d in s.devices]
+    got = {a.get("uuid"): (a.get("resource.kubernetes.io/pciBusID"), a.get("resource.kubernetes.io/pcieRoot")) for a in attrs}
+    assert got == want, f"(pciBusID, pcieRoot) published per GPU: {got}; the mock GPU node's: {want}"
+"""
+
+
+def test_gpus_published_with_the_mock_nodes_pcie_root(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """Each GPU's ``pciBusID`` and ``pcieRoot`` attributes are its mock PCI function's, as the node's sysfs shows it."""
+    _run_own_check(peer_binary("gpu-kubelet-plugin"), tmp_path, "test_pcie_root", PCIE_ROOT_CHECK, [], {})
 
 
 TAINT_CHECK = "test_device_health_reported_as_device_taints"

@@ -14,7 +14,9 @@ from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.nvml import MOCK_DRIVER_VERSION
 from pytest_devplug.backends.mockstate import initial_state
-from pytest_devplug.sim.gpunode import DRIVER_ROOT, gpu_device_nodes, mig_cap_device_nodes, mig_minors, node_file_binds
+from pytest_devplug.sim.gpunode import (
+    DRIVER_ROOT, PCI_DEVICES_DIR, gpu_device_nodes, gpu_pci_address, mig_cap_device_nodes, mig_minors, node_file_binds,
+)  # fmt: skip
 from pytest_devplug.waiting import wait_for
 
 MOCK_C = Path(__file__).resolve().parents[2] / "src" / "pytest_devplug" / "nvml" / "mock_nvml.c"
@@ -36,6 +38,27 @@ def test_node_file_binds_layout(tmp_path: Path) -> None:
     assert node_file_binds(tmp_path, nodes, driver_version="1.2.3") == node_file_binds(tmp_path, nodes, driver_version="1.2.3")
     with pytest.raises(ValueError, match="'/etc/passwd': want an absolute path under /dev"):
         node_file_binds(tmp_path, ["/etc/passwd"])
+
+
+def test_node_file_binds_show_the_gpus_pci_functions_as_sysfs_does(tmp_path: Path) -> None:
+    """Each mock GPU's ``/sys/bus/pci/devices/<bus ID>`` is a relative link into ``/sys/devices/pci<domain>:<bus>``, as
+    NVIDIA's DRA driver resolves it to the GPU's PCIe root, with the files its plugins read."""
+    gpus = initial_state(2, 2, model="h100-80gb")["gpus"]
+    binds = {dst: src for src, dst in node_file_binds(tmp_path, gpu_device_nodes([0, 1]), pci_gpus=gpus)}
+    devices, root = binds[PCI_DEVICES_DIR], binds["/sys/devices/pci10de:00"]
+    assert sorted(os.listdir(devices)) == ["10de:00:00.0", "10de:00:01.0"]
+    for minor in (0, 1):
+        address = gpu_pci_address(minor)
+        # the driver's reading: the link's target, relative to /sys/bus/pci/devices, names the root under /sys/devices
+        target = os.path.normpath(os.path.join("bus/pci/devices", os.readlink(devices / address)))
+        assert target == f"devices/pci10de:00/{address}"
+        function = root / address
+        files = {name: (function / name).read_text() for name in ("vendor", "device", "class", "numa_node")}
+        assert files == {"vendor": "0x10de\n", "device": "0x2330\n", "class": "0x030200\n", "numa_node": f"{minor}\n"}
+        assert (function / "driver").resolve() == binds["/sys/bus/pci/drivers/nvidia"].resolve()
+    binds = {dst: src for src, dst in node_file_binds(tmp_path, gpu_device_nodes([0]), pci_gpus=gpus[:1])}
+    assert os.listdir(binds[PCI_DEVICES_DIR]) == ["10de:00:00.0"], "a redeployed node keeps a GPU it no longer has"
+    assert not [dst for _, dst in node_file_binds(tmp_path / "plain", gpu_device_nodes([0])) if dst.startswith("/sys")]
 
 
 @pytest.fixture
@@ -84,3 +107,22 @@ def test_a_mig_node_shows_the_plugin_its_mig_capabilities(backend: SimBackend) -
     # the same minor where NVIDIA's DRA driver reads it, and the major of nvidia-caps (the host's /proc/devices lacks it)
     assert "DeviceFileMinor: 13\n" in log and "511 nvidia-caps\n" in log, log
     assert " nvidia-caps\n" not in Path("/proc/devices").read_text()
+
+
+def test_the_plugin_sees_the_mock_gpus_pci_functions_not_the_hosts(backend: SimBackend) -> None:
+    """In the plugin's namespace ``/sys/bus/pci/devices`` lists the mock GPUs only, each linked under its PCIe root with
+    NVIDIA's IDs and its NUMA node; the host's sysfs gains nothing."""
+    cluster = ClusterHandle(backend, timeout=20.0)
+    node = cluster.ensure_node(NodeSpec("pci-gpu-node", numa_nodes=2))
+    script = ('cd /sys/bus/pci/devices && for d in *; do echo "$d $(readlink "$d") $(cat "$d/vendor" "$d/device" "$d/class" '
+              '"$d/numa_node" | tr "\\n" " ")"; done; echo done; sleep 60')  # fmt: skip
+    spec = PluginSpec(argv=["sh", "-c", script], mock=True, gpus=2, numa_nodes=2, standard_paths=True)
+    plugin = cluster.deploy(node, spec)
+    log = wait_for(plugin.log, lambda t: "\ndone\n" in t, timeout=20.0, what="its listing", give_up=plugin.crashed)
+    listed = log[: log.index("\ndone\n")].splitlines()[-2:]
+    assert listed == [
+        f"10de:00:0{m}.0 ../../../devices/pci10de:00/10de:00:0{m}.0 0x10de 0x20b0 0x030200 {m} " for m in (0, 1)
+    ], log
+    assert log.count("../../../devices/") == 2, f"host PCI devices listed beside the mock GPUs: {log}"
+    assert not os.path.lexists("/sys/devices/pci10de:00")
+    backend.remove_plugin(node.name)

@@ -13,6 +13,7 @@ and ``cat /proc/mounts`` style listing via ``mounts``. Anything else raises
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -25,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ..api.podresources import v1_pb2, v1_pb2_grpc
-from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_env, mock_library
+from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_library
 from ..sim import workdir
-from ..sim.gpunode import gpu_device_nodes, mig_cap_device_nodes, node_file_binds
+from ..sim.gpunode import gpu_device_nodes, gpu_pci_functions, mig_cap_device_nodes, node_file_binds
 from ..sim.pcinode import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, PciNodeError, load_pci_node
 from ..waiting import wait_for
 from . import mockstate
@@ -46,6 +47,9 @@ from .base import (
     PodResourcesPod,
     UnsupportedOperationError,
 )
+from .extras import CLUSTER_MODULES, require_extra
+from .mocknvml import mock_nvml_env
+from .sim_dra import SimDRA
 
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
@@ -59,15 +63,6 @@ __all__ = ["SimBackend", "BASE_DEV_ENTRIES"]
 BASE_DEV_ENTRIES = ("full", "null", "ptmx", "pts", "random", "shm", "tty", "urandom", "zero")
 
 JSONDict = dict[str, Any]
-
-
-def _mock_nvml_env(mock_path: Path) -> dict[str, str]:
-    """The mock libnvidia-ml.so.1 for the plugin's process: its directory first on ``LD_LIBRARY_PATH``
-    and the state file in ``DEVPLUG_NVML_STATE``, so an NVML plugin in any language loads it."""
-    try:
-        return mock_env(str(mock_path))
-    except MockBuildError as exc:
-        raise BackendError(f"cannot give the plugin the mock NVML: {exc}") from None
 
 
 class _Deployed:
@@ -97,7 +92,7 @@ class SimBackend:
         self.kept: str | None = None
         self._plugins: dict[str, _Deployed] = {}
         #: The DRA side (``backends/sim_dra.py``), with the real control plane only: DRA drivers need its API server.
-        self.dra: Any = None
+        self.dra: SimDRA | None = None
         self._device_nodes: dict[str, tuple[str, ...]] = {}  # node -> its declared device nodes (NodeSpec)
         self._pci_nodes: dict[str, PciNode] = {}  # node -> its mock PCI/NIC functions (NodeSpec.pci_node)
         self._serial = 0
@@ -126,9 +121,7 @@ class SimBackend:
 
     def _start_real(self) -> ClusterApi:
         """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
-        from . import CLUSTER_MODULES, _require
-
-        _require("sim backend with --devplug-control-plane real", "cluster", CLUSTER_MODULES)
+        require_extra("sim backend with --devplug-control-plane real", "cluster", CLUSTER_MODULES)
         from ..controlplane import ControlPlane, ControlPlaneError, resolve
         from ..sim.apicluster import ApiCluster
 
@@ -142,8 +135,6 @@ class SimBackend:
         except ControlPlaneError as exc:
             raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
         self._api_client = self.control_plane.client()
-        from .sim_dra import SimDRA
-
         self.dra = SimDRA(self, self._api_client)
         assert self.workdir is not None
         return ApiCluster(
@@ -189,7 +180,7 @@ class SimBackend:
             raise BackendError("sim backend not started")
         return self.cluster
 
-    def _node(self, name: str) -> SimNode:
+    def sim_node(self, name: str) -> SimNode:
         from ..sim.errors import NotFoundError
 
         try:
@@ -217,7 +208,7 @@ class SimBackend:
             raise BackendError(f"a plugin is already deployed on {node}; remove it first")
         if not spec.argv:
             raise BackendError("the sim backend runs the plugin from PluginSpec.argv, which is empty")
-        n = self._node(node)
+        n = self.sim_node(node)
         mock_path: Path | None = None
         assert self.workdir is not None
         if spec.mock:
@@ -230,31 +221,39 @@ class SimBackend:
             name = f"plugin-{self._serial}"
         argv, env = spec.command(plugin_dir=n.plugin_dir, mock_state=mock_path, plugins_registry=n.registry_dir)
         if mock_path is not None:
-            env = {**_mock_nvml_env(mock_path), **env}
+            env = {**mock_nvml_env(mock_path), **env}
         dep = _Deployed(spec, argv, env, mock_path, name)
         self._plugins[node] = dep
-        dep.binds = self._node_files(node, spec)
+        dep.binds = self.node_files(node, spec)
         pci = self._pci_nodes.get(node)
         dep.proc = n.start_plugin(
             argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(), extra_binds=dep.binds,
             netdevs=pci.netdevs if pci is not None and spec.uses_standard_paths() else None,
         )  # fmt: skip
 
-    def _node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
+    def node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
-        device nodes and a stub driver root (``sim/gpunode.py``), for the plugin's private mount namespace."""
+        device nodes, a stub driver root and the GPUs' PCI functions in sysfs (``sim/gpunode.py``), for the plugin's
+        private mount namespace. A node with a PCI node file and mock GPUs has one sysfs tree showing both."""
         nodes = list(self._device_nodes.get(node, ()))
+        gpus = []
+        if spec.mock:
+            gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model)["gpus"]
         pci_binds: list[tuple[Path, str]] = []
         pci = self._pci_nodes.get(node)
         if pci is not None:
-            root = Path(self._node(node).node_dir) / "pci-node"
+            gpu_functions = gpu_pci_functions(gpus)
+            clash = sorted({f.address for f in pci.functions} & {f.address for f in gpu_functions})
+            if clash:
+                raise BackendError(f"node {node}: PCI function(s) {clash} of {pci.source} are the mock GPUs' addresses")
+            pci = dataclasses.replace(pci, functions=pci.functions + tuple(gpu_functions))
+            root = Path(self.sim_node(node).node_dir) / "pci-node"
             sys_dir, ids = pci.write_tree(root)
             # what the plugin reads (sysfs, the PCI IDs) and writes beside its devices (device-info files)
             pci_binds = [(sys_dir, "/sys"), (ids, PCI_IDS_PATH), (root / "devinfo", DEVICE_INFO_DIR)]
             nodes += [d for d in pci.device_nodes() if d not in nodes]
         version, nvml, mig_gpus = None, None, None
         if spec.mock:
-            gpus = mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model)["gpus"]
             minors = [int(g["minor"]) for g in gpus]
             nodes += [d for d in gpu_device_nodes(minors) + mig_cap_device_nodes(gpus) if d not in nodes]
             version = MOCK_DRIVER_VERSION
@@ -267,8 +266,9 @@ class SimBackend:
             return pci_binds
         try:
             return pci_binds + node_file_binds(
-                Path(self._node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, mig_gpus=mig_gpus
-            )
+                Path(self.sim_node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, mig_gpus=mig_gpus,
+                pci_gpus=gpus if pci is None else (),
+            )  # fmt: skip
         except ValueError as exc:
             raise BackendError(f"node {node}: {exc}") from None
 
@@ -320,7 +320,7 @@ class SimBackend:
         before it registered."""
 
         def healthy() -> int:
-            dm = self._node(node).device_manager
+            dm = self.sim_node(node).device_manager
             return 0 if dm is None else sum(1 for h in dm.device_health(res).values() if h == "Healthy")
 
         wait_for(healthy, lambda n: n == 0, timeout=self.options.timeout, what=f"the kubelet on {node} seeing the {res} plugin stop")
@@ -340,7 +340,7 @@ class SimBackend:
         if dep.surge is not None:
             raise BackendError(f"a second instance of the plugin already runs on {node} (retire_plugin first)")
         dep.instances += 1
-        dep.surge = self._node(node).start_plugin(
+        dep.surge = self.sim_node(node).start_plugin(
             dep.argv, name=f"{dep.name}-{dep.instances}", env=dep.env or None,
             standard_paths=dep.spec.uses_standard_paths(), extra_binds=dep.binds,
         )  # fmt: skip
@@ -396,42 +396,42 @@ class SimBackend:
         return list(self._c().list_nodes())
 
     def get_node(self, name: str) -> JSONDict:
-        self._node(name)  # ObjectNotFoundError for an unknown node
+        self.sim_node(name)  # ObjectNotFoundError for an unknown node
         return dict(self._c().get_node(name))
 
     def restart_kubelet(self, node: str) -> None:
-        self._node(node).restart_kubelet()
+        self.sim_node(node).restart_kubelet()
 
     def kubelet_log(self, node: str) -> str:
-        return str(self._node(node).kubelet_log())
+        return str(self.sim_node(node).kubelet_log())
 
     def stop_kubelet(self, node: str) -> None:
-        self._node(node).stop_kubelet()
+        self.sim_node(node).stop_kubelet()
 
     def start_kubelet(self, node: str) -> None:
-        self._node(node).start_kubelet()
+        self.sim_node(node).start_kubelet()
 
     def reboot_node(self, node: str) -> str:
-        self._node(node).reboot()
+        self.sim_node(node).reboot()
         return "rebooted (embedded kubelet): every container, sandbox and plugin process gone, /var/run/cdi emptied, /var/lib/kubelet kept"
 
     def machine_numa_nodes(self, node: str) -> list[int]:
-        return list(range(int(self._node(node).numa_nodes)))
+        return list(range(int(self.sim_node(node).numa_nodes)))
 
     def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
-        dm = self._node(node).device_manager
+        dm = self.sim_node(node).device_manager
         opts = None if dm is None else dm.plugin_options(resource)
         return None if opts is None else bool(opts.pre_start_required)
 
     def read_checkpoint(self, node: str) -> bytes | None:
-        path = Path(self._node(node).checkpoint_path)
+        path = Path(self.sim_node(node).checkpoint_path)
         try:
             return path.read_bytes()
         except FileNotFoundError:
             return None
 
     def _pod_resources_stub(self, node: str) -> tuple[grpc.Channel, Any]:
-        sock = self._node(node).pod_resources_socket
+        sock = self.sim_node(node).pod_resources_socket
         channel = grpc.insecure_channel(f"unix://{sock}")
         return channel, v1_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
 
@@ -499,7 +499,7 @@ class SimBackend:
         from ..sim.errors import SimError
 
         try:
-            rec = self._node(node).container(pod["metadata"]["uid"], container)
+            rec = self.sim_node(node).container(pod["metadata"]["uid"], container)
         except SimError:
             raise BackendError(f"pod {namespace}/{name} has no container {container!r} on {node} (not admitted?)") from None
         return rec.options
@@ -514,7 +514,7 @@ class SimBackend:
         from ..kubeletmodel.runoptions import run_container_options
         from ..sim.cdi import apply_edits
 
-        n = self._node(node)
+        n = self.sim_node(node)
         dm = n.device_manager
         sock = None if dm is None else dm.plugin_socket(resource)
         if sock is None:
