@@ -13,6 +13,7 @@ from pathlib import Path
 from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
 from .kubeletmodel.checkpoint import CheckpointData, CheckpointError, checksum, decode
 from .kubeletmodel.releases import DEFAULT_VERSION, releases
+from .options import add_cli_flags, cli_pytest_args, option
 from .sim.checkpoint import read_bytes
 from .sim.dra import checkpoint as dra_checkpoint
 
@@ -74,36 +75,6 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
 
 # -- conformance (plugin layer) ------------------------------------------------------------------
 
-#: ``devplug conformance`` flag -> the pytest option it becomes (``None``: a boolean flag).
-_CONFORMANCE_FLAGS: tuple[tuple[str, str, str, dict[str, object]], ...] = (
-    ("--backend", "--devplug-backend", "sim (embedded kubelet, default) or kind", {"choices": ("sim", "kind"), "default": "sim"}),
-    ("--plugin-cmd", "--devplug-plugin-cmd", "your plugin's command line; {plugin_dir} {plugins_registry} {mock_state} {python} are filled in", {}),
-    ("--plugin-env", "--devplug-plugin-env", "your plugin's environment, KEY=VALUE pairs, comma-separated (\\, a comma in a value)", {}),
-    ("--pci-node", "--devplug-pci-node", "sim: a mock PCI/NIC node file (YAML) for a network device plugin", {"metavar": "FILE"}),
-    ("--plugin-image", "--devplug-plugin-image", "your plugin's image (kind)", {}),
-    ("--plugin-manifest", "--devplug-plugin-manifest", "your plugin's DaemonSet manifest (kind)", {}),
-    ("--resource-name", "--devplug-resource-name", "the extended resource(s) it advertises, comma-separated (default nvidia.com/gpu)", {}),
-    ("--gpus", "--devplug-gpus", "mock GPUs (default 4)", {}),
-    ("--numa-nodes", "--devplug-numa-nodes", "NUMA nodes of the mock GPUs (default 2)", {}),
-    ("--gpu-model", "--devplug-gpu-model", "the mock GPUs' model (a100-40gb default, a100-80gb, h100-80gb, h200-141gb, b200)", {}),
-    ("--mig", "--devplug-mig", "MIG devices on every mock GPU, comma-separated profiles (e.g. 1g.5gb,2g.10gb)", {}),
-    ("--timeout", "--devplug-timeout", "seconds per bounded wait (default 20)", {}),
-    ("--reregistration-timeout", "--devplug-reregistration-timeout", "seconds a plugin may take to register again after a kubelet restart (default 40)", {}),
-    ("--grace-period", "--devplug-grace-period", "sim: kubelet grace period for a gone plugin (default 300)", {}),
-    ("--control-plane", "--devplug-control-plane", "sim: embedded (default) or real (etcd, kube-apiserver, kube-scheduler)", {"choices": ("embedded", "real")}),
-    ("--k8s-bin-dir", "--devplug-k8s-bin-dir", "sim, real control plane: directory with its binaries", {}),
-    ("--kubernetes-version", "--devplug-kubernetes-version", f"the Kubernetes release to judge against (default {DEFAULT_VERSION}; one of {', '.join(releases())})", {}),
-    ("--feature-gates", "--devplug-feature-gates", "feature gates over the release's defaults, as the components take them (e.g. DRADeviceTaints=false)", {}),
-    ("--report", "--devplug-report", "write a Markdown report to FILE (and JSON beside it, FILE with .json)", {"metavar": "FILE"}),
-    ("--missing-faults", "--devplug-missing-faults", "skip (default) or fail the fault-injection tests when no fault injector is available", {"choices": ("skip", "fail")}),
-    ("--conventions", "--devplug-conventions", "opt-in convention checks, comma-separated (see pytest --help)", {}),
-    ("--driver-cmd", "--devplug-driver-cmd", "with --dra: your DRA driver's command line; {plugins_registry} {plugins_dir} {cdi_root} {node_name} {kubeconfig} {mock_state} {python} are filled in", {}),
-    ("--driver-env", "--devplug-driver-env", "with --dra: your DRA driver's environment, KEY=VALUE pairs, comma-separated (\\, a comma in a value)", {}),
-    ("--driver-name", "--devplug-driver-name", "with --dra: the name your DRA driver registers and publishes slices under (default gpu.devplug.io)", {}),
-    ("--driver-manifest", "--devplug-driver-manifest", "with --dra, kind: your DRA driver's manifest (ServiceAccount, RBAC, DaemonSet)", {}),
-    ("--driver-image", "--devplug-driver-image", "with --dra, kind: the image its containers run", {}),
-)
-
 
 def _run_conformance(args: argparse.Namespace) -> int:
     """Run the shipped suite through ``pytest.main`` against exactly the plugin these options name.
@@ -118,12 +89,13 @@ def _run_conformance(args: argparse.Namespace) -> int:
     from .dra import conformance as dra_conformance
     from .plugin import NO_PLUGIN_MESSAGE, included_plugin_installed
 
+    backend = args.backend or option("backend").default
     if args.dra:
-        if args.control_plane == "embedded" or (args.backend != "sim" and args.control_plane):
+        if args.control_plane == "embedded" or (backend != "sim" and args.control_plane):
             print("devplug conformance: --dra runs DRA drivers on the embedded kubelet with the real control plane "
                   "(--control-plane real, implied) or on kind (--backend kind); drop --control-plane", file=sys.stderr)  # fmt: skip
             return int(pytest.ExitCode.USAGE_ERROR)
-        if args.backend == "sim":
+        if backend == "sim":
             args.control_plane = "real"
         driver_flags = ("--devplug-driver-cmd", "--devplug-driver-manifest", "--devplug-driver-image")
         custom = args.driver_cmd or args.driver_manifest or args.driver_image or any(a.startswith(driver_flags) for a in args.pytest_args)
@@ -133,7 +105,7 @@ def _run_conformance(args: argparse.Namespace) -> int:
         custom = args.plugin_cmd or args.plugin_image or args.plugin_manifest
         custom = custom or any(a.startswith(plugin_flags) for a in args.pytest_args)
         missing = ""
-    if args.backend == "sim" and not custom and not included_plugin_installed():
+    if backend == "sim" and not custom and not included_plugin_installed():
         what = f"no {missing}, and the included GPU plugin (its DRA mode) is not installed: pip install 'pytest-devplug[gpu-plugin]'" \
             if args.dra else NO_PLUGIN_MESSAGE
         print(f"devplug conformance: {what}", file=sys.stderr)
@@ -145,14 +117,7 @@ def _run_conformance(args: argparse.Namespace) -> int:
         "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "-rfEs", "-v",
         str(suite),
     ]  # fmt: skip
-    for flag, pytest_flag, _, _ in _CONFORMANCE_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            pytest_args.append(f"{pytest_flag}={value}")
-    if args.mock is not None:
-        pytest_args.append("--devplug-mock" if args.mock else "--devplug-no-mock")
-    if args.pre_start_required:
-        pytest_args.append("--devplug-pre-start-required")
+    pytest_args += cli_pytest_args(args)
     extra = list(args.pytest_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -166,12 +131,7 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
         description="Run pytest_devplug.conformance (with --dra: pytest_devplug.dra.conformance). Without plugin (driver) "
         "options it tests the included GPU plugin on a mock NVML. Arguments after -- go to pytest (e.g. -- -k registration -x).",
     )
-    for flag, _, help_text, kw in _CONFORMANCE_FLAGS:
-        conf.add_argument(flag, help=help_text, **kw)  # type: ignore[arg-type]
-    mock = conf.add_mutually_exclusive_group()
-    mock.add_argument("--mock", dest="mock", action="store_true", default=None, help="your plugin reads the mock-NVML state file")
-    mock.add_argument("--no-mock", dest="mock", action="store_false", help="your plugin has no mock controls")
-    conf.add_argument("--pre-start-required", action="store_true", help="your plugin sets pre_start_required")
+    add_cli_flags(conf)
     conf.add_argument(
         "--dra", action="store_true",
         help="judge a DRA driver (--driver-cmd, --driver-name; on kind --driver-manifest, --driver-image; default: the "

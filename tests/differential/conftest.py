@@ -15,7 +15,8 @@ import pytest
 from pytest_devplug import ClusterHandle, NodeSpec, PluginHandle, PluginSpec, PodFactory
 from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
-from pytest_devplug.plugin import NODE_NAME, DevplugSettings
+from pytest_devplug.plugin import NODE_NAME
+from pytest_devplug.settings import DevplugSettings
 
 from .diff_helpers import REPLICAS, Side, kind_required
 

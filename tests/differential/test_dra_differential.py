@@ -22,7 +22,8 @@ from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.dra.assertions import assert_claim_prepared, assert_driver_registered, assert_slices_published
 from pytest_devplug.dra.handles import ClaimFactory, ClaimHandle, ClaimPodHandle, DRANodeHandle, DriverHandle
 from pytest_devplug.dra.plugin import get_dra_settings
-from pytest_devplug.plugin import NODE_NAME, DevplugSettings
+from pytest_devplug.plugin import NODE_NAME
+from pytest_devplug.settings import DevplugSettings
 from pytest_devplug.sim.dra import checkpoint as dra_cp
 
 from ..support import control_plane_bin_dir, wait_until

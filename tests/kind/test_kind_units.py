@@ -83,7 +83,7 @@ def test_user_manifest_must_be_daemonsets(tmp_path: Path) -> None:
 
 def test_kind_config_option_then_env_then_default(monkeypatch: pytest.MonkeyPatch, pytester: pytest.Pytester) -> None:
     """--devplug-kind-config / ini devplug_kind_config beat $DEVPLUG_KIND_CONFIG; an explicit config beats both."""
-    from pytest_devplug.plugin import settings_from_config
+    from pytest_devplug.settings import settings_from_config
 
     monkeypatch.setenv("DEVPLUG_KIND_CONFIG", "from-env.yaml")
     assert ClusterManager(BackendOptions()).config_choice == "from-env.yaml"

@@ -20,7 +20,7 @@ from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
 from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError
 from pytest_devplug.backends.kind import KindBackend
 from pytest_devplug.handles import DEFAULT_IMAGE, PodHandle
-from pytest_devplug.plugin import default_plugin_argv
+from pytest_devplug.settings import default_plugin_argv
 
 pytestmark = pytest.mark.kind
 

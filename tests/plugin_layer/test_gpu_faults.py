@@ -19,7 +19,7 @@ from pytest_devplug.backends.mockstate import initial_state, mig_uuid
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.backing import UnknownBackingError, backed_devices, backing_gpu, injected_gpus
 from pytest_devplug.faults import FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults, fault_domain
-from pytest_devplug.plugin import default_plugin_argv
+from pytest_devplug.settings import default_plugin_argv
 
 GPUS = initial_state(2, 1)["gpus"]
 A, B = (str(g["uuid"]) for g in GPUS)

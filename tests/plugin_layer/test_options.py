@@ -26,7 +26,6 @@ def test_disruptive():
 @pytest.mark.parametrize(
     "args, ini, names",
     [
-        (["--devplug-conventions", "bogus"], "", ["--devplug-conventions", "bogus", "ids-visible, nvidia-env, numa-packing"]),
         ([], "devplug_conventions = ids-visible,nope", ["devplug_conventions", "nope", "ids-visible"]),
         ([], "devplug_backend = bogus", ["devplug_backend", "'bogus'", "sim, kind, cluster"]),
         ([], "devplug_timeout = soon", ["devplug_timeout", "'soon'", "a number"]),
@@ -40,14 +39,14 @@ def test_disruptive():
         (["--devplug-pci-node", "nope.yaml"], "", ["--devplug-pci-node", "nope.yaml: No such file", "rdma-connectx, sriov-iavf, sriov-mlx5-rdma, sriov-vfio"]),
         (["--devplug-pci-node", "sriov-iavf", "--devplug-backend", "kind"], "", ["--devplug-pci-node", "the embedded kubelet's"]),
         ([], "devplug_plugin_env = 1X=2", ["devplug_plugin_env", "'1X=2' is not KEY=VALUE", "not starting with a digit"]),
-        (["--devplug-gpu-model", "v100"], "", ["--devplug-gpu-model", "unknown GPU model 'v100'", "h100-80gb, h200-141gb"]),
+        ([], "devplug_gpu_model = v100", ["devplug_gpu_model", "unknown GPU model 'v100'", "h100-80gb, h200-141gb"]),
         (["--devplug-gpu-model", "h100-80gb", "--devplug-mig", "1g.5gb"], "", ["--devplug-mig", "(h100-80gb) have 1g.10gb"]),
         (["--devplug-driver-env", "A=1,B"], "", ["--devplug-driver-env (ini devplug_driver_env)", "'B' is not KEY=VALUE"]),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
         (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
         ([], "devplug_mig = 7g.40gb,1g.5gb", ["devplug_mig", "do not fit on one GPU: 8 of 7 compute slices"]),
-        (["--devplug-kubernetes-version", "1.33"], "", ["--devplug-kubernetes-version", "'1.33'", "1.35 (v1.35.4)", "1.37 (v1.37.2)"]),
+        ([], "devplug_kubernetes_version = 1.33", ["devplug_kubernetes_version", "'1.33'", "1.35 (v1.35.4)", "1.37 (v1.37.2)"]),
         ([], "devplug_kubernetes_version = 1.37.0", ["devplug_kubernetes_version", "'1.37.0'", "not a supported version"]),
         (["--devplug-feature-gates", "NoSuchGate=true"], "", ["--devplug-feature-gates", "unrecognized feature gate: NoSuchGate"]),
         (["--devplug-feature-gates", "DRAExtendedResource=false"], "",
@@ -76,29 +75,38 @@ def test_bad_value_is_one_usage_error_at_start(
 
 @pytest.mark.parametrize(
     "args",
-    [["--devplug-backend", "bogus"], ["--devplug-timeout", "soon"]],
+    [
+        ["--devplug-backend", "bogus", "sim, kind, cluster"],
+        ["--devplug-timeout", "soon", "a number"],
+        ["--devplug-conventions", "bogus", "ids-visible, nvidia-env, numa-packing"],
+        ["--devplug-gpu-model", "v100", "h100-80gb, h200-141gb"],
+        ["--devplug-kubernetes-version", "1.33", "1.35 (v1.35.4)"],
+    ],
 )
 def test_bad_command_line_value_is_refused_by_the_parser(pytester: pytest.Pytester, args: list[str]) -> None:
+    """A value the option's check refuses stops the command line's parsing (``devplug conformance`` refuses it
+    alike: ``test_option_table.py``), saying the option, the value and what it accepts."""
     pytester.makepyfile(TESTS)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+    flag, value, accepted = args
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", flag, value)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert any(args[0] in line and args[1] in line for line in result.errlines), result.errlines
+    assert any(flag in line and value in line and accepted in line for line in result.errlines), result.errlines
 
 
 def test_settings_are_parsed_once(pytester: pytest.Pytester) -> None:
     """Header, disruptive setup and fixture read the one object ``pytest_configure`` made."""
     pytester.makeconftest(
         """
-import pytest_devplug.plugin as plugin
+import pytest_devplug.settings as settings
 
 calls = []
-real = plugin.settings_from_config
+real = settings.settings_from_config
 
 def counting(config):
     calls.append(1)
     return real(config)
 
-plugin.settings_from_config = counting
+settings.settings_from_config = counting
 
 def pytest_unconfigure(config):
     print("settings parsed", len(calls), "time(s)")

@@ -14,7 +14,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.backends.base import BackendOptions, applied_view
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.conformance.test_checkpoint import test_checkpoint_records_the_allocation as checkpoint_conformance
-from pytest_devplug.plugin import default_plugin_argv
+from pytest_devplug.settings import default_plugin_argv
 
 
 @pytest.fixture

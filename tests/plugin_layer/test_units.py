@@ -205,7 +205,7 @@ def test_an_image_alone_is_the_included_plugin(pytester: pytest.Pytester) -> Non
     """An image without a manifest is deployed with the included plugin's DaemonSet: its defaults (mock,
     conventions, every fault) apply; with a manifest or a command line it is someone else's plugin."""
     check = """
-        from pytest_devplug.plugin import CONVENTIONS
+        from pytest_devplug.options import CONVENTIONS
 
         def test_settings(devplug_settings):
             s = devplug_settings

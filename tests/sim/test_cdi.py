@@ -14,7 +14,7 @@ import pytest
 from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec, PodFactory, assert_allocate_injections
 from pytest_devplug.backends.base import BackendOptions, ExecResult
 from pytest_devplug.backends.sim import SimBackend
-from pytest_devplug.plugin import default_plugin_argv
+from pytest_devplug.settings import default_plugin_argv
 from pytest_devplug.sim import cdi
 from pytest_devplug.kubeletmodel.views import DeviceNodeView, MountView
 

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_devplug import MockNvml, PluginHandle, assert_devices_unhealthy
 from pytest_devplug.backing import UnknownBackingError
-from pytest_devplug.plugin import DevplugSettings
+from pytest_devplug.settings import DevplugSettings
 
 from ._support import wait_marked_unhealthy
 

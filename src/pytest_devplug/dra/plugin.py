@@ -24,29 +24,23 @@ import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ..backends.base import NodeSpec, UnsupportedOperationError
-from ..backends.dra import DEFAULT_DRIVER_NAME, DriverSpec, dra_of
+from ..backends.dra import DriverSpec, dra_of
 from ..evidence import DevplugAssertionError
 from ..handles import ClusterHandle, PluginChanges
+from ..options import command_line, env_pairs, given, option, register, value
 from ..plugin import (
     NODE_NAME,
-    DevplugSettings,
-    _command_line,
-    _env_pairs,
-    _fixture_overrides,
-    _flag,
-    _kubernetes_version,
-    _opt,
-    _say,
-    _subject_header,
-    add_options,
-    get_settings,
+    fixture_overrides,
     included_plugin_installed,
+    node_kubernetes_version,
+    say,
+    subject_header,
 )
+from ..settings import DevplugSettings, get_settings
 from ..report import is_dra_run, mark_dra_run, note_driver
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults, DRANvmlXidFaults
@@ -79,52 +73,26 @@ def default_driver_argv(driver_name: str) -> list[str]:
             "--nvml", "mock", "--mock-state", "{mock_state}"]  # fmt: skip
 
 
-_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
-    (
-        "driver-cmd",
-        "command line of the DRA driver under test (sim, --devplug-control-plane real); placeholders {plugins_registry}, "
-        "{plugins_dir}, {cdi_root}, {node_name}, {kubeconfig}, {mock_state}, {python}. Without a directory placeholder it "
-        "runs as its DaemonSet would: at the kubelet's standard paths, NODE_NAME set, in-cluster API credentials. "
-        "Default: the included GPU plugin's DRA mode (devplug-gpu-plugin --dra)",
-        {},
-    ),
-    (
-        "driver-env",
-        "environment of the DRA driver under test, KEY=VALUE pairs, comma-separated (\\, is a comma in a value; sim: its "
-        "process, placeholders as in --devplug-driver-cmd; kind and cluster: every container of its DaemonSet), e.g. the "
-        "variables its Helm chart sets",
-        {},
-    ),
-    ("driver-name", "the DRA driver's name (what it registers and publishes ResourceSlices under)", {"default": DEFAULT_DRIVER_NAME}),
-    (
-        "driver-manifest",
-        "kind, cluster: the DRA driver's manifest (its ServiceAccount, RBAC and DaemonSet, as `helm template` renders "
-        "them); default: the included driver's (plugin_under_test/deploy/dra-driver.yaml)",
-        {},
-    ),
-    ("driver-image", "kind, cluster: the image the driver's containers run (default: the manifest's; the included driver's is built here)", {}),
-]
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser, _OPTIONS)
+    """The DRA options of the table in :mod:`..options`."""
+    register(parser, dra=True)
 
 
 def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DRASettings:
-    name = str(_opt(config, "devplug_driver_name"))
-    cmd = _opt(config, "devplug_driver_cmd")
-    manifest = _opt(config, "devplug_driver_manifest")
-    image = _opt(config, "devplug_driver_image")
+    name = str(value(config, "driver-name"))
+    cmd = given(config, "driver-cmd")
+    manifest = given(config, "driver-manifest")
+    image = given(config, "driver-image")
     if manifest and not Path(str(manifest)).is_file():
-        raise pytest.UsageError(f"{_flag('devplug_driver_manifest')} = {manifest!r}: no such file")
-    env = _env_pairs("devplug_driver_env", _opt(config, "devplug_driver_env"))
+        raise pytest.UsageError(f"{option('driver-manifest').named} = {manifest!r}: no such file")
+    env = env_pairs("driver-env", given(config, "driver-env"))
     included = not (cmd or manifest or image)
     argv: list[str] = []
     if cmd:
-        argv = _command_line("devplug_driver_cmd", cmd)  # placeholders stay: DriverSpec.command fills them on the driver's node
+        argv = command_line("driver-cmd", cmd)  # placeholders stay: DriverSpec.command fills them on the driver's node
     elif included:
         argv = default_driver_argv(name)
-    explicit_mock = _opt(config, "devplug_mock")
+    explicit_mock = given(config, "mock")
     mock = included if explicit_mock is None else bool(explicit_mock)
     spec = DriverSpec(driver_name=name, argv=tuple(argv), image=str(image) if image else None, manifest=str(manifest) if manifest else None,
                       env=env, mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes, gpu_model=base.plugin.gpu_model,
@@ -156,7 +124,7 @@ def _is_a_dra_run(config: pytest.Config) -> bool:
     command is given (``--devplug-driver-cmd`` / ini), or a conftest overrides ``devplug_driver_spec``."""
     if not get_dra_settings(config).included or _runs_the_suite(config):
         return True
-    return bool(_fixture_overrides(config, "devplug_driver_spec", devplug_driver_spec))
+    return bool(fixture_overrides(config, "devplug_driver_spec", devplug_driver_spec))
 
 
 @pytest.hookimpl(trylast=True)
@@ -188,7 +156,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if not is_dra_run(config):
         return None
     spec = get_dra_settings(config).driver
-    return _subject_header(config, spec, _describe_driver(spec, get_settings(config).backend), what="the DRA driver", fixture="devplug_driver_spec",
+    return subject_header(config, spec, _describe_driver(spec, get_settings(config).backend), what="the DRA driver", fixture="devplug_driver_spec",
                            ours=devplug_driver_spec, key=_HEADER_DRIVER_KEY)  # fmt: skip
 
 
@@ -297,8 +265,8 @@ def _devplug_driver_deployment(
     pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec
 ) -> _DriverDeployment:
     if pytestconfig.stash.get(_HEADER_DRIVER_KEY, None) != devplug_driver_spec:  # unless the header showed exactly it
-        _say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}")
-    kubernetes = _kubernetes_version(pytestconfig, devplug_cluster, devplug_dra_node.name)
+        say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}")
+    kubernetes = node_kubernetes_version(pytestconfig, devplug_cluster, devplug_dra_node.name)
     note_driver(pytestconfig, get_settings(pytestconfig).backend, devplug_driver_spec, kubernetes)
     return _DriverDeployment(devplug_dra_node, devplug_driver_spec)
 
