@@ -184,6 +184,35 @@ def test_package_has_no_import_cycles() -> None:
     )
 
 
+#: The modules outside ``sim/`` that may import the embedded kubelet: its backend (and its DRA side, the factory that
+#: picks it), the real control plane's process supervision (``sim.process``, ``sim.workdir``: shared with the plugin
+#: processes) and the --devplug-pci-node check (``sim.pcinode``'s parser). The real-cluster side and everything a
+#: user imports read the kubelet's rules from ``kubeletmodel``, never from ``sim``.
+SIM_IMPORTERS = {
+    f"{PACKAGE}.backends", f"{PACKAGE}.backends.sim", f"{PACKAGE}.backends.sim_dra", f"{PACKAGE}.controlplane.cluster",
+    f"{PACKAGE}.controlplane.processes", f"{PACKAGE}.settings",
+}
+
+
+def sim_importers(graph: Graph) -> dict[str, list[str]]:
+    """Modules outside ``sim`` importing a ``sim`` module, with what they import."""
+    sim = f"{PACKAGE}.sim"
+    return {
+        module: sorted(t for t in targets if t == sim or t.startswith(sim + "."))
+        for module, targets in graph.items()
+        if not (module == sim or module.startswith(sim + "."))
+        and any(t == sim or t.startswith(sim + ".") for t in targets)
+    }
+
+
+def test_only_the_sim_backend_imports_the_embedded_kubelet() -> None:
+    found = sim_importers(import_graph(package_sources()))
+    stray = {m: t for m, t in found.items() if m not in SIM_IMPORTERS}
+    assert not stray, f"modules outside sim/ importing it (take the rules from kubeletmodel): {stray}"
+    gone = SIM_IMPORTERS - set(found) - {f"{PACKAGE}.backends"}
+    assert not gone, f"no longer import sim: {sorted(gone)}; drop them from SIM_IMPORTERS"
+
+
 # The checker itself: each kind of import makes an edge, so a cycle through any of them is found.
 HIDDEN = {
     "top level": "from p.b import thing\n",

@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 
 from .api.deviceplugin import v1beta1_pb2 as pb
 from .kubeletmodel.checkpoint import CheckpointData
-from .sim.dra.checkpoint import DRACheckpointFile
+from .kubeletmodel.dracheckpoint import DRACheckpointFile
 
 __all__ = [
     "decode_alloc_resp",

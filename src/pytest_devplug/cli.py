@@ -14,8 +14,8 @@ from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_
 from .kubeletmodel.checkpoint import CheckpointData, CheckpointError, checksum, decode
 from .kubeletmodel.releases import DEFAULT_VERSION, releases
 from .options import add_cli_flags, cli_pytest_args, option
-from .sim.checkpoint import read_bytes
-from .sim.dra import checkpoint as dra_checkpoint
+from .kubeletmodel.checkpointfile import read_bytes
+from .kubeletmodel import dracheckpoint as dra_checkpoint
 
 __all__ = ["main"]
 

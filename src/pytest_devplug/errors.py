@@ -21,6 +21,7 @@ __all__ = [
     "DevplugError",
     "DevplugAssertionError",
     "BackendError",
+    "ClaimError",
     "BackendUnavailableError",
     "UnsupportedOperationError",
     "PodRejectedError",
@@ -117,6 +118,11 @@ class WaitAbandoned(WaitTimeout[T]):
         self.last = last
         self.last_error = None
         self.reason = reason
+
+
+class ClaimError(DevplugError):
+    """A pod's ResourceClaims cannot be resolved as the kubelet resolves them (a claim not created yet, no claim
+    state for a container's claim); the text is the kubelet's."""
 
 
 class FaultNotSupportedError(DevplugError, NotImplementedError):

@@ -4,7 +4,7 @@
 
 What differs by nature (node, namespace, claim and pod names and UIDs, generated slice names) is replaced by
 placeholders before comparing; the allocated device too, as each scheduler picks its own free GPU. What still
-differs, and why, is the README's table ("DRA on kind"); nothing here hides it.
+differs, and why, is the table in docs/guides/backends.md ("DRA on kind"); nothing here hides it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pytest_devplug.dra.handles import ClaimFactory, ClaimHandle, ClaimPodHandle
 from pytest_devplug.dra.plugin import get_dra_settings
 from pytest_devplug.plugin import NODE_NAME
 from pytest_devplug.settings import DevplugSettings
-from pytest_devplug.sim.dra import checkpoint as dra_cp
+from pytest_devplug.kubeletmodel import dracheckpoint as dra_cp
 
 from ..support import control_plane_bin_dir, wait_until
 from .diff_helpers import kind_required

@@ -73,6 +73,6 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
     # The plain install reads CDI specs in YAML, as NIC plugins write them (no extra needed).
     (empty / "widget.yaml").write_text("cdiVersion: 0.6.0\nkind: example.com/widget\ndevices:\n- name: w0\n"
                                        "  containerEdits:\n    env: [WIDGET=0]\n")  # fmt: skip
-    edits = run([py, "-c", "import pathlib; from pytest_devplug.sim import cdi; "
+    edits = run([py, "-c", "import pathlib; from pytest_devplug.kubeletmodel import cdi; "
                  "print(cdi.resolve(['example.com/widget=w0'], [pathlib.Path('.')]).env)"], cwd=empty)  # fmt: skip
     assert edits.strip() == "{'WIDGET': '0'}", edits

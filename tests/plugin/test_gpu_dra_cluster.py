@@ -23,7 +23,7 @@ import pytest
 
 from pytest_devplug.controlplane import ControlPlane
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.cdi import resolve as resolve_cdi
+from pytest_devplug.kubeletmodel.cdi import resolve as resolve_cdi
 from pytest_devplug.sim.dra.manager import DRAManager
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
 from pytest_devplug.waiting import wait_for

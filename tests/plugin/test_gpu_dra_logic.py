@@ -17,7 +17,7 @@ from devplug_gpu_plugin.dra.cdi import CdiLayout, InvalidClaimUidError
 from devplug_gpu_plugin.dra.health import HealthService
 from devplug_gpu_plugin.dra.prepare import ClaimCheckError, ClaimError, check_claim, prepare_claim
 from devplug_gpu_plugin.dra.slices import _comparable, slice_devices
-from pytest_devplug.sim.cdi import resolve
+from pytest_devplug.kubeletmodel.cdi import resolve
 
 DRIVER, NODE = "gpu.devplug.io", "node-1"
 UID = "0b7c1d2e-0000-4000-8000-00000000000a"

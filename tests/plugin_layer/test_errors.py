@@ -37,7 +37,7 @@ def test_public_exception_is_a_devplug_error_from_the_errors_module(exc: type[Ba
         ("pytest_devplug.evidence", "DevplugAssertionError"),
         ("pytest_devplug.nvml", "MockBuildError"),
         ("pytest_devplug.sim.errors", "SimError"),
-        ("pytest_devplug.sim.checkpoint", "CheckpointError"),
+        ("pytest_devplug.kubeletmodel.checkpoint", "CheckpointError"),
         ("pytest_devplug.nvml.probe", "NvmlError"),
         ("pytest_devplug.controlplane.errors", "ControlPlaneError"),
     ],

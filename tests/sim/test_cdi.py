@@ -15,7 +15,7 @@ from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec, PodFactory, asse
 from pytest_devplug.backends.base import BackendOptions, ExecResult
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.settings import default_plugin_argv
-from pytest_devplug.sim import cdi
+from pytest_devplug.kubeletmodel import cdi
 from pytest_devplug.kubeletmodel.views import DeviceNodeView, MountView
 
 SPEC: dict[str, Any] = {

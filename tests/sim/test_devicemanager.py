@@ -16,7 +16,8 @@ import pytest
 
 from .dm_helpers import GPU, DmMockState, DmWaiter, FakePlugin, dm_capacity_probe, dm_gpu
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-from pytest_devplug.sim.checkpoint import CHECKPOINT_NAME, read_checkpoint
+from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME
+from pytest_devplug.kubeletmodel.checkpointfile import read_checkpoint
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.errors import AdmissionError, PreStartError
 from pytest_devplug.kubeletmodel.views import ContainerSpec, PodSpecView

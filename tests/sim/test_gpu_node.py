@@ -14,8 +14,9 @@ from pytest_devplug.backends.base import BackendOptions
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.nvml import MOCK_DRIVER_VERSION
 from pytest_devplug.backends.mockstate import initial_state
+from pytest_devplug.nvml.driverroot import DRIVER_ROOT, gpu_device_nodes
 from pytest_devplug.sim.gpunode import (
-    DRIVER_ROOT, PCI_DEVICES_DIR, gpu_device_nodes, gpu_pci_address, mig_cap_device_nodes, mig_minors, node_file_binds,
+    PCI_DEVICES_DIR, gpu_pci_address, mig_cap_device_nodes, mig_minors, node_file_binds,
 )  # fmt: skip
 from pytest_devplug.waiting import wait_for
 

@@ -223,7 +223,7 @@ def test_podresources_get_of_a_terminated_pod(tmp_path: Path, kube: KubeVersion,
 def test_dra_checkpoint_device_layout(kube: KubeVersion, has: bool) -> None:
     """From 1.35 every prepared device in dra_manager_state has ``"ShareID"``, null without one (upstream's
     checkpointer_test.go of each release has the bytes)."""
-    from pytest_devplug.sim.dra import checkpoint as cp
+    from pytest_devplug.kubeletmodel import dracheckpoint as cp
 
     entry = cp.ClaimInfoState("uid", "c", "default", {"pod"}, {"d": [cp.PreparedDevice("pool", "dev", ["r"], ["x=y"])]})
     data = cp.encode_data([entry], kube)
@@ -427,7 +427,7 @@ def test_device_health_in_pod_status_is_the_plugins_last_list(tmp_path: Path) ->
 def test_the_schedulers_extended_resource_claim_follows_dra_extended_resource(kube: KubeVersion, prepared: bool) -> None:
     """With DRAExtendedResource (on from 1.36) the kubelet prepares the claim the scheduler made for a pod's extended
     resources (``status.extendedResourceClaimStatus``) and gives the mapped container its devices."""
-    from pytest_devplug.sim.dra import checkpoint as cp
+    from pytest_devplug.kubeletmodel import dracheckpoint as cp
     from pytest_devplug.sim.dra.manager import DRAManager, container_cdi_devices, pod_claims
 
     pod_obj = {

@@ -28,7 +28,8 @@ import grpc
 from ..api.podresources import v1_pb2, v1_pb2_grpc
 from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_library
 from ..sim import workdir
-from ..sim.gpunode import gpu_device_nodes, gpu_pci_functions, mig_cap_device_nodes, node_file_binds
+from ..nvml.driverroot import gpu_device_nodes
+from ..sim.gpunode import gpu_pci_functions, mig_cap_device_nodes, node_file_binds
 from ..sim.pcinode import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, PciNodeError, load_pci_node
 from ..waiting import wait_for
 from . import mockstate
@@ -509,10 +510,10 @@ class SimBackend:
         sees it, the edits of the CDI devices it names added."""
         from ..api.deviceplugin import v1beta1_pb2 as dp
         from ..api.deviceplugin import v1beta1_pb2_grpc as dpg
-        from ..sim import cdi
+        from ..kubeletmodel import cdi
         from ..sim.endpoint import go_rpc_error
         from ..kubeletmodel.runoptions import run_container_options
-        from ..sim.cdi import apply_edits
+        from ..kubeletmodel.cdi import apply_edits
 
         n = self.sim_node(node)
         dm = n.device_manager

@@ -27,7 +27,7 @@ from ..api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
 from ..api.pluginregistration import v1_pb2 as rpb
 from ..api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from ..kuberest import KubeRest, RestError
-from ..sim import cdi
+from ..kubeletmodel import cdi
 from ..sim.dra.client import SERVICE_V1, DRAPluginCallError, DRAPluginClient
 from ..sim.dra.health import HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1
 from ..sim.endpoint import go_rpc_error

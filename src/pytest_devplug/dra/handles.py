@@ -16,7 +16,7 @@ from ..backends.dra import DRABackend, DRACallRecord, DriverSpec, RegistrationRe
 from ..errors import ObjectNotFoundError
 from ..handles import NodeHandle, PluginChanges, PodHandle, exit_report
 from ..kuberest import KubeRest, RestError
-from ..sim.cdi import SPEC_DIRS
+from ..kubeletmodel.cdi import SPEC_DIRS
 from ..waiting import wait_for
 from .objects import (
     RESOURCE_API,

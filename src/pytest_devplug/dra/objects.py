@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..kuberest import KubeRest
-from ..sim.dra import checkpoint as cp
+from ..kubeletmodel import dracheckpoint as cp
 
 __all__ = [
     "RESOURCE_API",

@@ -25,7 +25,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointData, CheckpointError
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
-from pytest_devplug.sim.checkpoint import read_checkpoint, write_checkpoint
+from pytest_devplug.kubeletmodel.checkpointfile import read_checkpoint, write_checkpoint
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
 from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
 from pytest_devplug.sim.pod_devices import NO_NUMA, PodDevices

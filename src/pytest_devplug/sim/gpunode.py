@@ -30,18 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from ..nvml import smi
+from ..nvml.driverroot import CONTAINER_DRIVER_ROOT, DRIVER_BINS, DRIVER_LIBS, DRIVER_ROOT, LIB_DIR
 from .pcinode import PciFunction, PciNode
 
 __all__ = [
-    "CDI_HOOK", "CDI_HOOK_STUB", "CONTAINER_DRIVER_ROOT", "DRIVER_ROOT", "DRIVER_LIBS", "DRIVER_BINS", "GPU_PCI_CLASS", "GPU_PCI_DEVICE_IDS",
+    "CDI_HOOK", "CDI_HOOK_STUB", "GPU_PCI_CLASS", "GPU_PCI_DEVICE_IDS",
     "MOCK_PCI_DOMAIN", "NVCAPS_DIR", "NVCAPS_PROC_DIR", "NVIDIA_PCI_VENDOR", "PCI_DEVICES_DIR", "PROC_DEVICES",
-    "gpu_device_nodes", "gpu_pci_address", "gpu_pci_functions", "mig_cap_device_nodes", "mig_minors", "node_file_binds",
+    "gpu_pci_address", "gpu_pci_functions", "mig_cap_device_nodes", "mig_minors", "node_file_binds",
 ]  # fmt: skip
 
-#: Where the stub driver root is in the plugin's namespace (the GPU operator's driver root).
-DRIVER_ROOT = "/run/nvidia/driver"
-#: Where NVIDIA's charts mount the host's driver root in a driver's container (``DRIVER_ROOT_CTR_PATH``'s default).
-CONTAINER_DRIVER_ROOT = "/driver-root"
 #: Where NVIDIA's images keep the container toolkit's hook program.
 CDI_HOOK = "/usr/bin/nvidia-cdi-hook"
 #: The stub at :data:`CDI_HOOK` (also in the kind image of NVIDIA's DRA driver, ``peers/nvidia-dra``).
@@ -50,12 +47,6 @@ CDI_HOOK_STUB = Path(__file__).with_name("nvidia-cdi-hook.sh")
 _SMI_STUB = """#!/bin/sh
 exec '{python}' -S '{smi}' "$@"
 """
-#: Driver libraries NVIDIA's CDI generation looks for (``<name>.<driver version>``, and ``.1`` links).
-DRIVER_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so", "libcudadebugger.so")
-#: Driver tools it mounts into containers when present.
-DRIVER_BINS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
-_LIB_DIR = "usr/lib/x86_64-linux-gnu"
-_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 #: What every stub device node is: a character device that reads as empty and swallows writes.
 _CHAR_DEVICE = Path("/dev/null")
 
@@ -120,11 +111,6 @@ def _pci_binds(root: Path, gpus: Sequence[Mapping[str, Any]]) -> list[tuple[Path
     sys_dir, _ = PciNode(functions).write_tree(root / hashlib.sha256(repr(functions).encode()).hexdigest()[:16])
     binds = [(sys_dir / "bus/pci/devices", PCI_DEVICES_DIR), (sys_dir / "bus/pci/drivers/nvidia", _NVIDIA_DRIVER_DIR)]
     return binds + [(d, f"/sys/devices/{d.name}") for d in sorted((sys_dir / "devices").iterdir())]
-
-
-def gpu_device_nodes(minors: Iterable[int]) -> list[str]:
-    """The device nodes of a GPU node with GPUs of these minors."""
-    return [f"/dev/{n}" for n in _CONTROL_NODES] + [f"/dev/nvidia{m}" for m in sorted(set(minors))]
 
 
 def _cap_minor(gpu: int, gi: int, ci: int | None = None) -> int:
@@ -206,7 +192,7 @@ def node_file_binds(
     binds: list[tuple[Path, str]] = []
     if driver_version is not None:
         driver = root / "driver"
-        libs = driver / _LIB_DIR
+        libs = driver / LIB_DIR
         for lib in DRIVER_LIBS:
             versioned = libs / f"{lib}.{driver_version}"
             if lib == "libnvidia-ml.so" and nvml is not None:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..kubeletmodel.releases import KubeVersion
-from . import cdi, errors
+from ..kubeletmodel import cdi
+from . import errors
 from .admission import pod_spec_view, predicate_admit
 from .apiserver import now_rfc3339
 from .devicemanager import DeviceManager

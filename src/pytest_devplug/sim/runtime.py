@@ -5,7 +5,7 @@ So does a pod's sandbox: whether the kubelet must create one decides whether it 
 (``kuberuntime_manager.go`` calls ``PrepareDynamicResources`` only on the way to ``CreatePodSandbox``).
 Nothing runs: a container is a record of its state and of the options applied to it, which the sim backend's
 ``exec`` answers from. A CDI-enabled runtime adds the edits of the CDI devices the kubelet names
-(:func:`pytest_devplug.sim.cdi.apply_edits`).
+(:func:`pytest_devplug.kubeletmodel.cdi.apply_edits`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.kubeletmodel.releases import KubeVersion
-from pytest_devplug.sim.checkpoint import CheckpointCorruptError, CheckpointFormatError
-from pytest_devplug.sim.dra import checkpoint as cp
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointFormatError
+from pytest_devplug.kubeletmodel import dracheckpoint as cp
 
 CLAIM1 = "067798be-454e-4be4-9047-1aa06aea63f7"
 CLAIM2 = "4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"

@@ -11,7 +11,7 @@ import pytest
 from .dra_fakes import FakeClaims, FakeDriver, device, pod
 
 from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
-from pytest_devplug.sim.dra import checkpoint as cp
+from pytest_devplug.kubeletmodel import dracheckpoint as cp
 from pytest_devplug.sim.dra.client import DRAPluginCallError
 from pytest_devplug.sim.dra.manager import DRAManager, DRAManagerError, DRAPrepareError
 from pytest_devplug.waiting import wait_for

@@ -26,7 +26,10 @@ from typing import Any, Protocol, TypeVar
 
 import yaml
 
-from ...sim import cdi
+from ...errors import ClaimError
+from ...kubeletmodel import cdi
+from ...kubeletmodel import dracheckpoint as dra_cp
+from ...kubeletmodel.claims import container_cdi_devices
 from ...waiting import WaitTimeout, wait_for
 from .. import mockstate
 from ..base import (
@@ -725,22 +728,19 @@ class KubeBackend:
         """The view plus the CDI device IDs of the container's ResourceClaims, from the kubelet's ``dra_manager_state``
         (upstream's ``GetResources``: the devices of each claim, or of the request, the container names, then those of
         the scheduler's claim for its DRA-backed extended resources where the node's release has DRAExtendedResource)."""
-        from ...sim.dra import checkpoint as dra_cp
-        from ...sim.dra.manager import DRAPrepareError, container_cdi_devices
-
         raw = self.nodeops.read_file(node, DRA_CHECKPOINT_PATH)
         states = {(e.namespace, e.claim_name): e for e in (dra_cp.decode(raw).entries or [])} if raw else {}
         try:
             info = (self.get_node(node).get("status") or {}).get("nodeInfo") or {}
             extended = self.options.kube.on_node(str(info.get("kubeletVersion") or "")).gate("DRAExtendedResource")
             ids = container_cdi_devices(pod, container, lambda ns, name: states.get((ns, name)), extended=extended)
-        except DRAPrepareError as exc:
+        except ClaimError as exc:
             raise BackendError(f"pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')} on {node}: {exc}") from None
         return dataclasses.replace(view, cdi_devices=(*view.cdi_devices, *(i for i in ids if i not in view.cdi_devices)))
 
     def _with_cdi_edits(self, node: str, view: ContainerView) -> ContainerView:
         """The view with the edits of its CDI devices, as a CDI-enabled runtime applies them, from the spec files on
-        the node (resolved by upstream's rules, :func:`pytest_devplug.sim.cdi.apply_edits`): what the container
+        the node (resolved by upstream's rules, :func:`pytest_devplug.kubeletmodel.cdi.apply_edits`): what the container
         should have. Whether it has them is for the container to show (``exec``); a name no spec resolves any more
         is an error."""
         if not view.cdi_devices and not cdi.names_from_annotations(view.annotations):

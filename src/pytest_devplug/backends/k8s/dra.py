@@ -33,7 +33,7 @@ from ...api.drahealth import v1_pb2 as hpb1
 from ...api.drahealth import v1alpha1_pb2 as hpb
 from ...api.pluginregistration import v1_pb2 as rpb
 from ...kuberest import KubeRest, RestError
-from ...sim import cdi
+from ...kubeletmodel import cdi
 from .. import mockstate
 from ..base import (
     BackendError,

@@ -19,13 +19,12 @@ import shlex
 from collections.abc import Iterable, Sequence
 
 from ...nvml import MOCK_DRIVER_VERSION
-from ...sim.gpunode import DRIVER_BINS, DRIVER_LIBS, DRIVER_ROOT, gpu_device_nodes
+from ...nvml.driverroot import DRIVER_BINS, DRIVER_LIBS, DRIVER_ROOT, LIB_DIR, gpu_device_nodes
 
 __all__ = ["HOOK_PATH", "make_script", "remove_script"]
 
 #: NVIDIA's CDI hook (``--nvidia-cdi-hook-path`` default): the container toolkit installs it on GPU nodes.
 HOOK_PATH = "/usr/bin/nvidia-ctk"
-_LIB_DIR = "usr/lib/x86_64-linux-gnu"
 #: /dev/null's numbers: a character device that reads as empty and swallows writes.
 _NULL = "c 1 3"
 
@@ -41,7 +40,7 @@ def make_script(minors: Iterable[int], nvml_library: str) -> str:
     ]
     lines += [f"node {shlex.quote(n)}" for n in nodes]
     # A driver root that exists (a real one, or another run's) is left as it is.
-    root, libs = shlex.quote(DRIVER_ROOT), shlex.quote(f"{DRIVER_ROOT}/{_LIB_DIR}")
+    root, libs = shlex.quote(DRIVER_ROOT), shlex.quote(f"{DRIVER_ROOT}/{LIB_DIR}")
     lines += [f"if [ ! -e {root} ]; then", f"mkdir -p {libs} {root}/usr/bin"]
     lines += [f"node {shlex.quote(DRIVER_ROOT + n)} >/dev/null" for n in nodes]
     for lib in DRIVER_LIBS:

@@ -13,7 +13,7 @@ from pathlib import Path
 from pytest_devplug.cli import main as devplug
 from pytest_devplug.dra.assertions import assert_claim_prepared
 from pytest_devplug.dra.handles import ClaimFactory, DriverHandle
-from pytest_devplug.sim.dra import checkpoint as cp
+from pytest_devplug.kubeletmodel import dracheckpoint as cp
 
 
 def test_checkpoint_contents(devplug_claims: ClaimFactory, devplug_driver: DriverHandle, capsys: object) -> None:

@@ -19,23 +19,24 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.api.dra import v1_pb2 as pb
-from pytest_devplug.sim.checkpoint import CheckpointError
-from pytest_devplug.sim.dra import checkpoint as cp
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointError
+from pytest_devplug.errors import ClaimError
+from pytest_devplug.kubeletmodel import dracheckpoint as cp
+from pytest_devplug.kubeletmodel.claims import claim_name_for, container_cdi_devices, container_claims, pod_claims
 from pytest_devplug.sim.dra.client import DRAPluginCallError, DRAPluginClient
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginError, DRAPluginManager
 from pytest_devplug.sim.errors import SimError
 
 __all__ = [
-    "ClaimSource", "DRAManagerError", "DRAPrepareError", "DRAManager", "claim_name_for", "container_cdi_devices",
-    "container_claims", "extended_resource_claim", "pod_claims",
+    "ClaimSource", "DRAManagerError", "DRAPrepareError", "DRAManager",
 ]  # fmt: skip
 
 Obj = Mapping[str, Any]
@@ -58,40 +59,6 @@ class ClaimSource(Protocol):
 def _meta(obj: Obj) -> Obj:
     meta: Obj = obj.get("metadata") or {}
     return meta
-
-
-def claim_name_for(pod: Obj, pod_claim: Obj) -> tuple[str | None, bool]:
-    """``resourceclaim.Name``: the ResourceClaim a pod's claim entry refers to, and whether the pod must
-    own it (a claim made from a template). ``None``: no claim is needed (the status says so)."""
-    meta = _meta(pod)
-    where = f'pod "{meta.get("namespace", "")}/{meta.get("name", "")}"'
-    if pod_claim.get("resourceClaimName") is not None:
-        return str(pod_claim["resourceClaimName"]), False
-    if pod_claim.get("resourceClaimTemplateName") is not None:
-        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-            if status.get("name") == pod_claim.get("name"):
-                name = status.get("resourceClaimName")
-                return (None if name is None else str(name)), True
-        raise DRAPrepareError(f"{where}: ResourceClaim not created yet")
-    raise DRAPrepareError(f'{where}, spec.resourceClaim "{pod_claim.get("name", "")}": none of the supported fields are set')
-
-
-def extended_resource_claim(pod: Obj) -> str | None:
-    """The ResourceClaim the scheduler made for the pod's DRA-backed extended resources
-    (``status.extendedResourceClaimStatus``; DRAExtendedResource), or ``None``."""
-    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
-    name = status.get("resourceClaimName")
-    return None if not name else str(name)
-
-
-def pod_claims(pod: Obj, *, extended: bool = True) -> list[Obj]:
-    """The pod's claim entries as the kubelet prepares them: ``spec.resourceClaims``, then (``extended``: feature gate
-    DRAExtendedResource) the scheduler's claim for its extended resources, as an entry without a name."""
-    claims: list[Obj] = list((pod.get("spec") or {}).get("resourceClaims") or [])
-    name = extended_resource_claim(pod) if extended else None
-    if name is not None:
-        claims.append({"name": "", "resourceClaimName": name})
-    return claims
 
 
 def _owned_by(claim: Obj, pod: Obj) -> bool:
@@ -124,58 +91,6 @@ def _claim_info_from_claim(claim: Obj) -> _ClaimInfo:
         str(r["driver"]): None for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver")
     }
     return _ClaimInfo(cp.ClaimInfoState(str(meta.get("uid", "")), str(meta.get("name", "")), str(meta.get("namespace", "")), set(), drivers))
-
-
-def container_claims(pod: Obj, container_name: str) -> list[tuple[str, str, str]]:
-    """(pod claim name, request or "", ResourceClaim name) for each claim the container uses."""
-    spec = pod.get("spec") or {}
-    container = next((c for c in spec.get("containers") or [] if c.get("name") == container_name), None)
-    if container is None:
-        return []
-    pod_claims = {c.get("name"): c for c in spec.get("resourceClaims") or []}
-    out = []
-    for ref in (container.get("resources") or {}).get("claims") or []:
-        pod_claim = pod_claims.get(ref.get("name"))
-        if pod_claim is None:
-            continue
-        name, _ = claim_name_for(pod, pod_claim)
-        if name is not None:
-            out.append((str(ref.get("name")), str(ref.get("request") or ""), name))
-    return out
-
-
-def _extended_requests(pod: Obj, container_name: str) -> list[tuple[str, str, str]]:
-    """(resource, request, claim name) for each DRA-backed extended resource of the container (``requestMappings``)."""
-    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
-    name = status.get("resourceClaimName")
-    return [
-        (str(m.get("resourceName", "")), str(m.get("requestName", "")), str(name))
-        for m in status.get("requestMappings") or []
-        if name and m.get("containerName") == container_name
-    ]
-
-
-def container_cdi_devices(
-    pod: Obj, container_name: str, claim_state: Callable[[str, str], cp.ClaimInfoState | None], *, extended: bool = True
-) -> list[str]:
-    """``GetResources``: the CDI device IDs the runtime must give the container, in claim order, from the kubelet's
-    state of each claim (``claim_state(namespace, name)``: its checkpoint entry); ``extended`` (DRAExtendedResource):
-    then those of the requests the scheduler mapped to the container's extended resources."""
-    namespace = str(_meta(pod).get("namespace", ""))
-    ids: list[str] = []
-    wanted = container_claims(pod, container_name)
-    if extended:
-        wanted += [(resource, request, name) for resource, request, name in _extended_requests(pod, container_name)]
-    for _, request, name in wanted:
-        state = claim_state(namespace, name)
-        if state is None:
-            raise DRAPrepareError(f"internal error: unable to get claim info for ResourceClaim {name} in namespace {namespace}")
-        for devices in (state.driver_state or {}).values():
-            for d in devices or []:
-                if request and d.request_names and request.split("/")[0] not in d.request_names:
-                    continue
-                ids.extend(i for i in d.cdi_device_ids or [] if i not in ids)
-    return ids
 
 
 @dataclass
@@ -248,7 +163,7 @@ class DRAManager:
         """``PrepareResources``; raises :class:`DRAPrepareError` ("prepare dynamic resources: ...")."""
         try:
             self._prepare(pod)
-        except (DRAPrepareError, DRAPluginError) as exc:
+        except (DRAPrepareError, DRAPluginError, ClaimError) as exc:
             raise DRAPrepareError(f"prepare dynamic resources: {exc}") from None
 
     def _prepare(self, pod: Obj) -> None:
@@ -335,7 +250,10 @@ class DRAManager:
         meta = _meta(pod)
         names = []
         for pod_claim in pod_claims(pod, extended=self.extended_resources):
-            name, _ = claim_name_for(pod, pod_claim)
+            try:
+                name, _ = claim_name_for(pod, pod_claim)
+            except ClaimError as exc:
+                raise DRAPrepareError(f"unprepare dynamic resources: {exc}") from None
             if name is not None:
                 names.append(name)
         self.unprepare_pod(str(meta.get("uid", "")), str(meta.get("namespace", "")), names)
@@ -344,7 +262,7 @@ class DRAManager:
         """``unprepareResources``: raises :class:`DRAPrepareError`; calling it again is safe."""
         try:
             self._unprepare(pod_uid, namespace, claim_names)
-        except (DRAPrepareError, DRAPluginError) as exc:
+        except (DRAPrepareError, DRAPluginError, ClaimError) as exc:
             raise DRAPrepareError(f"unprepare dynamic resources: {exc}") from None
 
     def _unprepare(self, pod_uid: str, namespace: str, claim_names: Iterable[str]) -> None:
@@ -404,8 +322,11 @@ class DRAManager:
     def container_cdi_devices(self, pod: Obj, container_name: str) -> list[str]:
         """``GetResources``: the CDI device IDs the runtime must give the container, in claim order."""
         with self._lock:
-            return container_cdi_devices(pod, container_name, lambda ns, name: None if (i := self._cache.get((ns, name))) is None else i.state,
-                                         extended=self.extended_resources)  # fmt: skip
+            try:
+                return container_cdi_devices(pod, container_name, lambda ns, name: None if (i := self._cache.get((ns, name))) is None else i.state,
+                                             extended=self.extended_resources)  # fmt: skip
+            except ClaimError as exc:
+                raise DRAPrepareError(str(exc)) from None
 
     def allocated_resources_status(self, pod: Obj, container_name: str) -> list[dict[str, Any]]:
         """``UpdateAllocatedResourcesStatus`` for one container: its ``allocatedResourcesStatus`` entries

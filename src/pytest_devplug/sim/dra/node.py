@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_devplug.kubeletmodel.releases import KubeVersion
-from pytest_devplug.sim.dra import checkpoint as cp
+from pytest_devplug.kubeletmodel import dracheckpoint as cp
 from pytest_devplug.sim.dra.health import HealthInfoCache
-from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager, DRAPrepareError, extended_resource_claim
+from pytest_devplug.kubeletmodel.claims import extended_resource_claim
+from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager, DRAPrepareError
 from pytest_devplug.sim.dra.plugins import DEFAULT_WIPING_DELAY_S, DRAPluginError, DRAPluginManager, ResourceSliceWiper
 from pytest_devplug.sim.launcher import path_in_node
 from pytest_devplug.sim.pluginwatcher import PluginHandler

@@ -1,7 +1,9 @@
-"""The device manager's checkpoint file on the node: bounded reads and the checkpoint manager's atomic writes.
+"""A kubelet checkpoint file on the node: bounded reads and the checkpoint manager's atomic writes.
 
-The format and its rules (Go's ``json.Unmarshal``, the checksum) are :mod:`pytest_devplug.kubeletmodel.checkpoint`;
-this module adds the file. Its names stay importable from here, where they lived before.
+Upstream's ``pkg/kubelet/checkpointmanager`` beside the codecs: the device manager's format and its rules (Go's
+``json.Unmarshal``, the checksum) are :mod:`pytest_devplug.kubeletmodel.checkpoint`, the DRA manager's
+:mod:`pytest_devplug.kubeletmodel.dracheckpoint`; both read and write their files through this module. The only I/O
+in the kubelet model, kept here so that the embedded kubelet and the real-cluster backends share it.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ import stat
 import tempfile
 from pathlib import Path
 
-from pytest_devplug.kubeletmodel import checkpoint as _format
-from pytest_devplug.kubeletmodel.checkpoint import *  # noqa: F403 - the format's names, importable from here as before
 from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, CheckpointFormatError, decode_verified, encode
 
-__all__ = [*_format.__all__, "MAX_CHECKPOINT_BYTES", "read_bytes", "read_checkpoint", "write_checkpoint", "write_atomically"]
+__all__ = ["MAX_CHECKPOINT_BYTES", "read_bytes", "read_checkpoint", "write_checkpoint", "write_atomically"]
 
 #: Read no more than this: a real checkpoint holds a few hundred bytes per container.
 MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024

@@ -19,7 +19,7 @@ from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel import gojson
 from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointFormatError
 from pytest_devplug.kubeletmodel.gojson import Number, Object, Value
-from pytest_devplug.sim.checkpoint import read_bytes, write_atomically
+from pytest_devplug.kubeletmodel.checkpointfile import read_bytes, write_atomically
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -185,7 +185,9 @@ def _driver_state(value: Value, source: str) -> dict[str, list[PreparedDevice] |
     if value is None:
         return None
     out: dict[str, list[PreparedDevice] | None] = {}
-    for driver, state in _expect(value, Object, "ClaimInfoState.DriverState", "map[string]state.DriverState", source).members:
+    for driver, state in _expect(
+        value, Object, "ClaimInfoState.DriverState", "map[string]state.DriverState", source
+    ).members:
         devices = out.get(driver)
         if state is not None:
             for key, v in _expect(state, Object, "DriverState", "state.DriverState", source).members:
@@ -235,9 +237,14 @@ def decode_data(data: str, *, source: str = CHECKPOINT_NAME) -> list[ClaimInfoSt
         if name in ("kind", "apiVersion"):
             _string(v, f"CheckpointData.{name}", source)
         elif name == "ClaimInfoStateList":
-            entries = None if v is None else [
-                _entry(e, source) for e in _expect(v, list, "CheckpointData.ClaimInfoStateList", "state.ClaimInfoStateList", source)
-            ]
+            entries = (
+                None
+                if v is None
+                else [
+                    _entry(e, source)
+                    for e in _expect(v, list, "CheckpointData.ClaimInfoStateList", "state.ClaimInfoStateList", source)
+                ]
+            )
     return entries
 
 
@@ -248,7 +255,9 @@ def is_dra_checkpoint(blob: bytes) -> bool:
         doc = gojson.parse(blob)
     except gojson.GoJSONSyntaxError:
         return False
-    return isinstance(doc, Object) and any(gojson.field_name(k, ("Data",)) and isinstance(v, str) for k, v in doc.members)
+    return isinstance(doc, Object) and any(
+        gojson.field_name(k, ("Data",)) and isinstance(v, str) for k, v in doc.members
+    )
 
 
 def decode(blob: bytes, *, source: str = CHECKPOINT_NAME) -> DRACheckpointFile:
@@ -266,7 +275,9 @@ def decode(blob: bytes, *, source: str = CHECKPOINT_NAME) -> DRACheckpointFile:
         elif name == "Checksum" and v is not None:
             text = _expect(v, Number, "Checkpoint.Checksum", "uint32", source).text
             if not text.isdigit() or int(text) > _UINT32_MAX:
-                raise CheckpointFormatError(f"{source}: cannot unmarshal number {text} into Checkpoint.Checksum of type uint32")
+                raise CheckpointFormatError(
+                    f"{source}: cannot unmarshal number {text} into Checkpoint.Checksum of type uint32"
+                )
             stored = int(text)
     return DRACheckpointFile(data, stored, decode_data(data, source=source))
 
