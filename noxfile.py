@@ -50,8 +50,23 @@ RUFF = "ruff>=0.6"
 def lint(session: nox.Session) -> None:
     """ruff on src/ and tests/ (pyproject's [tool.ruff]) and mypy --strict on both distributions' sources."""
     _install(session, RUFF, "mypy>=1.10", "types-protobuf", "types-PyYAML")
-    session.run("ruff", "check", "src", "tests", "plugin_under_test/src", "noxfile.py")
+    session.run("ruff", "check", "src", "tests", "plugin_under_test/src", "noxfile.py", "docs/hooks.py")
     session.run("mypy")  # strict = true in pyproject's [tool.mypy]
+
+
+#: The docs site's tools: mkdocs 1.6 for `validation:` (links and anchors checked), mkdocstrings 0.26 with the
+#: python handler for the reference pages rendered from docstrings.
+DOCS_TOOLS = ("mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26")
+
+
+@nox.session(python=PYTHON[0])
+def docs(session: nox.Session) -> None:
+    """Build the docs site (mkdocs.yml) with warnings as errors: a broken link or anchor, a page missing from the
+    nav, a docstring mkdocstrings cannot read fail the session. No network after the install (font: false)."""
+    session.install("-e", ".", *DOCS_TOOLS)
+    site = Path(session.create_tmp()) / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
+    session.log(f"site: {site / 'index.html'}")
 
 
 def _put_pyenv_builds_on_path(versions: list[str]) -> list[str]:

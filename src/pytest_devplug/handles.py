@@ -622,7 +622,8 @@ class PodHandle:
     def exec(self, *argv: str, container: str | None = None) -> ExecResult:
         """Run ``argv`` in the container: an :class:`ExecResult` (``returncode``, ``stdout``, ``stderr``).
 
-        On ``sim`` only the commands the README lists are answered; others raise ``UnsupportedOperationError``.
+        On ``sim`` only the commands docs/guides/backends.md lists are answered; others raise
+        ``UnsupportedOperationError``.
         """
         return self.backend.exec_pod(self.name, list(argv), container=container or self.container, namespace=self.namespace)
 

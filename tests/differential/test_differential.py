@@ -2,7 +2,7 @@
 
 Each test drives the same steps on both sides (same mock GPUs, same pod names) and compares observations:
 node counts, pod phase/reason/message, assigned device IDs, what Allocate injected, checkpoint entries,
-API-server rejections and the scheduler's message. Known differences are in the README's table (Backends: sim and kind).
+API-server rejections and the scheduler's message. Known differences are in docs/guides/backends.md's table.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def _pod_outcome(pod: PodHandle) -> dict[str, Any]:
     # The real kubelet hands the plugin a container's device IDs in Go set (map) iteration order, which is
     # random (devicemanager: allocDevices.UnsortedList()); the included plugin answers in request order, so
     # on kind the order of IDs in an env value and of device nodes/mounts varies from run to run. What the
-    # container gets is the same set: compare in sorted order (the order difference is in the README's table).
+    # container gets is the same set: compare in sorted order (the order difference is in
+    # docs/guides/backends.md's table).
     return {
         "phase": pod.phase,
         "devices": ids,

@@ -70,8 +70,8 @@ def test_dra_suite_passes_on_the_example_driver(peer_binary: Callable[[str], Pat
 @pytest.mark.parametrize("peer", ["dra-example-kubeletplugin", "dra-example-kubeletplugin-v040"])
 def test_example_driver_releases_fail_the_reboot_check(peer: str, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """v0.2.1 and v0.4.0 as released: the reboot check fails them with the runtime's CDI refusal. Passing it (the
-    release fixed) turns this strict xfail into a failure, so the row in the README gets updated; failing it for
-    another reason is a plain failure."""
+    release fixed) turns this strict xfail into a failure, so its row in docs/guides/dra-drivers.md gets updated;
+    failing it for another reason is a plain failure."""
     result = run_conformance(_command(peer_binary(peer)), ["-k", REBOOT_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S)
     _reboot_verdict(result, peer)
 

@@ -96,7 +96,8 @@ def test_dra_suite_passes_on_nvidias_dra_driver(peer_binary: Callable[[str], Pat
 @pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=UPSTREAM_BUG)
 def test_nvidias_dra_driver_fails_the_reboot_check(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """v0.4.0: the reboot check fails it with the runtime's CDI refusal. A release that passes turns this strict
-    xfail into a failure (update the README's row); failing it for another reason is a plain failure."""
+    xfail into a failure (update its row in docs/guides/dra-drivers.md); failing it for another reason is a plain
+    failure."""
     result = run_conformance(_command(peer_binary("gpu-kubelet-plugin")), ["-k", REBOOT_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S)
     _reboot_verdict(result)
 

@@ -81,8 +81,8 @@ def test_suite_passes_on_the_sriov_plugin(peer_binary: Callable[[str], Path], tm
 
 @pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=UPSTREAM_BUG)
 def test_netdevice_mode_with_cdi_lists_no_devices(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
-    """Passing (the defect fixed) turns this strict xfail into a failure, so the README's row gets updated; failing
-    for another reason is a plain failure."""
+    """Passing (the defect fixed) turns this strict xfail into a failure, so its row in
+    docs/guides/device-plugins.md gets updated; failing for another reason is a plain failure."""
     result = run_conformance(_options(peer_binary("sriovdp"), tmp_path, "netdevice", True), ["-k", "test_registers_its_resource"],
                              tmp_path, timeout=SUITE_TIMEOUT_S)  # fmt: skip
     failure = "\n".join(result.failed)

@@ -167,7 +167,7 @@ def devplug_plugin_spec():
 """
 
 #: The same project with fault injection: its plugin reads a health file, and its conftest gives the
-#: suite a FaultInjector that writes it (what the README's "Fault injection" section shows).
+#: suite a FaultInjector that writes it (what docs/guides/device-plugins.md's "Fault injection" section shows).
 CONFTEST_WITH_FAULTS = """
 import hashlib, json, os, pathlib, sys
 import pytest

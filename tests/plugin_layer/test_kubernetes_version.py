@@ -82,7 +82,7 @@ def test_header_names_the_release(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes 1.35.4 (feature gates ResourceHealthStatus=true); *"])
 
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes-releases.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "kubernetes-releases.md"
 
 
 def test_the_differences_table_has_every_rule_and_the_pins() -> None:

@@ -1,5 +1,5 @@
-"""docs/upstream-scenarios.md stays true: every check it names exists, and every row has a file, an It() text
-and either a check or a reason why none covers it."""
+"""docs/explanation/upstream-scenarios.md stays true: every check it names exists, and every row has a file, an
+It() text and either a check or a reason why none covers it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLE = ROOT / "docs" / "upstream-scenarios.md"
+TABLE = ROOT / "docs" / "explanation" / "upstream-scenarios.md"
 CONFORMANCE = ROOT / "src" / "pytest_devplug" / "conformance"
 UPSTREAM_FILES = {
     "device_plugin_test.go", "device_plugin_failures_test.go", "device_plugin_failures_pod_status_test.go",
@@ -40,7 +40,7 @@ def test_every_named_check_exists() -> None:
             found = test in _tests_in(ROOT / path) if path else name in suite
             if not found:
                 missing.append(f"{cells[1]!r} -> {name}")
-    assert not missing, "checks named in docs/upstream-scenarios.md that do not exist:\n" + "\n".join(missing)
+    assert not missing, f"checks named in {TABLE.relative_to(ROOT)} that do not exist:\n" + "\n".join(missing)
 
 
 def test_every_row_is_complete() -> None:
@@ -59,7 +59,7 @@ def test_every_row_is_complete() -> None:
     assert {r[0] for r in rows} == UPSTREAM_FILES, f"files without a row: {sorted(UPSTREAM_FILES - {r[0] for r in rows})}"
 
 
-DRA_TABLE = ROOT / "docs" / "upstream-dra-scenarios.md"
+DRA_TABLE = ROOT / "docs" / "explanation" / "upstream-dra-scenarios.md"
 DRA_SUITE = ROOT / "src" / "pytest_devplug" / "dra" / "conformance"
 #: The ``Context`` blocks of test/e2e_node/dra_test.go.
 DRA_CONTEXTS = {"Resource Kubelet Plugin", "Two resource Kubelet Plugins", "ResourceSlice", "Resource Health", "Device ShareID"}
@@ -82,7 +82,7 @@ def test_every_check_named_in_the_dra_table_exists() -> None:
         path, _, test = name.rpartition("::")
         if not (test in _tests_in(ROOT / path) if path else name in suite):
             missing.append(name)
-    assert not missing, "checks named in docs/upstream-dra-scenarios.md that do not exist:\n" + "\n".join(missing)
+    assert not missing, f"checks named in {DRA_TABLE.relative_to(ROOT)} that do not exist:\n" + "\n".join(missing)
 
 
 def test_every_dra_row_is_complete() -> None:

@@ -4,7 +4,7 @@ The health monitor writes it (probes and Xid events); ListAndWatch streams wait 
 version, so every change reaches every stream, and a re-registered plugin reports the same
 health because the store outlives the gRPC server.
 
-Health policy (docs/design.md): a critical Xid makes a GPU Unhealthy until it is reset; a GPU
+Health policy (docs/explanation/design.md): a critical Xid makes a GPU Unhealthy until it is reset; a GPU
 NVML reports lost is Unhealthy; a lost GPU that answers again is Healthy, and that clears an
 earlier Xid too (a lost-and-back GPU was reset).
 """

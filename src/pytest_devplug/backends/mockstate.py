@@ -1,4 +1,4 @@
-"""The mock-NVML state document (see docs/design.md): building it and editing it as the contract says.
+"""The mock-NVML state document (see docs/explanation/design.md): building it and editing it as the contract says.
 
 Pure functions over the JSON dict, so every backend shares them and only moves bytes to the node.
 """

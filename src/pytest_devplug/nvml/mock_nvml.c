@@ -4,7 +4,7 @@
  * Any process that loads "libnvidia-ml.so.1" (go-nvml's dlopen, pynvml's CDLL, a C program) gets
  * these functions, with NVML's names, struct layouts and return codes (NVIDIA's go-nvml module's
  * nvml.h is the reference). What the GPUs look like comes from the JSON file named by
- * DEVPLUG_NVML_STATE (docs/design.md):
+ * DEVPLUG_NVML_STATE (docs/explanation/design.md):
  *
  *   {"gpus": [{"uuid": "GPU-...", "model": "a100-40gb", "name": "...", "memory_mib": 40960, "numa_node": 0, "minor": 0,
  *              "lost": false, "fail_allocate": false,

@@ -6,7 +6,7 @@ reuses). Its ``ensure_kind``/``ensure_kubectl`` download binaries from GitHub/dl
 hand it a ``kind_path`` (so it never downloads) and talk to the API with the ``kubernetes`` client
 (so its kubectl is never needed).
 
-Choices, in order (each documented in docs/backends.md):
+Choices, in order (each documented in docs/guides/backends.md):
 
 - kind binary: ``--kind-bin``, ``$KIND_BIN`` (or build-all.sh's ``$DEVPLUG_KIND_BIN``), ``kind`` on PATH, else ``kind-config/offline/ensure-kind.sh``
   (repo checkouts: builds the pinned kind with ``go install``).
