@@ -53,10 +53,10 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc  # noqa:
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc  # noqa: E402
 from pytest_devplug.cli import main as devplug  # noqa: E402
 from pytest_devplug.nvml import mock_env  # noqa: E402
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, CheckpointFormatError, decode, encode  # noqa: E402
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, decode, encode  # noqa: E402
+from pytest_devplug.errors import CheckpointFormatError, NotFoundError  # noqa: E402
 from pytest_devplug.sim.cluster import SimCluster  # noqa: E402
 from pytest_devplug.sim.devicemanager import DeviceManager  # noqa: E402
-from pytest_devplug.sim.errors import NotFoundError  # noqa: E402
 from pytest_devplug.sim.kubelet import SimNode  # noqa: E402
 
 GPU = "nvidia.com/gpu"

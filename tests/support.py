@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.waiting import wait_for
+from pytest_devplug.errors import WaitTimeout
 
 if TYPE_CHECKING:
     from pytest_devplug.controlplane import Binaries
@@ -63,7 +64,8 @@ def wait_until(
 
 def control_plane_binaries() -> Binaries:
     """The real control plane's binaries: the cache, built there when missing (as ``nox -s tests`` does first)."""
-    from pytest_devplug.controlplane import BinariesNotFoundError, resolve
+    from pytest_devplug.controlplane import resolve
+    from pytest_devplug.errors import BinariesNotFoundError
     from pytest_devplug.controlplane.binaries import build
 
     try:

@@ -6,17 +6,14 @@ a ``conftest.py`` needs to point the fixtures at its own plugin (:class:`PluginS
 
 from .assertions import (
     assert_allocatable,
-    assert_devices_unhealthy,
     assert_allocate_injections,
     assert_checkpoint_survives_kubelet_restart,
-    assert_gpu_limit_rules,
+    assert_devices_unhealthy,
     assert_limit_rules,
     assert_registered,
     assert_reregisters_after_kubelet_restart,
 )
 from .backends.base import (
-    BackendError,
-    BackendUnavailableError,
     Checkpoint,
     CheckpointEntry,
     ContainerView,
@@ -25,32 +22,33 @@ from .backends.base import (
     MountView,
     NodeSpec,
     PluginSpec,
-    PodRejectedError,
     PodResourcesContainer,
     PodResourcesDevices,
     PodResourcesPod,
-    UnsupportedOperationError,
 )
-from .errors import ContainerStatusMissingError, DevplugError, ObjectNotFoundError, WaitAbandoned
-from .evidence import DevplugAssertionError
-from .faults import FaultInjector, FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults
-from .handles import (
-    ClusterHandle,
+from .errors import (
+    BackendError,
+    BackendUnavailableError,
+    ContainerStatusMissingError,
+    DevplugAssertionError,
+    DevplugError,
+    FaultNotSupportedError,
     MockControlsUnavailableError,
-    MockNvml,
-    NodeHandle,
-    PluginHandle,
-    PodFactory,
-    PodHandle,
+    ObjectNotFoundError,
+    PodRejectedError,
+    UnsupportedOperationError,
+    WaitAbandoned,
+    WaitTimeout,
 )
-from .waiting import WaitTimeout, wait_for
+from .faults import FaultInjector, MockNvmlFaults, NvmlXidFaults
+from .handles import ClusterHandle, MockNvml, NodeHandle, PluginHandle, PodFactory, PodHandle
+from .waiting import wait_for
 
 __all__ = [
     "assert_allocatable",
     "assert_devices_unhealthy",
     "assert_allocate_injections",
     "assert_checkpoint_survives_kubelet_restart",
-    "assert_gpu_limit_rules",
     "assert_limit_rules",
     "assert_registered",
     "assert_reregisters_after_kubelet_restart",

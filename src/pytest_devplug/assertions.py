@@ -1,7 +1,7 @@
 """Assertion helpers that check what matters about a device plugin, with bounded waits and evidence.
 
 Each helper waits (tenacity, bounded by the handle's timeout unless given) for the cluster to settle,
-and on failure raises :class:`~pytest_devplug.evidence.DevplugAssertionError` whose message says what
+and on failure raises :class:`~pytest_devplug.errors.DevplugAssertionError` whose message says what
 was expected and what was seen, carrying the plugin log, kubelet log, node status, pod events and
 checkpoint; the pytest plugin attaches those to the test report.
 """
@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
-from .backends.base import ContainerView, PodRejectedError
-from .evidence import DevplugAssertionError, collect_evidence, current_test_lines
+from .backends.base import ContainerView
+from .errors import DevplugAssertionError, PodRejectedError, WaitTimeout
+from .evidence import collect_evidence, current_test_lines
 from .handles import NodeHandle, PluginHandle, PodFactory, PodHandle
-from .waiting import WaitTimeout, wait_for
+from .waiting import wait_for
 
 __all__ = [
     "registration_path",
@@ -27,7 +28,6 @@ __all__ = [
     "assert_registered",
     "assert_allocatable",
     "assert_devices_unhealthy",
-    "assert_gpu_limit_rules",
     "assert_limit_rules",
     "assert_allocate_injections",
     "assert_checkpoint_survives_kubelet_restart",
@@ -394,10 +394,6 @@ def assert_limit_rules(pods: PodFactory, *, timeout: float | None = None) -> Non
     if bad:
         table = "\n".join(f"  {r.case}: expected {r.expected}; saw {r.seen}" for r in bad)
         raise _fail(f"extended-resource rules for {res} broken in {len(bad)} of {len(rows)} cases:\n{table}", node, made)
-
-
-#: The first name of :func:`assert_limit_rules` (the rules hold for every extended resource), kept as an alias.
-assert_gpu_limit_rules = assert_limit_rules
 
 
 def _match(value: str | None, want: ValueMatcher) -> bool:

@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .backends.base import ContainerView
+from .errors import UnknownBackingError
 
-__all__ = ["backing_gpu", "backed_devices", "injected_gpus", "UnknownBackingError", "Injections"]
+__all__ = ["backing_gpu", "backed_devices", "injected_gpus", "Injections"]
 
 _DEVICE_NODE = re.compile(r"(?:/dev/)?nvidia(\d+)")
 _VISIBLE_INDEX = re.compile(r"(\d+)(?::\d+)?")
@@ -33,10 +34,6 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 #: What ``Allocate`` gives a container for each of the given device IDs alone (a backend's ``device_injections``
 #: for the plugin under test); raises when the backend cannot ask.
 Injections = Callable[[list[str]], Mapping[str, ContainerView]]
-
-
-class UnknownBackingError(LookupError):
-    """A device ID is backed by no single mock GPU that the harness can tell (the message says why)."""
 
 
 def _names(gpu: Mapping[str, Any]) -> list[str]:

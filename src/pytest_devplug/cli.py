@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
-from .kubeletmodel.checkpoint import CheckpointData, CheckpointError, checksum, decode
+from .kubeletmodel.checkpoint import CheckpointData, checksum, decode
+from .errors import CheckpointError
 from .kubeletmodel.releases import DEFAULT_VERSION, releases
 from .options import add_cli_flags, cli_pytest_args, option
 from .kubeletmodel.checkpointfile import read_bytes
@@ -147,10 +148,11 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
 def _control_plane(args: argparse.Namespace) -> int:
     """``build``: the binaries into the cache (from Go modules; instant when cached); ``where``: which are used;
     ``stop DIR``: end a control plane kept by ``--keep-cluster``."""
-    from .controlplane import ControlPlaneError, resolve
+    from .controlplane import resolve
+    from .errors import ControlPlaneError
     from .controlplane.binaries import build
     from .controlplane.cluster import stop_kept
-    from .kubeletmodel.releases import VersionError
+    from .errors import VersionError
 
     try:
         if args.action == "build":
@@ -195,8 +197,10 @@ def _nvml_probe(args: argparse.Namespace) -> int:
     import os
     from dataclasses import asdict
 
-    from .nvml import STATE_ENV, MockBuildError, mock_library
-    from .nvml.probe import NvmlError, format_report, probe
+    from .nvml import STATE_ENV, mock_library
+    from .errors import MockBuildError
+    from .nvml.probe import format_report, probe
+    from .errors import NvmlError
 
     lib = args.lib
     if args.mock is not None:
@@ -223,7 +227,8 @@ def _nvml_probe(args: argparse.Namespace) -> int:
 
 def _nvml_lib(args: argparse.Namespace) -> int:
     """Print the mock library's path (building it at first use), so a plugin can be pointed at it by hand."""
-    from .nvml import MockBuildError, mock_library
+    from .nvml import mock_library
+    from .errors import MockBuildError
 
     try:
         lib = mock_library()

@@ -2,9 +2,10 @@
 harness raises on purpose, and each kind of failure is a type a caller can tell apart without reading the
 message (e.g. :class:`ObjectNotFoundError` for "not found").
 
-The modules that raise them re-export them where they lived before (``backends.base``, ``waiting``,
-``faults``, ``handles``, ``evidence``, ``nvml``), so existing imports keep working. Errors internal to the
-embedded kubelet (``sim.errors``) and the checkpoint codec derive from :class:`DevplugError` too.
+Every exception class of the package is defined here, and imported from here (or the package root) only: the
+modules that raise them do not re-export them. Internal errors (the embedded kubelet's, the control plane's, the
+checkpoint codec's) follow the public ones; the two scripts run by path with the standard library only
+(``sim/launcher.py``, ``nvml/smi.py``) keep theirs.
 
 :class:`Evidence`, what a :class:`DevplugAssertionError` carries, lives here too (``evidence`` re-exports it): the
 evidence module reads the cluster through ``backends``, which raise these errors, so it cannot be imported here.
@@ -12,14 +13,15 @@ evidence module reads the cluster through ``backends``, which raise these errors
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "Evidence",
     "DevplugError",
     "DevplugAssertionError",
+    "PluginNotReadyError",
     "BackendError",
     "ClaimError",
     "BackendUnavailableError",
@@ -58,6 +60,11 @@ class DevplugAssertionError(DevplugError, AssertionError):
     def __init__(self, message: str, evidence: Iterable[Evidence] = ()) -> None:
         super().__init__(message)
         self.evidence = list(evidence)
+
+
+class PluginNotReadyError(DevplugError, AssertionError):
+    """The plugin or DRA driver under test did not come up in an earlier test's set-up, whose report has the
+    details; a test asking for it since fails at once, pointing there (an ``AssertionError``: a failed test)."""
 
 
 class BackendError(DevplugError):
@@ -142,3 +149,244 @@ class MockBuildError(DevplugError, RuntimeError):
 
 class CompilerNotFoundError(MockBuildError):
     """No C compiler on this machine; the message says which names were tried and what to do."""
+
+
+# --- the Go JSON codec -----------------------------------------------------------------------------------
+
+
+class GoJSONSyntaxError(ValueError):
+    """The input is not JSON as Go's ``encoding/json`` reads it."""
+
+
+# --- quantities ------------------------------------------------------------------------------------------
+
+
+class QuantityError(DevplugError, ValueError):
+    """Not a quantity; the message names the input and the pattern quantities must match (``pattern``:
+    ``kubeletmodel.quantity.QUANTITY_REGEX_TEXT``, upstream's text)."""
+
+    def __init__(self, raw: object, pattern: str) -> None:
+        super().__init__(f"{raw!r} is not a quantity: quantities must match the regular expression '{pattern}'")
+        self.raw = raw
+
+
+# --- the device manager's checkpoint file ----------------------------------------------------------------
+
+
+class CheckpointError(DevplugError):
+    """A checkpoint file could not be used."""
+
+
+class CheckpointFormatError(CheckpointError, ValueError):
+    """The file is not a device-manager checkpoint (bad JSON or wrong shape); a ``ValueError`` too, as
+    :func:`parse_checkpoint` raised before it decoded by Go's rules."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The stored checksum does not match the data: the kubelet discards such a file."""
+
+    def __init__(self, path: str, stored: int, computed: int) -> None:
+        super().__init__(
+            f"{path}: checksum mismatch: stored {stored}, computed {computed} "
+            "(the kubelet logs this and starts with empty device state)"
+        )
+        self.stored = stored
+        self.computed = computed
+
+
+# --- CDI -------------------------------------------------------------------------------------------------
+
+
+class CdiSpecError(ValueError):
+    """A spec file is unreadable or invalid; the message names the file and the rule it breaks."""
+
+
+class UnresolvableCdiDevicesError(LookupError):
+    """Device names no spec resolves: the runtime would refuse to create the container."""
+
+    def __init__(self, names: Sequence[str], seen: Mapping[str, str]) -> None:
+        self.names, self.seen = list(names), dict(seen)
+        specs = "; ".join(f"{path}: {what}" for path, what in sorted(self.seen.items())) or "no spec files"
+        super().__init__(f"unresolvable CDI devices {', '.join(self.names)}; specs seen: {specs}")
+
+
+# --- Kubernetes releases ---------------------------------------------------------------------------------
+
+
+class VersionError(ValueError):
+    """An unknown Kubernetes version or a feature-gate setting that release refuses; the text says which."""
+
+
+# --- the API server client -------------------------------------------------------------------------------
+
+
+class RestError(DevplugError):
+    """The API server refused a request; ``str()`` is its own message (e.g. ``resourceclaims.resource.k8s.io "x"
+    not found``), as client-go's error reads. ``details``: the Status's ``details`` (``kind``, ``name``, ...)."""
+
+    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.details = dict(details or {})
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+# --- device backings -------------------------------------------------------------------------------------
+
+
+class UnknownBackingError(LookupError):
+    """A device ID is backed by no single mock GPU that the harness can tell (the message says why)."""
+
+
+# --- NVML ------------------------------------------------------------------------------------------------
+
+
+class NvmlError(DevplugError):
+    """An NVML call returned an error code; ``code`` is NVML's value, the message its name."""
+
+    def __init__(self, call: str, code: int, text: str) -> None:
+        super().__init__(f"{call}: {text} ({code})")
+        self.code = code
+        self.text = text
+
+
+# --- real nodes ------------------------------------------------------------------------------------------
+
+
+class NodeGrpcError(BackendError):
+    """The service at a node's socket answered a gRPC error (``code``: its name, ``UNIMPLEMENTED``; ``STREAM_ENDED``: a
+    server stream ended before its first message)."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"rpc error: code = {code} desc = {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_stderr(cls, text: str) -> NodeGrpcError | None:
+        """The error ``backends.k8s.node.GRPC_CALL`` reported on stderr, if it did."""
+        marker = text.rfind("RPCERROR ")
+        if marker < 0:
+            return None
+        code, _, details = text[marker + len("RPCERROR ") :].partition(" ")
+        return cls(code, details.strip())
+
+
+class NodeCommandError(BackendError):
+    """A command on the node ran and failed (as opposed to the node not being reachable)."""
+
+
+# --- kind ------------------------------------------------------------------------------------------------
+
+
+class ToolError(BackendError):
+    """A host command (``kind``, ``docker``) failed; the message carries its exit status and output tail."""
+
+
+# --- the real control plane ------------------------------------------------------------------------------
+
+
+class ControlPlaneError(DevplugError):
+    """The real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) failed."""
+
+
+class BinariesNotFoundError(ControlPlaneError):
+    """A component's binary is in none of the sources; the message names them and the ways out."""
+
+
+class ComponentFailedError(ControlPlaneError):
+    """A component exited or did not become ready; the message carries its log tail."""
+
+
+# --- the embedded kubelet --------------------------------------------------------------------------------
+
+
+class SimError(DevplugError):
+    """Base of every error raised by the embedded kubelet."""
+
+
+class AdmissionError(SimError):
+    """The kubelet rejected a pod: ``reason`` and ``message`` as they appear in the pod status
+    (``message`` without the ``Pod was rejected: `` prefix, which the kubelet adds)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class ApiError(SimError):
+    """The API server refused a request (``status`` 422 for validation, 409 for conflicts)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFoundError(ApiError):
+    """The embedded API server has no such object (404, upstream's ``<kind> "<name>" not found``)."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(404, "NotFound", f'{kind} "{name}" not found')
+
+
+class PluginProcessError(SimError):
+    """A plugin subprocess could not be started or did not behave (exit, timeout)."""
+
+
+class NamespaceUnavailableError(PluginProcessError):
+    """A plugin that needs the kubelet's standard paths cannot get its private mount namespace here
+    (neither root nor unprivileged user namespaces); the message names both ways out."""
+
+
+class PreStartError(SimError):
+    """``PreStartContainer`` could not be done for a container, so the kubelet does not start it
+    (upstream: the error of ``GetDeviceRunContainerOptions``, e.g. ``device plugin PreStartContainer
+    rpc failed with err: ...``)."""
+
+
+class PluginHandlerError(SimError):
+    """A handler refused a plugin; the text is upstream's (the watcher tells the plugin)."""
+
+
+class RegistrationError(PluginHandlerError):
+    """A registration was refused; the text is what the plugin receives."""
+
+
+class DRAPluginCallError(SimError):
+    """A call to a DRA plugin failed as a whole; ``str()`` is grpc-go's rendering of the status."""
+
+
+class DRAManagerError(SimError):
+    """The DRA manager cannot start (its checkpoint cannot be read)."""
+
+
+class DRAPrepareError(SimError):
+    """Preparing or unpreparing a pod's claims failed; the text is the kubelet's (the pod worker retries)."""
+
+
+class DRAPluginError(PluginHandlerError):
+    """A DRA plugin cannot be registered or used; the text is upstream's."""
+
+
+class PciNodeError(ValueError):
+    """The PCI node file is not usable; the text names the file, the function and the problem."""
+
+
+class EndpointError(SimError):
+    """An RPC to a plugin failed; ``str()`` is the text the kubelet would put in its error."""
+
+
+class SocketPathTooLongError(SimError):
+    """A Unix socket path longer than the kernel accepts (107 bytes)."""
+
+
+class AllocateError(SimError):
+    """``devicesToAllocate``/``allocateContainerResources`` failed; the text is upstream's."""

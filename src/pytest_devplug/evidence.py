@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from .backends.base import Backend, parse_checkpoint
-from .errors import DevplugAssertionError, Evidence
+from .errors import Evidence
 
-__all__ = ["Evidence", "DevplugAssertionError", "collect_evidence", "tail", "set_test_window", "current_test_lines"]
+__all__ = ["Evidence", "collect_evidence", "tail", "set_test_window", "current_test_lines"]
 
 #: Lines of a log kept in a report section: enough to see the story, short enough to read.
 LOG_TAIL_LINES = 80

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .handles import PluginHandle
 
 __all__ = [
-    "FaultInjector", "FaultNotSupportedError", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT", "fault_domain", "fail_pre_start",
+    "FaultInjector", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT", "fault_domain", "fail_pre_start",
 ]  # fmt: skip
 
 #: What a ``devplug_faults`` fixture must return, in one line (quoted by skips and errors).

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,10 +32,16 @@ from .backends.base import (
     node_tolerations,
     parse_checkpoint,
 )
-from .errors import ContainerStatusMissingError, MockControlsUnavailableError, ObjectNotFoundError
+from .errors import (
+    ContainerStatusMissingError,
+    MockControlsUnavailableError,
+    ObjectNotFoundError,
+    UnknownBackingError,
+    WaitTimeout,
+)
 from .kubeletmodel import quantity
 from .kubeletmodel.releases import RULES, KubeVersion
-from .waiting import WaitTimeout, wait_for
+from .waiting import wait_for
 
 __all__ = [
     "ClusterHandle",
@@ -46,7 +51,6 @@ __all__ = [
     "PodHandle",
     "PodFactory",
     "MockNvml",
-    "MockControlsUnavailableError",
     "DEFAULT_IMAGE",
     "parse_quantity",
 ]
@@ -160,6 +164,13 @@ class NodeHandle:
     def start_kubelet(self) -> None:
         self.backend.start_kubelet(self.name)
 
+    @property
+    def kubelet_running(self) -> bool:
+        """Whether the node's kubelet runs (``False`` between a :meth:`stop_kubelet` and its :meth:`start_kubelet`);
+        asked of the backend's optional ``kubelet_running(node)``, assumed where it has none."""
+        probe = getattr(self.backend, "kubelet_running", None)
+        return True if probe is None else bool(probe(self.name))
+
     def reboot(self) -> str:
         """Reboot the node: containers and plugin processes go, ``/var/run/cdi`` is emptied, the kubelet starts again;
         the plugin does not (``PluginHandle.start`` brings it back, as its DaemonSet would). Returns how the backend
@@ -224,7 +235,7 @@ class MockNvml:
     def backing_gpu(self, device_id: str) -> str:
         """The mock GPU's UUID that backs the plugin's ``device_id`` (a GPU or MIG UUID, ``<uuid>::<n>``,
         ``nvidia<minor>``, else what Allocate injects for it: :mod:`~pytest_devplug.backing`); raises
-        :class:`~pytest_devplug.backing.UnknownBackingError` when no single mock GPU does."""
+        :class:`~pytest_devplug.errors.UnknownBackingError` when no single mock GPU does."""
         return backing.backing_gpu(device_id, self.state["gpus"], self._plugin.injections)
 
     def backed_devices(self, device_ids: list[str] | None = None) -> dict[str, list[str]]:
@@ -315,17 +326,6 @@ class PluginHandle:
     def mark_changed(self, *, devices: bool = False) -> None:
         """Tell the deployment this plugin is no longer as deployed (``devices``: its devices changed too)."""
         self._changes.note(devices=devices)
-
-    @property
-    def dirty(self) -> bool:
-        """Deprecated: whether the plugin was changed since it was last clean (use :meth:`mark_changed`)."""
-        return self._changes.touched
-
-    @dirty.setter
-    def dirty(self, value: bool) -> None:
-        warnings.warn("PluginHandle.dirty = ... is deprecated: call mark_changed()", DeprecationWarning, stacklevel=2)
-        if value:
-            self.mark_changed()
 
     def __repr__(self) -> str:
         return f"PluginHandle({self.spec.resource_name!r} on {self.node.name!r})"
@@ -437,7 +437,8 @@ class PluginHandle:
             ) from None
 
     def _not_ready(self, message: str, exc: WaitTimeout[Any]) -> AssertionError:
-        from .evidence import DevplugAssertionError, collect_evidence
+        from .evidence import collect_evidence
+        from .errors import DevplugAssertionError
 
         why = f"; {exc.reason}" if exc.reason else ""
         return DevplugAssertionError(message + why, collect_evidence(self.backend, self.node.name))
@@ -455,7 +456,7 @@ class PluginHandle:
         def unlisted() -> list[str]:
             try:
                 backed = mock.backed_devices([i for r in self.resource_names for i in self.node.device_ids(r)])
-            except backing.UnknownBackingError:
+            except UnknownBackingError:
                 return []
             lost = {str(g["uuid"]) for g in mock.state["gpus"] if g.get("lost")}
             return [uuid for uuid, ids in backed.items() if not ids and uuid not in lost]
@@ -719,7 +720,8 @@ class PodHandle:
         return next(m for m in msgs if rx.search(m))
 
     def _failure(self, expected: str) -> AssertionError:
-        from .evidence import DevplugAssertionError, collect_evidence
+        from .evidence import collect_evidence
+        from .errors import DevplugAssertionError
 
         try:
             st = self.status
@@ -762,7 +764,7 @@ class PodFactory:
         self.namespace = namespace or getattr(backend, "pod_namespace", "default")
         self.resource_name = resource_name
         self.timeout = timeout
-        self.prefix = _dns_label(prefix)[:40].rstrip("-") or "devplug"
+        self.prefix = dns_label(prefix, fallback="devplug")
         self.created: list[tuple[str, str]] = []
 
     def _tolerations(self, node: str) -> list[dict[str, Any]]:
@@ -866,8 +868,10 @@ class PodFactory:
         return errors
 
 
-def _dns_label(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+def dns_label(text: str, *, fallback: str) -> str:
+    """``text`` as a prefix of names Kubernetes takes as DNS labels (pods, claims: ``[a-z0-9-]``, starting and ending
+    alphanumeric), at most 40 characters so a suffix still fits in 63; ``fallback`` when nothing of it is left."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or fallback
 
 
 class ClusterHandle:

@@ -17,28 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from .errors import DevplugError
+from .errors import RestError
 
-__all__ = ["KubeRest", "RestError", "MERGE_PATCH", "STRATEGIC_PATCH"]
+__all__ = ["KubeRest", "MERGE_PATCH", "STRATEGIC_PATCH"]
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
-
-
-class RestError(DevplugError):
-    """The API server refused a request; ``str()`` is its own message (e.g. ``resourceclaims.resource.k8s.io "x"
-    not found``), as client-go's error reads. ``details``: the Status's ``details`` (``kind``, ``name``, ...)."""
-
-    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.details = dict(details or {})
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
 
 
 def _error(status: int, http_reason: str, raw: bytes) -> RestError:

@@ -31,14 +31,10 @@ import pytest
 
 from .assertions import assert_registered
 from .backends import create_backend
-from .backends.base import (
-    Backend,
-    BackendUnavailableError,
-    NodeSpec,
-    PluginSpec,
-    UnsupportedOperationError,
-)
-from .evidence import DevplugAssertionError, Evidence, collect_evidence, set_test_window
+from .backends.base import Backend, NodeSpec, PluginSpec
+from .deployment import SessionDeployment
+from .errors import BackendUnavailableError, DevplugAssertionError, UnsupportedOperationError
+from .evidence import Evidence, collect_evidence, set_test_window
 from .faults import CONTRACT, FaultInjector, MockNvmlFaults, NvmlXidFaults
 from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, PodFactory
 from .options import CONVENTIONS, given, register
@@ -53,7 +49,6 @@ __all__ = [
     "GRACE_PERIOD_MARKER",
     "CONVENTION_MARKER",
     "DevplugWarning",
-    "PluginNotReadyError",
 ]
 
 #: The node the default fixtures deploy on.
@@ -201,7 +196,8 @@ def _control_plane_header(s: DevplugSettings) -> str:
     """``, control-plane=real (kubernetes v1.37.2, etcd v3.7.0 from ...)``: the binaries found now (no download)."""
     if s.backend != "sim" or s.backend_options.control_plane != "real":
         return ""
-    from .controlplane import BinariesNotFoundError, resolve
+    from .controlplane import resolve
+    from .errors import BinariesNotFoundError
 
     try:
         found = resolve(s.backend_options.k8s_bin_dir, version=s.backend_options.kube.release.minor, download=False).describe()
@@ -316,92 +312,38 @@ def _warn_odd_ids(resource: str, ids: list[str]) -> None:
         )
 
 
-class PluginNotReadyError(AssertionError):
-    """The plugin under test did not come up in an earlier test's set-up; that test's report has the details."""
+class PluginDeployable:
+    """The device plugin under test as the session deploys it (a :class:`~pytest_devplug.deployment.Deployable`)."""
 
-
-class _Deployment:
-    """The session's deployment of the plugin, redeployed when a test left it changed.
-
-    It owns the bookkeeping of what tests did to the plugin (``_changes``, which the handle reports to)."""
+    what = "the plugin under test"
 
     def __init__(self, cluster: ClusterHandle, node: NodeHandle, spec: PluginSpec) -> None:
         self.cluster, self.node, self.spec = cluster, node, spec
-        self.handle: PluginHandle | None = None
-        self.baseline: tuple[tuple[int | None, int | None], ...] = ()
-        self.ready = False
-        self.failure: AssertionError | None = None
-        self.failed_in = ""  # the test whose set-up reported the failure, in full
-        self._changes = PluginChanges()
 
-    def started(self) -> PluginHandle:
-        """Deployed, not waited for (registration tests judge registration themselves)."""
-        if self.handle is None:
-            self._changes = PluginChanges()
-            self.handle = self.cluster.deploy(self.node, self.spec, changes=self._changes)
-            self.ready = False
-        return self.handle
+    def deploy(self, changes: PluginChanges) -> PluginHandle:
+        return self.cluster.deploy(self.node, self.spec, changes=changes)
 
-    def faults_handed_out(self) -> None:
-        """An injector was handed out; one of a conftest does not report its changes, so assume it made some."""
-        self._changes.note(devices=True)
+    def wait_ready(self, handle: PluginHandle) -> None:
+        # The kubelet's capacity is whatever ListAndWatch lists (replicas, MIG devices): no count demanded.
+        for resource in self.spec.resource_names:
+            assert_registered(handle, resource=resource)
+        handle.wait_listed()
 
-    def get(self, test: str = "") -> PluginHandle:
-        if self.failure is not None:
-            # Do not wait again in every test for a plugin that never came up, nor repeat the whole report:
-            # one root cause, reported once; the tests after it fail at once pointing there.
-            first = str(self.failure).splitlines()[0] if str(self.failure) else type(self.failure).__name__
-            raise PluginNotReadyError(
-                f"the plugin under test did not come up (reported in full in {self.failed_in or 'an earlier test'}): "
-                f"{first[:300]}"
-            )
-        handle = self.started()
-        if not self.ready:
-            try:
-                # The kubelet's capacity is whatever ListAndWatch lists (replicas, MIG devices): no count demanded.
-                for resource in self.spec.resource_names:
-                    assert_registered(handle, resource=resource)
-                handle.wait_listed()
-            except AssertionError as exc:
-                self.failure, self.failed_in = exc, test
-                raise
-            self.ready = True
-            self.baseline = self._counts()
-            for resource in self.spec.resource_names:
-                _warn_odd_ids(resource, self.node.device_ids(resource))
-        return handle
-
-    def _counts(self) -> tuple[tuple[int | None, int | None], ...]:
+    def observe(self, handle: PluginHandle) -> tuple[tuple[int | None, int | None], ...]:
         """(capacity, allocatable) of every resource the plugin advertises."""
         return tuple(self.node.counts(r) for r in self.spec.resource_names)
 
-    def reset_if_needed(self) -> None:
-        h = self.handle
-        if h is None:
-            return
-        clean = not self._changes.touched and h.running and self._counts() == self.baseline
-        if clean:
-            return
-        if not self._changes.devices and self._restored(h):
-            return
-        self.cluster.backend.remove_plugin(self.node.name)
-        self.handle = None
-        self.get()
+    def came_up(self, handle: PluginHandle) -> None:
+        for resource in self.spec.resource_names:
+            _warn_odd_ids(resource, self.node.device_ids(resource))
 
-    def _restored(self, h: PluginHandle) -> bool:
-        """A plugin only stopped, killed or restarted (its devices untouched): start it again if needed and
-        wait until it is back as deployed. Much cheaper than a redeploy on a real cluster, where removing
-        a DaemonSet and creating it again waits for pod deletion and kubelet status updates."""
-        if not h.running:
-            h.start()  # through the handle: its waits give up on a crash again
-        try:
-            h.wait_listed()
-        except AssertionError:
-            return False
-        if self._counts() != self.baseline:
-            return False
-        self._changes.clear()
-        return True
+    def remove(self) -> None:
+        self.cluster.backend.remove_plugin(self.node.name)
+
+
+def plugin_deployment(cluster: ClusterHandle, node: NodeHandle, spec: PluginSpec) -> SessionDeployment[PluginHandle]:
+    """The session's deployment of the plugin ``spec`` on ``node``, as the plugin fixtures keep it."""
+    return SessionDeployment(PluginDeployable(cluster, node, spec))
 
 
 def node_kubernetes_version(config: pytest.Config, cluster: ClusterHandle, node: str) -> str:
@@ -429,10 +371,10 @@ def _devplug_deployment(
     devplug_cluster: ClusterHandle,
     devplug_node: NodeHandle,
     devplug_plugin_spec: PluginSpec,
-) -> _Deployment:
+) -> SessionDeployment[PluginHandle]:
     _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
     note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, node_kubernetes_version(pytestconfig, devplug_cluster, devplug_node.name))
-    return _Deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
+    return plugin_deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 
 @pytest.fixture(scope="session")
@@ -457,26 +399,31 @@ def _devplug_soak_early(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def devplug_plugin(
-    request: pytest.FixtureRequest, _devplug_deployment: _Deployment, devplug_settings: DevplugSettings
+    request: pytest.FixtureRequest, _devplug_deployment: SessionDeployment[PluginHandle], devplug_plugin_spec: PluginSpec
 ) -> Iterator[PluginHandle]:
     """The plugin under test (a PluginHandle), registered and ready. Deployed once per session; a test that changed it
     (faults, stop/kill/restart, ``devplug_faults`` used) gets it redeployed clean after it."""
     for mark in request.node.iter_markers(CONVENTION_MARKER):
         name = mark.args[0] if mark.args else "?"
-        if name not in _devplug_deployment.spec.conventions:
+        if name not in devplug_plugin_spec.conventions:
             pytest.skip(
                 f"convention check {name!r} ({CONVENTIONS.get(name, 'unknown convention')}): the kubelet does not "
-                f"require it and the plugin under test ({_devplug_deployment.spec.resource_name}) does not declare it "
+                f"require it and the plugin under test ({devplug_plugin_spec.resource_name}) does not declare it "
                 f"(--devplug-conventions {name} switches it on)"
             )
     state = _state(request)
-    state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
+    state.backend, state.node = _devplug_deployment.node.backend, _devplug_deployment.node.name
     handle = _devplug_deployment.get(request.node.nodeid)
     yield handle
-    # After an interrupt (Ctrl-C, SIGTERM) pytest tears this down at session end, with funcargs already None.
-    if "devplug_faults" in (getattr(request.node, "funcargs", None) or {}):
+    if used_fixture(request, "devplug_faults"):
         _devplug_deployment.faults_handed_out()
-    _devplug_deployment.reset_if_needed()
+    _devplug_deployment.reset_if_needed(request.node.nodeid)
+
+
+def used_fixture(request: pytest.FixtureRequest, name: str) -> bool:
+    """Whether the test asked for fixture ``name`` (after an interrupt, Ctrl-C or SIGTERM, pytest tears a test down
+    at session end with its funcargs already None: then it did not)."""
+    return name in (getattr(request.node, "funcargs", None) or {})
 
 
 @pytest.fixture
@@ -503,14 +450,13 @@ def devplug_faults(devplug_plugin: PluginHandle, devplug_settings: DevplugSettin
 
 @pytest.fixture
 def devplug_plugin_started(
-    request: pytest.FixtureRequest, _devplug_deployment: _Deployment
+    request: pytest.FixtureRequest, _devplug_deployment: SessionDeployment[PluginHandle]
 ) -> Iterator[PluginHandle]:
     """The plugin under test, deployed but not waited for: for tests that judge registration themselves."""
     state = _state(request)
-    state.backend, state.node = _devplug_deployment.cluster.backend, _devplug_deployment.node.name
+    state.backend, state.node = _devplug_deployment.node.backend, _devplug_deployment.node.name
     yield _devplug_deployment.started()
-    if _devplug_deployment.ready:
-        _devplug_deployment.reset_if_needed()
+    _devplug_deployment.reset_if_needed(request.node.nodeid)
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import pytest
 
 from .backends import mockstate
 from .backends.base import BackendOptions, PluginSpec
-from .kubeletmodel.releases import KubeVersion, VersionError, release
+from .kubeletmodel.releases import KubeVersion, release
+from .errors import VersionError
 from .options import CONVENTIONS, command_line, env_pairs, given, option, value
 from .soak import DEFAULT_SOAK_S
 
@@ -189,7 +190,8 @@ def _pci_node(text: Any) -> str | None:
     if not text:
         return None
     from .pcinodes import EXAMPLES, example
-    from .sim.pcinode import PciNodeError, load_pci_node
+    from .sim.pcinode import load_pci_node
+    from .errors import PciNodeError
 
     path = str(example(str(text))) if str(text) in EXAMPLES else os.path.abspath(str(text))
     try:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from .backends.base import NodeSpec, PluginSpec, UnsupportedOperationError
+from .backends.base import NodeSpec, PluginSpec
+from .errors import UnsupportedOperationError, WaitTimeout
 from .handles import ClusterHandle, NodeHandle, PluginHandle
-from .waiting import WaitTimeout, wait_for
+from .waiting import wait_for
 from .watch import Watch
 
 __all__ = ["SOAK_MARKER", "SOAK_NODE", "DEFAULT_SOAK_S", "SoakWatch"]

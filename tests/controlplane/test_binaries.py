@@ -17,7 +17,7 @@ import pytest
 
 from pytest_devplug.controlplane import binaries
 from pytest_devplug.controlplane.binaries import COMPONENTS, resolve
-from pytest_devplug.controlplane.errors import BinariesNotFoundError, ControlPlaneError
+from pytest_devplug.errors import BinariesNotFoundError, ControlPlaneError
 from pytest_devplug.kubeletmodel.releases import release as pinned
 from pytest_devplug.kubeletmodel.releases import releases
 

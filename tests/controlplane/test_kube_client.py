@@ -20,7 +20,8 @@ import pytest
 from pytest_devplug.backends.k8s.api import KubeApi
 from pytest_devplug.controlplane import ControlPlane
 from pytest_devplug.dra.objects import device_class_manifest, list_slices
-from pytest_devplug.kuberest import KubeRest, RestError
+from pytest_devplug.kuberest import KubeRest
+from pytest_devplug.errors import RestError
 from pytest_devplug.sim import apicluster
 from pytest_devplug.sim.apicluster import ApiCluster
 from pytest_devplug.sim.dra.api import RESOURCE_API, KubeletDRAApi

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.controlplane import Binaries, ComponentFailedError, ControlPlane
+from pytest_devplug.controlplane import Binaries, ControlPlane
+from pytest_devplug.errors import ComponentFailedError, ControlPlaneError
 from pytest_devplug.controlplane.cluster import stop_kept
-from pytest_devplug.controlplane.errors import ControlPlaneError
 from pytest_devplug.controlplane.pki import make_pki
 from pytest_devplug.controlplane.processes import DetachedProcess
 from pytest_devplug.sim.process import start_time

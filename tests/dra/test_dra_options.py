@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug import cli
-from pytest_devplug.backends.base import BackendOptions, UnsupportedOperationError
+from pytest_devplug.backends.base import BackendOptions
+from pytest_devplug.errors import UnsupportedOperationError
 from pytest_devplug.backends.dra import DriverSpec, dra_of
 from pytest_devplug.backends.sim import SimBackend
 

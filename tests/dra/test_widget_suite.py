@@ -22,10 +22,11 @@ from pytest_devplug.backends.base import BackendOptions, NodeSpec
 from pytest_devplug.backends.dra import DriverSpec, dra_of
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.controlplane.binaries import cache_root
+from pytest_devplug.deployment import SessionDeployment
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
 from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_restarts, test_scheduling, test_slices
 from pytest_devplug.dra.handles import ClaimFactory, DRANodeHandle, DriverHandle
-from pytest_devplug.dra.plugin import _DriverDeployment
+from pytest_devplug.dra.plugin import driver_deployment
 from pytest_devplug.dra.resync import ResyncWatch
 from pytest_devplug.handles import ClusterHandle
 
@@ -189,7 +190,7 @@ class WidgetFaults:
 
 
 @pytest.fixture(scope="module")
-def widget(real_backend: SimBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[_DriverDeployment, Path]]:
+def widget(real_backend: SimBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SessionDeployment[DriverHandle], Path]]:
     """The correct widget on a node of its own, deployed as the suite's fixtures deploy a driver."""
     control = tmp_path_factory.mktemp("widget") / "control.json"
     control.write_text("{}")
@@ -197,7 +198,7 @@ def widget(real_backend: SimBackend, tmp_path_factory: pytest.TempPathFactory) -
     name = real_backend.ensure_node(NodeSpec("widget"))
     node = DRANodeHandle(real_backend, dra, name, timeout=20.0, reregistration_timeout=40.0)
     spec = DriverSpec(driver_name=DRIVER, argv=[sys.executable, str(WIDGET), "--control", str(control)])
-    yield _DriverDeployment(node, spec), control
+    yield driver_deployment(node, spec), control
     dra.remove_driver(name)
 
 
@@ -208,7 +209,7 @@ FAULT_CHECKS = {name: getattr(test_faults, name) for name in dir(test_faults) if
 
 
 @pytest.mark.parametrize("name", sorted(FAULT_CHECKS))
-def test_fault_checks_pass_on_a_driver_with_an_injector(name: str, real_backend: SimBackend, widget: tuple[_DriverDeployment, Path]) -> None:
+def test_fault_checks_pass_on_a_driver_with_an_injector(name: str, real_backend: SimBackend, widget: tuple[SessionDeployment[DriverHandle], Path]) -> None:
     deployment, control = widget
     driver = deployment.get(name)
     factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix=name)

@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 from pytest_devplug.backends import create_backend
-from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError, PluginRestarts, PluginSpec, UnsupportedOperationError
+from pytest_devplug.backends.base import BackendOptions, PluginRestarts, PluginSpec
+from pytest_devplug.errors import BackendUnavailableError, UnsupportedOperationError
 from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.manifests import render_daemonsets
-from pytest_devplug.backends.kind import KindBackend, kind_backend
+from pytest_devplug.backends.kind import kind_backend
 from pytest_devplug.backends.kind.cluster import ClusterManager
 
 pytest_plugins = ["pytester"]
@@ -35,7 +36,7 @@ def test_without_docker_the_backend_says_so(monkeypatch: pytest.MonkeyPatch, tmp
 
 
 def test_grace_period_is_the_kubelets_constant() -> None:
-    backend = KindBackend(BackendOptions())  # the deprecated name still makes the kind backend
+    backend = kind_backend(BackendOptions())
     try:
         assert backend.grace_period == 300.0
         with pytest.raises(UnsupportedOperationError, match="endpointStopGracePeriod"):
@@ -169,7 +170,8 @@ def test_plugin_restarts_are_the_plugin_containers_restart_counts(monkeypatch: p
 @pytest.mark.parametrize("cid", ["abc; touch /pwned", "$(reboot)", "a" * 63, "A" * 64, "-s", "0" * 64 + "\n"])
 def test_container_ids_from_pod_status_never_reach_a_shell(cid: str) -> None:
     """Issue 11: the containerID went unquoted into ``sh -c`` as root on the node."""
-    from pytest_devplug.backends.base import BackendError, ExecResult
+    from pytest_devplug.backends.base import ExecResult
+    from pytest_devplug.errors import BackendError
     from pytest_devplug.backends.k8s.node import NodeOps
 
     scripts: list[str] = []

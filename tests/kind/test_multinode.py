@@ -17,8 +17,9 @@ import pytest
 
 from .kind_helpers import GPU_TAINT, KIND_RESOURCE, unavailable
 from pytest_devplug import ClusterHandle, NodeSpec, PluginSpec
-from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError
-from pytest_devplug.backends.kind import KindBackend
+from pytest_devplug.backends.base import BackendOptions
+from pytest_devplug.errors import BackendUnavailableError
+from pytest_devplug.backends.kind import kind_backend
 from pytest_devplug.handles import DEFAULT_IMAGE, PodHandle
 from pytest_devplug.settings import default_plugin_argv
 
@@ -33,7 +34,7 @@ def multi(request: pytest.FixtureRequest) -> Iterator[tuple[ClusterHandle, str]]
     opts = BackendOptions(
         timeout=90.0, cluster_name="devplug-multi", keep_cluster=bool(request.config.getoption("keep_cluster", default=False))
     )
-    backend = KindBackend(opts, config="multi-node.yaml")
+    backend = kind_backend(opts, config="multi-node.yaml")
     try:
         backend.start()
     except BackendUnavailableError as exc:

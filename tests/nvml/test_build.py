@@ -11,6 +11,7 @@ import pytest
 
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import build
+from pytest_devplug.errors import CompilerNotFoundError, MockBuildError
 
 
 @pytest.fixture
@@ -40,17 +41,17 @@ def test_cache_dir_follows_xdg_when_not_set(monkeypatch: pytest.MonkeyPatch, tmp
 
 def test_missing_compiler_is_named(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    with pytest.raises(build.CompilerNotFoundError, match=r"no C compiler found \(tried \$CC='/nonexistent/cc'"):
+    with pytest.raises(CompilerNotFoundError, match=r"no C compiler found \(tried \$CC='/nonexistent/cc'"):
         build.mock_library()
     monkeypatch.delenv("CC")
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(build.CompilerNotFoundError, match="tried cc, gcc, clang on PATH.*apt-get install gcc"):
+    with pytest.raises(CompilerNotFoundError, match="tried cc, gcc, clang on PATH.*apt-get install gcc"):
         build.mock_library()
 
 
 def test_compiler_failure_carries_its_output(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CC", "cc -include /nonexistent/header.h")
-    with pytest.raises(build.MockBuildError, match="building the mock libnvidia-ml.so.1 failed.*nonexistent/header.h"):
+    with pytest.raises(MockBuildError, match="building the mock libnvidia-ml.so.1 failed.*nonexistent/header.h"):
         build.mock_library()
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.backends import mockstate
-from pytest_devplug.nvml.probe import EventData, Handle, Nvml, NvmlError
+from pytest_devplug.nvml.probe import EventData, Handle, Nvml
+from pytest_devplug.errors import NvmlError
 
 from .nvml_helpers import StateFile
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.backends import mockstate
-from pytest_devplug.nvml.probe import Handle, Nvml, NvmlError
+from pytest_devplug.nvml.probe import Handle, Nvml
+from pytest_devplug.errors import NvmlError
 from pytest_devplug.waiting import wait_for
 
 from .nvml_helpers import StateFile

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.backends import mockstate
-from pytest_devplug.nvml.build import SOURCE, CompilerNotFoundError, find_compiler
+from pytest_devplug.nvml.build import SOURCE, find_compiler
+from pytest_devplug.errors import CompilerNotFoundError
 
 CASES = 12_000
 TOKENS = [

@@ -10,7 +10,8 @@ import math
 import pytest
 
 from pytest_devplug.backends import mockstate
-from pytest_devplug.nvml.probe import Nvml, NvmlError
+from pytest_devplug.nvml.probe import Nvml
+from pytest_devplug.errors import NvmlError
 from pytest_devplug.sim.gpunode import gpu_pci_functions
 
 from .nvml_helpers import StateFile

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.backends import mockstate
-from pytest_devplug.nvml.probe import Handle, Nvml, NvmlError, format_report, probe
+from pytest_devplug.nvml.probe import Handle, Nvml, format_report, probe
+from pytest_devplug.errors import NvmlError
 
 from .nvml_helpers import StateFile
 

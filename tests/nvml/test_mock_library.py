@@ -15,7 +15,8 @@ import pytest
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import STATE_ENV
 from pytest_devplug.nvml.build import find_compiler
-from pytest_devplug.nvml.probe import Handle, Nvml, NvmlError
+from pytest_devplug.nvml.probe import Handle, Nvml
+from pytest_devplug.errors import NvmlError
 
 from .nvml_helpers import StateFile
 

@@ -21,7 +21,7 @@ from pytest_devplug.api.dra import v1beta1_pb2_grpc as pb_beta_grpc
 from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
 from pytest_devplug.api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.dra.client import DRAPluginCallError
+from pytest_devplug.errors import DRAPluginCallError
 
 from ..support import wait_until
 from .dra_helpers import DRIVER, UNREACHABLE_KUBECONFIG, DriverDirs, HealthReader, KubeletSide, driver_dirs

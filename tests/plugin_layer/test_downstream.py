@@ -242,7 +242,7 @@ def devplug_faults(devplug_plugin, health_file) -> FaultInjector:
 TEST_WIDGET = """
 from pytest_devplug import (
     assert_allocatable, assert_allocate_injections, assert_checkpoint_survives_kubelet_restart,
-    assert_gpu_limit_rules, assert_registered, assert_reregisters_after_kubelet_restart,
+    assert_limit_rules, assert_registered, assert_reregisters_after_kubelet_restart,
 )
 
 
@@ -264,7 +264,7 @@ def test_widget_end_to_end(devplug_plugin, devplug_pod):
 
 
 def test_widget_rules_and_restart(devplug_plugin, devplug_pod):
-    assert_gpu_limit_rules(devplug_pod)
+    assert_limit_rules(devplug_pod)
     assert_reregisters_after_kubelet_restart(devplug_plugin, count=3)
 
 

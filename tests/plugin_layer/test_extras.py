@@ -10,7 +10,8 @@ import pytest
 import pytest_devplug.plugin
 from pytest_devplug import cli
 from pytest_devplug.backends import create_backend, missing_kind_dependencies
-from pytest_devplug.backends.base import BackendOptions, BackendUnavailableError
+from pytest_devplug.backends.base import BackendOptions
+from pytest_devplug.errors import BackendUnavailableError
 
 pytest_plugins = ["pytester"]
 

@@ -16,7 +16,8 @@ from pytest_devplug import PluginSpec, assert_allocatable, assert_registered, as
 from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.handles import ClusterHandle, PluginHandle
-from pytest_devplug.waiting import WaitAbandoned, WaitTimeout, wait_for
+from pytest_devplug.waiting import wait_for
+from pytest_devplug.errors import WaitAbandoned, WaitTimeout
 
 from ..support import sim_cluster
 

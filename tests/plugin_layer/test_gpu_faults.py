@@ -14,11 +14,12 @@ from collections.abc import Iterator
 import pytest
 
 from pytest_devplug import ClusterHandle, NodeSpec, PluginHandle, PluginSpec, assert_devices_unhealthy
-from pytest_devplug.backends.base import BackendOptions, ContainerView, DeviceNodeView, UnsupportedOperationError
+from pytest_devplug.backends.base import BackendOptions, ContainerView, DeviceNodeView
+from pytest_devplug.errors import FaultNotSupportedError, UnknownBackingError, UnsupportedOperationError
 from pytest_devplug.backends.mockstate import initial_state, mig_uuid
 from pytest_devplug.backends.sim import SimBackend
-from pytest_devplug.backing import UnknownBackingError, backed_devices, backing_gpu, injected_gpus
-from pytest_devplug.faults import FaultNotSupportedError, MockNvmlFaults, NvmlXidFaults, fault_domain
+from pytest_devplug.backing import backed_devices, backing_gpu, injected_gpus
+from pytest_devplug.faults import MockNvmlFaults, NvmlXidFaults, fault_domain
 from pytest_devplug.settings import default_plugin_argv
 
 GPUS = initial_state(2, 1)["gpus"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.kubeletmodel.featuregates_generated import GATES
-from pytest_devplug.kubeletmodel.releases import DEFAULT_VERSION, RULES, KubeVersion, VersionError, release, releases
+from pytest_devplug.kubeletmodel.releases import DEFAULT_VERSION, RULES, KubeVersion, release, releases
+from pytest_devplug.errors import VersionError
 
 pytest_plugins = ["pytester"]
 

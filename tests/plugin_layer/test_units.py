@@ -12,19 +12,11 @@ from typing import Any
 import pytest
 
 from pytest_devplug.backends import create_backend, mockstate
-from pytest_devplug.backends.base import (
-    BackendOptions,
-    BackendUnavailableError,
-    ContainerView,
-    DeviceNodeView,
-    MountView,
-    UnsupportedOperationError,
-    parse_checkpoint,
-)
+from pytest_devplug.backends.base import BackendOptions, ContainerView, DeviceNodeView, MountView, parse_checkpoint
 from pytest_devplug.backends.sim import emulate_exec
-from pytest_devplug.errors import ObjectNotFoundError
+from pytest_devplug.errors import BackendUnavailableError, ObjectNotFoundError, UnsupportedOperationError, WaitTimeout
 from pytest_devplug.handles import PodFactory, parse_quantity
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.waiting import wait_for
 
 pytest_plugins = ["pytester"]
 
@@ -163,8 +155,6 @@ def test_pods_tolerate_the_taints_their_node_is_configured_with() -> None:
 
 
 def test_resource_neutral_names_and_their_gpu_aliases() -> None:
-    import pytest_devplug
-
     f = PodFactory(_NodesOnly(), node="n1", resource_name="example.com/w", timeout=1)  # type: ignore[arg-type]
     limits = {"limits": {"example.com/w": "2"}}
     assert f.manifest(2)["spec"]["containers"][0]["resources"] == limits
@@ -172,7 +162,6 @@ def test_resource_neutral_names_and_their_gpu_aliases() -> None:
     assert f.manifest(gpus=2)["spec"]["containers"][0]["resources"] == limits
     with pytest.raises(TypeError, match="count=1 or its alias gpus=2"):
         f.manifest(1, gpus=2)
-    assert pytest_devplug.assert_gpu_limit_rules is pytest_devplug.assert_limit_rules
 
 
 def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:

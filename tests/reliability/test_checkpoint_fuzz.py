@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from .reliability_support import RELIABILITY, GoDecoder, examples, go_decoder  # noqa: F401 (fixture)
 from .fuzz_inputs import checkpoint_files
 from pytest_devplug.cli import main as devplug
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, CheckpointFormatError, PodDevicesEntry, checksum, decode, encode
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, PodDevicesEntry, checksum, decode, encode
+from pytest_devplug.errors import CheckpointFormatError
 
 
 def _python_verdict(blob: bytes) -> tuple[CheckpointData, int] | None:

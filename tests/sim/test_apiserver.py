@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from pytest_devplug.sim.apiserver import admit_pod, decode_quantity, is_extended_resource, parse_quantity
-from pytest_devplug.sim.errors import ApiError
+from pytest_devplug.errors import ApiError
 
 from ._helpers import GPU, pod
 

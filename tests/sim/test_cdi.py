@@ -17,6 +17,7 @@ from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.settings import default_plugin_argv
 from pytest_devplug.kubeletmodel import cdi
 from pytest_devplug.kubeletmodel.views import DeviceNodeView, MountView
+from pytest_devplug.errors import UnresolvableCdiDevicesError
 
 SPEC: dict[str, Any] = {
     "cdiVersion": "0.6.0",
@@ -54,7 +55,7 @@ def test_a_later_directory_wins_and_equal_priority_conflicts(tmp_path: Path) -> 
     write(tmp_path / "run", "b.json", other)
     assert cdi.resolve(["example.com/gpu=gpu0"], [tmp_path / "etc", tmp_path / "run"]).env == {"SHARED": "run"}
     write(tmp_path / "run", "c.json", other)  # the same devices twice in /var/run/cdi: both unresolvable
-    with pytest.raises(cdi.UnresolvableCdiDevicesError, match="conflicting device 'example.com/gpu=gpu0'"):
+    with pytest.raises(UnresolvableCdiDevicesError, match="conflicting device 'example.com/gpu=gpu0'"):
         cdi.resolve(["example.com/gpu=gpu0"], [tmp_path / "etc", tmp_path / "run"])
 
 
@@ -81,7 +82,7 @@ def test_a_later_directory_wins_and_equal_priority_conflicts(tmp_path: Path) -> 
 )
 def test_an_invalid_spec_is_ignored_saying_why(tmp_path: Path, change: dict[str, Any], rule: str) -> None:
     path = write(tmp_path, "bad.json", {**SPEC, **change})
-    with pytest.raises(cdi.UnresolvableCdiDevicesError) as info:
+    with pytest.raises(UnresolvableCdiDevicesError) as info:
         cdi.resolve(["example.com/gpu=gpu0"], [tmp_path])
     assert info.value.names == ["example.com/gpu=gpu0"]
     assert rule in info.value.seen[str(path)], info.value.seen
@@ -91,13 +92,13 @@ def test_unresolvable_names_say_which_and_what_was_seen(tmp_path: Path) -> None:
     write(tmp_path, "example.json", SPEC)
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "broken.yaml").write_text("kind: [unclosed")
-    with pytest.raises(cdi.UnresolvableCdiDevicesError) as info:
+    with pytest.raises(UnresolvableCdiDevicesError) as info:
         cdi.resolve(["example.com/gpu=gpu0", "example.com/gpu=gpu7", "other.com/x=y"], [tmp_path])
     text = str(info.value)
     assert text.startswith("unresolvable CDI devices example.com/gpu=gpu7, other.com/x=y; specs seen: "), text
     assert "example.json: example.com/gpu devices ['gpu0', 'gpu1']" in text and "broken.json: ignored (" in text, text
     assert "broken.yaml: ignored (" in text and "cannot parse: while parsing a flow sequence" in text, text
-    with pytest.raises(cdi.UnresolvableCdiDevicesError, match=r"specs seen: .*nowhere: no spec files"):
+    with pytest.raises(UnresolvableCdiDevicesError, match=r"specs seen: .*nowhere: no spec files"):
         cdi.resolve(["example.com/gpu=gpu0"], [tmp_path / "nowhere"])
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.cli import main as devplug
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointData, CheckpointFormatError, PodDevicesEntry, checksum, decode, encode, render
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, PodDevicesEntry, checksum, decode, encode, render
+from pytest_devplug.errors import CheckpointCorruptError, CheckpointFormatError
 from pytest_devplug.kubeletmodel.checkpointfile import read_checkpoint, write_checkpoint
 
 DATA = Path(__file__).parent.parent / "data" / "checkpoints"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.cli import main as devplug
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, CheckpointFormatError, PodDevicesEntry, decode
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, PodDevicesEntry, decode
+from pytest_devplug.errors import CheckpointFormatError
 from pytest_devplug.kubeletmodel.checkpointfile import MAX_CHECKPOINT_BYTES, read_bytes, write_checkpoint
 from pytest_devplug.kubeletmodel.gojson import MAX_DEPTH
 

@@ -17,13 +17,12 @@ import grpc
 import pytest
 
 from pytest_devplug.backends import create_backend
-from pytest_devplug.backends.base import (
+from pytest_devplug.backends.base import BackendOptions, ExecResult, NodeSpec, PluginSpec
+from pytest_devplug.errors import (
     BackendError,
-    BackendOptions,
     BackendUnavailableError,
-    ExecResult,
-    NodeSpec,
-    PluginSpec,
+    NodeCommandError,
+    NodeGrpcError,
     UnsupportedOperationError,
 )
 from pytest_devplug.backends.k8s import gpunode
@@ -31,7 +30,7 @@ from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, NODE_POD_DEADLINE_S, node_pod_manifest
 from pytest_devplug.backends.k8s.manifests import own_daemonset, render_daemonsets, selector_of
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
-from pytest_devplug.backends.k8s.node import GRPC_CALL, NodeCommandError, NodeGrpcError, NodeOps
+from pytest_devplug.backends.k8s.node import GRPC_CALL, NodeOps
 
 pytest_plugins = ["pytester"]
 

@@ -19,7 +19,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME
 from pytest_devplug.kubeletmodel.checkpointfile import read_checkpoint
 from pytest_devplug.sim.devicemanager import DeviceManager
-from pytest_devplug.sim.errors import AdmissionError, PreStartError
+from pytest_devplug.errors import AdmissionError, PreStartError
 from pytest_devplug.kubeletmodel.views import ContainerSpec, PodSpecView
 from pytest_devplug.sim.process import PluginProcess
 from pytest_devplug.sim.registration import is_extended_resource_name, plugin_socket_path

@@ -20,7 +20,7 @@ from pytest_devplug.controlplane import ControlPlane
 from pytest_devplug.sim.apicluster import ApiCluster
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.clusterapi import ClusterApi
-from pytest_devplug.sim.errors import ApiError
+from pytest_devplug.errors import ApiError
 
 from ..support import control_plane_binaries
 from ._helpers import GPU, allocatable, phase, pod, start_gpu_node, wait_for

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from pytest_devplug.backends.base import BackendError, BackendOptions, ExecResult, NodeSpec, ObjectNotFoundError, PluginSpec
+from pytest_devplug.backends.base import BackendOptions, ExecResult, NodeSpec, PluginSpec
+from pytest_devplug.errors import BackendError, ObjectNotFoundError
 from pytest_devplug.backends.k8s import backend as kube_backend
 from pytest_devplug.backends.k8s.api import KubeApi
 from pytest_devplug.backends.k8s.backend import KubeBackend

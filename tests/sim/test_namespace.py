@@ -160,7 +160,7 @@ def test_no_root_and_no_user_namespaces_is_one_clear_error(tmp_path: Path) -> No
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from pytest_devplug.sim.errors import NamespaceUnavailableError
+        from pytest_devplug.errors import NamespaceUnavailableError
         from pytest_devplug.sim.process import PluginProcess
         d = Path({str(tmp_path)!r})
         p = PluginProcess(["true"], log_path=d / "p.log", binds=[(d / "dp", "/var/lib/kubelet/device-plugins")])

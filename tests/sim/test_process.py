@@ -17,7 +17,7 @@ import pytest
 from pytest_devplug.sim import workdir
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.devicemanager import DeviceManager
-from pytest_devplug.sim.errors import PluginProcessError
+from pytest_devplug.errors import PluginProcessError, SocketPathTooLongError
 from pytest_devplug.sim.process import PluginProcess, live_processes
 
 from ..support import WAIT, default_sigint, short_dir, wait_until
@@ -186,7 +186,7 @@ RESTART_AFTER_KILL_ALL = """
 import sys
 from pathlib import Path
 from pytest_devplug.sim import process
-from pytest_devplug.sim.errors import PluginProcessError
+from pytest_devplug.errors import PluginProcessError
 p = process.PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], log_path=Path(sys.argv[1]) / "p.log")
 p.start()
 process.kill_all()
@@ -333,7 +333,7 @@ def test_long_temp_dir_still_gives_working_sockets(monkeypatch: pytest.MonkeyPat
 def test_too_long_socket_path_is_a_clear_error(short_tmp: Path) -> None:
     deep = short_tmp / ("d" * 100)
     deep.mkdir()
-    with pytest.raises(workdir.SocketPathTooLongError) as info:
+    with pytest.raises(SocketPathTooLongError) as info:
         DeviceManager(deep).start()
     msg = str(info.value)
     assert str(deep / "kubelet.sock") in msg and "107-byte limit" in msg

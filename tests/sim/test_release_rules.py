@@ -26,7 +26,8 @@ from pytest_devplug.kubeletmodel.releases import RULES, KubeVersion
 from pytest_devplug.sim.cluster import SimCluster
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.dra.health import HealthInfoCache
-from pytest_devplug.sim.dra.plugins import DRAPluginError, DRAPluginManager
+from pytest_devplug.sim.dra.plugins import DRAPluginManager
+from pytest_devplug.errors import DRAPluginError
 from pytest_devplug.sim.pluginwatcher import DRA_PLUGIN_TYPE, PluginWatcher
 
 T = 10.0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import Backend, BackendOptions, BackendUnavailableError
+from .base import Backend, BackendOptions
+from ..errors import BackendUnavailableError
 from .extras import CLUSTER_MODULES, KIND_MODULES, missing_kind_dependencies, require_extra
 
 __all__ = ["BACKENDS", "CLUSTER_MODULES", "KIND_MODULES", "create_backend", "missing_kind_dependencies"]

@@ -14,13 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import (
-    BackendError,
-    BackendUnavailableError,
-    ObjectNotFoundError,
-    PodRejectedError,
-    UnsupportedOperationError,
-)
 from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
 from ..kubeletmodel.releases import KubeVersion
 from ..kubeletmodel.runoptions import applied_view
@@ -31,9 +24,6 @@ from .placeholders import fill_placeholders
 
 __all__ = [
     "Backend",
-    "BackendError",
-    "BackendUnavailableError",
-    "UnsupportedOperationError",
     "NodeSpec",
     "PluginSpec",
     "PluginRestarts",
@@ -395,7 +385,6 @@ class Backend(Protocol):
         """Change the grace period (sim only; kind raises ``UnsupportedOperationError``)."""
 
 
-__all__ += ["PodRejectedError"]
 
 
 @dataclass(frozen=True)
@@ -442,4 +431,3 @@ class BackendOptions:
 __all__ += ["BackendOptions"]
 
 
-__all__ += ["ObjectNotFoundError"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import BackendOptions, BackendUnavailableError, PluginSpec
+from .base import BackendOptions, PluginSpec
+from ..errors import BackendUnavailableError
 from .k8s.api import KubeApi
 from .k8s.backend import KubeBackend
 from .k8s.hostpod import HostPodTransport
 from .k8s.node import NodeTransport
 
-__all__ = ["KubeconfigProvider", "cluster_backend", "ClusterBackend"]
+__all__ = ["KubeconfigProvider", "cluster_backend"]
 
 
 class KubeconfigProvider:
@@ -71,7 +72,3 @@ class KubeconfigProvider:
 def cluster_backend(options: BackendOptions) -> KubeBackend:
     """The ``cluster`` backend (not started)."""
     return KubeBackend(options, KubeconfigProvider(options))
-
-
-#: The name of the class this backend was before it became a provider (deprecated; use :func:`cluster_backend`).
-ClusterBackend = cluster_backend

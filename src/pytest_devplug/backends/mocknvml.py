@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import BackendError
-from ..nvml import MockBuildError, mock_env
+from ..errors import BackendError, MockBuildError
+from ..nvml import mock_env
 
 __all__ = ["mock_nvml_env"]
 

@@ -8,7 +8,7 @@ by the next run when this one was killed.
 record answers honestly: ``env``, ``printenv [NAME...]``, ``ls [-1] /dev`` (a fixed base set plus
 the injected device nodes), ``ls PATH`` / ``test -e PATH`` for injected mounts and device nodes,
 and ``cat /proc/mounts`` style listing via ``mounts``. Anything else raises
-:class:`~pytest_devplug.backends.base.UnsupportedOperationError` instead of inventing an answer.
+:class:`~pytest_devplug.errors.UnsupportedOperationError` instead of inventing an answer.
 """
 
 from __future__ import annotations
@@ -26,27 +26,32 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ..api.podresources import v1_pb2, v1_pb2_grpc
-from ..nvml import MOCK_DRIVER_VERSION, MockBuildError, mock_library
+from ..nvml import MOCK_DRIVER_VERSION, mock_library
+from ..errors import (
+    BackendError,
+    BackendUnavailableError,
+    MockBuildError,
+    ObjectNotFoundError,
+    PciNodeError,
+    PodRejectedError,
+    UnresolvableCdiDevicesError,
+    UnsupportedOperationError,
+)
 from ..sim import workdir
 from ..nvml.driverroot import gpu_device_nodes
 from ..sim.gpunode import gpu_pci_functions, mig_cap_device_nodes, node_file_binds
-from ..sim.pcinode import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, PciNodeError, load_pci_node
+from ..sim.pcinode import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, load_pci_node
 from ..waiting import wait_for
 from . import mockstate
 from .base import (
-    BackendError,
     BackendOptions,
-    BackendUnavailableError,
     ContainerView,
     ExecResult,
     NodeSpec,
-    ObjectNotFoundError,
     PluginRestarts,
     PluginSpec,
-    PodRejectedError,
     PodResourcesDevices,
     PodResourcesPod,
-    UnsupportedOperationError,
 )
 from .extras import CLUSTER_MODULES, require_extra
 from .mocknvml import mock_nvml_env
@@ -123,7 +128,8 @@ class SimBackend:
     def _start_real(self) -> ClusterApi:
         """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
         require_extra("sim backend with --devplug-control-plane real", "cluster", CLUSTER_MODULES)
-        from ..controlplane import ControlPlane, ControlPlaneError, resolve
+        from ..controlplane import ControlPlane, resolve
+        from ..errors import ControlPlaneError
         from ..sim.apicluster import ApiCluster
 
         try:
@@ -182,7 +188,7 @@ class SimBackend:
         return self.cluster
 
     def sim_node(self, name: str) -> SimNode:
-        from ..sim.errors import NotFoundError
+        from ..errors import NotFoundError
 
         try:
             return self._c().node(name)
@@ -412,6 +418,9 @@ class SimBackend:
     def start_kubelet(self, node: str) -> None:
         self.sim_node(node).start_kubelet()
 
+    def kubelet_running(self, node: str) -> bool:
+        return bool(self.sim_node(node).running)
+
     def reboot_node(self, node: str) -> str:
         self.sim_node(node).reboot()
         return "rebooted (embedded kubelet): every container, sandbox and plugin process gone, /var/run/cdi emptied, /var/lib/kubelet kept"
@@ -460,7 +469,7 @@ class SimBackend:
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, manifest: JSONDict) -> JSONDict:
-        from ..sim.errors import ApiError
+        from ..errors import ApiError
 
         try:
             return dict(self._c().create_pod(manifest))
@@ -468,7 +477,7 @@ class SimBackend:
             raise PodRejectedError(exc.status, exc.reason, exc.message) from None
 
     def get_pod(self, name: str, namespace: str = "default") -> JSONDict:
-        from ..sim.errors import NotFoundError
+        from ..errors import NotFoundError
 
         try:
             return dict(self._c().get_pod(name, namespace))
@@ -476,7 +485,7 @@ class SimBackend:
             raise ObjectNotFoundError(str(exc)) from None
 
     def delete_pod(self, name: str, namespace: str = "default") -> None:
-        from ..sim.errors import ApiError
+        from ..errors import ApiError
 
         try:
             self._c().delete_pod(name, namespace)
@@ -497,7 +506,7 @@ class SimBackend:
         node = pod.get("spec", {}).get("nodeName")
         if not node:
             raise BackendError(f"pod {namespace}/{name} is not on a node yet")
-        from ..sim.errors import SimError
+        from ..errors import SimError
 
         try:
             rec = self.sim_node(node).container(pod["metadata"]["uid"], container)
@@ -510,7 +519,6 @@ class SimBackend:
         sees it, the edits of the CDI devices it names added."""
         from ..api.deviceplugin import v1beta1_pb2 as dp
         from ..api.deviceplugin import v1beta1_pb2_grpc as dpg
-        from ..kubeletmodel import cdi
         from ..sim.endpoint import go_rpc_error
         from ..kubeletmodel.runoptions import run_container_options
         from ..kubeletmodel.cdi import apply_edits
@@ -533,7 +541,7 @@ class SimBackend:
         for device_id, answer in zip(ids, resp.container_responses, strict=True):
             try:
                 out[device_id] = apply_edits(run_container_options([answer]), n.cdi_spec_dirs)
-            except cdi.UnresolvableCdiDevicesError as exc:
+            except UnresolvableCdiDevicesError as exc:
                 raise BackendError(f"Allocate of {resource} for {device_id!r} names CDI devices no spec resolves: {exc}") from None
         return out
 

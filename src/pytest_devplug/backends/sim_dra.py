@@ -26,16 +26,17 @@ from ..api.drahealth import v1alpha1_pb2 as hpb
 from ..api.drahealth import v1alpha1_pb2_grpc as hpb_grpc
 from ..api.pluginregistration import v1_pb2 as rpb
 from ..api.pluginregistration import v1_pb2_grpc as rpb_grpc
-from ..kuberest import KubeRest, RestError
+from ..kuberest import KubeRest
+from ..errors import BackendError, BackendUnavailableError, DRAPluginCallError, RestError, UnsupportedOperationError
 from ..kubeletmodel import cdi
-from ..sim.dra.client import SERVICE_V1, DRAPluginCallError, DRAPluginClient
+from ..sim.dra.client import SERVICE_V1, DRAPluginClient
 from ..sim.dra.health import HEALTH_SERVICE_V1, HEALTH_SERVICE_V1ALPHA1
 from ..sim.endpoint import go_rpc_error
 from ..sim.pluginwatcher import DRA_PLUGIN_TYPE
 from ..sim.dra.incluster import SERVICE_ACCOUNT_DIR, DriverCredentials, driver_credentials
 from ..waiting import wait_for
 from . import mockstate
-from .base import BackendError, BackendOptions, BackendUnavailableError, PluginSpec, UnsupportedOperationError
+from .base import BackendOptions, PluginSpec
 from .dra import DRACallRecord, DriverSpec, RegistrationRecord
 from .mocknvml import mock_nvml_env
 

@@ -7,9 +7,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from pytest_devplug.backends.base import UnsupportedOperationError
-from pytest_devplug.faults import FaultNotSupportedError
+from pytest_devplug.errors import UnsupportedOperationError
 from pytest_devplug.handles import NodeHandle, PluginHandle
+from pytest_devplug.suite_support import fault
 from pytest_devplug.waiting import wait_for
 
 __all__ = ["device_count", "fault", "numa_map", "require_topology", "short_grace_period", "wait_marked_unhealthy"]
@@ -42,15 +42,6 @@ def short_grace_period(plugin: PluginHandle, seconds: float) -> Iterator[float]:
         yield seconds
     finally:
         backend.set_grace_period(old)
-
-
-@contextmanager
-def fault(what: str) -> Iterator[None]:
-    """Run one injector call; a fault the injector says it cannot make skips the test, saying which."""
-    try:
-        yield
-    except FaultNotSupportedError as exc:
-        pytest.skip(f"the fault injector cannot {what}: {exc}")
 
 
 def wait_marked_unhealthy(

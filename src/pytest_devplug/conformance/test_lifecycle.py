@@ -7,7 +7,8 @@ import pytest
 from pytest_devplug import PluginHandle, PodFactory, assert_allocatable, assert_reregisters_after_kubelet_restart
 from pytest_devplug.assertions import UNLOGGED_PATH, registration_path
 from pytest_devplug.report import note_check
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.waiting import wait_for
+from pytest_devplug.errors import WaitTimeout
 
 from ._support import device_count, short_grace_period
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_devplug import MockNvml, PluginHandle, assert_devices_unhealthy
-from pytest_devplug.backing import UnknownBackingError
+from pytest_devplug.errors import UnknownBackingError
 from pytest_devplug.settings import DevplugSettings
 
 from ._support import wait_marked_unhealthy

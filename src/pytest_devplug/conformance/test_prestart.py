@@ -10,7 +10,7 @@ import pytest
 
 from pytest_devplug import FaultInjector, PluginHandle, PodFactory, PodHandle, UnsupportedOperationError, wait_for
 from pytest_devplug.faults import fail_pre_start
-from pytest_devplug.waiting import WaitTimeout
+from pytest_devplug.errors import WaitTimeout
 
 from ._support import fault
 

@@ -14,7 +14,8 @@ import pytest
 
 from pytest_devplug import PluginHandle, PodFactory, assert_registered
 from pytest_devplug.backends.base import applied_view
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.waiting import wait_for
+from pytest_devplug.errors import WaitTimeout
 
 
 def _resources(plugin: PluginHandle) -> tuple[str, ...]:

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 import pytest
 
 from pytest_devplug import NodeHandle, PluginHandle, PodFactory
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.waiting import wait_for
+from pytest_devplug.errors import WaitTimeout
 
 #: The kubelet's line for every Register call (embedded: ``... with resource X``; real: ``... resource name" resourceName="X"``).
 REGISTRATION = "Got registration request from device plugin with resource"

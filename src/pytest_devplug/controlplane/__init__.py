@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from .binaries import COMPONENTS, Binaries, resolve
 from .cluster import ControlPlane
-from .errors import BinariesNotFoundError, ComponentFailedError, ControlPlaneError
 
 __all__ = [
     "COMPONENTS",
     "Binaries",
-    "BinariesNotFoundError",
-    "ComponentFailedError",
     "ControlPlane",
-    "ControlPlaneError",
     "resolve",
 ]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..kubeletmodel.releases import Release, release
-from .errors import BinariesNotFoundError, ControlPlaneError
+from ..errors import BinariesNotFoundError, ControlPlaneError
 
 __all__ = [
     "COMPONENTS",

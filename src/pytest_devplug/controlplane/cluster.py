@@ -25,9 +25,9 @@ from typing import Any
 
 from ..sim import workdir
 from ..sim.process import start_time
-from ..waiting import WaitTimeout, wait_for
+from ..waiting import wait_for
+from ..errors import ComponentFailedError, ControlPlaneError, WaitTimeout
 from .binaries import Binaries
-from .errors import ComponentFailedError, ControlPlaneError
 from .pki import Pki, make_pki
 from .processes import PORT_RETRIES, Component, free_port, log_tail, terminate, write_kubeconfig
 

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ControlPlaneError
+from ..errors import ControlPlaneError
 
 __all__ = ["Pki", "make_pki"]
 

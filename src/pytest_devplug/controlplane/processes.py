@@ -20,10 +20,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..sim.errors import SimError
+from ..errors import ComponentFailedError, SimError, WaitTimeout
 from ..sim.process import PluginProcess
-from ..waiting import WaitTimeout, wait_for
-from .errors import ComponentFailedError
+from ..waiting import wait_for
 from .pki import Pki
 
 __all__ = ["PORT_RETRIES", "Component", "DetachedProcess", "free_port", "log_tail", "terminate", "write_kubeconfig"]

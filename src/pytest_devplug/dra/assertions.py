@@ -8,8 +8,9 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 
-from ..evidence import DevplugAssertionError, Evidence, _events, _kubelet_log, _pods, _safe, tail
-from ..waiting import WaitTimeout, wait_for
+from ..evidence import Evidence, _events, _kubelet_log, _pods, _safe, tail
+from ..errors import DevplugAssertionError, WaitTimeout
+from ..waiting import wait_for
 from .handles import ClaimHandle, ClaimPodHandle, DriverHandle, nested_spec_hint
 from .objects import DRACheckpoint, PreparedClaim
 

@@ -16,7 +16,7 @@ from ..backends import mockstate
 from ..errors import FaultNotSupportedError
 from .handles import DriverHandle
 
-__all__ = ["DRA_CONTRACT", "DRAFaultInjector", "DRAMockNvmlFaults", "DRANvmlXidFaults", "FaultNotSupportedError"]
+__all__ = ["DRA_CONTRACT", "DRAFaultInjector", "DRAMockNvmlFaults", "DRANvmlXidFaults"]
 
 #: What a ``devplug_dra_faults`` fixture must return, in one line (quoted by skips and errors).
 DRA_CONTRACT = (

@@ -7,15 +7,14 @@ each with a bounded timeout that stops at once when the driver process has exite
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..backends.base import DEFAULT_IMAGE, Backend, node_tolerations
 from ..backends.dra import DRABackend, DRACallRecord, DriverSpec, RegistrationRecord
-from ..errors import ObjectNotFoundError
-from ..handles import NodeHandle, PluginChanges, PodHandle, exit_report
-from ..kuberest import KubeRest, RestError
+from ..errors import ObjectNotFoundError, RestError
+from ..handles import NodeHandle, PluginChanges, PodHandle, dns_label, exit_report
+from ..kuberest import KubeRest
 from ..kubeletmodel.cdi import SPEC_DIRS
 from ..waiting import wait_for
 from .objects import (
@@ -288,10 +287,6 @@ class ClaimPodHandle(PodHandle):
         return next((c for c in self.conditions if c.get("type") == "PodScheduled"), None)
 
 
-def _dns(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40].rstrip("-") or "dra"
-
-
 def nested_spec_hint(pod: ClaimPodHandle, driver: DriverHandle) -> str:
     """Where the pod's CDI devices are defined only in a subdirectory of a CDI spec directory, say so: a runtime
     reads only the files directly in ``/etc/cdi`` and ``/var/run/cdi``, and refuses the container. ``""`` when not
@@ -332,7 +327,7 @@ class ClaimFactory:
         self.rest = driver.dra.rest
         self.node = driver.node
         self.timeout = timeout
-        self.prefix = _dns(prefix)
+        self.prefix = dns_label(prefix, fallback="dra")
         self.namespace: str = namespace or str(getattr(backend, "pod_namespace", "default"))
         self._made: list[str] = []  # API paths, oldest first
         self.pods: list[tuple[str, str]] = []

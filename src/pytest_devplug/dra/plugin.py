@@ -27,9 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from ..backends.base import NodeSpec, UnsupportedOperationError
+from ..backends.base import NodeSpec
+from ..errors import DevplugAssertionError, UnsupportedOperationError
 from ..backends.dra import DriverSpec, dra_of
-from ..evidence import DevplugAssertionError
+from ..deployment import SessionDeployment
 from ..handles import ClusterHandle, PluginChanges
 from ..options import command_line, env_pairs, given, option, register, value
 from ..plugin import (
@@ -39,6 +40,7 @@ from ..plugin import (
     node_kubernetes_version,
     say,
     subject_header,
+    used_fixture,
 )
 from ..settings import DevplugSettings, get_settings
 from ..report import is_dra_run, mark_dra_run, note_driver
@@ -194,101 +196,68 @@ def devplug_dra_node(devplug_cluster: ClusterHandle) -> DRANodeHandle:
                          reregistration_timeout=devplug_cluster.reregistration_timeout)  # fmt: skip
 
 
-class _DriverDeployment:
-    """The session's deployment of the driver, started again or redeployed when a test left it changed."""
+class DriverDeployable:
+    """The DRA driver under test as the session deploys it (a :class:`~pytest_devplug.deployment.Deployable`)."""
+
+    what = "the DRA driver under test"
 
     def __init__(self, node: DRANodeHandle, spec: DriverSpec) -> None:
         self.node, self.spec = node, spec
-        self.handle: DriverHandle | None = None
-        self.failure: AssertionError | None = None
-        self.failed_in = ""
-        self.ready = False
-        #: The devices the driver published when it came up.
-        self.baseline: list[tuple[str, str]] = []
-        self._changes = PluginChanges()
 
-    def started(self) -> DriverHandle:
-        if self.handle is None:
-            self._changes = PluginChanges()
-            self.node.dra.deploy_driver(self.node.name, self.spec)
-            self.handle = DriverHandle(self.node, self.spec, changes=self._changes)
-            self.ready = False
-        return self.handle
+    def deploy(self, changes: PluginChanges) -> DriverHandle:
+        self.node.dra.deploy_driver(self.node.name, self.spec)
+        return DriverHandle(self.node, self.spec, changes=changes)
 
-    def get(self, test: str) -> DriverHandle:
-        if self.failure is not None:
-            first = (str(self.failure).splitlines() or [type(self.failure).__name__])[0]
-            raise AssertionError(f"the DRA driver under test did not come up (reported in full in {self.failed_in}): {first[:300]}")
-        handle = self.started()
-        if not self.ready:
-            try:
-                assert_driver_registered(handle)
-                assert_slices_published(handle)
-            except AssertionError as exc:
-                self.failure, self.failed_in = exc, test
-                raise
-            self.ready = True
-            self.baseline = handle.devices()
-        return handle
+    def wait_ready(self, handle: DriverHandle) -> None:
+        assert_driver_registered(handle)
+        assert_slices_published(handle)
 
-    def reset_if_needed(self) -> None:
-        h = self.handle
-        if h is None:
-            return
-        if not self.node.kubelet_running:
-            self.node.start_kubelet()  # a test that failed between stopping and starting it
-        if not self._changes.touched and h.running and h.devices() == self.baseline:
-            return
-        # A kubelet restart deletes the node's slices; a driver publishes them again at once when it starts (its
-        # resync after a deletion may take 30 s), so a restart also restores them for the next test.
-        if self._changes.devices or not self._restarted(h):
-            self.node.dra.remove_driver(self.node.name)
-            self.handle = None
-            self.get("a redeploy after the previous test")
-        self._changes.clear()
+    def observe(self, handle: DriverHandle) -> list[tuple[str, str]]:
+        """The devices it publishes: a kubelet start deletes the node's slices."""
+        return handle.devices()
 
-    def _restarted(self, h: DriverHandle) -> bool:
-        if h.running and h.devices() != self.baseline:
-            h.stop()
-        if not h.running:
-            h.start()
-        try:
-            assert_driver_registered(h)
-            assert_slices_published(h)
-        except AssertionError:
-            return False
-        return h.devices() == self.baseline
+    def came_up(self, handle: DriverHandle) -> None:
+        pass
+
+    def remove(self) -> None:
+        self.node.dra.remove_driver(self.node.name)
+
+
+def driver_deployment(node: DRANodeHandle, spec: DriverSpec) -> SessionDeployment[DriverHandle]:
+    """The session's deployment of the driver ``spec`` on ``node``, as the DRA fixtures keep it."""
+    return SessionDeployment(DriverDeployable(node, spec))
 
 
 @pytest.fixture(scope="session")
 def _devplug_driver_deployment(
     pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec
-) -> _DriverDeployment:
+) -> SessionDeployment[DriverHandle]:
     if pytestconfig.stash.get(_HEADER_DRIVER_KEY, None) != devplug_driver_spec:  # unless the header showed exactly it
         say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}")
     kubernetes = node_kubernetes_version(pytestconfig, devplug_cluster, devplug_dra_node.name)
     note_driver(pytestconfig, get_settings(pytestconfig).backend, devplug_driver_spec, kubernetes)
-    return _DriverDeployment(devplug_dra_node, devplug_driver_spec)
+    return driver_deployment(devplug_dra_node, devplug_driver_spec)
 
 
 @pytest.fixture
-def devplug_driver(request: pytest.FixtureRequest, _devplug_driver_deployment: _DriverDeployment) -> Iterator[DriverHandle]:
+def devplug_driver(request: pytest.FixtureRequest, _devplug_driver_deployment: SessionDeployment[DriverHandle]) -> Iterator[DriverHandle]:
     """The DRA driver under test (a DriverHandle), registered with the kubelet and publishing its ResourceSlices.
     Deployed once per session; a test that stopped, killed or faulted it gets it started again (or redeployed)."""
     handle = _devplug_driver_deployment.get(request.node.nodeid)
     request.node.stash[_DRIVER_KEY] = (handle, None)
     yield handle
-    _devplug_driver_deployment.reset_if_needed()
+    if used_fixture(request, "devplug_dra_faults"):
+        _devplug_driver_deployment.faults_handed_out()
+    _devplug_driver_deployment.reset_if_needed(request.node.nodeid)
 
 
 @pytest.fixture
-def devplug_driver_started(request: pytest.FixtureRequest, _devplug_driver_deployment: _DriverDeployment) -> Iterator[DriverHandle]:
+def devplug_driver_started(request: pytest.FixtureRequest, _devplug_driver_deployment: SessionDeployment[DriverHandle]) -> Iterator[DriverHandle]:
     """The DRA driver under test, deployed but not waited for: for checks that judge registration themselves."""
     handle = _devplug_driver_deployment.started()
     request.node.stash[_DRIVER_KEY] = (handle, None)
     yield handle
-    _devplug_driver_deployment.ready = _devplug_driver_deployment.ready or handle.usable
-    _devplug_driver_deployment.reset_if_needed()
+    _devplug_driver_deployment.reset_if_needed(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

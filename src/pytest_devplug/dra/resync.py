@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 
-from ..backends.base import NodeSpec, UnsupportedOperationError
+from ..backends.base import NodeSpec
+from ..errors import RestError, UnsupportedOperationError, WaitTimeout
 from ..backends.dra import DriverSpec, dra_of
 from ..handles import ClusterHandle
-from ..kuberest import RestError
-from ..waiting import WaitTimeout, wait_for
+from ..waiting import wait_for
 from ..watch import Watch
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .handles import DRANodeHandle, DriverHandle
@@ -146,7 +146,7 @@ class ResyncWatch(Watch):
         driver = self.driver
         if driver is None or self.wiped_at is None:
             raise AssertionError(f"the driver's copy on {self.node_name} did not come up: {self.failed_start}")
-        from ..evidence import DevplugAssertionError
+        from ..errors import DevplugAssertionError
 
         stale = sorted(s.name for s in list_slices(driver.dra.rest, driver=STALE_DRIVER))
         if stale != [self.other_node]:

@@ -33,12 +33,11 @@ from typing import Any
 import yaml
 
 from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
+from ..errors import CdiSpecError, UnresolvableCdiDevicesError
 
 __all__ = [
     "SPEC_DIRS",
     "CdiEdits",
-    "CdiSpecError",
-    "UnresolvableCdiDevicesError",
     "CdiRegistry",
     "load_specs",
     "resolve",
@@ -59,19 +58,6 @@ _EDIT_KEYS = frozenset({"env", "deviceNodes", "hooks", "mounts", "intelRdt", "ad
 _NODE_KEYS = frozenset({"path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid"})
 _MOUNT_KEYS = frozenset({"hostPath", "containerPath", "options", "type"})
 _HOOK_KEYS = frozenset({"hookName", "path", "args", "env", "timeout"})
-
-
-class CdiSpecError(ValueError):
-    """A spec file is unreadable or invalid; the message names the file and the rule it breaks."""
-
-
-class UnresolvableCdiDevicesError(LookupError):
-    """Device names no spec resolves: the runtime would refuse to create the container."""
-
-    def __init__(self, names: Sequence[str], seen: Mapping[str, str]) -> None:
-        self.names, self.seen = list(names), dict(seen)
-        specs = "; ".join(f"{path}: {what}" for path, what in sorted(self.seen.items())) or "no spec files"
-        super().__init__(f"unresolvable CDI devices {', '.join(self.names)}; specs seen: {specs}")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_devplug.errors import DevplugError
+from pytest_devplug.errors import CheckpointCorruptError, CheckpointFormatError, GoJSONSyntaxError
 from pytest_devplug.kubeletmodel import gojson
 from pytest_devplug.kubeletmodel.gojson import Number, Object, Value
 
@@ -22,9 +22,6 @@ __all__ = [
     "CHECKPOINT_NAME",
     "PodDevicesEntry",
     "CheckpointData",
-    "CheckpointError",
-    "CheckpointFormatError",
-    "CheckpointCorruptError",
     "render",
     "checksum",
     "encode",
@@ -39,27 +36,6 @@ CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
-
-
-class CheckpointError(DevplugError):
-    """A checkpoint file could not be used."""
-
-
-class CheckpointFormatError(CheckpointError, ValueError):
-    """The file is not a device-manager checkpoint (bad JSON or wrong shape); a ``ValueError`` too, as
-    :func:`parse_checkpoint` raised before it decoded by Go's rules."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """The stored checksum does not match the data: the kubelet discards such a file."""
-
-    def __init__(self, path: str, stored: int, computed: int) -> None:
-        super().__init__(
-            f"{path}: checksum mismatch: stored {stored}, computed {computed} "
-            "(the kubelet logs this and starts with empty device state)"
-        )
-        self.stored = stored
-        self.computed = computed
 
 
 @dataclass
@@ -323,7 +299,7 @@ def decode(blob: bytes, *, source: str = "checkpoint") -> tuple[CheckpointData, 
     the checksum stored with it; raises :class:`CheckpointFormatError` where the kubelet errs."""
     try:
         doc = gojson.parse(blob)
-    except gojson.GoJSONSyntaxError as exc:
+    except GoJSONSyntaxError as exc:
         raise CheckpointFormatError(f"{source}: not JSON: {exc}") from None
     decoder = _Decoder(source)
     decoder.top(doc)

@@ -13,7 +13,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, CheckpointFormatError, decode_verified, encode
+from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, decode_verified, encode
+from pytest_devplug.errors import CheckpointFormatError
 
 __all__ = ["MAX_CHECKPOINT_BYTES", "read_bytes", "read_checkpoint", "write_checkpoint", "write_atomically"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel import gojson
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointFormatError
+from pytest_devplug.errors import CheckpointCorruptError, CheckpointFormatError, GoJSONSyntaxError
 from pytest_devplug.kubeletmodel.gojson import Number, Object, Value
 from pytest_devplug.kubeletmodel.checkpointfile import read_bytes, write_atomically
 
@@ -229,7 +229,7 @@ def decode_data(data: str, *, source: str = CHECKPOINT_NAME) -> list[ClaimInfoSt
     """The entries of a Data string (``GetClaimInfoStateList``); raises :class:`CheckpointFormatError`."""
     try:
         doc = gojson.parse(data.encode("utf-8", "surrogatepass"))
-    except gojson.GoJSONSyntaxError as exc:
+    except GoJSONSyntaxError as exc:
         raise CheckpointFormatError(f"{source}: Data is not JSON: {exc}") from None
     entries: list[ClaimInfoState] | None = None
     for key, v in _expect(doc, Object, "Data", "state.CheckpointData", source).members:
@@ -253,7 +253,7 @@ def is_dra_checkpoint(blob: bytes) -> bool:
     so one command can read either checkpoint."""
     try:
         doc = gojson.parse(blob)
-    except gojson.GoJSONSyntaxError:
+    except GoJSONSyntaxError:
         return False
     return isinstance(doc, Object) and any(
         gojson.field_name(k, ("Data",)) and isinstance(v, str) for k, v in doc.members
@@ -265,7 +265,7 @@ def decode(blob: bytes, *, source: str = CHECKPOINT_NAME) -> DRACheckpointFile:
     (``devplug checkpoint show`` prints a corrupt file too); raises :class:`CheckpointFormatError`."""
     try:
         doc = gojson.parse(blob)
-    except gojson.GoJSONSyntaxError as exc:
+    except GoJSONSyntaxError as exc:
         raise CheckpointFormatError(f"{source}: not JSON: {exc}") from None
     data, stored = "", 0
     for key, v in _expect(doc, Object, "checkpoint", "state.Checkpoint", source).members:

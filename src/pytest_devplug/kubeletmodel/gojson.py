@@ -15,15 +15,12 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Union
+from ..errors import GoJSONSyntaxError
 
-__all__ = ["MAX_DEPTH", "GoJSONSyntaxError", "Number", "Object", "Value", "field_name", "parse", "marshal"]
+__all__ = ["MAX_DEPTH", "Number", "Object", "Value", "field_name", "parse", "marshal"]
 
 #: ``maxNestingDepth`` of Go's scanner: the 10001st open bracket is a syntax error.
 MAX_DEPTH = 10000
-
-
-class GoJSONSyntaxError(ValueError):
-    """The input is not JSON as Go's ``encoding/json`` reads it."""
 
 
 @dataclass(frozen=True)

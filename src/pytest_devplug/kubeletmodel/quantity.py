@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from pytest_devplug.errors import DevplugError
+from pytest_devplug.errors import QuantityError
 
-__all__ = ["QUANTITY_REGEX_TEXT", "Quantity", "QuantityError", "parse_quantity"]
+__all__ = ["QUANTITY_REGEX_TEXT", "Quantity", "parse_quantity"]
 
 QUANTITY_REGEX_TEXT = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 _QUANTITY_RE = re.compile(r"([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)([eEinumkKMGTP]*[-+]?[0-9]*)")
@@ -21,14 +21,6 @@ _DECIMAL_SUFFIX = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T"
 _BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL_BY_EXP = {v: k for k, v in _DECIMAL_SUFFIX.items()}
 _BINARY_BY_EXP = {v: k for k, v in _BINARY_SUFFIX.items()}
-
-
-class QuantityError(DevplugError, ValueError):
-    """Not a quantity; the message names the input and the pattern quantities must match."""
-
-    def __init__(self, raw: object) -> None:
-        super().__init__(f"{raw!r} is not a quantity: quantities must match the regular expression '{QUANTITY_REGEX_TEXT}'")
-        self.raw = raw
 
 
 @dataclass(frozen=True)
@@ -61,16 +53,16 @@ def parse_quantity(raw: object) -> Quantity:
     ``\\n``, which is not a quantity. Raises :class:`QuantityError` (a ``ValueError``) naming the input.
     """
     if isinstance(raw, bool):
-        raise QuantityError(raw)
+        raise QuantityError(raw, QUANTITY_REGEX_TEXT)
     if isinstance(raw, int):
         return Quantity(Fraction(raw), "DecimalSI")
     if isinstance(raw, float):
         return parse_quantity(repr(raw))
     if not isinstance(raw, str):
-        raise QuantityError(raw)
+        raise QuantityError(raw, QUANTITY_REGEX_TEXT)
     m = _QUANTITY_RE.fullmatch(raw.strip(" "))
     if not m:
-        raise QuantityError(raw)
+        raise QuantityError(raw, QUANTITY_REGEX_TEXT)
     sign, digits, suffix = m.groups()
     number = Fraction(digits)
     if sign == "-":
@@ -82,7 +74,7 @@ def parse_quantity(raw: object) -> Quantity:
     em = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
     if em:
         return Quantity(number * Fraction(10) ** int(em.group(1)), "DecimalExponent")
-    raise QuantityError(raw)
+    raise QuantityError(raw, QUANTITY_REGEX_TEXT)
 
 
 def _canonical(value: Fraction, fmt: str) -> str:

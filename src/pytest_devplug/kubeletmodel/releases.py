@@ -19,6 +19,7 @@ from functools import lru_cache
 from importlib import resources
 
 from .featuregates_generated import DEPENDENCIES, GATES
+from ..errors import VersionError
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -26,15 +27,10 @@ __all__ = [
     "KubeVersion",
     "Release",
     "Rule",
-    "VersionError",
     "parse_feature_gates",
     "release",
     "releases",
 ]
-
-
-class VersionError(ValueError):
-    """An unknown Kubernetes version or a feature-gate setting that release refuses; the text says which."""
 
 
 @dataclass(frozen=True)

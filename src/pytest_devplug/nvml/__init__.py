@@ -4,10 +4,10 @@ Any NVML plugin (Go through go-nvml, Python through pynvml, C) loads the mock wh
 directory on ``LD_LIBRARY_PATH`` and names the mock-state file in ``DEVPLUG_NVML_STATE``.
 """
 
-from .build import LIB_NAME, STATE_ENV, CompilerNotFoundError, MockBuildError, mock_library
+from .build import LIB_NAME, STATE_ENV, mock_library
 
 __all__ = [
-    "LIB_NAME", "STATE_ENV", "MOCK_DRIVER_VERSION", "CompilerNotFoundError", "MockBuildError", "mock_library", "mock_env",
+    "LIB_NAME", "STATE_ENV", "MOCK_DRIVER_VERSION", "mock_library", "mock_env",
 ]  # fmt: skip
 
 #: The driver version the mock reports (``MOCK_DRIVER_VERSION`` in mock_nvml.c): a GPU node's stub driver root

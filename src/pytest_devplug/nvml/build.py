@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import CompilerNotFoundError, MockBuildError
 
 __all__ = [
-    "CFLAGS", "LIB_NAME", "SOURCE", "STATE_ENV", "CompilerNotFoundError", "MockBuildError",
+    "CFLAGS", "LIB_NAME", "SOURCE", "STATE_ENV",
     "cache_root", "find_compiler", "mock_library",
 ]  # fmt: skip
 

@@ -13,9 +13,9 @@ from ctypes import byref, c_char, c_int, c_uint, c_ulonglong, c_void_p
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DevplugError
+from ..errors import NvmlError
 
-__all__ = ["Handle", "NvmlError", "Nvml", "probe", "format_report"]
+__all__ = ["Handle", "Nvml", "probe", "format_report"]
 
 NVML_SUCCESS = 0
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -27,15 +27,6 @@ EVENT_TYPES = {
     0x10: "Clock", 0x20: "PowerSourceChange", 0x40: "MigConfigChange",
 }  # fmt: skip
 _BUF = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE / NAME_V2; >= the driver version buffer's 80
-
-
-class NvmlError(DevplugError):
-    """An NVML call returned an error code; ``code`` is NVML's value, the message its name."""
-
-    def __init__(self, call: str, code: int, text: str) -> None:
-        super().__init__(f"{call}: {text} ({code})")
-        self.code = code
-        self.text = text
 
 
 @dataclass(frozen=True)

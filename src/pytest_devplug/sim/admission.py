@@ -14,7 +14,7 @@ from typing import Any
 from ..kubeletmodel.quantity import parse_quantity
 from ..kubeletmodel.views import ContainerSpec, PodSpecView
 from .apiserver import is_extended_resource
-from .errors import AdmissionError
+from ..errors import AdmissionError
 from .scheduler import pod_requests, tolerates
 
 __all__ = ["pod_spec_view", "predicate_admit"]
@@ -47,7 +47,7 @@ def predicate_admit(
     allocated: Mapping[str, int],
 ) -> None:
     """``predicateAdmitHandler`` for ``pod`` beside the node's active pods ``others``: raises
-    :class:`~pytest_devplug.sim.errors.AdmissionError` with upstream's reason and message.
+    :class:`~pytest_devplug.errors.AdmissionError` with upstream's reason and message.
 
     ``allocatable`` is the node's (cpu in milli-units, memory in bytes); ``allocated``: resource -> devices the
     device manager holds for these pods, ``pod`` included."""

@@ -38,9 +38,10 @@ import urllib3
 from kubernetes.client import ApiException
 
 from ..kubeletmodel.releases import KubeVersion
-from ..kuberest import STRATEGIC_PATCH, KubeRest, RestError
-from ..waiting import WaitTimeout, wait_for
-from . import errors
+from ..kuberest import STRATEGIC_PATCH, KubeRest
+from ..errors import RestError, WaitTimeout
+from ..waiting import wait_for
+from .. import errors
 from .apiserver import now_rfc3339
 from .clusterapi import ClusterApi, ClusterBase
 from .dra.api import KubeletDRAApi

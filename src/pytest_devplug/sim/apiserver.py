@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from ..kubeletmodel.quantity import QUANTITY_REGEX_TEXT, Quantity, QuantityError, parse_quantity
-from .errors import ApiError
+from ..kubeletmodel.quantity import QUANTITY_REGEX_TEXT, Quantity, parse_quantity
+from ..errors import ApiError, QuantityError
 from .names import (
     dns1123_subdomain_errors,
     go_quote,

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..kubeletmodel.releases import KubeVersion
-from . import apiserver, errors
+from .. import errors
+from . import apiserver
 from .clusterapi import ClusterApi, ClusterBase
 from .kubelet import SimNode
 from .names import dns1123_subdomain_errors, go_quote

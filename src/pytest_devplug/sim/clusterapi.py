@@ -3,7 +3,7 @@
 Two implementations: :class:`~pytest_devplug.sim.cluster.SimCluster` (the embedded control plane: its own
 validation, scheduler and event store) and :class:`~pytest_devplug.sim.apicluster.ApiCluster` (a real
 kube-apiserver and kube-scheduler; the kubelets are its Nodes). Pods and nodes are JSON-shaped dicts as
-the API server returns them; refusals raise :class:`~pytest_devplug.sim.errors.ApiError` (404:
+the API server returns them; refusals raise :class:`~pytest_devplug.errors.ApiError` (404:
 ``NotFoundError``-compatible status), so the backend maps one error type for both.
 
 Both inherit :class:`ClusterBase`: what they do alike (the work dir, the context manager, the container

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SimError
+from ..errors import SimError
 from .process import PluginProcess, append_log
 
 __all__ = ["BackOffPolicy", "CrashBackOff", "KUBELET_BACKOFF", "PluginDaemon"]

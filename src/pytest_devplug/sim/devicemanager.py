@@ -22,14 +22,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
-from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointData, CheckpointError
+from pytest_devplug.kubeletmodel.checkpoint import CHECKPOINT_NAME, CheckpointData
+from pytest_devplug.errors import (
+    AdmissionError,
+    AllocateError,
+    CheckpointError,
+    EndpointError,
+    PreStartError,
+    RegistrationError,
+)
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
 from pytest_devplug.kubeletmodel.checkpointfile import read_checkpoint, write_checkpoint
-from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint, EndpointError
-from pytest_devplug.sim.errors import AdmissionError, PreStartError, SimError
+from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint
 from pytest_devplug.sim.pod_devices import NO_NUMA, PodDevices
-from pytest_devplug.sim.registration import RegistrationError, RegistrationServer, WatcherHandler, plugin_socket_path
+from pytest_devplug.sim.registration import RegistrationServer, WatcherHandler, plugin_socket_path
 from pytest_devplug.sim.topology import (
     POLICIES,
     TOPOLOGY_AFFINITY_MESSAGE,
@@ -40,17 +47,13 @@ from pytest_devplug.sim.topology import (
     merge_hints,
 )
 
-__all__ = ["DeviceManager", "AllocateError", "KUBELET_SOCKET", "HEALTHY", "UNHEALTHY", "NO_NUMA"]
+__all__ = ["DeviceManager", "KUBELET_SOCKET", "HEALTHY", "UNHEALTHY", "NO_NUMA"]
 
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 #: How often an allocation starts over after losing a race during GetPreferredAllocation.
 _MAX_RACE_RETRIES = 20
-
-
-class AllocateError(SimError):
-    """``devicesToAllocate``/``allocateContainerResources`` failed; the text is upstream's."""
 
 
 def _device_nodes(dev: pb.Device | None) -> list[int]:

@@ -19,9 +19,9 @@ import grpc
 
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
-from pytest_devplug.sim.errors import SimError
+from pytest_devplug.errors import EndpointError
 
-__all__ = ["Endpoint", "EndpointError", "go_rpc_error", "DIAL_TIMEOUT_S", "PRE_START_TIMEOUT_S"]
+__all__ = ["Endpoint", "go_rpc_error", "DIAL_TIMEOUT_S", "PRE_START_TIMEOUT_S"]
 
 #: upstream ``dial``: ``context.WithTimeout(..., 10*time.Second)`` with ``grpc.WithBlock()``.
 DIAL_TIMEOUT_S = 10.0
@@ -32,10 +32,6 @@ PRE_START_TIMEOUT_S = 30.0
 RPC_TIMEOUT_S = 60.0
 
 _GO_CODE_NAMES = {"CANCELLED": "Canceled", "OK": "OK"}
-
-
-class EndpointError(SimError):
-    """An RPC to a plugin failed; ``str()`` is the text the kubelet would put in its error."""
 
 
 def go_rpc_error(err: grpc.RpcError) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from ..kubeletmodel.releases import KubeVersion
 from ..kubeletmodel import cdi
-from . import errors
+from .. import errors
 from .admission import pod_spec_view, predicate_admit
 from .apiserver import now_rfc3339
 from .devicemanager import DeviceManager
@@ -47,6 +47,7 @@ from .podresources import PodResourcesServer
 from .podstatus import PodRecord, pod_phase, pod_status
 from .process import PluginProcess
 from .runtime import ContainerRecord, ContainerRuntime, image_pull_error
+from ..errors import UnresolvableCdiDevicesError
 
 #: How long a kubelet start waits for its wipe of the node's ResourceSlices (a few milliseconds when the API answers).
 STARTUP_WIPE_WAIT_S = 10.0
@@ -553,7 +554,7 @@ class SimNode:
             return False
         try:
             options = cdi.apply_edits(options, self.cdi_spec_dirs)
-        except cdi.UnresolvableCdiDevicesError as e:
+        except UnresolvableCdiDevicesError as e:
             # containerd refuses to create the container; the kubelet retries with back-off, reporting the same.
             msg = f"failed to create containerd container: CDI device injection failed: {e}"
             c.wait("CreateContainerError", msg)

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ..errors import PciNodeError
 
-__all__ = ["DEVICE_INFO_DIR", "PciFunction", "PciNode", "PciNodeError", "load_pci_node", "parse_pci_node", "PCI_IDS_PATH",
+__all__ = ["DEVICE_INFO_DIR", "PciFunction", "PciNode", "load_pci_node", "parse_pci_node", "PCI_IDS_PATH",
            "VFIO_DRIVER"]
 
 #: Where pcidb (ghw) and pciutils look first for the PCI ID database.
@@ -58,10 +59,6 @@ _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KEYS = frozenset({"address", "vendor", "device", "class", "driver", "numa_node", "iommu_group", "netdev", "mac", "rdma",
                    "physfn", "names"})  # fmt: skip
-
-
-class PciNodeError(ValueError):
-    """The PCI node file is not usable; the text names the file, the function and the problem."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.api.pluginregistration import v1_pb2_grpc as rpb_grpc
 from pytest_devplug.sim.endpoint import go_rpc_error
-from pytest_devplug.sim.errors import SimError
+from pytest_devplug.errors import PluginHandlerError
 
 __all__ = [
     "DEVICE_PLUGIN_TYPE",
@@ -39,7 +39,6 @@ __all__ = [
     "GET_INFO_TIMEOUT_S",
     "NOTIFY_TIMEOUT_S",
     "PluginHandler",
-    "PluginHandlerError",
     "RegistrationEvent",
     "PluginWatcher",
 ]
@@ -53,10 +52,6 @@ NOTIFY_TIMEOUT_S = 5.0
 #: nestedpendingoperations: initialDurationBeforeRetry, maxDurationBeforeRetry
 _BACKOFF_START_S = 0.5
 _BACKOFF_MAX_S = 122.0
-
-
-class PluginHandlerError(SimError):
-    """A handler refused a plugin; the text is upstream's (the watcher tells the plugin)."""
 
 
 class PluginHandler(Protocol):

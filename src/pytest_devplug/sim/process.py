@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from pytest_devplug.sim import launcher
-from pytest_devplug.sim.errors import NamespaceUnavailableError, PluginProcessError
+from pytest_devplug.errors import NamespaceUnavailableError, PluginProcessError
 
 __all__ = [
     "PluginProcess",

@@ -33,12 +33,11 @@ import grpc
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from pytest_devplug.sim.names import is_extended_resource_name
-from pytest_devplug.sim.pluginwatcher import PluginHandlerError
+from pytest_devplug.errors import RegistrationError
 from pytest_devplug.sim.workdir import check_socket_path
 
 __all__ = [
     "SUPPORTED_VERSIONS",
-    "RegistrationError",
     "RegistrationServer",
     "WatcherHandler",
     "is_extended_resource_name",
@@ -51,11 +50,6 @@ SUPPORTED_VERSIONS = ("v1beta1",)
 #: Register calls served at once. Each may wait out a dial (10 s); grpc-go has no limit at all,
 #: and threads are only made when calls arrive.
 MAX_CONCURRENT_REGISTRATIONS = 64
-
-
-
-class RegistrationError(PluginHandlerError):
-    """A registration was refused; the text is what the plugin receives."""
 
 
 def _go_quote_list(values: tuple[str, ...]) -> str:

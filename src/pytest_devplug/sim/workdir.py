@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 
 from . import process
-from .errors import SimError
+from ..errors import SocketPathTooLongError
 
-__all__ = ["SUN_PATH_MAX", "SocketPathTooLongError", "check_socket_path", "base_dir", "create", "remove", "sweep"]
+__all__ = ["SUN_PATH_MAX", "check_socket_path", "base_dir", "create", "remove", "sweep"]
 
 #: Longest Unix socket path Linux accepts (``sizeof(sun_path)`` minus the terminating NUL).
 SUN_PATH_MAX = 107
@@ -28,10 +28,6 @@ PREFIX = "devplug-"
 OWNER_FILE = ".devplug-owner"
 #: Room kept for ``c/<node>/device-plugins/<socket name>`` below a work dir.
 _SOCKET_RESERVE = 64
-
-
-class SocketPathTooLongError(SimError):
-    """A Unix socket path longer than the kernel accepts (107 bytes)."""
 
 
 def check_socket_path(path: Path, what: str) -> None:

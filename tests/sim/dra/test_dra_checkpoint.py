@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.kubeletmodel.releases import KubeVersion
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointCorruptError, CheckpointFormatError
+from pytest_devplug.errors import CheckpointCorruptError, CheckpointFormatError
 from pytest_devplug.kubeletmodel import dracheckpoint as cp
 
 CLAIM1 = "067798be-454e-4be4-9047-1aa06aea63f7"

@@ -12,8 +12,8 @@ from .dra_fakes import FakeClaims, FakeDriver, device, pod
 
 from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
 from pytest_devplug.kubeletmodel import dracheckpoint as cp
-from pytest_devplug.sim.dra.client import DRAPluginCallError
-from pytest_devplug.sim.dra.manager import DRAManager, DRAManagerError, DRAPrepareError
+from pytest_devplug.errors import DRAManagerError, DRAPluginCallError, DRAPrepareError
+from pytest_devplug.sim.dra.manager import DRAManager
 from pytest_devplug.waiting import wait_for
 
 T = 10.0

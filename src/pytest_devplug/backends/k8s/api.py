@@ -14,8 +14,9 @@ import kubernetes
 from kubernetes.client import ApiException
 from kubernetes.stream import stream
 
-from ...kuberest import KubeRest, RestError
-from ..base import BackendError, ExecResult, ObjectNotFoundError, PodRejectedError
+from ...kuberest import KubeRest
+from ...errors import BackendError, ObjectNotFoundError, PodRejectedError, RestError
+from ..base import ExecResult
 
 __all__ = ["KubeApi"]
 

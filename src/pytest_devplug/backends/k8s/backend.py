@@ -26,26 +26,30 @@ from typing import Any, Protocol, TypeVar
 
 import yaml
 
-from ...errors import ClaimError
+from ...errors import (
+    BackendError,
+    BackendUnavailableError,
+    ClaimError,
+    ObjectNotFoundError,
+    UnresolvableCdiDevicesError,
+    UnsupportedOperationError,
+    WaitTimeout,
+)
 from ...kubeletmodel import cdi
 from ...kubeletmodel import dracheckpoint as dra_cp
 from ...kubeletmodel.claims import container_cdi_devices
-from ...waiting import WaitTimeout, wait_for
+from ...waiting import wait_for
 from .. import mockstate
 from ..base import (
     DEFAULT_IMAGE,
-    BackendError,
     BackendOptions,
-    BackendUnavailableError,
     ContainerView,
     ExecResult,
     NodeSpec,
-    ObjectNotFoundError,
     PluginRestarts,
     PluginSpec,
     PodResourcesDevices,
     PodResourcesPod,
-    UnsupportedOperationError,
     applied_view,
     node_tolerations,
     parse_checkpoint,
@@ -452,6 +456,11 @@ class KubeBackend:
         self._after_kubelet_restart(node, before)
         self._wait_pods_resynced(node, bound)
 
+    def kubelet_running(self, node: str) -> bool:
+        """``False`` between :meth:`stop_kubelet` and :meth:`start_kubelet`: the harness keeps a kubelet down only so
+        (asked after every test: no call to the node)."""
+        return node not in self._kubelet_down
+
     def reboot_node(self, node: str) -> str:
         """A staged reboot, as upstream's node e2e tests stage one (``device_plugin_test.go``): the kubelet stopped,
         every pod sandbox removed through the CRI (the containers killed), the node's ``/var/run/cdi`` emptied (on a
@@ -749,7 +758,7 @@ class KubeBackend:
             self.nodeops.read_tree(node, CDI_SPEC_DIRS, Path(tmp))
             try:
                 return cdi.apply_edits(view, [Path(tmp) / d.lstrip("/") for d in CDI_SPEC_DIRS])
-            except cdi.UnresolvableCdiDevicesError as exc:
+            except UnresolvableCdiDevicesError as exc:
                 raise BackendError(f"on node {node}: {str(exc).replace(tmp, '')}") from None
 
     def restart_container(self, name: str, container: str, namespace: str = "default") -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..base import ObjectNotFoundError, PluginRestarts
+from ..base import PluginRestarts
+from ...errors import ObjectNotFoundError
 from .api import KubeApi
 from .manifests import STOP_LABEL, selector_of
 

@@ -32,23 +32,17 @@ from ...api.dra import v1beta1_pb2 as pb_beta
 from ...api.drahealth import v1_pb2 as hpb1
 from ...api.drahealth import v1alpha1_pb2 as hpb
 from ...api.pluginregistration import v1_pb2 as rpb
-from ...kuberest import KubeRest, RestError
+from ...kuberest import KubeRest
+from ...errors import BackendError, BackendUnavailableError, NodeGrpcError, RestError, UnsupportedOperationError
 from ...kubeletmodel import cdi
 from .. import mockstate
-from ..base import (
-    BackendError,
-    BackendOptions,
-    BackendUnavailableError,
-    PluginSpec,
-    UnsupportedOperationError,
-    node_tolerations,
-)
+from ..base import BackendOptions, PluginSpec, node_tolerations
 from ..dra import DRACallRecord, DriverSpec, RegistrationRecord
 from .daemonsets import PinnedDaemonSets, container_statuses, exit_reason, pods_running, restarts
 from .dralog import VMODULE, KubeletDRAState, read_into, read_script
 from .api import KubeApi
 from .dramanifests import COLLECTIONS, DRA_MOCK_STATE_PATH, render_driver
-from .node import NodeGrpcError, NodeOps
+from .node import NodeOps
 from .ownership import MANAGED_BY
 
 __all__ = ["DRA_CHECKPOINT_PATH", "KUBELET_DRA_TIMINGS", "DriverImages", "KubeDRA", "KubeDRAHost", "go_duration_s"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from ..base import BackendError, BackendUnavailableError
+from ...errors import BackendError, BackendUnavailableError
 from ..dra import DriverSpec
 from .manifests import MOCK_DIR, PLUGIN_SRC, hand_mock_nvml, own_daemonset, set_env
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from ..base import BackendError, BackendUnavailableError, PluginSpec
+from ..base import PluginSpec
+from ...errors import BackendError, BackendUnavailableError
 
 __all__ = [
     "REPO_ROOT",
@@ -69,7 +70,8 @@ def set_env(container: dict[str, Any], name: str, value: str) -> None:
 def mock_library_file() -> tuple[str, bytes]:
     """Where the mock libnvidia-ml.so.1 goes on a node, and its bytes (built on this machine; the plugin
     images are glibc-based, as is the host)."""
-    from ...nvml import LIB_NAME, MockBuildError, mock_library
+    from ...nvml import LIB_NAME, mock_library
+    from ...errors import MockBuildError
 
     try:
         return f"{MOCK_LIB_DIR}/{LIB_NAME}", mock_library().read_bytes()

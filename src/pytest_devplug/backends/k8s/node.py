@@ -20,19 +20,18 @@ from typing import Any, Protocol
 import grpc
 
 from ...api.podresources import v1_pb2
-from ...waiting import WaitTimeout, wait_for
-from ..base import BackendError, ExecResult, PodResourcesDevices, PodResourcesPod, UnsupportedOperationError
+from ...waiting import wait_for
+from ...errors import BackendError, NodeCommandError, UnsupportedOperationError, WaitTimeout
+from ..base import ExecResult, PodResourcesDevices, PodResourcesPod
 
 __all__ = [
     "NodeTransport",
     "NodeOps",
-    "NodeCommandError",
     "CHECKPOINT_PATH",
     "POD_RESOURCES_SOCKET",
     "MOCK_STATE_PATH",
     "KUBELET_CONFIG_PATH",
     "GRPC_CALL",
-    "NodeGrpcError",
 ]
 
 CHECKPOINT_PATH = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
@@ -67,29 +66,6 @@ GRPC_CALL = (
     " sys.exit(4)\n"
     "sys.stdout.write(base64.b64encode(out).decode())\n"
 )
-
-
-class NodeGrpcError(BackendError):
-    """The service at a node's socket answered a gRPC error (``code``: its name, ``UNIMPLEMENTED``; ``STREAM_ENDED``: a
-    server stream ended before its first message)."""
-
-    def __init__(self, code: str, details: str) -> None:
-        super().__init__(f"rpc error: code = {code} desc = {details}")
-        self.code = code
-        self.details = details
-
-    @classmethod
-    def from_stderr(cls, text: str) -> NodeGrpcError | None:
-        """The error :data:`GRPC_CALL` reported on stderr, if it did."""
-        marker = text.rfind("RPCERROR ")
-        if marker < 0:
-            return None
-        code, _, details = text[marker + len("RPCERROR ") :].partition(" ")
-        return cls(code, details.strip())
-
-
-class NodeCommandError(BackendError):
-    """A command on the node ran and failed (as opposed to the node not being reachable)."""
 
 
 class NodeTransport(Protocol):

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ...waiting import WaitTimeout, wait_for
-from ..base import BackendError
+from ...waiting import wait_for
+from ...errors import BackendError, WaitTimeout
 from .api import KubeApi
 
 __all__ = ["MANAGED_BY", "Owner", "SignalGuard", "sweep_orphans", "delete_namespace"]

@@ -10,6 +10,6 @@
 
 from __future__ import annotations
 
-from .backend import KindBackend, KindProvider, kind_backend
+from .backend import KindProvider, kind_backend
 
-__all__ = ["KindBackend", "KindProvider", "kind_backend"]
+__all__ = ["KindProvider", "kind_backend"]

@@ -21,7 +21,7 @@ from .cluster import ClusterManager, python_base_image
 from .deploy import PluginImage
 from .node import DockerExecTransport
 
-__all__ = ["KindProvider", "kind_backend", "KindBackend"]
+__all__ = ["KindProvider", "kind_backend"]
 
 
 class KindProvider:
@@ -86,7 +86,3 @@ class KindProvider:
 def kind_backend(options: BackendOptions, *, config: str | None = None) -> KubeBackend:
     """The ``kind`` backend (not started); ``config`` as for :class:`KindProvider`."""
     return KubeBackend(options, KindProvider(options, config=config))
-
-
-#: The name of the class this backend was before it became a provider (deprecated; use :func:`kind_backend`).
-KindBackend = kind_backend

@@ -38,11 +38,12 @@ from typing import Any
 import yaml
 
 from ...kubeletmodel.releases import DEFAULT_VERSION, release
-from ...kuberest import KubeRest, RestError
-from ...waiting import WaitTimeout, wait_for
-from ..base import BackendError, BackendOptions, BackendUnavailableError
+from ...kuberest import KubeRest
+from ...errors import BackendError, BackendUnavailableError, RestError, ToolError, WaitTimeout
+from ...waiting import wait_for
+from ..base import BackendOptions
 from ..k8s.manifests import REPO_ROOT
-from .proc import ToolError, run
+from .proc import run
 
 __all__ = [
     "ClusterManager",

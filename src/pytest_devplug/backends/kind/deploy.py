@@ -14,7 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..base import BackendError, BackendUnavailableError, PluginSpec
+from ..base import PluginSpec
+from ...errors import BackendError, BackendUnavailableError
 from ..k8s.manifests import PLUGIN_SRC
 from .cluster import image_prefix, python_base_image
 from .proc import run

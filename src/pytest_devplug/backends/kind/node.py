@@ -20,8 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from ..base import BackendError, ExecResult
-from ..k8s.node import GRPC_CALL, NodeGrpcError
+from ..base import ExecResult
+from ...errors import BackendError, NodeGrpcError
+from ..k8s.node import GRPC_CALL
 from .proc import run, run_bytes
 
 __all__ = ["DockerExecTransport"]

@@ -7,13 +7,9 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from ..base import BackendError, BackendUnavailableError
+from ...errors import BackendUnavailableError, ToolError
 
-__all__ = ["ToolError", "run", "run_bytes", "require_tool"]
-
-
-class ToolError(BackendError):
-    """A host command (``kind``, ``docker``) failed; the message carries its exit status and output tail."""
+__all__ = [ "run", "run_bytes", "require_tool"]
 
 
 def require_tool(name: str, hint: str) -> str:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import pytest
 
-from pytest_devplug.backends.base import UnsupportedOperationError
+from pytest_devplug import suite_support
 from pytest_devplug.dra.handles import ClaimHandle, DriverHandle
-from pytest_devplug.errors import FaultNotSupportedError
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.errors import UnsupportedOperationError, WaitTimeout
+from pytest_devplug.waiting import wait_for
 
 __all__ = [
     "CONSISTENTLY_S", "UNSCHEDULABLE_TEXT", "claim_ref", "consistently", "fault", "need_devices", "scheduled_condition",
@@ -48,13 +49,8 @@ def short_dra_timings(driver: DriverHandle, **seconds: float) -> Iterator[dict[s
         dra.set_dra_timings(**{k: old[k] for k in seconds})
 
 
-@contextmanager
-def fault(what: str) -> Iterator[None]:
-    """One injector call; a fault the injector cannot make skips the check, saying which."""
-    try:
-        yield
-    except FaultNotSupportedError as exc:
-        pytest.skip(f"the DRA fault injector cannot {what}: {exc}")
+#: One call of the DRA fault injector; a fault it cannot make skips the check, saying which.
+fault = partial(suite_support.fault, injector="DRA fault injector")
 
 
 def claim_ref(claim: ClaimHandle) -> dict[str, str]:

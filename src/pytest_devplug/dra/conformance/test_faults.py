@@ -14,9 +14,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_devplug.dra.assertions import assert_claim_prepared, assert_driver_registered
-from pytest_devplug.dra.faults import DRAFaultInjector, FaultNotSupportedError
+from pytest_devplug.dra.faults import DRAFaultInjector
+from pytest_devplug.errors import FaultNotSupportedError, WaitTimeout
 from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.waiting import wait_for
 
 from ._support import UNSCHEDULABLE_TEXT, consistently, fault, scheduled_condition, short_dra_timings, succeeded, waited
 

@@ -16,8 +16,8 @@ import pytest
 from pytest_devplug.dra.assertions import assert_claim_prepared
 from pytest_devplug.dra.handles import ClaimFactory, DriverHandle
 from pytest_devplug.dra.objects import RESOURCE_API
-from pytest_devplug.kuberest import RestError
-from pytest_devplug.waiting import WaitTimeout, wait_for
+from pytest_devplug.errors import RestError, WaitTimeout
+from pytest_devplug.waiting import wait_for
 
 from ._support import UNSCHEDULABLE_TEXT, consistently, need_devices, scheduled_condition, succeeded, waited
 #: The taint the device-taint check puts on the driver's devices, and the toleration of it.

@@ -24,7 +24,7 @@ from pytest_devplug.api.dra import v1_pb2_grpc as pb_grpc
 from pytest_devplug.api.dra import v1beta1_pb2 as pb_beta
 from pytest_devplug.api.dra import v1beta1_pb2_grpc as pb_beta_grpc
 from pytest_devplug.sim.endpoint import go_rpc_error
-from pytest_devplug.sim.errors import SimError
+from pytest_devplug.errors import DRAPluginCallError
 
 __all__ = [
     "SERVICE_V1",
@@ -32,7 +32,6 @@ __all__ = [
     "SERVICES_SUPPORTED_BY_KUBELET",
     "CLIENT_CALL_TIMEOUT_S",
     "CallObserver",
-    "DRAPluginCallError",
     "DRAPluginClient",
 ]
 
@@ -53,10 +52,6 @@ def _claim_errors(response: Message) -> str:
     """The claims a response answered with an error, ``claim <uid>: <error>`` each (``""``: none)."""
     answers = getattr(response, "claims", {})
     return "; ".join(f"claim {uid}: {answers[uid].error}" for uid in sorted(answers) if answers[uid].error)
-
-
-class DRAPluginCallError(SimError):
-    """A call to a DRA plugin failed as a whole; ``str()`` is grpc-go's rendering of the status."""
 
 
 def _as(message: Message, cls: type[Message]) -> Any:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ...kuberest import KubeRest, RestError
+from ...kuberest import KubeRest
+from ...errors import RestError
 
 __all__ = ["SERVICE_ACCOUNT_DIR", "DriverCredentials", "driver_credentials"]
 

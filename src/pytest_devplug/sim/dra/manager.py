@@ -26,28 +26,25 @@ from typing import Any, Protocol
 
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.api.dra import v1_pb2 as pb
-from pytest_devplug.kubeletmodel.checkpoint import CheckpointError
-from pytest_devplug.errors import ClaimError
+from pytest_devplug.errors import (
+    CheckpointError,
+    ClaimError,
+    DRAManagerError,
+    DRAPluginCallError,
+    DRAPluginError,
+    DRAPrepareError,
+)
 from pytest_devplug.kubeletmodel import dracheckpoint as cp
 from pytest_devplug.kubeletmodel.claims import claim_name_for, container_cdi_devices, container_claims, pod_claims
-from pytest_devplug.sim.dra.client import DRAPluginCallError, DRAPluginClient
+from pytest_devplug.sim.dra.client import DRAPluginClient
 from pytest_devplug.sim.dra.health import HealthInfoCache
-from pytest_devplug.sim.dra.plugins import DRAPluginError, DRAPluginManager
-from pytest_devplug.sim.errors import SimError
+from pytest_devplug.sim.dra.plugins import DRAPluginManager
 
 __all__ = [
-    "ClaimSource", "DRAManagerError", "DRAPrepareError", "DRAManager",
+    "ClaimSource", "DRAManager",
 ]  # fmt: skip
 
 Obj = Mapping[str, Any]
-
-
-class DRAManagerError(SimError):
-    """The DRA manager cannot start (its checkpoint cannot be read)."""
-
-
-class DRAPrepareError(SimError):
-    """Preparing or unpreparing a pod's claims failed; the text is the kubelet's (the pod worker retries)."""
 
 
 class ClaimSource(Protocol):

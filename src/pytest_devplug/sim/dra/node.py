@@ -33,8 +33,9 @@ from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel import dracheckpoint as cp
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.kubeletmodel.claims import extended_resource_claim
-from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager, DRAPrepareError
-from pytest_devplug.sim.dra.plugins import DEFAULT_WIPING_DELAY_S, DRAPluginError, DRAPluginManager, ResourceSliceWiper
+from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager
+from pytest_devplug.errors import DRAPluginError, DRAPrepareError
+from pytest_devplug.sim.dra.plugins import DEFAULT_WIPING_DELAY_S, DRAPluginManager, ResourceSliceWiper
 from pytest_devplug.sim.launcher import path_in_node
 from pytest_devplug.sim.pluginwatcher import PluginHandler
 

@@ -26,11 +26,10 @@ from pytest_devplug.sim.dra.health import (
     HealthInfoCache,
     HealthStream,
 )
-from pytest_devplug.sim.pluginwatcher import PluginHandlerError
+from pytest_devplug.errors import DRAPluginError
 
 __all__ = [
     "DEFAULT_WIPING_DELAY_S",
-    "DRAPluginError",
     "ResourceSliceWiper",
     "DRAPluginManager",
     "go_quote_list",
@@ -38,10 +37,6 @@ __all__ = [
 
 #: ``defaultWipingDelay``.
 DEFAULT_WIPING_DELAY_S = 30.0
-
-
-class DRAPluginError(PluginHandlerError):
-    """A DRA plugin cannot be registered or used; the text is upstream's."""
 
 
 class ResourceSliceWiper(Protocol):
