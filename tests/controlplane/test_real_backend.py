@@ -72,4 +72,4 @@ def test_a_bad_ini_value_is_named(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ndevplug_control_plane = remote\n")
     pytester.makepyfile("def test_x(devplug_cluster):\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.stderr.fnmatch_lines(["*--devplug-control-plane (ini devplug_control_plane) = 'remote': choose one of embedded, real*"])
+    result.stderr.fnmatch_lines(["*--devplug-control-plane (ini devplug_control_plane) = 'remote': invalid choice; choose one of embedded, real*"])
