@@ -1,7 +1,9 @@
 """pytest-devplug: end-to-end tests for Kubernetes device plugins.
 
 The public API: the ``assert_*`` helpers, the handles the fixtures return, and the backend data types
-a ``conftest.py`` needs to point the fixtures at its own plugin (:class:`PluginSpec`).
+a ``conftest.py`` needs to point the fixtures at its own plugin (:class:`PluginSpec`). ``__all__`` lists them once,
+grouped like the imports (``tests/plugin_layer/test_public_surface.py`` holds the two equal); the DRA side's are in
+:mod:`pytest_devplug.dra`.
 """
 
 from .assertions import (
@@ -45,44 +47,50 @@ from .handles import ClusterHandle, MockNvml, NodeHandle, PluginHandle, PodFacto
 from .waiting import wait_for
 
 __all__ = [
+    # assertions
     "assert_allocatable",
-    "assert_devices_unhealthy",
     "assert_allocate_injections",
     "assert_checkpoint_survives_kubelet_restart",
+    "assert_devices_unhealthy",
     "assert_limit_rules",
     "assert_registered",
     "assert_reregisters_after_kubelet_restart",
-    "BackendError",
-    "BackendUnavailableError",
+    # backends.base: what a conftest points the fixtures at, and what the handles return
     "Checkpoint",
     "CheckpointEntry",
-    "ClusterHandle",
-    "ContainerStatusMissingError",
     "ContainerView",
     "DeviceNodeView",
-    "DevplugAssertionError",
-    "DevplugError",
     "ExecResult",
-    "FaultInjector",
-    "FaultNotSupportedError",
-    "MockControlsUnavailableError",
-    "MockNvml",
-    "MockNvmlFaults",
-    "NvmlXidFaults",
     "MountView",
-    "NodeHandle",
     "NodeSpec",
-    "ObjectNotFoundError",
-    "PluginHandle",
     "PluginSpec",
-    "PodFactory",
-    "PodHandle",
-    "PodRejectedError",
     "PodResourcesContainer",
     "PodResourcesDevices",
     "PodResourcesPod",
+    # errors
+    "BackendError",
+    "BackendUnavailableError",
+    "ContainerStatusMissingError",
+    "DevplugAssertionError",
+    "DevplugError",
+    "FaultNotSupportedError",
+    "MockControlsUnavailableError",
+    "ObjectNotFoundError",
+    "PodRejectedError",
     "UnsupportedOperationError",
-    "WaitTimeout",
     "WaitAbandoned",
+    "WaitTimeout",
+    # faults
+    "FaultInjector",
+    "MockNvmlFaults",
+    "NvmlXidFaults",
+    # handles
+    "ClusterHandle",
+    "MockNvml",
+    "NodeHandle",
+    "PluginHandle",
+    "PodFactory",
+    "PodHandle",
+    # waiting
     "wait_for",
 ]

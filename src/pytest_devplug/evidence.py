@@ -17,7 +17,17 @@ from datetime import datetime
 from .backends.base import Backend, parse_checkpoint
 from .errors import Evidence
 
-__all__ = ["Evidence", "collect_evidence", "tail", "set_test_window", "current_test_lines"]
+__all__ = [
+    "Evidence",
+    "collect_evidence",
+    "tail",
+    "set_test_window",
+    "current_test_lines",
+    "pod_events",
+    "pod_statuses",
+    "safe_evidence",
+    "window_kubelet_log",
+]
 
 #: Lines of a log kept in a report section: enough to see the story, short enough to read.
 LOG_TAIL_LINES = 80
@@ -80,14 +90,15 @@ def current_test_lines(log: str) -> list[str]:
     return out if stamped else lines
 
 
-def _kubelet_log(backend: Backend, node: str) -> str:
+def window_kubelet_log(backend: Backend, node: str) -> str:
+    """The node's kubelet log cut to the current test's window (the session's log holds every earlier test)."""
     lines = current_test_lines(backend.kubelet_log(node))
     note = "" if _window_start is None else "[kubelet lines of this test only]\n"
     return note + tail("\n".join(lines))
 
 
-def _safe(title: str, fn: Callable[[], str]) -> Evidence:
-    # Evidence must never hide the real failure: a collector that breaks reports why instead.
+def safe_evidence(title: str, fn: Callable[[], str]) -> Evidence:
+    """``Evidence(title, fn())``, or why ``fn`` broke: evidence must never hide the real failure."""
     try:
         return Evidence(title, fn())
     except Exception as exc:  # noqa: BLE001 - deliberately broad, see above
@@ -125,7 +136,8 @@ def _restarts(backend: Backend, node: str) -> str:
     return text + (f"\ncrash-looping: {r.crash_loop}" if r.crash_loop else "")
 
 
-def _events(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
+def pod_events(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
+    """The events of each ``(name, namespace)`` pod, one a line: why the kubelet or scheduler did what it did."""
     out = []
     for name, namespace in pods:
         for ev in backend.events(namespace=namespace, involved_name=name):
@@ -133,7 +145,8 @@ def _events(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
     return "\n".join(out) or "<no events>"
 
 
-def _pods(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
+def pod_statuses(backend: Backend, pods: Iterable[tuple[str, str]]) -> str:
+    """The status of each ``(name, namespace)`` pod as JSON, one a line; a pod already gone says so."""
     out = []
     for name, namespace in pods:
         try:
@@ -150,12 +163,12 @@ def collect_evidence(backend: Backend, node: str | None, pods: Iterable[tuple[st
     pods = list(pods)
     ev: list[Evidence] = []
     if node is not None:
-        ev.append(_safe("node status", lambda: _node_status(backend, node)))
-        ev.append(_safe("plugin restarts", lambda: _restarts(backend, node)))
-        ev.append(_safe("plugin log", lambda: tail(backend.plugin_log(node))))
-        ev.append(_safe("kubelet log", lambda: _kubelet_log(backend, node)))
-        ev.append(_safe("checkpoint", lambda: _checkpoint(backend, node)))
+        ev.append(safe_evidence("node status", lambda: _node_status(backend, node)))
+        ev.append(safe_evidence("plugin restarts", lambda: _restarts(backend, node)))
+        ev.append(safe_evidence("plugin log", lambda: tail(backend.plugin_log(node))))
+        ev.append(safe_evidence("kubelet log", lambda: window_kubelet_log(backend, node)))
+        ev.append(safe_evidence("checkpoint", lambda: _checkpoint(backend, node)))
     if pods:
-        ev.append(_safe("pods", lambda: _pods(backend, pods)))
-        ev.append(_safe("pod events", lambda: _events(backend, pods)))
+        ev.append(safe_evidence("pods", lambda: pod_statuses(backend, pods)))
+        ev.append(safe_evidence("pod events", lambda: pod_events(backend, pods)))
     return ev

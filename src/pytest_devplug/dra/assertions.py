@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 
-from ..evidence import Evidence, _events, _kubelet_log, _pods, _safe, tail
+from ..evidence import Evidence, pod_events, pod_statuses, safe_evidence, tail, window_kubelet_log
 from ..errors import DevplugAssertionError, WaitTimeout
 from ..waiting import wait_for
 from .handles import ClaimHandle, ClaimPodHandle, DriverHandle, nested_spec_hint
@@ -45,18 +45,18 @@ def dra_evidence(driver: DriverHandle, pods: Iterable[tuple[str, str]] = ()) -> 
     pods = list(pods)
     node, backend = driver.node, driver.node.backend
     ev = [
-        _safe("driver log", lambda: tail(driver.log())),
-        _safe("kubelet log", lambda: _kubelet_log(backend, node.name)),
-        _safe("registrations", lambda: "\n".join(f"{e.kind} {e.name} {e.socket} {e.detail}".rstrip() for e in node.registration_events()[-20:]) or "<none>"),
-        _safe("kubelet DRA calls", lambda: "\n".join(
+        safe_evidence("driver log", lambda: tail(driver.log())),
+        safe_evidence("kubelet log", lambda: window_kubelet_log(backend, node.name)),
+        safe_evidence("registrations", lambda: "\n".join(f"{e.kind} {e.name} {e.socket} {e.detail}".rstrip() for e in node.registration_events()[-20:]) or "<none>"),
+        safe_evidence("kubelet DRA calls", lambda: "\n".join(
             f"{time.strftime('%H:%M:%S', time.localtime(c.at))} {c.method} {c.driver} {list(c.claim_uids)} {c.error or 'ok'}"
             for c in node.dra_calls()[-30:]) or "<none>"),
-        _safe("resource slices", lambda: "\n".join(s.describe() for s in node.slices()) or "<none on this node>"),
-        _safe("dra_manager_state", lambda: _checkpoint_text(driver)),
+        safe_evidence("resource slices", lambda: "\n".join(s.describe() for s in node.slices()) or "<none on this node>"),
+        safe_evidence("dra_manager_state", lambda: _checkpoint_text(driver)),
     ]  # fmt: skip
     if pods:
-        ev.append(_safe("pods", lambda: _pods(backend, pods)))
-        ev.append(_safe("pod events", lambda: _events(backend, pods)))
+        ev.append(safe_evidence("pods", lambda: pod_statuses(backend, pods)))
+        ev.append(safe_evidence("pod events", lambda: pod_events(backend, pods)))
     return ev
 
 
