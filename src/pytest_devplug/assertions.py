@@ -14,7 +14,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Union
 
+from google.protobuf.message import DecodeError
+
 from .backends.base import ContainerView
+from .checkpoint_view import decode_alloc_resp
 from .errors import DevplugAssertionError, PodRejectedError, WaitTimeout
 from .evidence import collect_evidence, current_test_lines
 from .handles import NodeHandle, PluginHandle, PodFactory, PodHandle
@@ -516,13 +519,25 @@ def _entries(node: NodeHandle, pod: PodHandle) -> dict[tuple[str, str], tuple[li
     return {(e.container_name, e.resource_name): (e.all_device_ids, e.alloc_resp) for e in cp.entries_for(uid)}
 
 
+def _same_response(a: bytes, b: bytes) -> bool:
+    """The same Allocate response, as the kubelet sees it: a real kubelet re-marshals the responses it restored from
+    its checkpoint when it writes the checkpoint again, and Go marshals a map (``envs``, ``annotations``) in random
+    order, so equal responses need not be equal bytes."""
+    if a == b:
+        return True
+    try:
+        return decode_alloc_resp(a) == decode_alloc_resp(b)
+    except DecodeError:
+        return False
+
+
 def assert_checkpoint_survives_kubelet_restart(
     plugin: PluginHandle, pod: PodHandle, *, timeout: float | None = None
 ) -> None:
     """A running pod's checkpointed assignment is the same after a kubelet restart, and still used.
 
     Before: the checkpoint holds the pod's devices (matching pod-resources). Restart the kubelet.
-    After: the same entries (device IDs and Allocate response), the pod still Running with the same
+    After: the same entries (device IDs and an equal Allocate response), the pod still Running with the same
     restart count, pod-resources still listing the same devices, and the plugin registered again
     (within ``--devplug-reregistration-timeout``).
     """
@@ -554,8 +569,8 @@ def assert_checkpoint_survives_kubelet_restart(
         pass  # reported below together with the checkpoint comparison
     after = _entries(node, pod)
     problems = []
-    if after.get(key) != before[key]:
-        now = after.get(key, (None, b""))
+    now = after.get(key, (None, b""))
+    if now[0] != before[key][0] or not _same_response(now[1], before[key][1]):
         what = "device IDs" if now[0] != before[key][0] else "Allocate response (the kubelet allocated again)"
         problems.append(f"checkpoint entry {key}: its {what} changed: before {before[key][0]} {before[key][1]!r}, "
                         f"after {now[0]} {now[1]!r}")  # fmt: skip
