@@ -43,7 +43,7 @@ CONFTEST = f"""
 import json, sys
 from pathlib import Path
 import pytest
-from pytest_devplug.backends.dra import DriverSpec
+from pytest_devplug.dra import DriverSpec
 
 CONTROL = Path(__file__).parent / "control.json"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.backends.dra import DriverSpec
+from pytest_devplug.dra import DriverSpec
 from pytest_devplug.backends.k8s.dra import go_duration_s
 from pytest_devplug.backends.k8s.dralog import KubeletDRAState, parse_line, read_into, read_script
 from pytest_devplug.backends.k8s.dramanifests import DRA_MOCK_STATE_PATH, render_driver

@@ -145,7 +145,7 @@ def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pyt
     pytester.makeconftest(
         """
         import pytest
-        from pytest_devplug.backends.dra import DriverSpec
+        from pytest_devplug.dra import DriverSpec
 
         @pytest.fixture(scope="session")
         def devplug_driver_spec():
