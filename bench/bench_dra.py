@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
 from pytest_devplug.sim.dra.watcher import DRA_PLUGIN_TYPE, PluginWatcher
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs.process import PluginProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = "gpu.example.com"

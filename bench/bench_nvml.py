@@ -26,7 +26,7 @@ from typing import Any
 
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
 from pytest_devplug.sim.kubelet import SimNode
 
 from bench_sim import wait  # same folder: the benchmarks share one spin-wait

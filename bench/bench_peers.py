@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 #: peer -> (resource, device count)

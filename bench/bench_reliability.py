@@ -55,7 +55,7 @@ from pytest_devplug.cli import main as devplug  # noqa: E402
 from pytest_devplug.nvml import mock_env  # noqa: E402
 from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, decode, encode  # noqa: E402
 from pytest_devplug.errors import CheckpointFormatError, NotFoundError  # noqa: E402
-from pytest_devplug.sim.cluster import SimCluster  # noqa: E402
+from pytest_devplug.sim.embeddedplane import SimCluster  # noqa: E402
 from pytest_devplug.sim.devicemanager import DeviceManager  # noqa: E402
 from pytest_devplug.sim.kubelet import SimNode  # noqa: E402
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
 from pytest_devplug.sim.kubelet import SimNode
 
 GPU = "nvidia.com/gpu"

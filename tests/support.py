@@ -1,6 +1,6 @@
 """What every test folder shares: the resource the included plugin advertises and the one bounded wait.
 
-Test folders are packages (``tests.sim``, ``tests.plugin``, ...), so any subset of them collects together;
+Test folders are packages (``tests.sim``, ``tests.gpu_plugin``, ...), so any subset of them collects together;
 helpers are imported relatively (``from ..support import wait_until``), never ``from conftest import``.
 """
 

@@ -184,14 +184,10 @@ def test_package_has_no_import_cycles() -> None:
     )
 
 
-#: The modules outside ``sim/`` that may import the embedded kubelet: its backend (and its DRA side, the factory that
-#: picks it), the real control plane's process supervision (``sim.process``, ``sim.workdir``: shared with the plugin
-#: processes) and the --devplug-pci-node check (``sim.pcinode``'s parser). The real-cluster side and everything a
-#: user imports read the kubelet's rules from ``kubeletmodel``, never from ``sim``.
-SIM_IMPORTERS = {
-    f"{PACKAGE}.backends", f"{PACKAGE}.backends.sim", f"{PACKAGE}.backends.sim_dra", f"{PACKAGE}.controlplane.cluster",
-    f"{PACKAGE}.controlplane.processes", f"{PACKAGE}.settings",
-}
+#: The modules outside ``sim/`` that may import the embedded kubelet: its backend, the backend's DRA side, and the
+#: factory that picks a backend. The real-cluster side, the control plane and everything a user imports read the
+#: kubelet's rules from ``kubeletmodel`` and run processes through ``procs``, never through ``sim``.
+SIM_IMPORTERS = {f"{PACKAGE}.backends", f"{PACKAGE}.backends.sim", f"{PACKAGE}.backends.sim_dra"}
 
 
 def sim_importers(graph: Graph) -> dict[str, list[str]]:

@@ -147,7 +147,7 @@ nvidia_then_one_device() {
 # plugin watcher (DP_REGISTRATION=plugins_registry), as NIC plugins do, on the same node.
 conformance() {
   child pytest "${suite[@]}" --devplug-node "$(node worker2)" -m "not devplug_grace_period and not devplug_soak" || return
-  PYTEST_ADDOPTS="--devplug-node=$(node worker2)" child pytest -m kind tests/plugin_layer/test_watcher_registration_suite.py \
+  PYTEST_ADDOPTS="--devplug-node=$(node worker2)" child pytest -m kind tests/pytest_plugin/test_watcher_registration_suite.py \
     -p no:cacheprovider -rP
 }
 

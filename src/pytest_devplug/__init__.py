@@ -2,7 +2,7 @@
 
 The public API: the ``assert_*`` helpers, the handles the fixtures return, and the backend data types
 a ``conftest.py`` needs to point the fixtures at its own plugin (:class:`PluginSpec`). ``__all__`` lists them once,
-grouped like the imports (``tests/plugin_layer/test_public_surface.py`` holds the two equal); the DRA side's are in
+grouped like the imports (``tests/pytest_plugin/test_public_surface.py`` holds the two equal); the DRA side's are in
 :mod:`pytest_devplug.dra`.
 """
 

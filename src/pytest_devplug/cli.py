@@ -151,7 +151,7 @@ def _control_plane(args: argparse.Namespace) -> int:
     from .controlplane import resolve
     from .errors import ControlPlaneError
     from .controlplane.binaries import build
-    from .controlplane.cluster import stop_kept
+    from .controlplane.plane import stop_kept
     from .errors import VersionError
 
     try:

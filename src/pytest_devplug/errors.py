@@ -5,7 +5,7 @@ message (e.g. :class:`ObjectNotFoundError` for "not found").
 Every exception class of the package is defined here, and imported from here (or the package root) only: the
 modules that raise them do not re-export them. Internal errors (the embedded kubelet's, the control plane's, the
 checkpoint codec's) follow the public ones; the two scripts run by path with the standard library only
-(``sim/launcher.py``, ``nvml/smi.py``) keep theirs.
+(``procs/launcher.py``, ``nvml/smi.py``) keep theirs.
 
 :class:`Evidence`, what a :class:`DevplugAssertionError` carries, lives here too (``evidence`` re-exports it): the
 evidence module reads the cluster through ``backends``, which raise these errors, so it cannot be imported here.
@@ -269,7 +269,7 @@ class NodeGrpcError(BackendError):
 
     @classmethod
     def from_stderr(cls, text: str) -> NodeGrpcError | None:
-        """The error ``backends.k8s.node.GRPC_CALL`` reported on stderr, if it did."""
+        """The error ``backends.k8s.nodeops.GRPC_CALL`` reported on stderr, if it did."""
         marker = text.rfind("RPCERROR ")
         if marker < 0:
             return None

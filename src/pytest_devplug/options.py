@@ -24,7 +24,7 @@ from .backends.base import DEFAULT_GRACE_PERIOD, DEFAULT_REREGISTRATION_TIMEOUT,
 from .backends.dra import DEFAULT_DRIVER_NAME
 from .backends.mockstate import DEFAULT_GPU_MODEL, GPU_MODELS, check_gpu_model, mig_profiles
 from .kubeletmodel.releases import DEFAULT_VERSION, release, releases
-from .soak import DEFAULT_SOAK_S
+from .soakwatch import DEFAULT_SOAK_S
 
 __all__ = [
     "CONVENTIONS",

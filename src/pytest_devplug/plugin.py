@@ -40,7 +40,7 @@ from .handles import ClusterHandle, NodeHandle, PluginChanges, PluginHandle, Pod
 from .options import CONVENTIONS, given, register
 from .report import ReportWriter, is_dra_run, note_plugin, note_run
 from .settings import DevplugSettings, get_settings, parse_settings
-from .soak import SOAK_MARKER, SoakWatch
+from .soakwatch import SOAK_MARKER, SoakWatch
 
 __all__ = [
     "NODE_NAME",

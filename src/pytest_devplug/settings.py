@@ -15,7 +15,7 @@ from .backends.base import BackendOptions, PluginSpec
 from .kubeletmodel.releases import KubeVersion, release
 from .errors import VersionError
 from .options import CONVENTIONS, command_line, env_pairs, given, option, value
-from .soak import DEFAULT_SOAK_S
+from .soakwatch import DEFAULT_SOAK_S
 
 __all__ = ["DevplugSettings", "default_plugin_argv", "get_settings", "parse_settings", "settings_from_config"]
 
@@ -190,7 +190,7 @@ def _pci_node(text: Any) -> str | None:
     if not text:
         return None
     from .pcinodes import EXAMPLES, example
-    from .sim.pcinode import load_pci_node
+    from .pcinodes.spec import load_pci_node
     from .errors import PciNodeError
 
     path = str(example(str(text))) if str(text) in EXAMPLES else os.path.abspath(str(text))

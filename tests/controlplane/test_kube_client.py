@@ -22,9 +22,9 @@ from pytest_devplug.controlplane import ControlPlane
 from pytest_devplug.dra.objects import device_class_manifest, list_slices
 from pytest_devplug.kuberest import KubeRest
 from pytest_devplug.errors import RestError
-from pytest_devplug.sim import apicluster
-from pytest_devplug.sim.apicluster import ApiCluster
-from pytest_devplug.sim.dra.api import RESOURCE_API, KubeletDRAApi
+from pytest_devplug.sim import realplane
+from pytest_devplug.sim.realplane import ApiCluster
+from pytest_devplug.sim.dra.apiseams import RESOURCE_API, KubeletDRAApi
 
 from ..sim._helpers import GPU, phase, pod, start_gpu_node, wait_for
 from ..support import control_plane_binaries
@@ -43,8 +43,8 @@ def test_every_kind_of_request_at_this_client_release(
 ) -> None:
     # A whole second: the MicroTime a client that re-serialises through its models would send as "+00:00".
     renew = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    monkeypatch.setattr(apicluster, "_micro_now", lambda: renew)
-    caplog.set_level(logging.WARNING, logger=apicluster.__name__)
+    monkeypatch.setattr(realplane, "_micro_now", lambda: renew)
+    caplog.set_level(logging.WARNING, logger=realplane.__name__)
     print(f"kubernetes client {kubernetes.__version__}")
     with ControlPlane(control_plane_binaries()) as cp:
         client = cp.client()

@@ -11,10 +11,10 @@ import pytest
 
 from pytest_devplug.controlplane import Binaries, ControlPlane
 from pytest_devplug.errors import ComponentFailedError, ControlPlaneError
-from pytest_devplug.controlplane.cluster import stop_kept
+from pytest_devplug.controlplane.plane import stop_kept
 from pytest_devplug.controlplane.pki import make_pki
 from pytest_devplug.controlplane.processes import DetachedProcess
-from pytest_devplug.sim.process import start_time
+from pytest_devplug.procs.process import start_time
 
 
 def test_pki_chain_and_names(tmp_path: Path) -> None:

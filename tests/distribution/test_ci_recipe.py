@@ -18,7 +18,7 @@ import yaml
 from .dist_helpers import ROOT, Dists, lowest_python, run
 
 WORKFLOW = ROOT / "docs" / "github-actions.yml"
-DOWNSTREAM = ROOT / "tests" / "plugin_layer" / "test_downstream.py"
+DOWNSTREAM = ROOT / "tests" / "pytest_plugin" / "test_downstream.py"
 
 
 def _widget_plugin_source() -> str:

@@ -27,7 +27,7 @@ from pytest_devplug.dra.assertions import assert_driver_registered, assert_slice
 from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_restarts, test_scheduling, test_slices
 from pytest_devplug.dra.handles import ClaimFactory, DRANodeHandle, DriverHandle
 from pytest_devplug.dra.plugin import driver_deployment
-from pytest_devplug.dra.resync import ResyncWatch
+from pytest_devplug.dra.resyncwatch import ResyncWatch
 from pytest_devplug.handles import ClusterHandle
 
 from ..support import control_plane_bin_dir, parse_junit

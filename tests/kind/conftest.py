@@ -22,7 +22,7 @@ import pytest
 
 from .kind_helpers import KIND_CONFIG, OFFLINE, KindCluster, run, script_output, unavailable
 
-from pytest_devplug.backends.kind.cluster import (
+from pytest_devplug.backends.kind.lifecycle import (
     OFFLINE_LABEL,
     image_labels,
     offline_image_present,

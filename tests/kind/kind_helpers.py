@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 # Image names and labels come from the kind backend, so the smoke test and the backend agree on them.
-from pytest_devplug.backends.kind.cluster import python_base_image
+from pytest_devplug.backends.kind.lifecycle import python_base_image
 
 __all__ = ["REPO", "KIND_CONFIG", "OFFLINE", "KIND_RESOURCE", "GPU_TAINT", "KindCluster", "python_base_image", "required",
            "run", "script_output", "unavailable", "wait_for"]

@@ -13,7 +13,7 @@ from pytest_devplug.errors import BackendUnavailableError, UnsupportedOperationE
 from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.manifests import render_daemonsets
 from pytest_devplug.backends.kind import kind_backend
-from pytest_devplug.backends.kind.cluster import ClusterManager
+from pytest_devplug.backends.kind.lifecycle import ClusterManager
 
 pytest_plugins = ["pytester"]
 
@@ -107,19 +107,19 @@ def test_kind_config_name_is_looked_up_in_kind_config_dir_and_missing_ones_are_n
 
 
 def test_image_names_follow_the_offline_scripts_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_devplug.backends.kind import cluster
+    from pytest_devplug.backends.kind import lifecycle
 
     monkeypatch.delenv("DEVPLUG_PYTHON_BASE", raising=False)
     monkeypatch.setenv("DEVPLUG_IMAGE_PREFIX", "acme")
-    assert (cluster.offline_node_image_name() or "").startswith("acme/kind-node:")
+    assert (lifecycle.offline_node_image_name() or "").startswith("acme/kind-node:")
     seen: list[str] = []
 
     def labels(image: str) -> dict[str, str]:
         seen.append(image)
         return {}
 
-    monkeypatch.setattr(cluster, "image_labels", labels)
-    assert (cluster.python_base_image() or "").startswith("acme/python-base:")
+    monkeypatch.setattr(lifecycle, "image_labels", labels)
+    assert (lifecycle.python_base_image() or "").startswith("acme/python-base:")
     assert seen and seen[0].startswith("acme/python-base:")
 
 
@@ -172,7 +172,7 @@ def test_container_ids_from_pod_status_never_reach_a_shell(cid: str) -> None:
     """Issue 11: the containerID went unquoted into ``sh -c`` as root on the node."""
     from pytest_devplug.backends.base import ExecResult
     from pytest_devplug.errors import BackendError
-    from pytest_devplug.backends.k8s.node import NodeOps
+    from pytest_devplug.backends.k8s.nodeops import NodeOps
 
     scripts: list[str] = []
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from .reliability_support import RELIABILITY, examples
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
 from pytest_devplug.errors import NotFoundError
 from pytest_devplug.sim.kubelet import SimNode
 from pytest_devplug.waiting import wait_for

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_devplug.nvml import mock_env
 from pytest_devplug.sim.devicemanager import DeviceManager
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs.process import PluginProcess
 
 from ..support import short_dir
 from .dm_helpers import GPU, DmMockState, DmWaiter, FakePlugin, dm_gpu

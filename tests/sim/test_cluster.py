@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
 from pytest_devplug.errors import ApiError, NotFoundError
 
 from ._helpers import GPU, phase, pod, pod_resources, start_gpu_node, wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.sim.daemon import KUBELET_BACKOFF, BackOffPolicy, CrashBackOff, PluginDaemon
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs.process import PluginProcess
 
 from ..support import wait_until
 

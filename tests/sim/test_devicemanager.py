@@ -21,7 +21,7 @@ from pytest_devplug.kubeletmodel.checkpointfile import read_checkpoint
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.errors import AdmissionError, PreStartError
 from pytest_devplug.kubeletmodel.views import ContainerSpec, PodSpecView
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs.process import PluginProcess
 from pytest_devplug.sim.registration import is_extended_resource_name, plugin_socket_path
 
 Make = Callable[..., tuple[DeviceManager, DmWaiter]]

@@ -17,9 +17,9 @@ import kubernetes
 import pytest
 
 from pytest_devplug.controlplane import ControlPlane
-from pytest_devplug.sim.apicluster import ApiCluster
-from pytest_devplug.sim.cluster import SimCluster
-from pytest_devplug.sim.clusterapi import ClusterApi
+from pytest_devplug.sim.realplane import ApiCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.controlplanes import ClusterApi
 from pytest_devplug.errors import ApiError
 
 from ..support import control_plane_binaries

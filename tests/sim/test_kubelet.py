@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
 
 from ._helpers import GPU, allocatable, gpu, phase, pod, start_gpu_node, wait_for, write_state
 

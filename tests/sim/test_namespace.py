@@ -16,8 +16,8 @@ import pytest
 
 from pytest_devplug.backends.base import BackendOptions, PluginSpec
 from pytest_devplug.backends.sim import SimBackend
-from pytest_devplug.sim import launcher
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.procs import launcher
+from pytest_devplug.sim.embeddedplane import SimCluster
 
 from ._helpers import allocatable, wait_for
 
@@ -161,7 +161,7 @@ def test_no_root_and_no_user_namespaces_is_one_clear_error(tmp_path: Path) -> No
         import sys
         from pathlib import Path
         from pytest_devplug.errors import NamespaceUnavailableError
-        from pytest_devplug.sim.process import PluginProcess
+        from pytest_devplug.procs.process import PluginProcess
         d = Path({str(tmp_path)!r})
         p = PluginProcess(["true"], log_path=d / "p.log", binds=[(d / "dp", "/var/lib/kubelet/device-plugins")])
         try:
@@ -178,7 +178,7 @@ def test_no_root_and_no_user_namespaces_is_one_clear_error(tmp_path: Path) -> No
 
 
 def _problem() -> str | None:
-    from pytest_devplug.sim.process import namespace_problem
+    from pytest_devplug.procs.process import namespace_problem
 
     return namespace_problem()
 

@@ -16,7 +16,7 @@ from pytest_devplug import PluginSpec
 from pytest_devplug.backends.base import NodeSpec
 from pytest_devplug.handles import ClusterHandle
 from pytest_devplug.pcinodes import EXAMPLES, example
-from pytest_devplug.sim.pcinode import load_pci_node, parse_pci_node
+from pytest_devplug.pcinodes.spec import load_pci_node, parse_pci_node
 from pytest_devplug.errors import PciNodeError
 from pytest_devplug.waiting import wait_for
 

@@ -14,7 +14,7 @@ from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.kubeletmodel.views import ContainerSpec, PodSpecView
 from pytest_devplug.sim.podresources import PodInfo, PodResourcesServer
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs.process import PluginProcess
 
 Make = Callable[..., tuple[DeviceManager, DmWaiter]]
 

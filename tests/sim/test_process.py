@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim import workdir
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.procs import workdir
+from pytest_devplug.sim.embeddedplane import SimCluster
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.errors import PluginProcessError, SocketPathTooLongError
-from pytest_devplug.sim.process import PluginProcess, live_processes
+from pytest_devplug.procs.process import PluginProcess, live_processes
 
 from ..support import WAIT, default_sigint, short_dir, wait_until
 
@@ -110,7 +110,7 @@ def test_stop_kills_the_whole_process_group(procs: Callable[..., PluginProcess])
 SCRIPT = """
 import sys, time
 from pathlib import Path
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs.process import PluginProcess
 d = Path(sys.argv[1])
 p = PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], log_path=d / "plugin.log")
 p.start()
@@ -152,8 +152,8 @@ def test_unstartable_command_is_a_plugin_process_error(tmp_path: Path) -> None:
 HARNESS = """
 import signal, sys, time
 from pathlib import Path
-from pytest_devplug.sim import workdir
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs import workdir
+from pytest_devplug.procs.process import PluginProcess
 if sys.argv[1] == "ignore-sigint":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 d = workdir.create()
@@ -185,7 +185,7 @@ def short_tmp() -> Iterator[Path]:
 RESTART_AFTER_KILL_ALL = """
 import sys
 from pathlib import Path
-from pytest_devplug.sim import process
+from pytest_devplug.procs import process
 from pytest_devplug.errors import PluginProcessError
 p = process.PluginProcess([sys.executable, "-c", "import time; time.sleep(60)"], log_path=Path(sys.argv[1]) / "p.log")
 p.start()
@@ -285,8 +285,8 @@ def test_work_dir_after_a_crash_is_swept_by_the_next_run(short_tmp: Path, monkey
 
 GRANDCHILD_HARNESS = """
 import sys, time
-from pytest_devplug.sim import workdir
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs import workdir
+from pytest_devplug.procs.process import PluginProcess
 d = workdir.create()
 code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print('CHILD', c.pid, flush=True); time.sleep(120)"
 p = PluginProcess([sys.executable, "-c", code], log_path=d / "plugin.log")

@@ -23,7 +23,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.podresources import v1_pb2 as pr
 from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
 from pytest_devplug.kubeletmodel.releases import RULES, KubeVersion
-from pytest_devplug.sim.cluster import SimCluster
+from pytest_devplug.sim.embeddedplane import SimCluster
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginManager

@@ -11,7 +11,7 @@ from .dm_helpers import GPU, DmMockState, DmWaiter, dm_capacity_probe, dm_gpu
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.errors import AdmissionError
 from pytest_devplug.kubeletmodel.views import ContainerSpec, PodSpecView
-from pytest_devplug.sim.process import PluginProcess
+from pytest_devplug.procs.process import PluginProcess
 from pytest_devplug.sim.topology import (
     TopologyHint,
     device_hints,

@@ -96,7 +96,7 @@ class NodeSpec:
     #: Device nodes the node has (``/dev/ttyS0``, ...), for plugins that scan ``/dev``: sim makes stub files at
     #: these paths in the private mount namespace of a plugin started without ``{plugin_dir}``.
     device_nodes: tuple[str, ...] = ()
-    #: sim: a mock PCI/NIC node file (``--devplug-pci-node``, ``pytest_devplug.sim.pcinode``): its sysfs, device nodes,
+    #: sim: a mock PCI/NIC node file (``--devplug-pci-node``, ``pytest_devplug.pcinodes.spec``): its sysfs, device nodes,
     #: PCI IDs and netdevs in the namespaces of a plugin started without ``{plugin_dir}``.
     pci_node: str | None = None
     #: A node other than this one (the node under test), for a second copy of the plugin (the soak's): the sim

@@ -15,7 +15,7 @@ from ..errors import BackendUnavailableError
 from .k8s.api import KubeApi
 from .k8s.backend import KubeBackend
 from .k8s.hostpod import HostPodTransport
-from .k8s.node import NodeTransport
+from .k8s.nodeops import NodeTransport
 
 __all__ = ["KubeconfigProvider", "cluster_backend"]
 

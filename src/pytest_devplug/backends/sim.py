@@ -1,6 +1,6 @@
 """The ``sim`` backend: the protocol on the embedded kubelet (``pytest_devplug.sim.SimCluster``).
 
-Everything lives under one short work dir (:mod:`pytest_devplug.sim.workdir`: Unix socket paths are
+Everything lives under one short work dir (:mod:`pytest_devplug.procs.workdir`: Unix socket paths are
 limited to 107 bytes), removed by :meth:`SimBackend.close`, which also stops every plugin process, or
 by the next run when this one was killed.
 
@@ -37,10 +37,10 @@ from ..errors import (
     UnresolvableCdiDevicesError,
     UnsupportedOperationError,
 )
-from ..sim import workdir
+from ..procs import workdir
 from ..nvml.driverroot import gpu_device_nodes
 from ..sim.gpunode import gpu_pci_functions, mig_cap_device_nodes, node_file_binds
-from ..sim.pcinode import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, load_pci_node
+from ..pcinodes.spec import DEVICE_INFO_DIR, PCI_IDS_PATH, PciNode, load_pci_node
 from ..waiting import wait_for
 from . import mockstate
 from .base import (
@@ -59,7 +59,7 @@ from .sim_dra import SimDRA
 
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
-    from ..sim.clusterapi import ClusterApi
+    from ..sim.controlplanes import ClusterApi
     from ..sim.daemon import PluginDaemon
     from ..sim.kubelet import SimNode
 
@@ -111,7 +111,7 @@ class SimBackend:
         return str(self.control_plane.kubeconfig) if self.control_plane is not None else None
 
     def start(self) -> None:
-        from ..sim.cluster import SimCluster  # type: ignore[import-not-found,unused-ignore]
+        from ..sim.embeddedplane import SimCluster  # type: ignore[import-not-found,unused-ignore]
 
         self.workdir = workdir.create()
         try:
@@ -130,7 +130,7 @@ class SimBackend:
         require_extra("sim backend with --devplug-control-plane real", "cluster", CLUSTER_MODULES)
         from ..controlplane import ControlPlane, resolve
         from ..errors import ControlPlaneError
-        from ..sim.apicluster import ApiCluster
+        from ..sim.realplane import ApiCluster
 
         try:
             kube = self.options.kube

@@ -42,8 +42,8 @@ from .mocknvml import mock_nvml_env
 
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
-    from ..sim.apicluster import ApiCluster
-    from ..sim.clusterapi import ClusterApi
+    from ..sim.realplane import ApiCluster
+    from ..sim.controlplanes import ClusterApi
     from ..sim.daemon import PluginDaemon
     from ..sim.kubelet import SimNode
 
@@ -305,7 +305,7 @@ class SimDRA:
         return dict(vars(self._api_cluster().dra_timings))
 
     def _api_cluster(self) -> ApiCluster:
-        from ..sim.apicluster import ApiCluster  # the kubernetes client: only with the real control plane
+        from ..sim.realplane import ApiCluster  # the kubernetes client: only with the real control plane
 
         cluster = self._backend.cluster
         if cluster is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_devplug import ClusterHandle
-from pytest_devplug.soak import SoakWatch
+from pytest_devplug.soakwatch import SoakWatch
 
 
 @pytest.mark.devplug_soak

@@ -1,6 +1,6 @@
 """etcd, kube-apiserver, kube-scheduler and kube-controller-manager as child processes of the test run.
 
-Each component is a :class:`~pytest_devplug.sim.process.PluginProcess`, the harness's one way to run a
+Each component is a :class:`~pytest_devplug.procs.process.PluginProcess`, the harness's one way to run a
 child: its own process group, a parent-death signal (a SIGKILLed run takes them along), SIGTERM then
 SIGKILL by PID on stop, killed by the run's SIGTERM/SIGINT handlers, the output in a log file. Ports are
 free loopback ports; a component that loses a port race to another run is started again on new ones.
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ComponentFailedError, SimError, WaitTimeout
-from ..sim.process import PluginProcess
+from ..procs.process import PluginProcess
 from ..waiting import wait_for
 from .pki import Pki
 

@@ -47,7 +47,7 @@ from ..report import is_dra_run, mark_dra_run, note_driver
 from .assertions import assert_driver_registered, assert_slices_published, dra_evidence
 from .faults import DRA_CONTRACT, DRAFaultInjector, DRAMockNvmlFaults, DRANvmlXidFaults
 from .handles import ClaimFactory, DRANodeHandle, DriverHandle
-from .resync import RESYNC_MARKER, ResyncWatch
+from .resyncwatch import RESYNC_MARKER, ResyncWatch
 
 __all__ = ["DRASettings", "default_driver_argv", "get_dra_settings"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SimError
-from .process import PluginProcess, append_log
+from ..procs.process import PluginProcess, append_log
 
 __all__ = ["BackOffPolicy", "CrashBackOff", "KUBELET_BACKOFF", "PluginDaemon"]
 

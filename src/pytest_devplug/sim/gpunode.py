@@ -14,7 +14,7 @@ specs' hooks: a stub that accepts the hooks' subcommands stands in (the embedded
 container here has no root filesystem for them to change). The driver root's ``nvidia-smi`` runs
 :mod:`pytest_devplug.nvml.smi`, so a time-slice a driver sets lands in the mock state.
 
-The GPUs' PCI functions are shown too, as sysfs shows them (``sim/pcinode.py``'s tree): NVIDIA's plugins read
+The GPUs' PCI functions are shown too, as sysfs shows them (``pcinodes/spec.py``'s tree): NVIDIA's plugins read
 ``/sys/bus/pci/devices/<bus ID>`` for the bus IDs NVML gives (its ``numa_node``; the link's target, whose
 ``/sys/devices/pci<domain>:<bus>`` names the GPU's PCIe root). The mock's bus IDs lie on a PCI domain of their own
 (:data:`MOCK_PCI_DOMAIN`), so they name none of the host's devices, and the plugin's ``/sys/bus/pci/devices`` holds
@@ -31,7 +31,7 @@ from typing import Any
 
 from ..nvml import smi
 from ..nvml.driverroot import CONTAINER_DRIVER_ROOT, DRIVER_BINS, DRIVER_LIBS, DRIVER_ROOT, LIB_DIR
-from .pcinode import PciFunction, PciNode
+from ..pcinodes.spec import PciFunction, PciNode
 
 __all__ = [
     "CDI_HOOK", "CDI_HOOK_STUB", "GPU_PCI_CLASS", "GPU_PCI_DEVICE_IDS",

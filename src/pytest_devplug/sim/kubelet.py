@@ -37,15 +37,15 @@ from .. import errors
 from .admission import pod_spec_view, predicate_admit
 from .apiserver import now_rfc3339
 from .devicemanager import DeviceManager
-from .dra.node import NodeDRA
+from .dra.kubeletside import NodeDRA
 from .klog import KlogFormatter, KlogHandler
-from .launcher import KUBELET_PATHS, path_in_node
+from ..procs.launcher import KUBELET_PATHS, path_in_node
 from .pluginwatcher import DEVICE_PLUGIN_TYPE, DRA_PLUGIN_TYPE, PluginHandler, PluginWatcher, RegistrationEvent
 from .daemon import KUBELET_BACKOFF, BackOffPolicy, PluginDaemon
 from .nodestatus import DEFAULT_CPU, DEFAULT_MEMORY, DEFAULT_PODS, NodeStatus
 from .podresources import PodResourcesServer
 from .podstatus import PodRecord, pod_phase, pod_status
-from .process import PluginProcess
+from ..procs.process import PluginProcess
 from .runtime import ContainerRecord, ContainerRuntime, image_pull_error
 from ..errors import UnresolvableCdiDevicesError
 
@@ -129,7 +129,7 @@ class SimNode:
         self._watcher: PluginWatcher | None = None
         #: Registration outcomes of the plugin watchers of earlier kubelet lifetimes, oldest first.
         self._registrations: list[RegistrationEvent] = []
-        #: The kubelet's DRA side (``sim/dra/node.py``), set by a cluster with an API server to read claims from.
+        #: The kubelet's DRA side (``sim/dra/kubeletside.py``), set by a cluster with an API server to read claims from.
         self.dra: NodeDRA | None = None
         self.logger = logging.getLogger(f"pytest_devplug.sim.kubelet.{name}.{id(self):x}")
         self.logger.setLevel(logging.DEBUG)

@@ -21,7 +21,7 @@ from pytest_devplug.api.podresources import v1_pb2 as pr
 from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.errors import SimError
-from pytest_devplug.sim.workdir import check_socket_path
+from pytest_devplug.procs.workdir import check_socket_path
 
 __all__ = ["PodResourcesServer", "PodInfo"]
 

@@ -34,7 +34,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from pytest_devplug.sim.names import is_extended_resource_name
 from pytest_devplug.errors import RegistrationError
-from pytest_devplug.sim.workdir import check_socket_path
+from pytest_devplug.procs.workdir import check_socket_path
 
 __all__ = [
     "SUPPORTED_VERSIONS",

@@ -1,4 +1,4 @@
-"""The kubelet's DRA side wired into the embedded kubelet (``sim/dra/node.py`` + SimNode's hooks), against fake drivers
+"""The kubelet's DRA side wired into the embedded kubelet (``sim/dra/kubeletside.py`` + SimNode's hooks), against fake drivers
 and a fake API: pods with claims start only once prepared, get the CDI edits, failed prepares are retried with
 upstream's event, claims are unprepared when pods go (also while the kubelet was down), restarts prepare again."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_devplug.api.drahealth import v1alpha1_pb2 as hpb
-from pytest_devplug.sim.dra.node import DRATimings, NodeDRA
+from pytest_devplug.sim.dra.kubeletside import DRATimings, NodeDRA
 from pytest_devplug.sim.kubelet import SimNode
 
 from ...support import wait_until

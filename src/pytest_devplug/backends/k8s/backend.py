@@ -59,7 +59,7 @@ from .api import KubeApi
 from .daemonsets import PinnedDaemonSets, container_statuses, exit_reason, pods_running, restarts
 from .dra import DRA_CHECKPOINT_PATH, KubeDRA
 from .manifests import GPU_LABEL, MOCK_DIR, mock_library_file, own_daemonset, render_daemonsets
-from .node import MOCK_STATE_PATH, NodeOps, NodeTransport
+from .nodeops import MOCK_STATE_PATH, NodeOps, NodeTransport
 from .ownership import MANAGED_BY, Owner, SignalGuard, delete_namespace, sweep_orphans
 
 __all__ = ["KubeBackend", "ClusterProvider", "KUBELET_GRACE_PERIOD"]

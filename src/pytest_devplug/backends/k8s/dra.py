@@ -42,7 +42,7 @@ from .daemonsets import PinnedDaemonSets, container_statuses, exit_reason, pods_
 from .dralog import VMODULE, KubeletDRAState, read_into, read_script
 from .api import KubeApi
 from .dramanifests import COLLECTIONS, DRA_MOCK_STATE_PATH, render_driver
-from .node import NodeOps
+from .nodeops import NodeOps
 from .ownership import MANAGED_BY
 
 __all__ = ["DRA_CHECKPOINT_PATH", "KUBELET_DRA_TIMINGS", "DriverImages", "KubeDRA", "KubeDRAHost", "go_duration_s"]

@@ -23,7 +23,7 @@ from ...waiting import wait_for
 from ...errors import BackendError, NodeGrpcError, ObjectNotFoundError, WaitTimeout
 from ..base import ExecResult
 from .api import KubeApi
-from .node import GRPC_CALL, POD_RESOURCES_SOCKET
+from .nodeops import GRPC_CALL, POD_RESOURCES_SOCKET
 from .ownership import MANAGED_BY
 
 __all__ = ["HostPodTransport", "MANAGED_BY", "NODE_POD_DEADLINE_S", "node_pod_manifest"]

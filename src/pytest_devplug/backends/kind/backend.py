@@ -16,10 +16,10 @@ from typing import Any
 from ..base import BackendOptions, PluginSpec
 from ..k8s.api import KubeApi
 from ..k8s.backend import KubeBackend
-from ..k8s.node import NodeTransport
-from .cluster import ClusterManager, python_base_image
+from ..k8s.nodeops import NodeTransport
+from .lifecycle import ClusterManager, python_base_image
 from .deploy import PluginImage
-from .node import DockerExecTransport
+from .transport import DockerExecTransport
 
 __all__ = ["KindProvider", "kind_backend"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..base import PluginSpec
 from ...errors import BackendError, BackendUnavailableError
 from ..k8s.manifests import PLUGIN_SRC
-from .cluster import image_prefix, python_base_image
+from .lifecycle import image_prefix, python_base_image
 from .proc import run
 
 __all__ = ["PluginImage"]

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
 from pytest_devplug.dra.handles import DriverHandle
-from pytest_devplug.dra.resync import ResyncWatch
+from pytest_devplug.dra.resyncwatch import ResyncWatch
 
 from ._support import consistently, short_dra_timings, waited
 

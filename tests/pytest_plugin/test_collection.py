@@ -1,5 +1,5 @@
 """Test folders are packages: any subset of them collects together (no two ``conftest``/helper modules clash,
-no ``from conftest import``), so ``pytest tests/sim tests/differential tests/plugin`` works as one run."""
+no ``from conftest import``), so ``pytest tests/sim tests/differential tests/gpu_plugin`` works as one run."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def test_no_test_module_imports_conftest() -> None:
 
 
 def test_all_folders_collect_together() -> None:
-    assert {"sim", "differential", "plugin"} <= set(FOLDERS)
+    assert {"sim", "differential", "gpu_plugin"} <= set(FOLDERS)
     # The differentials' file first: it once failed when collected beside tests/sim (two modules named conftest).
-    folders = ["differential", "sim", "plugin", *[f for f in FOLDERS if f not in ("differential", "sim", "plugin")]]
+    folders = ["differential", "sim", "gpu_plugin", *[f for f in FOLDERS if f not in ("differential", "sim", "gpu_plugin")]]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *(f"tests/{f}" for f in folders)],
         cwd=TESTS.parent, capture_output=True, text=True, timeout=600, check=False,

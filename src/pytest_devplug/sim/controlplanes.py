@@ -1,7 +1,7 @@
 """The seam between the sim backend and "the control plane": what the backend asks of a cluster of embedded kubelets.
 
-Two implementations: :class:`~pytest_devplug.sim.cluster.SimCluster` (the embedded control plane: its own
-validation, scheduler and event store) and :class:`~pytest_devplug.sim.apicluster.ApiCluster` (a real
+Two implementations: :class:`~pytest_devplug.sim.embeddedplane.SimCluster` (the embedded control plane: its own
+validation, scheduler and event store) and :class:`~pytest_devplug.sim.realplane.ApiCluster` (a real
 kube-apiserver and kube-scheduler; the kubelets are its Nodes). Pods and nodes are JSON-shaped dicts as
 the API server returns them; refusals raise :class:`~pytest_devplug.errors.ApiError` (404:
 ``NotFoundError``-compatible status), so the backend maps one error type for both.
@@ -20,8 +20,8 @@ from typing import Any, Protocol, TypeVar
 
 from ..kubeletmodel.releases import KubeVersion
 from .kubelet import SimNode
-from .workdir import create as create_workdir
-from .workdir import remove as remove_workdir
+from ..procs.workdir import create as create_workdir
+from ..procs.workdir import remove as remove_workdir
 
 __all__ = ["ClusterApi", "ClusterBase"]
 

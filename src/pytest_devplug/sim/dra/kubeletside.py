@@ -36,7 +36,7 @@ from pytest_devplug.kubeletmodel.claims import extended_resource_claim
 from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager
 from pytest_devplug.errors import DRAPluginError, DRAPrepareError
 from pytest_devplug.sim.dra.plugins import DEFAULT_WIPING_DELAY_S, DRAPluginManager, ResourceSliceWiper
-from pytest_devplug.sim.launcher import path_in_node
+from pytest_devplug.procs.launcher import path_in_node
 from pytest_devplug.sim.pluginwatcher import PluginHandler
 
 __all__ = [
@@ -59,7 +59,7 @@ EventSink = Callable[[Obj, str, str, str], None]
 
 
 class KubeletApi(ClaimSource, ResourceSliceWiper, Protocol):
-    """What the kubelet's DRA side asks of the API server (:class:`~pytest_devplug.sim.dra.api.KubeletDRAApi`)."""
+    """What the kubelet's DRA side asks of the API server (:class:`~pytest_devplug.sim.dra.apiseams.KubeletDRAApi`)."""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Device-plugin subprocesses that never outlive the test session.
 
 Each plugin runs in its own session and process group (so a kill reaches its children too) with stdout and
-stderr appended to one log file. It is started through :mod:`~pytest_devplug.sim.launcher`, which arms a
+stderr appended to one log file. It is started through :mod:`~pytest_devplug.procs.launcher`, which arms a
 parent-death signal (a test run killed with SIGKILL takes its plugins with it) and, for a plugin given
 ``binds``, makes the private mount namespace that shows it the node's directories at the kubelet's
 standard paths. Every process is forked by one long-lived thread, because the parent-death signal fires
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from pytest_devplug.sim import launcher
+from . import launcher
 from pytest_devplug.errors import NamespaceUnavailableError, PluginProcessError
 
 __all__ = [
@@ -218,7 +218,7 @@ class PluginProcess:
     """A plugin command line, run as given (placeholders are the harness's: ``PluginSpec.command``).
 
     ``binds`` (host directory, path the plugin sees) run it in a private mount namespace; see
-    :mod:`~pytest_devplug.sim.launcher`. Starting raises :class:`NamespaceUnavailableError` when
+    :mod:`~pytest_devplug.procs.launcher`. Starting raises :class:`NamespaceUnavailableError` when
     this machine allows no such namespace.
     """
 

@@ -1,6 +1,6 @@
 """``ApiCluster``: embedded kubelets as real Nodes of a real API server (``--devplug-control-plane real``).
 
-The same surface as :class:`~pytest_devplug.sim.cluster.SimCluster` (see :mod:`.clusterapi`), so the
+The same surface as :class:`~pytest_devplug.sim.embeddedplane.SimCluster` (see :mod:`.controlplanes`), so the
 backend, handles and the conformance suite run unchanged; what ``SimCluster`` does itself, the real
 control plane does here: validation and defaulting (kube-apiserver), scheduling (kube-scheduler), the
 not-ready taint (kube-controller-manager). Each ``SimNode`` acts as its node's kubelet through the API:
@@ -43,11 +43,11 @@ from ..errors import RestError, WaitTimeout
 from ..waiting import wait_for
 from .. import errors
 from .apiserver import now_rfc3339
-from .clusterapi import ClusterApi, ClusterBase
-from .dra.api import KubeletDRAApi
-from .dra.node import DRATimings, NodeDRA
+from .controlplanes import ClusterApi, ClusterBase
+from .dra.apiseams import KubeletDRAApi
+from .dra.kubeletside import DRATimings, NodeDRA
 from .kubelet import SimNode
-from .launcher import KUBELET_PATHS
+from ..procs.launcher import KUBELET_PATHS
 from .nodestatus import node_labels
 
 __all__ = ["ApiCluster", "LEASE_SECONDS", "NOT_READY_TAINT", "RENEW_SECONDS"]

@@ -21,7 +21,7 @@ from pytest_devplug.backends.k8s import backend as kube_backend
 from pytest_devplug.backends.k8s.api import KubeApi
 from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.hostpod import HostPodTransport
-from pytest_devplug.backends.k8s.node import NodeTransport
+from pytest_devplug.backends.k8s.nodeops import NodeTransport
 from pytest_devplug.backends.k8s.ownership import MANAGED_BY, Owner, SignalGuard, sweep_orphans
 
 pytest_plugins = ["pytester"]

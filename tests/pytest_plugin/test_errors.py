@@ -30,7 +30,7 @@ def test_public_exception_is_a_devplug_error_from_the_errors_module(exc: type[Ba
 
 #: Modules run by path with the standard library only (``python -I -S file``), so they cannot import ``errors``:
 #: the mount-namespace launcher and the ``nvidia-smi`` stand-in. Their exceptions never leave their process.
-STANDALONE = {"sim/launcher.py", "nvml/smi.py"}
+STANDALONE = {"procs/launcher.py", "nvml/smi.py"}
 REPO = SRC.parents[1]
 #: Where code importing pytest-devplug lives in this repository (markdown: the code samples of the docs).
 IMPORTERS = [REPO / d for d in ("src", "tests", "bench", "plugin_under_test", "tools", "docs")] + [REPO / "README.md"]

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from ..kubeletmodel.releases import KubeVersion
 from .. import errors
 from . import apiserver
-from .clusterapi import ClusterApi, ClusterBase
+from .controlplanes import ClusterApi, ClusterBase
 from .kubelet import SimNode
 from .names import dns1123_subdomain_errors, go_quote
 from .scheduler import NodeView, pod_requests, schedule
@@ -374,5 +374,5 @@ class SimCluster(ClusterBase):
                 _log.exception("scheduling pass failed; retrying on the next change")
 
 
-#: Checked by mypy: ``SimCluster`` is a :class:`~.clusterapi.ClusterApi`, like the real control plane's ``ApiCluster``.
+#: Checked by mypy: ``SimCluster`` is a :class:`~.controlplanes.ClusterApi`, like the real control plane's ``ApiCluster``.
 _IS_CLUSTER_API: type[ClusterApi] = SimCluster

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..sim import workdir
-from ..sim.process import start_time
+from ..procs import workdir
+from ..procs.process import start_time
 from ..waiting import wait_for
 from ..errors import ComponentFailedError, ControlPlaneError, WaitTimeout
 from .binaries import Binaries

@@ -22,7 +22,7 @@ import grpc
 
 from ..base import ExecResult
 from ...errors import BackendError, NodeGrpcError
-from ..k8s.node import GRPC_CALL
+from ..k8s.nodeops import GRPC_CALL
 from .proc import run, run_bytes
 
 __all__ = ["DockerExecTransport"]

@@ -30,7 +30,7 @@ from pytest_devplug.backends.k8s.backend import KubeBackend
 from pytest_devplug.backends.k8s.hostpod import MANAGED_BY, NODE_POD_DEADLINE_S, node_pod_manifest
 from pytest_devplug.backends.k8s.manifests import own_daemonset, render_daemonsets, selector_of
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
-from pytest_devplug.backends.k8s.node import GRPC_CALL, NodeOps
+from pytest_devplug.backends.k8s.nodeops import GRPC_CALL, NodeOps
 
 pytest_plugins = ["pytester"]
 
