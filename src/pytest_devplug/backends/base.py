@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
+from ..kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
 from ..kubeletmodel.releases import KubeVersion
 from ..kubeletmodel.runoptions import applied_view
 from ..kubeletmodel.views import ContainerView, DeviceNodeView, MountView
@@ -56,8 +57,8 @@ DEFAULT_TIMEOUT = 20.0
 #: device-plugin stub) wait 10 s after a new kubelet.sock before serving again; 40 s leaves them room on a
 #: loaded machine.
 DEFAULT_REREGISTRATION_TIMEOUT = 40.0
-#: The kubelet's ``endpointStopGracePeriod``: a resource whose plugin went away is kept this long.
-DEFAULT_GRACE_PERIOD = 300.0
+#: The sim kubelet's grace period unless ``--devplug-grace-period`` shortens it: upstream's.
+DEFAULT_GRACE_PERIOD = ENDPOINT_STOP_GRACE_PERIOD_S
 #: The container image of pods made by the fixtures' ``PodFactory`` (kind needs a shell for ``exec``); a
 #: backend with no registry substitutes a local image for it.
 DEFAULT_IMAGE = "busybox:1.36"

@@ -34,6 +34,7 @@ from pytest_devplug.errors import (
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel.views import ContainerSpec, ContainerView, PodSpecView
 from pytest_devplug.kubeletmodel.checkpointfile import read_checkpoint, write_checkpoint
+from pytest_devplug.kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
 from pytest_devplug.sim.endpoint import DIAL_TIMEOUT_S, Endpoint
 from pytest_devplug.sim.pod_devices import NO_NUMA, PodDevices
 from pytest_devplug.sim.registration import RegistrationServer, WatcherHandler, plugin_socket_path
@@ -69,7 +70,7 @@ class DeviceManager:
         self,
         plugin_dir: Path,
         *,
-        grace_period: float = 300.0,
+        grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S,
         topology_policy: str = "none",
         numa_nodes: int = 2,
         on_change: Callable[[], None] | None = None,

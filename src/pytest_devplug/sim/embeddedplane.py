@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..kubeletmodel.releases import KubeVersion
+from ..kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
 from .. import errors
 from . import apiserver
 from .controlplanes import ClusterApi, ClusterBase
@@ -72,7 +73,7 @@ class _Pod:
 class SimCluster(ClusterBase):
     """A small cluster of embedded kubelets; use as a context manager (``close()`` cleans up)."""
 
-    def __init__(self, workdir: Path | None = None, *, grace_period: float = 300.0, kube: KubeVersion | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, *, grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S, kube: KubeVersion | None = None) -> None:
         super().__init__(workdir, grace_period, kube)
         self._lock = threading.RLock()
         self._nodes: dict[str, SimNode] = {}

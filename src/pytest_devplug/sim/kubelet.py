@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..kubeletmodel.releases import KubeVersion
+from ..kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
 from ..kubeletmodel import cdi
 from .. import errors
 from .admission import pod_spec_view, predicate_admit
@@ -95,7 +96,7 @@ class SimNode:
         taints: Sequence[Mapping[str, Any]] | None = None,
         numa_nodes: int = 2,
         topology_policy: str = "none",
-        grace_period: float = 300.0,
+        grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S,
         kube: KubeVersion | None = None,
         cpu: str = DEFAULT_CPU,
         memory: str = DEFAULT_MEMORY,

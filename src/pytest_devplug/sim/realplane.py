@@ -38,6 +38,7 @@ import urllib3
 from kubernetes.client import ApiException
 
 from ..kubeletmodel.releases import KubeVersion
+from ..kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
 from ..kuberest import STRATEGIC_PATCH, KubeRest
 from ..errors import RestError, WaitTimeout
 from ..waiting import wait_for
@@ -107,7 +108,7 @@ class ApiCluster(ClusterBase):
     """
 
     def __init__(
-        self, client: Any, workdir: Path | None = None, *, grace_period: float = 300.0, timeout: float = 20.0,
+        self, client: Any, workdir: Path | None = None, *, grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S, timeout: float = 20.0,
         remove_nodes: bool = True, kube: KubeVersion | None = None,
     ) -> None:
         super().__init__(workdir, grace_period, kube)

@@ -38,6 +38,7 @@ from ...errors import (
 from ...kubeletmodel import cdi
 from ...kubeletmodel import dracheckpoint as dra_cp
 from ...kubeletmodel.claims import container_cdi_devices
+from ...kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
 from ...waiting import wait_for
 from .. import mockstate
 from ..base import (
@@ -62,13 +63,11 @@ from .manifests import GPU_LABEL, MOCK_DIR, mock_library_file, own_daemonset, re
 from .nodeops import MOCK_STATE_PATH, NodeOps, NodeTransport
 from .ownership import MANAGED_BY, Owner, SignalGuard, delete_namespace, sweep_orphans
 
-__all__ = ["KubeBackend", "ClusterProvider", "KUBELET_GRACE_PERIOD"]
+__all__ = ["KubeBackend", "ClusterProvider"]
 
 JSONDict = dict[str, Any]
 T = TypeVar("T")
 
-#: The kubelet's endpointStopGracePeriod: a constant in the device manager, no flag changes it.
-KUBELET_GRACE_PERIOD = 300.0
 #: Where a CDI-enabled runtime reads spec files, lowest priority first (containerd's and CRI-O's default).
 CDI_SPEC_DIRS = cdi.SPEC_DIRS
 #: The label of a node running the control plane's static pods (kubeadm's, and so kind's).
@@ -789,7 +788,7 @@ class KubeBackend:
     # -- knobs -------------------------------------------------------------------------------------
     @property
     def grace_period(self) -> float:
-        return KUBELET_GRACE_PERIOD
+        return ENDPOINT_STOP_GRACE_PERIOD_S  # a constant in the device manager: no flag changes it
 
     def set_grace_period(self, seconds: float) -> None:
         raise UnsupportedOperationError(

@@ -35,6 +35,7 @@ from ...api.pluginregistration import v1_pb2 as rpb
 from ...kuberest import KubeRest
 from ...errors import BackendError, BackendUnavailableError, NodeGrpcError, RestError, UnsupportedOperationError
 from ...kubeletmodel import cdi
+from ...kubeletmodel.periods import DRA_RECONCILE_PERIOD_S, DRA_WIPING_DELAY_S, POD_BACKOFF_PERIOD_S
 from .. import mockstate
 from ..base import BackendOptions, PluginSpec, node_tolerations
 from ..dra import DRACallRecord, DriverSpec, RegistrationRecord
@@ -55,7 +56,7 @@ DRA_CHECKPOINT_PATH = "/var/lib/kubelet/dra_manager_state"
 #: pod workers' ``backOffPeriod`` (a failed unprepare is an error of the pod's sync: retried after it). A failed
 #: prepare is no error of the sync (``SyncPod`` records an event and returns), so its retry waits for the pod's
 #: next resync: ``syncFrequency`` of the kubelet config (1 min by default), which :meth:`KubeDRA.dra_timings` reads.
-KUBELET_DRA_TIMINGS = {"wiping_delay": 30.0, "retry_period": 10.0, "reconcile_period": 60.0}
+KUBELET_DRA_TIMINGS = {"wiping_delay": DRA_WIPING_DELAY_S, "retry_period": POD_BACKOFF_PERIOD_S, "reconcile_period": DRA_RECONCILE_PERIOD_S}
 #: ``syncFrequency`` when the kubelet config does not set it.
 DEFAULT_SYNC_FREQUENCY_S = 60.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")

@@ -13,11 +13,9 @@ import pytest
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
 from pytest_devplug.dra.handles import DriverHandle
 from pytest_devplug.dra.resyncwatch import ResyncWatch
+from pytest_devplug.kubeletmodel.periods import DRA_WIPING_DELAY_S
 
 from ._support import consistently, short_dra_timings, waited
-
-#: The kubelet's ``defaultWipingDelay``.
-WIPING_DELAY_S = 30.0
 
 
 def test_slices_published(devplug_driver: DriverHandle) -> None:
@@ -65,7 +63,7 @@ def test_slices_kept_when_driver_restarts_quickly(devplug_driver: DriverHandle) 
     def kept() -> list[tuple[str, str, str, frozenset[str]]]:
         return [(s.name, s.uid, s.pool, frozenset(s.devices)) for s in devplug_driver.slices()]
 
-    with short_dra_timings(devplug_driver, wiping_delay=WIPING_DELAY_S):
+    with short_dra_timings(devplug_driver, wiping_delay=DRA_WIPING_DELAY_S):
         before = kept()
         devplug_driver.stop()
         devplug_driver.start()

@@ -35,13 +35,12 @@ from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.kubeletmodel.claims import extended_resource_claim
 from pytest_devplug.sim.dra.manager import ClaimSource, DRAManager
 from pytest_devplug.errors import DRAPluginError, DRAPrepareError
-from pytest_devplug.sim.dra.plugins import DEFAULT_WIPING_DELAY_S, DRAPluginManager, ResourceSliceWiper
+from pytest_devplug.kubeletmodel.periods import DRA_RECONCILE_PERIOD_S, DRA_WIPING_DELAY_S, POD_BACKOFF_PERIOD_S
+from pytest_devplug.sim.dra.plugins import DRAPluginManager, ResourceSliceWiper
 from pytest_devplug.procs.launcher import path_in_node
 from pytest_devplug.sim.pluginwatcher import PluginHandler
 
 __all__ = [
-    "POD_RETRY_PERIOD_S",
-    "RECONCILE_PERIOD_S",
     "DRACall",
     "DRATimings",
     "KubeletApi",
@@ -49,10 +48,6 @@ __all__ = [
     "has_claims",
 ]
 
-#: ``backOffPeriod``: the pod worker syncs a pod again this long after a failed sync (a failed prepare).
-POD_RETRY_PERIOD_S = 10.0
-#: ``reconcilePeriod`` of the DRA manager's loop that unprepares claims of pods no longer active.
-RECONCILE_PERIOD_S = 60.0
 
 Obj = Mapping[str, Any]
 EventSink = Callable[[Obj, str, str, str], None]
@@ -67,9 +62,9 @@ class DRATimings:
     """The kubelet's DRA periods in seconds; tests shorten them as ``--devplug-grace-period`` shortens the device
     manager's. New values apply from the next kubelet start, and to the running one at its next wait."""
 
-    wiping_delay: float = DEFAULT_WIPING_DELAY_S
-    retry_period: float = POD_RETRY_PERIOD_S
-    reconcile_period: float = RECONCILE_PERIOD_S
+    wiping_delay: float = DRA_WIPING_DELAY_S
+    retry_period: float = POD_BACKOFF_PERIOD_S
+    reconcile_period: float = DRA_RECONCILE_PERIOD_S
 
 
 @dataclass(frozen=True)

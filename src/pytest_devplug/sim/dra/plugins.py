@@ -18,6 +18,7 @@ from typing import Protocol
 
 from pytest_devplug.sim.dra.client import CLIENT_CALL_TIMEOUT_S, SERVICES_SUPPORTED_BY_KUBELET, CallObserver, DRAPluginClient
 from pytest_devplug.kubeletmodel.releases import KubeVersion
+from pytest_devplug.kubeletmodel.periods import DRA_WIPING_DELAY_S
 from pytest_devplug.sim.dra.health import (
     HEALTH_SERVICE_V1,
     HEALTH_SERVICE_V1ALPHA1,
@@ -29,14 +30,10 @@ from pytest_devplug.sim.dra.health import (
 from pytest_devplug.errors import DRAPluginError
 
 __all__ = [
-    "DEFAULT_WIPING_DELAY_S",
     "ResourceSliceWiper",
     "DRAPluginManager",
     "go_quote_list",
 ]
-
-#: ``defaultWipingDelay``.
-DEFAULT_WIPING_DELAY_S = 30.0
 
 
 class ResourceSliceWiper(Protocol):
@@ -59,7 +56,7 @@ class DRAPluginManager:
         node_name: str,
         *,
         wiper: ResourceSliceWiper | None = None,
-        wiping_delay: float = DEFAULT_WIPING_DELAY_S,
+        wiping_delay: float = DRA_WIPING_DELAY_S,
         health_cache: HealthInfoCache | None = None,
         on_health_change: Callable[[str, list[DeviceHealth]], None] | None = None,
         health_retry_period: float = STREAM_RETRY_PERIOD_S,

@@ -1,0 +1,21 @@
+"""The kubelet's fixed periods that plugins see, declared once for every layer that models or waits on them."""
+
+from __future__ import annotations
+
+__all__ = ["DRA_RECONCILE_PERIOD_S", "DRA_WIPING_DELAY_S", "ENDPOINT_STOP_GRACE_PERIOD_S", "POD_BACKOFF_PERIOD_S"]
+
+#: How long the device manager keeps a resource's devices after its plugin went away before it drops them
+#: (``endpointStopGracePeriod``, ``cm/devicemanager/types.go``: five minutes).
+ENDPOINT_STOP_GRACE_PERIOD_S = 300.0
+
+#: How long after a DRA driver's last plugin went away the kubelet deletes its ResourceSlices
+#: (``defaultWipingDelay``, ``cm/dra/manager.go``: 30 s).
+DRA_WIPING_DELAY_S = 30.0
+
+#: How often the DRA manager's loop unprepares the claims of pods no longer active (``reconcilePeriod``:
+#: one minute).
+DRA_RECONCILE_PERIOD_S = 60.0
+
+#: How long after a failed sync the pod worker syncs the pod again (``backOffPeriod``, ``pod_workers.go``: 10 s);
+#: a failed unprepare is such a failure.
+POD_BACKOFF_PERIOD_S = 10.0
