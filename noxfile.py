@@ -271,9 +271,21 @@ def e2e(session: nox.Session) -> None:
             # release. The kind backend's runs load what they use into their own nodes.
             if python_base:
                 session.run(kind, "load", "docker-image", "--name", name, python_base, external=True)
-            session.run(kind, "load", "docker-image", "--name", name, "--nodes", f"{name}-worker2,{name}-worker3", image, external=True)
+            session.run(
+                kind,
+                "load",
+                "docker-image",
+                "--name",
+                name,
+                "--nodes",
+                f"{name}-worker2,{name}-worker3",
+                image,
+                external=True,
+            )
             clock.lap("image loads")
-            session.run("bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=env, external=True)
+            session.run(
+                "bash", "tools/e2e-lanes.sh", name, kubeconfig, image, python_base or "", env=env, external=True
+            )
             clock.lap("lanes")
         finally:
             session.run(kind, "delete", "cluster", "--name", name, external=True)
@@ -314,7 +326,9 @@ def _ensure_inotify(session: nox.Session) -> None:
         except OSError as exc:
             session.warn(f"could not raise fs.inotify.max_user_instances from {limit}: {exc}")
         else:
-            session.log(f"raised fs.inotify.max_user_instances from {limit} to {_INOTIFY_ADVISED} (kind's advice) for {nodes} nodes")
+            session.log(
+                f"raised fs.inotify.max_user_instances from {limit} to {_INOTIFY_ADVISED} (kind's advice) for {nodes} nodes"
+            )
             limit = _INOTIFY_ADVISED
     if limit - used < need:
         session.warn(

@@ -63,7 +63,9 @@ def main() -> int:
     print(f"ready: median {med:.2f} s, runs {', '.join(f'{r:.2f}' for r in ready)} (target < {READY_TARGET_S:g} s)")
     ok &= med < READY_TARGET_S
     mem = max(memory)
-    print(f"memory (4 components, RSS after start): max {mem:.0f} MiB, runs {', '.join(f'{m:.0f}' for m in memory)} (target < {MEMORY_TARGET_MIB:g} MiB)")
+    print(
+        f"memory (4 components, RSS after start): max {mem:.0f} MiB, runs {', '.join(f'{m:.0f}' for m in memory)} (target < {MEMORY_TARGET_MIB:g} MiB)"
+    )
     ok &= mem < MEMORY_TARGET_MIB
     if not args.no_conformance:
         emb, emb_summary = conformance("embedded")

@@ -35,7 +35,9 @@ KUBELET = "/var/lib/kubelet"
 
 def build() -> str:
     peer = "dra-example-kubeletplugin"
-    out = subprocess.run(["bash", str(ROOT / "peers" / "build-dra.sh"), peer], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", str(ROOT / "peers" / "build-dra.sh"), peer], capture_output=True, text=True, check=True
+    )
     return next(line.split()[1] for line in out.stdout.splitlines() if line.split()[0] == peer)
 
 
@@ -57,7 +59,11 @@ def one_run(binary: str) -> float:
         proc = PluginProcess(
             [binary, "--node-name", "node-1", "--kubeconfig", str(root / "kubeconfig")],
             log_path=root / "driver.log",
-            binds=[(dirs["plugins_registry"], f"{KUBELET}/plugins_registry"), (dirs["plugins"], f"{KUBELET}/plugins"), (dirs["cdi"], "/etc/cdi")],
+            binds=[
+                (dirs["plugins_registry"], f"{KUBELET}/plugins_registry"),
+                (dirs["plugins"], f"{KUBELET}/plugins"),
+                (dirs["cdi"], "/etc/cdi"),
+            ],
         )
         t0 = time.monotonic()
         proc.start()
@@ -101,7 +107,9 @@ def registered_to_slice(binary: str, runs: int) -> list[float]:
                     break
                 time.sleep(0.005)
             else:
-                raise TimeoutError(f"run {i}: no slice of {DRIVER} on {name} within 60 s; driver log:\n{backend.dra.driver_log(name)[-2000:]}")
+                raise TimeoutError(
+                    f"run {i}: no slice of {DRIVER} on {name} within 60 s; driver log:\n{backend.dra.driver_log(name)[-2000:]}"
+                )
             backend.dra.remove_driver(name)
     finally:
         backend.close()
@@ -123,9 +131,14 @@ def suite(binary: str) -> tuple[float, str, dict[str, str], dict[str, float]]:
         if junit.exists():
             for case in ET.parse(junit).iter("testcase"):
                 name = case.get("name", "?")
-                verdicts[name] = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+                verdicts[name] = next(
+                    (tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed"
+                )
                 times[name] = float(case.get("time", "0"))
-    summary = next((ln for ln in reversed(done.stdout.splitlines()) if " in " in ln and ("passed" in ln or "failed" in ln)), done.stdout[-300:])
+    summary = next(
+        (ln for ln in reversed(done.stdout.splitlines()) if " in " in ln and ("passed" in ln or "failed" in ln)),
+        done.stdout[-300:],
+    )
     return wall, summary.strip("= "), verdicts, times
 
 
@@ -145,7 +158,9 @@ def main() -> int:
         print(f"dra-example-kubeletplugin start -> registered+connected: {_ms(times)} over {args.runs} runs")
     if args.only in (None, "slices"):
         times = registered_to_slice(binary, args.runs)
-        print(f"dra-example-kubeletplugin registered -> ResourceSlice visible (real API server): {_ms(times)} over {args.runs} runs")
+        print(
+            f"dra-example-kubeletplugin registered -> ResourceSlice visible (real API server): {_ms(times)} over {args.runs} runs"
+        )
     if args.only in (None, "suite"):
         walls: list[float] = []
         first: dict[str, str] | None = None
@@ -160,11 +175,17 @@ def main() -> int:
             for name, t in times.items():
                 slowest[name] = max(slowest.get(name, 0.0), t)
             top = ", ".join(f"{n} {t:.1f} s" for n, t in sorted(times.items(), key=lambda kv: -kv[1])[:3])
-            print(f"devplug conformance --dra (dra-example-kubeletplugin), run {i + 1}: {wall:.1f} s wall; {summary}; slowest: {top}", flush=True)
+            print(
+                f"devplug conformance --dra (dra-example-kubeletplugin), run {i + 1}: {wall:.1f} s wall; {summary}; slowest: {top}",
+                flush=True,
+            )
         if args.suite_runs > 1:
             print(f"{args.suite_runs} runs: wall median {statistics.median(walls):.1f} s, min {min(walls):.1f} s, max {max(walls):.1f} s; "
                   f"verdict of every check the same as run 1's: {'yes' if not differing else f'no, runs {differing}'}")  # fmt: skip
-            print("each check's longest time over the runs: " + ", ".join(f"{n} {t:.1f} s" for n, t in sorted(slowest.items(), key=lambda kv: -kv[1])[:8]))
+            print(
+                "each check's longest time over the runs: "
+                + ", ".join(f"{n} {t:.1f} s" for n, t in sorted(slowest.items(), key=lambda kv: -kv[1])[:8])
+            )
     return 1 if args.only in (None, "suite") and differing else 0
 
 

@@ -27,7 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "bench" / "mutants"
-CACHE = Path(os.environ.get("DEVPLUG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pytest-devplug")
+CACHE = Path(
+    os.environ.get("DEVPLUG_CACHE_DIR")
+    or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pytest-devplug"
+)
 RUN_TIMEOUT_S = 900
 
 PY_BUGS = [
@@ -75,22 +78,36 @@ def run_gadget(bug: str, stop_first: bool) -> Verdict:
         if stop_first:
             argv.append("-x")
         started = time.monotonic()
-        done = subprocess.run(argv, env={**os.environ, "GADGET_BUG": bug}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        done = subprocess.run(
+            argv, env={**os.environ, "GADGET_BUG": bug}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        )
         if not junit.exists():
-            raise RuntimeError(f"{bug}: pytest exited {done.returncode} without a report:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+            raise RuntimeError(
+                f"{bug}: pytest exited {done.returncode} without a report:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+            )
         return Verdict(f"gadget {bug}", *_junit(junit), time.monotonic() - started)
 
 
 def build_go_mutant(name: str) -> Path:
     _, original, buggy = GO_BUGS[name]
-    out = subprocess.run(["bash", str(ROOT / "peers" / "build.sh"), "stub-plugin"], capture_output=True, text=True, check=True, timeout=3600)
+    out = subprocess.run(
+        ["bash", str(ROOT / "peers" / "build.sh"), "stub-plugin"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=3600,
+    )
     binary = Path(out.stdout.split()[-1])
     mod = binary.parent.parent / "mod"
     source = (mod / "main.go").read_text()
     if original not in source:
         raise RuntimeError(f"{name}: the line to change is not in {mod / 'main.go'}: {original!r}")
     patched = source.replace(original, buggy)
-    target = CACHE / "mutants" / f"{name}-{hashlib.sha256(patched.encode() + (mod / 'go.mod').read_bytes()).hexdigest()[:12]}"
+    target = (
+        CACHE
+        / "mutants"
+        / f"{name}-{hashlib.sha256(patched.encode() + (mod / 'go.mod').read_bytes()).hexdigest()[:12]}"
+    )
     exe = target / "bin" / "stub-plugin"
     if exe.exists():
         return exe
@@ -125,7 +142,9 @@ def run_stub(binary: Path, label: str, stop_first: bool) -> Verdict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", help="variants to run (gadget bug names, Go mutant names, clean-gadget, clean-stub)")
+    parser.add_argument(
+        "--only", nargs="*", help="variants to run (gadget bug names, Go mutant names, clean-gadget, clean-stub)"
+    )
     args = parser.parse_args()
     want = set(args.only or [])
     pick = lambda n: not want or n in want  # noqa: E731
@@ -136,7 +155,9 @@ def main() -> int:
         if pick(bug):
             verdicts.append(("bug", run_gadget(bug, stop_first=True)))
     if pick("clean-stub"):
-        out = subprocess.run(["bash", str(ROOT / "peers" / "build.sh"), "stub-plugin"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["bash", str(ROOT / "peers" / "build.sh"), "stub-plugin"], capture_output=True, text=True, check=True
+        )
         verdicts.append(("clean", run_stub(Path(out.stdout.split()[-1]), "stub (Go) clean", stop_first=False)))
     for name, (what, _, _) in GO_BUGS.items():
         if pick(name):

@@ -75,8 +75,10 @@ class Row:
     notes: list[str] = field(default_factory=list)
 
     def markdown(self) -> str:
-        return (f"| {self.what} | {self.tried} | {self.clean} | {self.crashes} | {self.hangs} | {self.double} "
-                f"| {self.leaks} | {'; '.join(self.notes)} |")
+        return (
+            f"| {self.what} | {self.tried} | {self.clean} | {self.crashes} | {self.hangs} | {self.double} "
+            f"| {self.leaks} | {'; '.join(self.notes)} |"
+        )
 
 
 class _Hang(Exception):
@@ -109,8 +111,7 @@ def bench_checkpoints(n: int, work: Path) -> tuple[Row, Row]:
     path = work / "checkpoint"
     samples: list[str] = []
 
-    @settings(max_examples=n, database=None, deadline=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=n, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(checkpoint_files(), st.sampled_from([["show"], ["show", "--json"], ["verify"]]))
     def one(blob: bytes, action: list[str]) -> None:
         row.tried += 1
@@ -238,8 +239,11 @@ def bench_registration(n: int, hung: int, runs: int) -> tuple[Row, Row]:
             hol.tried = runs
             hol.clean = sum(1 for t in latencies if t < 1.0)
             hol.hangs = sum(1 for t in latencies if t >= 1.0)
-            hol.notes.append(f"median {statistics.median(latencies) * 1000:.0f} ms (runs: "
-                             + ", ".join(f"{t * 1000:.0f}" for t in latencies) + " ms); target < 1 s; clean: under 1 s")
+            hol.notes.append(
+                f"median {statistics.median(latencies) * 1000:.0f} ms (runs: "
+                + ", ".join(f"{t * 1000:.0f}" for t in latencies)
+                + " ms); target < 1 s; clean: under 1 s"
+            )
         finally:
             dm.stop()
     finally:
@@ -272,8 +276,12 @@ def _healthy_behind_hung(dm: DeviceManager, plugin_dir: Path, hung: int, run: in
         def register(i: int = i) -> None:
             with grpc.insecure_channel(f"unix://{plugin_dir / 'kubelet.sock'}") as ch:
                 with contextlib.suppress(grpc.RpcError):
-                    pb_grpc.RegistrationStub(ch).Register(pb.RegisterRequest(
-                        version="v1beta1", endpoint=f"hung{run}-{i}.sock", resource_name=f"example.com/hung{i}"), timeout=30)
+                    pb_grpc.RegistrationStub(ch).Register(
+                        pb.RegisterRequest(
+                            version="v1beta1", endpoint=f"hung{run}-{i}.sock", resource_name=f"example.com/hung{i}"
+                        ),
+                        timeout=30,
+                    )
 
         threads.append(threading.Thread(target=register, daemon=True))
     before = counter.seen
@@ -288,8 +296,10 @@ def _healthy_behind_hung(dm: DeviceManager, plugin_dir: Path, hung: int, run: in
     try:
         start = time.monotonic()
         with grpc.insecure_channel(f"unix://{plugin_dir / 'kubelet.sock'}") as ch:
-            pb_grpc.RegistrationStub(ch).Register(pb.RegisterRequest(
-                version="v1beta1", endpoint=healthy.sock.name, resource_name="example.com/healthy"), timeout=60)
+            pb_grpc.RegistrationStub(ch).Register(
+                pb.RegisterRequest(version="v1beta1", endpoint=healthy.sock.name, resource_name="example.com/healthy"),
+                timeout=60,
+            )
         return time.monotonic() - start
     finally:
         for t in threads:
@@ -340,16 +350,39 @@ def _held(node: SimNode) -> dict[str, list[str]]:
 def bench_admission(ops: int, work: Path) -> Row:
     row = Row("pod create/delete on 4 GPUs, 1 in 3 creates deleted between binding and admission")
     state = work / "state.json"
-    gpus = [{"uuid": f"GPU-{i:04d}", "name": "A100", "memory_mib": 40960, "numa_node": i % 2, "minor": i,
-             "lost": False, "fail_allocate": False} for i in range(4)]
+    gpus = [
+        {
+            "uuid": f"GPU-{i:04d}",
+            "name": "A100",
+            "memory_mib": 40960,
+            "numa_node": i % 2,
+            "minor": i,
+            "lost": False,
+            "fail_allocate": False,
+        }
+        for i in range(4)
+    ]
     state.write_text(json.dumps({"gpus": gpus, "events": []}))
     rng = random.Random(5)
     double = leaks = 0
     with SimCluster() as cluster:
         node = cluster.add_node("node-1")
-        node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(node.plugin_dir),
-                           "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)],
-                          env=mock_env(str(state)))
+        node.start_plugin(
+            [
+                sys.executable,
+                "-m",
+                "devplug_gpu_plugin",
+                "--plugin-dir",
+                str(node.plugin_dir),
+                "--resource-name",
+                GPU,
+                "--nvml",
+                "mock",
+                "--mock-state",
+                str(state),
+            ],
+            env=mock_env(str(state)),
+        )
         deadline = time.monotonic() + 30
         while node.allocatable().get(GPU) != "4":
             if time.monotonic() > deadline:
@@ -365,7 +398,7 @@ def bench_admission(ops: int, work: Path) -> Row:
 
         node.admit = admit_unless_deleted  # type: ignore[method-assign]
         live: set[str] = set()
-        for i in range(ops):
+        for _ in range(ops):
             row.tried += 1
             name = f"p{rng.randrange(8)}"
             try:

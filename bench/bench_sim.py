@@ -31,16 +31,37 @@ GPU = "nvidia.com/gpu"
 
 
 def write_state(path: Path, n: int, lost: frozenset[int] = frozenset()) -> None:
-    gpus = [{"uuid": f"GPU-{i:04d}", "name": "A100", "memory_mib": 40960, "numa_node": i % 2, "minor": i,
-             "lost": i in lost, "fail_allocate": False} for i in range(n)]
+    gpus = [
+        {
+            "uuid": f"GPU-{i:04d}",
+            "name": "A100",
+            "memory_mib": 40960,
+            "numa_node": i % 2,
+            "minor": i,
+            "lost": i in lost,
+            "fail_allocate": False,
+        }
+        for i in range(n)
+    ]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"gpus": gpus, "events": []}))
     os.replace(tmp, path)
 
 
 def argv(plugin_dir: Path, state: Path) -> list[str]:
-    return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(plugin_dir), "--resource-name", GPU,
-            "--nvml", "mock", "--mock-state", str(state)]
+    return [
+        sys.executable,
+        "-m",
+        "devplug_gpu_plugin",
+        "--plugin-dir",
+        str(plugin_dir),
+        "--resource-name",
+        GPU,
+        "--nvml",
+        "mock",
+        "--mock-state",
+        str(state),
+    ]
 
 
 def wait(fn: Callable[[], bool], what: str, timeout: float = 15.0) -> float:
@@ -88,7 +109,9 @@ def bench_latencies(runs: int, tmp: Path) -> dict[str, list[float]]:
             out["health"].append(wait(lambda: alloc(c, "node-1") == "3", "allocatable 3 after a GPU is lost") - t0)
             t0 = time.monotonic()
             node.restart_kubelet()
-            out["kubelet_restart"].append(wait(lambda: alloc(c, "node-1") == "3", "allocatable back after restart") - t0)
+            out["kubelet_restart"].append(
+                wait(lambda: alloc(c, "node-1") == "3", "allocatable back after restart") - t0
+            )
     return out
 
 
@@ -116,8 +139,12 @@ def bench_cycles(cycles: int, n_nodes: int, gpus: int, n_threads: int, tmp: Path
                     return
                 name = f"p{i}"
                 want = 1 + i % 2
-                p = c.create_pod({"metadata": {"name": name}, "spec": {"containers": [
-                    {"name": "main", "image": "x", "resources": {"limits": {GPU: want}}}]}})
+                p = c.create_pod(
+                    {
+                        "metadata": {"name": name},
+                        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {GPU: want}}}]},
+                    }
+                )
                 if p["status"]["phase"] != "Running":
                     problems.append(f"{name}: {p['status']}")
                     continue
@@ -173,10 +200,14 @@ def main() -> int:
         tmp = Path(d)
         lat = bench_latencies(args.runs, tmp)
         for k, v in lat.items():
-            print(f"{k:16s} median {statistics.median(v) * 1000:8.1f} ms  (runs: {', '.join(f'{x * 1000:.1f}' for x in v)})")
+            print(
+                f"{k:16s} median {statistics.median(v) * 1000:8.1f} ms  (runs: {', '.join(f'{x * 1000:.1f}' for x in v)})"
+            )
         res = bench_cycles(args.cycles, args.nodes, args.gpus, args.threads, tmp)
-    print(f"cycles           {res['completed']}/{args.cycles} admit/delete in {res['elapsed_s']:.2f} s "
-          f"on {args.nodes} nodes x {args.gpus} GPUs, {args.threads} threads; problems: {len(res['problems'])}")
+    print(
+        f"cycles           {res['completed']}/{args.cycles} admit/delete in {res['elapsed_s']:.2f} s "
+        f"on {args.nodes} nodes x {args.gpus} GPUs, {args.threads} threads; problems: {len(res['problems'])}"
+    )
     for p in res["problems"][:20]:
         print("  ", p)
     return 1 if res["problems"] else 0

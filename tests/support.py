@@ -155,10 +155,14 @@ class KnownUpstreamDefect(AssertionError):
     a strict xfail naming the upstream report expects)."""
 
 
-def assert_suite_passed(result: SuiteResult, what: str, allowed_skips: Sequence[re.Pattern[str]], must_pass: Sequence[str]) -> None:
+def assert_suite_passed(
+    result: SuiteResult, what: str, allowed_skips: Sequence[re.Pattern[str]], must_pass: Sequence[str]
+) -> None:
     """A peer's suite run: nothing failed, every skip has a reason ``allowed_skips`` explains, ``must_pass`` passed."""
     __tracebackhide__ = True
-    assert not result.failed, f"{what}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert not result.failed, (
+        f"{what}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    )
     assert result.returncode == 0, f"{what}: devplug conformance exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in allowed_skips)}
     assert not unexplained, f"{what}: skips without a reason that fits it: {unexplained}"
@@ -175,7 +179,9 @@ def upstream_defect_verdict(result: SuiteResult, what: str, check: str, symptom:
         raise KnownUpstreamDefect(f"{what}: {upstream}:\n{failure[-2000:]}")
     if check in result.skipped and not in_ci():
         pytest.skip(f"{what}: {check} skipped: {result.skipped[check]}")
-    assert result.passed == [check], f"{what}: expected {check} to run; failed: {failure}; skipped: {result.skipped}\n{result.output}"
+    assert result.passed == [check], (
+        f"{what}: expected {check} to run; failed: {failure}; skipped: {result.skipped}\n{result.output}"
+    )
 
 
 def run_conformance(options: Sequence[str], pytest_args: Sequence[str], cwd: Path, *, timeout: float) -> SuiteResult:
@@ -204,7 +210,9 @@ def short_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-_DEFAULT_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+)
 
 
 def default_sigint(argv: Sequence[str]) -> list[str]:

@@ -22,7 +22,9 @@ def test_checked_in_stubs_match_the_protos() -> None:
     genproto = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(genproto)
     if (installed := genproto.installed_grpc_tools()) != genproto.GRPC_TOOLS:
-        pytest.skip(f"the drift check regenerates with grpcio-tools=={genproto.GRPC_TOOLS} (dev extra); {installed} here")
+        pytest.skip(
+            f"the drift check regenerates with grpcio-tools=={genproto.GRPC_TOOLS} (dev extra); {installed} here"
+        )
     run = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "genproto.py"), "--check"], capture_output=True, text=True
     )
@@ -140,7 +142,10 @@ def test_plugin_registration_wire_names_and_numbers() -> None:
     assert _fields(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
     assert _fields(reg.InfoRequest) == {} and _fields(reg.RegistrationStatusResponse) == {}
     methods = {m.full_name for s in reg.DESCRIPTOR.services_by_name.values() for m in s.methods}
-    assert methods == {"pluginregistration.Registration.GetInfo", "pluginregistration.Registration.NotifyRegistrationStatus"}
+    assert methods == {
+        "pluginregistration.Registration.GetInfo",
+        "pluginregistration.Registration.NotifyRegistrationStatus",
+    }
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
@@ -168,7 +173,11 @@ def test_dra_health_wire_names_and_numbers() -> None:
     from pytest_devplug.api.drahealth import v1alpha1_pb2 as health
 
     assert health.DESCRIPTOR.package == "v1alpha1"
-    assert {v.name: v.number for v in health.HealthStatus.DESCRIPTOR.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    assert {v.name: v.number for v in health.HealthStatus.DESCRIPTOR.values} == {
+        "UNKNOWN": 0,
+        "HEALTHY": 1,
+        "UNHEALTHY": 2,
+    }
     assert (health.UNKNOWN, health.HEALTHY, health.UNHEALTHY) == (0, 1, 2)
     assert health.HealthStatus.Name(health.UNHEALTHY) == "UNHEALTHY"
     assert _fields(health.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
@@ -189,9 +198,14 @@ def test_checked_in_feature_gates_match_upstreams_tables() -> None:
     """``kubeletmodel/featuregates_generated.py`` is what upstream's kube_features.go of each pinned release says
     (the generator downloads those modules through the Go module proxy)."""
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "genfeaturegates.py"), "--check"], capture_output=True, text=True, timeout=900
+        [sys.executable, str(ROOT / "tools" / "genfeaturegates.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
-    assert run.returncode == 0, f"feature gates drifted (run `python tools/genfeaturegates.py`):\n{run.stdout}{run.stderr}"
+    assert run.returncode == 0, (
+        f"feature gates drifted (run `python tools/genfeaturegates.py`):\n{run.stdout}{run.stderr}"
+    )
 
 
 def test_the_v1_health_api_is_v1alpha1_field_for_field() -> None:

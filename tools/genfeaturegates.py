@@ -53,7 +53,9 @@ def _source(module: str, version: str, path: str, workdir: Path) -> str:
         with zipfile.ZipFile(zip_path) as zf:
             return zf.read(f"{module}@{version}/{path}").decode()
     except (ValueError, KeyError, OSError) as exc:
-        raise SystemExit(f"go mod download {module}@{version}: no {path} ({exc}): {out.stderr.strip() or out.stdout.strip()}") from None
+        raise SystemExit(
+            f"go mod download {module}@{version}: no {path} ({exc}): {out.stderr.strip() or out.stdout.strip()}"
+        ) from None
 
 
 def _block(text: str, opener: str) -> str:
@@ -102,7 +104,8 @@ def _gates(texts: list[str], minor: int) -> tuple[dict[str, tuple[bool, str, boo
     for t in texts:
         for key, inner in _entries(_block(t, "defaultVersionedKubernetesFeatureGates = map[")).items():
             specs = [
-                (int(s[1]), s[2] == "true", s[3], s[4] == "true", int(s[6]) if s[6] else None) for s in _SPEC.findall(inner)
+                (int(s[1]), s[2] == "true", s[3], s[4] == "true", int(s[6]) if s[6] else None)
+                for s in _SPEC.findall(inner)
             ]
             resolved = _resolve(specs, minor)
             if resolved is not None:
@@ -128,13 +131,19 @@ def generate() -> str:
         "#: minor -> gate -> (default, stage, locked to default)",
         "GATES: dict[int, dict[str, tuple[bool, str, bool]]] = {",
     ]
-    dep_lines = ["#: minor -> gate -> the gates it needs enabled", "DEPENDENCIES: dict[int, dict[str, tuple[str, ...]]] = {"]
+    dep_lines = [
+        "#: minor -> gate -> the gates it needs enabled",
+        "DEPENDENCIES: dict[int, dict[str, tuple[str, ...]]] = {",
+    ]
     with tempfile.TemporaryDirectory(prefix="genfeaturegates-") as tmp:
         work = Path(tmp)
         for minor, version in sorted(_releases().items()):
             staging = "v0." + version.removeprefix("v1.")
             features = "pkg/features/kube_features.go"
-            texts = [_source("k8s.io/kubernetes", version, features, work), _source("k8s.io/apiserver", staging, features, work)]
+            texts = [
+                _source("k8s.io/kubernetes", version, features, work),
+                _source("k8s.io/apiserver", staging, features, work),
+            ]
             gates, deps = _gates(texts, minor)
             lines.append(f"    {minor}: {{")
             lines += [f"        {name!r}: {spec!r}," for name, spec in sorted(gates.items())]

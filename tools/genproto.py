@@ -178,7 +178,7 @@ def _kind(method: MethodDescriptorProto) -> str:
 
 def _type_name(proto: str, fdp: FileDescriptorProto, full: str) -> str:
     prefix = f".{fdp.package}."
-    name = full[len(prefix):] if full.startswith(prefix) else ""
+    name = full[len(prefix) :] if full.startswith(prefix) else ""
     if name not in {m.name for m in fdp.message_type}:
         raise UnsupportedProtoError(f"genproto: {proto}: method type {full} is not a top-level message of this file")
     return name
@@ -204,7 +204,14 @@ def _grpc_module(proto: str, fdp: FileDescriptorProto) -> str:
             (m, _kind(m), _type_name(proto, fdp, m.input_type), _type_name(proto, fdp, m.output_type))
             for m in service.method
         ]
-        out += ["", "", f"class {service.name}Stub:", f'    """Client of {full}.{doc}"""', "", "    def __init__(self, channel):"]
+        out += [
+            "",
+            "",
+            f"class {service.name}Stub:",
+            f'    """Client of {full}.{doc}"""',
+            "",
+            "    def __init__(self, channel):",
+        ]
         for m, kind, req, resp in methods:
             out += [
                 f"        self.{m.name} = channel.{kind}(",
@@ -218,7 +225,7 @@ def _grpc_module(proto: str, fdp: FileDescriptorProto) -> str:
             out += [
                 "",
                 f"    def {m.name}(self, request, context):",
-                '        context.set_code(grpc.StatusCode.UNIMPLEMENTED)',
+                "        context.set_code(grpc.StatusCode.UNIMPLEMENTED)",
                 f'        context.set_details("{m.name} is not implemented")',
                 f'        raise NotImplementedError("{m.name} is not implemented")',
             ]
@@ -250,8 +257,10 @@ def _generate(proto: str, out: Path) -> dict[str, str]:
 
     installed = installed_grpc_tools()
     if installed != GRPC_TOOLS:
-        raise SystemExit(f"genproto: grpcio-tools {installed or 'is not'} installed; the stubs are generated with "
-                         f"grpcio-tools=={GRPC_TOOLS} (`nox -s proto` installs it)")
+        raise SystemExit(
+            f"genproto: grpcio-tools {installed or 'is not'} installed; the stubs are generated with "
+            f"grpcio-tools=={GRPC_TOOLS} (`nox -s proto` installs it)"
+        )
     from grpc_tools import protoc  # imported here: only generation needs grpcio-tools
 
     descriptor_set = out / "descriptors.pb"

@@ -29,8 +29,16 @@ def devplug_plugin_spec(health_file: Path) -> PluginSpec:
     return PluginSpec(
         resource_name="example.com/gadget",
         extra_resource_names=(MINI,),
-        argv=[sys.executable, str(HERE / "gadget_plugin.py"), "--plugin-dir", "{plugin_dir}", "--health-file", str(health_file),
-              "--second-resource", f"{MINI}=1"],
+        argv=[
+            sys.executable,
+            str(HERE / "gadget_plugin.py"),
+            "--plugin-dir",
+            "{plugin_dir}",
+            "--health-file",
+            str(health_file),
+            "--second-resource",
+            f"{MINI}=1",
+        ],
         env={"GADGET_BUG": os.environ.get("GADGET_BUG", "none"), "PYTHONPATH": os.pathsep.join(sys.path)},
         gpus=COUNT,
         conventions=frozenset({"rolling-update"}),

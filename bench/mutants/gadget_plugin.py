@@ -185,8 +185,12 @@ class Served:
         self.server.start()
 
     def register(self) -> None:
-        request = pb.RegisterRequest(version="v1beta1", endpoint=self.name, resource_name=self.servicer.resource,
-                                     options=pb.DevicePluginOptions(pre_start_required=True))
+        request = pb.RegisterRequest(
+            version="v1beta1",
+            endpoint=self.name,
+            resource_name=self.servicer.resource,
+            options=pb.DevicePluginOptions(pre_start_required=True),
+        )
         with grpc.insecure_channel("unix://" + KUBELET) as ch:
             pbg.RegistrationStub(ch).Register(request, timeout=10)
 
@@ -209,7 +213,12 @@ main = Gadgets(args.resource_name, lambda i: i < count - second)
 tag = "" if BUG == "single-instance" else f"-{os.getpid()}"
 served = [Served(main, f"gadget{tag}.sock")]
 if second:
-    served.append(Served(Gadgets(args.second_resource.rpartition("=")[0], lambda i: i >= count - second, main), f"gadget-mini{tag}.sock"))
+    served.append(
+        Served(
+            Gadgets(args.second_resource.rpartition("=")[0], lambda i: i >= count - second, main),
+            f"gadget-mini{tag}.sock",
+        )
+    )
 if BUG == "register-first":
     try:
         served[0].register()

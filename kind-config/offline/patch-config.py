@@ -10,6 +10,7 @@ Adds (never to the configs users run with the standard image):
   KubeletConfiguration failCgroupV1: false   only when the host uses cgroup v1 (or --cgroup-v1)
 Prints OUT.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -77,7 +77,10 @@ _REGISTRATION_FAULTS = (
         "the kubelet could not reach the plugin's gRPC server when it registered: "
         "a plugin must be serving on its socket BEFORE it calls Register",
     ),
-    ("is not supported by kubelet", "the plugin registered with an API version the kubelet does not support (want v1beta1)"),
+    (
+        "is not supported by kubelet",
+        "the plugin registered with an API version the kubelet does not support (want v1beta1)",
+    ),
     ("is invalid", "the plugin registered an invalid extended-resource name"),
 )
 
@@ -145,7 +148,9 @@ _ENDPOINT = re.compile(r'endpoint="?([^" ]+)')
 
 
 #: How a registration is noted that the kubelet's log shows no ``Register`` call for and no watcher line (below -v=2).
-INFERRED_WATCHER_PATH = "plugins_registry (no Register call in the kubelet's log; it logs the watcher's registrations at -v=2)"
+INFERRED_WATCHER_PATH = (
+    "plugins_registry (no Register call in the kubelet's log; it logs the watcher's registrations at -v=2)"
+)
 #: What the registration checks note when the kubelet's log cannot tell how the plugin registered.
 UNLOGGED_PATH = "unknown (the kubelet's log could not be read)"
 
@@ -172,7 +177,9 @@ def watcher_refusals(lines: Iterable[str], resource: str) -> list[str]:
     """What the plugin watcher logged against the socket of ``resource`` before it registered (the watcher's
     errors name the socket, not the resource: the socket is the endpoint of the registration that followed)."""
     lines = list(lines)
-    endpoints = {m.group(1) for ln in lines if WATCHER_REGISTRATION in ln and resource in ln and (m := _ENDPOINT.search(ln))}
+    endpoints = {
+        m.group(1) for ln in lines if WATCHER_REGISTRATION in ln and resource in ln and (m := _ENDPOINT.search(ln))
+    }
     names = {"/" + e.rsplit("/", 1)[-1] for e in endpoints}  # the socket's name: the log may show its host path
     return [ln for ln in lines if WATCHER_ERROR in ln and any(n in ln for n in names)]
 
@@ -396,7 +403,9 @@ def assert_limit_rules(pods: PodFactory, *, timeout: float | None = None) -> Non
     bad = [r for r in rows if not r.ok]
     if bad:
         table = "\n".join(f"  {r.case}: expected {r.expected}; saw {r.seen}" for r in bad)
-        raise _fail(f"extended-resource rules for {res} broken in {len(bad)} of {len(rows)} cases:\n{table}", node, made)
+        raise _fail(
+            f"extended-resource rules for {res} broken in {len(bad)} of {len(rows)} cases:\n{table}", node, made
+        )
 
 
 def _match(value: str | None, want: ValueMatcher) -> bool:
@@ -497,7 +506,9 @@ def assert_allocate_injections(
         ]
         hidden = [i for i in ids if not any(i in t for t in texts)]
         if hidden:
-            problems.append(f"assigned devices {hidden} appear in no injection (env, annotation, mount, device, CDI name)")
+            problems.append(
+                f"assigned devices {hidden} appear in no injection (env, annotation, mount, device, CDI name)"
+            )
     if problems:
         raise _fail(
             f"Allocate injections of {pod.namespace}/{pod.name} (devices {ids}) wrong:\n  "
@@ -549,7 +560,7 @@ def assert_checkpoint_survives_kubelet_restart(
     if key not in before or before[key][0] != assigned:
         raise _fail(
             f"before the restart the checkpoint should hold pod {pod.name}'s {plugin.resource_name} devices {assigned}; "
-            f"it holds {({k: v[0] for k, v in before.items()})}",
+            f"it holds { ({k: v[0] for k, v in before.items()}) }",
             node,
             [pod],
         )
@@ -621,7 +632,9 @@ def assert_reregisters_after_kubelet_restart(
     except WaitTimeout as exc:
         raise _fail(
             f"expected {res} to come back to {want}/{want} (capacity/allocatable) after the kubelet restarted; "
-            f"saw {exc.last}" + (f"; {exc.reason}" if exc.reason else "") + _reregistration_fix(registration_path(node, res))
+            f"saw {exc.last}"
+            + (f"; {exc.reason}" if exc.reason else "")
+            + _reregistration_fix(registration_path(node, res))
             + _kubelet_lines(node, res, "egist"),
             node,
         ) from None

@@ -80,7 +80,10 @@ def injected_gpus(view: ContainerView, gpus: Sequence[Mapping[str, Any]]) -> lis
 
 
 def _describe(view: ContainerView) -> str:
-    parts = [f"env {dict(view.envs)}" if view.envs else "", f"devices {[d.container_path for d in view.devices]}" if view.devices else ""]
+    parts = [
+        f"env {dict(view.envs)}" if view.envs else "",
+        f"devices {[d.container_path for d in view.devices]}" if view.devices else "",
+    ]
     parts += [f"CDI devices {list(view.cdi_devices)}" if view.cdi_devices else ""]
     parts += [f"mounts {[m.container_path for m in view.mounts]}" if view.mounts else ""]
     return "; ".join(p for p in parts if p) or "nothing"
@@ -108,7 +111,9 @@ def backed_devices(
     return {uuid: sorted(ids) for uuid, ids in out.items()}
 
 
-def _by_injection(device_ids: list[str], gpus: Sequence[Mapping[str, Any]], injections: Injections | None) -> dict[str, str]:
+def _by_injection(
+    device_ids: list[str], gpus: Sequence[Mapping[str, Any]], injections: Injections | None
+) -> dict[str, str]:
     known = [str(g["uuid"]) for g in gpus]
     first = device_ids[0]
     unnamed = f"device ID {first!r} names no mock GPU (no GPU or MIG UUID, no nvidia<minor>)"

@@ -77,9 +77,7 @@ def _format_resp(blob: bytes | None) -> list[str]:
         return ["      (AllocResp is not a ContainerAllocateResponse: nested too deeply)"]
     lines = [f"      env {k}={v}" for k, v in sorted(resp.envs.items())]
     lines += [f"      device {d.host_path} -> {d.container_path} ({d.permissions})" for d in resp.devices]
-    lines += [
-        f"      mount {m.host_path} -> {m.container_path} ({'ro' if m.read_only else 'rw'})" for m in resp.mounts
-    ]
+    lines += [f"      mount {m.host_path} -> {m.container_path} ({'ro' if m.read_only else 'rw'})" for m in resp.mounts]
     lines += [f"      annotation {k}={v}" for k, v in sorted(resp.annotations.items())]
     lines += [f"      cdi {c.name}" for c in resp.cdi_devices]
     return lines or ["      (empty response)"]
@@ -116,8 +114,12 @@ def dra_checkpoint_as_dict(file: DRACheckpointFile) -> dict[str, Any]:
             "claim_uid": e.claim_uid,
             "claim": f"{e.namespace}/{e.claim_name}",
             "pod_uids": None if e.pod_uids is None else sorted(e.pod_uids),
-            "drivers": None if e.driver_state is None else {
-                driver: None if devices is None else [
+            "drivers": None
+            if e.driver_state is None
+            else {
+                driver: None
+                if devices is None
+                else [
                     {
                         "pool": d.pool_name,
                         "device": d.device_name,
@@ -132,19 +134,26 @@ def dra_checkpoint_as_dict(file: DRACheckpointFile) -> dict[str, Any]:
         }
         for e in file.entries or []
     ]
-    return {"checksum": {"stored": file.stored, "computed": file.computed, "valid": file.stored == file.computed}, "claims": claims}
+    return {
+        "checksum": {"stored": file.stored, "computed": file.computed, "valid": file.stored == file.computed},
+        "claims": claims,
+    }
 
 
 def format_dra_checkpoint(path: str, file: DRACheckpointFile) -> str:
     """The text of ``devplug checkpoint show`` for ``dra_manager_state``; every string passes :func:`printable`."""
-    state = "ok" if file.stored == file.computed else (
-        f"MISMATCH: computed {file.computed} (the kubelet refuses to start its DRA manager with this file)"
+    state = (
+        "ok"
+        if file.stored == file.computed
+        else (f"MISMATCH: computed {file.computed} (the kubelet refuses to start its DRA manager with this file)")
     )
     out = [path, f"  DRA checkpoint, checksum {file.stored} {state}", "  claims:"]
     if not file.entries:
         out.append("    (none)")
     for e in file.entries or []:
-        out.append(f"    claim {e.namespace}/{e.claim_name} uid {e.claim_uid} pods {', '.join(sorted(e.pod_uids or [])) or '(none)'}")
+        out.append(
+            f"    claim {e.namespace}/{e.claim_name} uid {e.claim_uid} pods {', '.join(sorted(e.pod_uids or [])) or '(none)'}"
+        )
         for driver, devices in sorted((e.driver_state or {}).items()):
             out.append(f"      driver {driver}:{'' if devices else ' (no devices)'}")
             for d in devices or []:

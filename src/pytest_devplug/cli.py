@@ -10,7 +10,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .checkpoint_view import checkpoint_as_dict, dra_checkpoint_as_dict, format_checkpoint, format_dra_checkpoint, printable
+from .checkpoint_view import (
+    checkpoint_as_dict,
+    dra_checkpoint_as_dict,
+    format_checkpoint,
+    format_dra_checkpoint,
+    printable,
+)
 from .kubeletmodel.checkpoint import CheckpointData, checksum, decode
 from .errors import CheckpointError
 from .kubeletmodel.releases import DEFAULT_VERSION, releases
@@ -46,7 +52,9 @@ def _checkpoint(args: argparse.Namespace) -> int:
     if isinstance(loaded, str):
         print(f"devplug checkpoint {args.action}: {printable(loaded)}", file=sys.stderr)
         return 2
-    stored, computed = (loaded.stored, loaded.computed) if isinstance(loaded, dra_checkpoint.DRACheckpointFile) else loaded[1:]
+    stored, computed = (
+        (loaded.stored, loaded.computed) if isinstance(loaded, dra_checkpoint.DRACheckpointFile) else loaded[1:]
+    )
     name = printable(args.file)
     if args.action == "verify":
         if stored != computed:
@@ -54,7 +62,11 @@ def _checkpoint(args: argparse.Namespace) -> int:
             return 1
         print(f"{name}: checksum {stored} ok")
     elif isinstance(loaded, dra_checkpoint.DRACheckpointFile):
-        print(json.dumps(dra_checkpoint_as_dict(loaded), indent=2) if args.json else format_dra_checkpoint(args.file, loaded))
+        print(
+            json.dumps(dra_checkpoint_as_dict(loaded), indent=2)
+            if args.json
+            else format_dra_checkpoint(args.file, loaded)
+        )
     elif args.json:
         print(json.dumps(checkpoint_as_dict(loaded[0], stored, computed), indent=2))
     else:
@@ -99,7 +111,12 @@ def _run_conformance(args: argparse.Namespace) -> int:
         if backend == "sim":
             args.control_plane = "real"
         driver_flags = ("--devplug-driver-cmd", "--devplug-driver-manifest", "--devplug-driver-image")
-        custom = args.driver_cmd or args.driver_manifest or args.driver_image or any(a.startswith(driver_flags) for a in args.pytest_args)
+        custom = (
+            args.driver_cmd
+            or args.driver_manifest
+            or args.driver_image
+            or any(a.startswith(driver_flags) for a in args.pytest_args)
+        )
         missing = "DRA driver: no --driver-cmd was given"
     else:
         plugin_flags = ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest")
@@ -107,8 +124,11 @@ def _run_conformance(args: argparse.Namespace) -> int:
         custom = custom or any(a.startswith(plugin_flags) for a in args.pytest_args)
         missing = ""
     if backend == "sim" and not custom and not included_plugin_installed():
-        what = f"no {missing}, and the included GPU plugin (its DRA mode) is not installed: pip install 'pytest-devplug[gpu-plugin]'" \
-            if args.dra else NO_PLUGIN_MESSAGE
+        what = (
+            f"no {missing}, and the included GPU plugin (its DRA mode) is not installed: pip install 'pytest-devplug[gpu-plugin]'"
+            if args.dra
+            else NO_PLUGIN_MESSAGE
+        )
         print(f"devplug conformance: {what}", file=sys.stderr)
         return int(pytest.ExitCode.USAGE_ERROR)
 
@@ -176,13 +196,20 @@ def _control_plane(args: argparse.Namespace) -> int:
 
 
 def _add_control_plane_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cp = sub.add_parser("control-plane", help="the binaries and kept instances of the real control plane (sim --control-plane real)")
+    cp = sub.add_parser(
+        "control-plane", help="the binaries and kept instances of the real control plane (sim --control-plane real)"
+    )
     cps = cp.add_subparsers(dest="action", required=True)
-    build = cps.add_parser("build", help="build etcd and the Kubernetes binaries from Go modules into the cache (a source checkout and Go needed)")
+    build = cps.add_parser(
+        "build",
+        help="build etcd and the Kubernetes binaries from Go modules into the cache (a source checkout and Go needed)",
+    )
     where = cps.add_parser("where", help="print the binaries --devplug-control-plane real would use (no download)")
     where.add_argument("--k8s-bin-dir", help="as --devplug-k8s-bin-dir")
     for command in (build, where):
-        command.add_argument("--kubernetes-version", help=f"the release (default {DEFAULT_VERSION}; one of {', '.join(releases())})")
+        command.add_argument(
+            "--kubernetes-version", help=f"the release (default {DEFAULT_VERSION}; one of {', '.join(releases())})"
+        )
         command.set_defaults(func=_control_plane)
     stop = cps.add_parser("stop", help="stop a control plane kept by --keep-cluster and remove its directory")
     stop.add_argument("dir", help="its directory (printed at the end of the kept run)")
@@ -257,7 +284,7 @@ def _add_nvml_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "lib",
         help="print the path of the mock libnvidia-ml.so.1 (built at first use)",
         description="Print the mock library's path, e.g. devplug-gpu-plugin --nvml mock --nvml-lib \"$(devplug nvml "
-        "lib)\" --mock-state STATE, or LD_LIBRARY_PATH=\"$(devplug nvml lib --dir)\" DEVPLUG_NVML_STATE=STATE for "
+        'lib)" --mock-state STATE, or LD_LIBRARY_PATH="$(devplug nvml lib --dir)" DEVPLUG_NVML_STATE=STATE for '
         "another NVML plugin.",
     )
     lib.add_argument("--dir", action="store_true", help="print its directory (for LD_LIBRARY_PATH) instead")

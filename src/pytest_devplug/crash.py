@@ -43,7 +43,12 @@ def fatal_lines(log: str) -> list[str]:
                 if not text.startswith("During handling") and not text.startswith("The above exception"):
                     found.append(text)
             continue
-        if _GO_FATAL.match(text) or _KLOG_FATAL.match(text) or _STRUCTURED_FATAL.search(text) or _LOADER_FATAL.search(text):
+        if (
+            _GO_FATAL.match(text)
+            or _KLOG_FATAL.match(text)
+            or _STRUCTURED_FATAL.search(text)
+            or _LOADER_FATAL.search(text)
+        ):
             found.append(text)
     unique = list(dict.fromkeys(found))
     return unique[-MAX_FATAL:]

@@ -56,7 +56,6 @@ __all__ = [
 ]
 
 
-
 def parse_quantity(value: str | int | None) -> int:
     """An extended-resource quantity as an int (they are integers; ``"0"``/missing -> 0), in any form the API
     server writes (``"1k"`` for 1000); raises ``ValueError`` for a fraction or a text that is no quantity."""
@@ -72,7 +71,12 @@ class NodeHandle:
     """A node of the cluster under test."""
 
     def __init__(
-        self, backend: Backend, name: str, *, timeout: float, reregistration_timeout: float = DEFAULT_REREGISTRATION_TIMEOUT
+        self,
+        backend: Backend,
+        name: str,
+        *,
+        timeout: float,
+        reregistration_timeout: float = DEFAULT_REREGISTRATION_TIMEOUT,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -105,8 +109,7 @@ class NodeHandle:
         if not kube.has(rule):
             r = RULES[rule]
             pytest.skip(
-                f"holds for Kubernetes {r.since} and later ({r.what}; {r.upstream}); node {self.name} runs "
-                f"{kube.name}"
+                f"holds for Kubernetes {r.since} and later ({r.what}; {r.upstream}); node {self.name} runs {kube.name}"
             )
         return kube
 
@@ -115,8 +118,10 @@ class NodeHandle:
         default there, or ``--devplug-feature-gates``); ``what`` says what the gate brings."""
         kube = self.kube
         if not kube.gate(gate):
-            pytest.skip(f"needs feature gate {gate} ({what}), off on node {self.name}'s {kube.name}"
-                        f"{' (--devplug-feature-gates)' if gate in kube.feature_gates else ' by default'}")
+            pytest.skip(
+                f"needs feature gate {gate} ({what}), off on node {self.name}'s {kube.name}"
+                f"{' (--devplug-feature-gates)' if gate in kube.feature_gates else ' by default'}"
+            )
         return kube
 
     def capacity(self, resource: str) -> int:
@@ -314,7 +319,9 @@ class PluginHandle:
     test starts clean. A fault injector of your own calls :meth:`mark_changed` for the same effect.
     """
 
-    def __init__(self, backend: Backend, node: NodeHandle, spec: PluginSpec, *, changes: PluginChanges | None = None) -> None:
+    def __init__(
+        self, backend: Backend, node: NodeHandle, spec: PluginSpec, *, changes: PluginChanges | None = None
+    ) -> None:
         self.backend = backend
         self.node = node
         self.spec = spec
@@ -433,7 +440,8 @@ class PluginHandle:
         except WaitTimeout as exc:
             raise self._not_ready(
                 f"plugin for {res} did not become ready on node {self.node.name}: expected allocatable "
-                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}", exc
+                f"{count if count is not None else '>0'}, saw (capacity, allocatable) = {exc.last}",
+                exc,
             ) from None
 
     def _not_ready(self, message: str, exc: WaitTimeout[Any]) -> AssertionError:
@@ -467,7 +475,8 @@ class PluginHandle:
         except WaitTimeout as exc:
             raise self._not_ready(
                 f"plugin for {self.resource_name} on node {self.node.name} lists no allocatable device backed by the "
-                f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)", exc
+                f"mock GPUs {exc.last} (a device ID backed by a GPU embeds its UUID or is nvidia<minor>)",
+                exc,
             ) from None
 
 
@@ -502,7 +511,9 @@ def _iter_containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 class PodHandle:
     """A pod the test created. Properties read the cluster now; ``container`` picks the default one."""
 
-    def __init__(self, backend: Backend, name: str, namespace: str, *, container: str, resource_name: str, timeout: float) -> None:
+    def __init__(
+        self, backend: Backend, name: str, namespace: str, *, container: str, resource_name: str, timeout: float
+    ) -> None:
         self.backend = backend
         self.name = name
         self.namespace = namespace
@@ -626,7 +637,9 @@ class PodHandle:
         On ``sim`` only the commands docs/guides/backends.md lists are answered; others raise
         ``UnsupportedOperationError``.
         """
-        return self.backend.exec_pod(self.name, list(argv), container=container or self.container, namespace=self.namespace)
+        return self.backend.exec_pod(
+            self.name, list(argv), container=container or self.container, namespace=self.namespace
+        )
 
     def restart_container(self, container: str | None = None) -> None:
         self.backend.restart_container(self.name, container or self.container, self.namespace)
@@ -647,7 +660,9 @@ class PodHandle:
                 where.append("the API server")
             except ObjectNotFoundError:
                 pass
-            if node and any(p.name == self.name and p.namespace == self.namespace for p in self.backend.pod_resources(node)):
+            if node and any(
+                p.name == self.name and p.namespace == self.namespace for p in self.backend.pod_resources(node)
+            ):
                 where.append(f"node {node}'s pod-resources")
             return where
 
@@ -679,7 +694,9 @@ class PodHandle:
             )
         except WaitTimeout as exc:
             stopped = f"; stopped early: {exc.reason}" if exc.reason else ""
-            raise self._failure(f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}{stopped}") from None
+            raise self._failure(
+                f"expected pod {self.namespace}/{self.name} to reach phase {'/'.join(phases)}{stopped}"
+            ) from None
 
     def wait_running(self, timeout: float | None = None) -> PodHandle:
         self.wait_phase("Running", timeout=timeout)
@@ -688,6 +705,7 @@ class PodHandle:
     def wait_container_replaced(self, old_id: str, timeout: float | None = None) -> str:
         """Wait until the default container runs again as another container than ``old_id`` (after a reboot its
         pod's containers are created anew); fails at once when the runtime refuses to create it. Returns its ID."""
+
         def probe() -> dict[str, Any]:
             return self.container_status()
 
@@ -713,7 +731,10 @@ class PodHandle:
 
         try:
             msgs = wait_for(
-                lambda: self.event_messages, found, timeout=self.timeout if timeout is None else timeout, what=f"event /{pattern}/"
+                lambda: self.event_messages,
+                found,
+                timeout=self.timeout if timeout is None else timeout,
+                what=f"event /{pattern}/",
             )
         except WaitTimeout:
             raise self._failure(f"expected an event matching /{pattern}/ on pod {self.namespace}/{self.name}") from None
@@ -756,7 +777,14 @@ class PodFactory:
     _counter = itertools.count(1)
 
     def __init__(
-        self, backend: Backend, *, node: str, resource_name: str, timeout: float, prefix: str = "devplug", namespace: str | None = None
+        self,
+        backend: Backend,
+        *,
+        node: str,
+        resource_name: str,
+        timeout: float,
+        prefix: str = "devplug",
+        namespace: str | None = None,
     ) -> None:
         self.backend = backend
         self.node = node
@@ -793,7 +821,9 @@ class PodFactory:
         count) sets the limits of several resources (or of another one) instead of ``count``."""
         count = _count(count, gpus)
         if resources is not None and (count is not None or limits is not None or requests is not None):
-            raise TypeError("give resources={name: count} or count/limits/requests of the resource under test, not both")
+            raise TypeError(
+                "give resources={name: count} or count/limits/requests of the resource under test, not both"
+            )
         if count is not None and limits is None:
             limits = count
         wanted: dict[str, dict[str, str]] = {}

@@ -45,7 +45,9 @@ class KubeRest:
         self.client = client
         self.timeout = timeout
 
-    def send(self, method: str, path: str, data: bytes | None = None, content_type: str = "application/json") -> tuple[int, str, bytes]:
+    def send(
+        self, method: str, path: str, data: bytes | None = None, content_type: str = "application/json"
+    ) -> tuple[int, str, bytes]:
         """One HTTP request of ``path`` (its query included) with ``data`` as the body: the status, its reason and the
         answer's body, whatever the status. Raises :class:`RestError` (status 0) when no answer came (connection
         refused, timeout, TLS)."""

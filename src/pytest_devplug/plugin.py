@@ -68,7 +68,7 @@ NO_PLUGIN_MESSAGE = (
     "no device plugin to test: no --devplug-plugin-cmd (devplug conformance: --plugin-cmd) was given, and the "
     "included GPU plugin is not installed (it is the separate distribution devplug-gpu-plugin). Either install "
     "it: pip install 'pytest-devplug[gpu-plugin]', or point at your plugin: --devplug-plugin-cmd "
-    "\"{python} -m my_plugin --plugin-dir {plugin_dir}\" --devplug-resource-name example.com/widget"
+    '"{python} -m my_plugin --plugin-dir {plugin_dir}" --devplug-resource-name example.com/widget'
 )
 
 
@@ -165,7 +165,14 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def subject_header(
-    config: pytest.Config, spec: S, description: str, *, what: str, fixture: str, ours: object, key: pytest.StashKey[S | None]
+    config: pytest.Config,
+    spec: S,
+    description: str,
+    *,
+    what: str,
+    fixture: str,
+    ours: object,
+    key: pytest.StashKey[S | None],
 ) -> str:
     """The header's line on what the run tests (``what``: the plugin, the DRA driver): its ``description`` from the
     options, or, when a conftest overrides ``fixture`` (``ours``: the harness's), a pointer to the line printed when
@@ -175,8 +182,10 @@ def subject_header(
     overrides = fixture_overrides(config, fixture, ours)
     if overrides:
         config.stash[key] = None
-        return (f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; {fixture} is overridden in "
-                f"{', '.join(overrides)}: {what} under test is printed when it is deployed")
+        return (
+            f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; {fixture} is overridden in "
+            f"{', '.join(overrides)}: {what} under test is printed when it is deployed"
+        )
     config.stash[key] = spec
     return f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; {description}"
 
@@ -188,8 +197,11 @@ def _kubernetes_header(s: DevplugSettings) -> str:
     gates = f" (feature gates {kube.gate_flag()})" if kube.feature_gates else ""
     if s.backend == "sim":
         return f"{kube.name}{gates}"
-    return f"{kube.name} asked{gates}, the nodes' release told when known" if s.backend_options.kube_chosen else \
-        f"kubernetes: the nodes' release, told when known{gates}"
+    return (
+        f"{kube.name} asked{gates}, the nodes' release told when known"
+        if s.backend_options.kube_chosen
+        else f"kubernetes: the nodes' release, told when known{gates}"
+    )
 
 
 def _control_plane_header(s: DevplugSettings) -> str:
@@ -200,7 +212,9 @@ def _control_plane_header(s: DevplugSettings) -> str:
     from .errors import BinariesNotFoundError
 
     try:
-        found = resolve(s.backend_options.k8s_bin_dir, version=s.backend_options.kube.release.minor, download=False).describe()
+        found = resolve(
+            s.backend_options.k8s_bin_dir, version=s.backend_options.kube.release.minor, download=False
+        ).describe()
     except BinariesNotFoundError:
         found = "binaries to be downloaded"
     return f", control-plane=real ({found})"
@@ -373,19 +387,29 @@ def _devplug_deployment(
     devplug_plugin_spec: PluginSpec,
 ) -> SessionDeployment[PluginHandle]:
     _announce_plugin(pytestconfig, devplug_settings.backend, devplug_plugin_spec)
-    note_run(pytestconfig, devplug_settings.backend, devplug_plugin_spec, node_kubernetes_version(pytestconfig, devplug_cluster, devplug_node.name))
+    note_run(
+        pytestconfig,
+        devplug_settings.backend,
+        devplug_plugin_spec,
+        node_kubernetes_version(pytestconfig, devplug_cluster, devplug_node.name),
+    )
     return plugin_deployment(devplug_cluster, devplug_node, devplug_plugin_spec)
 
 
 @pytest.fixture(scope="session")
 def devplug_soak(
-    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin_spec: PluginSpec,
+    pytestconfig: pytest.Config,
+    devplug_cluster: ClusterHandle,
+    devplug_node: NodeHandle,
+    devplug_plugin_spec: PluginSpec,
     devplug_node_spec: NodeSpec,
 ) -> Iterator[SoakWatch]:
     """The long-lived connection watch (a SoakWatch), for the whole session: a second copy of the plugin on a node of
     its own, registered once and left alone; ``.verdict(timeout)`` waits until it has been registered for
     ``--devplug-soak`` seconds. Started by the first test of a session that collected a soak check."""
-    with SoakWatch(devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name, devplug_node_spec) as watch:
+    with SoakWatch(
+        devplug_cluster, devplug_plugin_spec, soak_seconds(pytestconfig), devplug_node.name, devplug_node_spec
+    ) as watch:
         yield watch
 
 
@@ -399,7 +423,9 @@ def _devplug_soak_early(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def devplug_plugin(
-    request: pytest.FixtureRequest, _devplug_deployment: SessionDeployment[PluginHandle], devplug_plugin_spec: PluginSpec
+    request: pytest.FixtureRequest,
+    _devplug_deployment: SessionDeployment[PluginHandle],
+    devplug_plugin_spec: PluginSpec,
 ) -> Iterator[PluginHandle]:
     """The plugin under test (a PluginHandle), registered and ready. Deployed once per session; a test that changed it
     (faults, stop/kill/restart, ``devplug_faults`` used) gets it redeployed clean after it."""
@@ -461,7 +487,10 @@ def devplug_plugin_started(
 
 @pytest.fixture
 def devplug_pod(
-    request: pytest.FixtureRequest, devplug_cluster: ClusterHandle, devplug_node: NodeHandle, devplug_plugin: PluginHandle
+    request: pytest.FixtureRequest,
+    devplug_cluster: ClusterHandle,
+    devplug_node: NodeHandle,
+    devplug_plugin: PluginHandle,
 ) -> Iterator[PodFactory]:
     """A PodFactory: ``devplug_pod(count=2)`` (alias ``gpus=2``) or ``devplug_pod(manifest={...})`` makes a pod on the
     plugin's node requesting the resource under test and returns its PodHandle; the pods are deleted afterwards."""
@@ -490,8 +519,12 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 
 def _backend_cannot(report: pytest.TestReport, call: pytest.CallInfo[None]) -> bool:
-    return report.failed and call.when != "teardown" and call.excinfo is not None and \
-        call.excinfo.errisinstance(UnsupportedOperationError)
+    return (
+        report.failed
+        and call.when != "teardown"
+        and call.excinfo is not None
+        and call.excinfo.errisinstance(UnsupportedOperationError)
+    )
 
 
 def _uses_devplug(item: pytest.Item) -> bool:
@@ -504,7 +537,7 @@ def _labelled_skip(item: pytest.Item, longrepr: tuple[str, int, str]) -> tuple[s
     path, lineno, reason = longrepr
     name = item.name
     prefix = "Skipped: "
-    text = reason[len(prefix):] if reason.startswith(prefix) else reason
+    text = reason[len(prefix) :] if reason.startswith(prefix) else reason
     if not text.startswith(f"{name}: "):
         text = f"{name}: {text}"
     fspath, line, _ = item.reportinfo()  # what pytest itself uses for a skip marker

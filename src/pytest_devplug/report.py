@@ -189,7 +189,9 @@ class ReportWriter:
     def install(config: pytest.Config, path: str) -> None:
         target = Path(path)
         if target.suffix == ".json":
-            raise pytest.UsageError(f"--devplug-report {path}: give the Markdown file (e.g. report.md); the JSON goes beside it")
+            raise pytest.UsageError(
+                f"--devplug-report {path}: give the Markdown file (e.g. report.md); the JSON goes beside it"
+            )
         writer = ReportWriter(config, target)
         config.stash[_KEY] = writer
         config.pluginmanager.register(writer, "devplug-report")
@@ -254,7 +256,10 @@ class ReportWriter:
             counts[c.outcome] = counts.get(c.outcome, 0) + 1
         ordered = sorted(checks, key=lambda c: _ORDER.index(c.group) if c.group in _ORDER else len(_ORDER))
         looping = [c.plugin_crash_loop for c in checks if c.plugin_crash_loop]
-        plugin = {"plugin_restarts": sum(c.plugin_restarts for c in checks), "plugin_crash_loop": looping[0] if looping else ""}
+        plugin = {
+            "plugin_restarts": sum(c.plugin_restarts for c in checks),
+            "plugin_crash_loop": looping[0] if looping else "",
+        }
         return {
             "schema": SCHEMA,
             "pytest_devplug": ours,
@@ -264,7 +269,11 @@ class ReportWriter:
             "exit_status": int(exitstatus),
             "interrupted": int(exitstatus) == int(pytest.ExitCode.INTERRUPTED),
             # subject: what the run judged, ``device-plugin`` or ``dra-driver`` (a DRA run: :func:`mark_dra_run`)
-            "run": {**asdict(self.info), "subject": "dra-driver" if is_dra_run(self.config) else "device-plugin", **plugin},
+            "run": {
+                **asdict(self.info),
+                "subject": "dra-driver" if is_dra_run(self.config) else "device-plugin",
+                **plugin,
+            },
             "summary": counts,
             "checks": [dict(asdict(c), duration_s=round(c.duration_s, 3)) for c in ordered],
         }
@@ -304,11 +313,21 @@ def _plugin_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
     looping = sum(1 for c in data["checks"] if c.get("plugin_crash_loop"))
     rows = []
     if restarts:
-        rows.append(("plugin restarts", f"{restarts} by the kubelet: the plugin exited by itself and was started "
-                                        "again, as its DaemonSet's pod would be (per check: column *plugin*)"))
+        rows.append(
+            (
+                "plugin restarts",
+                f"{restarts} by the kubelet: the plugin exited by itself and was started "
+                "again, as its DaemonSet's pod would be (per check: column *plugin*)",
+            )
+        )
     if looping:
-        rows.append(("crash loop", f"**the plugin crash-looped** (seen in {looping} check{'' if looping == 1 else 's'}): "
-                                   f"{run.get('plugin_crash_loop', '')}"))
+        rows.append(
+            (
+                "crash loop",
+                f"**the plugin crash-looped** (seen in {looping} check{'' if looping == 1 else 's'}): "
+                f"{run.get('plugin_crash_loop', '')}",
+            )
+        )
     return rows
 
 
@@ -357,12 +376,21 @@ def render_markdown(data: dict[str, Any]) -> str:
         counts: dict[str, int] = {}
         for c in checks:
             counts[c["outcome"]] = counts.get(c["outcome"], 0) + 1
-        columns = "| check | verdict | duration | plugin | reason |" if with_plugin else "| check | verdict | duration | reason |"
-        lines += ["", f"## {titles[group]} — {_summary(counts)}", "", columns, "|---|---|--:|---|---|" if with_plugin else "|---|---|--:|---|"]
+        columns = (
+            "| check | verdict | duration | plugin | reason |"
+            if with_plugin
+            else "| check | verdict | duration | reason |"
+        )
+        lines += [
+            "",
+            f"## {titles[group]} — {_summary(counts)}",
+            "",
+            columns,
+            "|---|---|--:|---|---|" if with_plugin else "|---|---|--:|---|",
+        ]
         for c in checks:
             verdict = _VERDICT.get(c["outcome"], c["outcome"])
             plugin = f" {_plugin_cell(c)} |" if with_plugin else ""
             reason = "; ".join([c["reason"], *c.get("notes", [])] if c["reason"] else c.get("notes", []))
             lines.append(f"| `{_cell(c['name'])}` | {verdict} | {c['duration_s']:.2f} s |{plugin} {_cell(reason)} |")
     return "\n".join(lines) + "\n"
-

@@ -33,11 +33,18 @@ class SoakWatch(Watch):
     """A copy of the plugin on :data:`SOAK_NODE`, registered once and watched until the soak time is over."""
 
     def __init__(
-        self, cluster: ClusterHandle, spec: PluginSpec, seconds: float, main_node: str, node_like: NodeSpec | None = None
+        self,
+        cluster: ClusterHandle,
+        spec: PluginSpec,
+        seconds: float,
+        main_node: str,
+        node_like: NodeSpec | None = None,
     ) -> None:
         self.cluster, self.spec, self.seconds, self.main_node = cluster, spec, seconds, main_node
         #: The node under test's spec: the soak's node is made like it (its device nodes, its PCI node).
-        self.node_like = node_like or NodeSpec(main_node, numa_nodes=max(spec.numa_nodes, 1), resource_name=spec.resource_name)
+        self.node_like = node_like or NodeSpec(
+            main_node, numa_nodes=max(spec.numa_nodes, 1), resource_name=spec.resource_name
+        )
         self.node: NodeHandle | None = None
         self.plugin: PluginHandle | None = None
         self.registered_at: float | None = None
@@ -103,7 +110,11 @@ class SoakWatch(Watch):
         raise AssertionError(
             f"{res}: the plugin's registration was found lost {held:.1f}s after it registered (soak {self.seconds:g}s, "
             f"nothing touched it; the kubelet lines below say when it ended): (capacity, allocatable) {want} -> {counts}. "
-            + (f"{exited[0].upper()}{exited[1:]}. " if exited else "The plugin process still runs: its server ended the stream. ")
+            + (
+                f"{exited[0].upper()}{exited[1:]}. "
+                if exited
+                else "The plugin process still runs: its server ended the stream. "
+            )
             + "The kubelet never redials a ListAndWatch stream that ended"
             + (":\n    " + "\n    ".join(ended[-4:]) if ended else " (no kubelet line about it)")
         )

@@ -17,7 +17,7 @@ import tenacity
 
 from .errors import WaitAbandoned, WaitTimeout
 
-__all__ = [ "wait_for"]
+__all__ = ["wait_for"]
 
 T = TypeVar("T")
 

@@ -48,7 +48,9 @@ class LocalTransport:
         p = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout)
         return ExecResult(p.returncode, p.stdout, p.stderr)
 
-    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+    def grpc_call(
+        self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False
+    ) -> bytes:
         raise AssertionError("not called")
 
     def close(self) -> None:
@@ -93,11 +95,24 @@ def test_pod_resources_get_sends_its_request_through_the_node_script(tmp_path: P
     server.start()
 
     class ScriptTransport(LocalTransport):
-        def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
-            argv = [sys.executable, "-c", GRPC_CALL, str(sock), method, base64.b64encode(request).decode(), str(timeout), "unary"]
+        def grpc_call(
+            self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False
+        ) -> bytes:
+            argv = [
+                sys.executable,
+                "-c",
+                GRPC_CALL,
+                str(sock),
+                method,
+                base64.b64encode(request).decode(),
+                str(timeout),
+                "unary",
+            ]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
             if done.returncode != 0:  # as the node-pod transport reports a failed call
-                raise NodeGrpcError.from_stderr(done.stderr) or BackendError(f"{method} on node {node} failed: {done.stderr[-1500:]}")
+                raise NodeGrpcError.from_stderr(done.stderr) or BackendError(
+                    f"{method} on node {node} failed: {done.stderr[-1500:]}"
+                )
             return base64.b64decode(done.stdout)
 
     try:
@@ -194,9 +209,16 @@ def _started(backend: KubeBackend, transport: Any, *nodes: str) -> KubeBackend:
 def test_the_soaks_second_node_is_the_one_named_and_never_the_node_under_test() -> None:
     spec = NodeSpec("devplug-soak", resource_name="nvidia.com/gpu", beside="w2")
     bare = _started(create_backend("cluster", BackendOptions(node="w2")), LocalTransport(), "w1", "w2", "w3")
-    with pytest.raises(UnsupportedOperationError, match=r"second node beside w2.*--devplug-second-node NAME.*\['w1', 'w2', 'w3'\]"):
+    with pytest.raises(
+        UnsupportedOperationError, match=r"second node beside w2.*--devplug-second-node NAME.*\['w1', 'w2', 'w3'\]"
+    ):
         bare._pick_node(spec)
-    assert _started(create_backend("cluster", BackendOptions(node="w2", second_node="w3")), LocalTransport(), "w1", "w2", "w3")._pick_node(spec) == "w3"
+    assert (
+        _started(
+            create_backend("cluster", BackendOptions(node="w2", second_node="w3")), LocalTransport(), "w1", "w2", "w3"
+        )._pick_node(spec)
+        == "w3"
+    )
     same = _started(create_backend("cluster", BackendOptions(node="w2", second_node="w2")), LocalTransport(), "w2")
     with pytest.raises(UnsupportedOperationError, match="is the node under test"):
         same._pick_node(spec)
@@ -232,7 +254,9 @@ def test_a_node_without_crictl_is_named_when_a_reboot_needs_it(monkeypatch: pyte
     (tmp_path / "sh").symlink_to("/bin/sh")
     monkeypatch.setenv("PATH", str(tmp_path))  # a shell, no crictl
     ops = NodeOps(LocalTransport(), timeout=10)
-    with pytest.raises(NodeCommandError, match="on node n1 exited 127: crictl \\(cri-tools\\) is not installed on the node"):
+    with pytest.raises(
+        NodeCommandError, match="on node n1 exited 127: crictl \\(cri-tools\\) is not installed on the node"
+    ):
         ops.remove_pod_sandboxes("n1")
 
 
@@ -253,7 +277,10 @@ def test_a_mock_gpu_node_is_made_only_where_absent_and_removed_as_made() -> None
         assert f"node {path}" in script
     assert "/dev/nvidia1" not in script
     assert "if [ ! -e /run/nvidia/driver ]; then" in script, "an existing driver root is left alone"
-    assert "ln -s /var/lib/devplug/lib/libnvidia-ml.so.1 /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15" in script
+    assert (
+        "ln -s /var/lib/devplug/lib/libnvidia-ml.so.1 /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+        in script
+    )
     assert f"[ -e {gpunode.HOOK_PATH} ] ||" in script
     assert gpunode.remove_script(["/dev/nvidia0", "/run/nvidia/driver"]) == "rm -rf -- /dev/nvidia0 /run/nvidia/driver"
     assert gpunode.remove_script([]) == "true"

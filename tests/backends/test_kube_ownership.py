@@ -62,8 +62,15 @@ class FakeApi:
 
     def get_node(self, name: str) -> JSONDict:
         """gpu-1: a GPU node tainted as GPU nodes usually are, and (its kubelet late) not ready."""
-        taints = [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}, {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
-        return {"metadata": {"name": name, "labels": {"devplug.io/gpu": "true"}}, "spec": {"taints": taints}, "status": {}}
+        taints = [
+            {"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+        ]
+        return {
+            "metadata": {"name": name, "labels": {"devplug.io/gpu": "true"}},
+            "spec": {"taints": taints},
+            "status": {},
+        }
 
     def apply_daemonset(self, ds: JSONDict) -> None:
         self.daemonsets[(ds["metadata"]["namespace"], ds["metadata"]["name"])] = ds
@@ -82,7 +89,9 @@ class QuietTransport:
         self.scripts.append(script)
         return ExecResult(0, "", "")
 
-    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+    def grpc_call(
+        self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False
+    ) -> bytes:
         return b""
 
     def close(self) -> None:
@@ -208,8 +217,12 @@ def test_the_plugin_daemonset_lives_in_the_run_namespace_pinned_to_its_node(fake
         assert not more and ns == backend.namespace
         assert ds["metadata"]["labels"][MANAGED_BY[0]] == MANAGED_BY[1]
         assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-1"}
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in ds["spec"]["template"]["spec"]["tolerations"]
-        assert not any(t.get("key") == "node.kubernetes.io/not-ready" for t in ds["spec"]["template"]["spec"]["tolerations"])
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in ds["spec"]["template"][
+            "spec"
+        ]["tolerations"]
+        assert not any(
+            t.get("key") == "node.kubernetes.io/not-ready" for t in ds["spec"]["template"]["spec"]["tolerations"]
+        )
         backend._plugins.clear()  # the fake API has no pods to wait for: the namespace takes the DaemonSet along
     finally:
         backend.close()
@@ -285,7 +298,9 @@ def test_sigterm_ends_a_pytest_run_like_ctrl_c_and_the_namespace_goes(
     )
     result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    result.stdout.re_match_lines([r".*namespaces left: \[\] deleted: \['devplug-[0-9a-f]+'\]", r".*KeyboardInterrupt: SIGTERM received"])
+    result.stdout.re_match_lines(
+        [r".*namespaces left: \[\] deleted: \['devplug-[0-9a-f]+'\]", r".*KeyboardInterrupt: SIGTERM received"]
+    )
     assert "test_never_runs PASSED" not in result.stdout.str()
 
 

@@ -140,7 +140,9 @@ class _Release:
         for c in ("kube-apiserver", "kube-scheduler", "kube-controller-manager"):
             data = f"#!/bin/sh\necho {c}\n".encode()
             self.files[f"/k8s/{KUBERNETES_VERSION}/bin/linux/{arch}/{c}"] = data + (b"x" if c == corrupt else b"")
-            self.files[f"/k8s/{KUBERNETES_VERSION}/bin/linux/{arch}/{c}.sha256"] = hashlib.sha256(data).hexdigest().encode() + b"\n"
+            self.files[f"/k8s/{KUBERNETES_VERSION}/bin/linux/{arch}/{c}.sha256"] = (
+                hashlib.sha256(data).hexdigest().encode() + b"\n"
+            )
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
             data = b"#!/bin/sh\necho etcd\n"

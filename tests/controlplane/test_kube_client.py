@@ -35,7 +35,12 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 def _slice(node: str) -> dict[str, object]:
     spec = {"driver": "compat.devplug.example", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
             "devices": [{"name": "d0"}]}  # fmt: skip
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-compat"}, "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-compat"},
+        "spec": spec,
+    }
 
 
 def test_every_kind_of_request_at_this_client_release(
@@ -63,7 +68,11 @@ def test_every_kind_of_request_at_this_client_release(
                 wait_for(lambda: phase(cluster, "p"), lambda v: v == "Running", "pod p running")
                 for _ in range(2):  # a repeated event: created, then its count patched
                     cluster.record_event("node-1", created, "Normal", "Compat", "seen twice")
-                counts = [e.get("count") for e in cluster.events(namespace="default", involved_name="p") if e["reason"] == "Compat"]
+                counts = [
+                    e.get("count")
+                    for e in cluster.events(namespace="default", involved_name="p")
+                    if e["reason"] == "Compat"
+                ]
                 assert counts == [2], counts
 
                 # The DRA side: resource.k8s.io/v1 by path, whatever API classes the client has.

@@ -20,11 +20,19 @@ from pytest_devplug.procs.process import start_time
 def test_pki_chain_and_names(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     for cert in (pki.server_cert, pki.admin_cert):
-        out = subprocess.run(["openssl", "verify", "-CAfile", str(pki.ca_cert), str(cert)], capture_output=True, text=True)
+        out = subprocess.run(
+            ["openssl", "verify", "-CAfile", str(pki.ca_cert), str(cert)], capture_output=True, text=True
+        )
         assert out.returncode == 0, out.stderr
-    sans = subprocess.run(["openssl", "x509", "-in", str(pki.server_cert), "-noout", "-ext", "subjectAltName"], capture_output=True, text=True).stdout
+    sans = subprocess.run(
+        ["openssl", "x509", "-in", str(pki.server_cert), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "IP Address:127.0.0.1" in sans and "DNS:kubernetes.default.svc" in sans
-    subject = subprocess.run(["openssl", "x509", "-in", str(pki.admin_cert), "-noout", "-subject"], capture_output=True, text=True).stdout
+    subject = subprocess.run(
+        ["openssl", "x509", "-in", str(pki.admin_cert), "-noout", "-subject"], capture_output=True, text=True
+    ).stdout
     assert "O = system:masters" in subject
     assert (tmp_path / "pki").stat().st_mode & 0o077 == 0
 
@@ -53,7 +61,9 @@ def test_a_component_that_exits_shows_its_log_tail_and_nothing_is_left(tmp_path:
 def test_a_component_that_never_answers_is_stopped_by_pid(tmp_path: Path) -> None:
     bins = _stand_ins(tmp_path / "bin", "#!/bin/sh\necho started $$\nexec sleep 600\n")
     cp = ControlPlane(bins, timeout=1)
-    with pytest.raises(ComponentFailedError, match=r"timed out after 1s waiting for etcd to answer http://127\.0\.0\.1:\d+/health"):
+    with pytest.raises(
+        ComponentFailedError, match=r"timed out after 1s waiting for etcd to answer http://127\.0\.0\.1:\d+/health"
+    ):
         cp.start()
     logs = list(tmp_path.glob("**/etcd.log"))
     assert logs == [], "the control plane's dir is removed"
@@ -67,7 +77,9 @@ def test_a_kept_process_is_stopped_by_its_recorded_pid(tmp_path: Path) -> None:
     assert proc.pid is not None
     d = tmp_path / "kept"
     d.mkdir()
-    (d / "pids.json").write_text(f'{{"etcd": {{"pid": {proc.pid}, "start": "{start_time(proc.pid)}"}}, "gone": {{"pid": 1, "start": "0"}}}}')
+    (d / "pids.json").write_text(
+        f'{{"etcd": {{"pid": {proc.pid}, "start": "{start_time(proc.pid)}"}}, "gone": {{"pid": 1, "start": "0"}}}}'
+    )
     assert stop_kept(d) == [f"etcd: pid {proc.pid} stopped", "gone: not running"]
     assert proc.returncode is not None and not d.exists()
     with pytest.raises(ControlPlaneError, match="no pids.json; not a control plane kept by --keep-cluster"):

@@ -56,11 +56,16 @@ def test_kubectl_sees_the_embedded_kubelets_node(
             print("KUBECONFIG=" + kc)
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--devplug-control-plane", "real", timeout=240)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-s", "--devplug-control-plane", "real", timeout=240
+    )
     result.assert_outcomes(passed=1)
     header = result.stdout.str()
     pins = release()
-    assert f"kubernetes {pins.kubernetes[1:]}, control-plane=real (kubernetes {pins.kubernetes}, etcd {pins.etcd}" in header
+    assert (
+        f"kubernetes {pins.kubernetes[1:]}, control-plane=real (kubernetes {pins.kubernetes}, etcd {pins.etcd}"
+        in header
+    )
     assert "devplug: real control plane up; kubectl --kubeconfig " in header
     kubeconfig = next(line.split("=", 1)[1] for line in header.splitlines() if line.startswith("KUBECONFIG="))
     assert not Path(kubeconfig).parent.exists(), "the control plane's dir is removed at the end"
@@ -72,4 +77,8 @@ def test_a_bad_ini_value_is_named(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ndevplug_control_plane = remote\n")
     pytester.makepyfile("def test_x(devplug_cluster):\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.stderr.fnmatch_lines(["*--devplug-control-plane (ini devplug_control_plane) = 'remote': invalid choice; choose one of embedded, real*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*--devplug-control-plane (ini devplug_control_plane) = 'remote': invalid choice; choose one of embedded, real*"
+        ]
+    )

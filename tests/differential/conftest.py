@@ -72,7 +72,9 @@ def shared_sides(sides: tuple[Side, Side]) -> Iterator[tuple[Side, Side]]:
     out = []
     for s in sides:
         spec = dataclasses.replace(s.plugin.spec, env={**s.plugin.spec.env, "DP_REPLICAS": str(REPLICAS)}, gpus=1)
-        s.plugin.mark_changed(devices=True)  # kind: the devplug_plugin fixture redeploys the session's plugin afterwards
+        s.plugin.mark_changed(
+            devices=True
+        )  # kind: the devplug_plugin fixture redeploys the session's plugin afterwards
         s.plugin.backend.remove_plugin(s.plugin.node.name)
         plugin = ClusterHandle(s.plugin.backend, timeout=s.plugin.node.timeout).deploy(s.plugin.node, spec)
         plugin.wait_ready(REPLICAS)

@@ -82,7 +82,8 @@ def _pod_outcome(pod: PodHandle) -> dict[str, Any]:
         "mounts": sorted((m.container_path, m.read_only) for m in view.mounts),
         # Likewise each NUMA node's device IDs in a checkpoint entry: the entry's content is the set.
         "checkpoint": sorted(
-            (e.container_name, e.resource_name, repr({k: sorted(v) for k, v in sorted(e.device_ids.items())})) for e in entries
+            (e.container_name, e.resource_name, repr({k: sorted(v) for k, v in sorted(e.device_ids.items())}))
+            for e in entries
         ),
         "health": pod.device_health,
     }
@@ -175,7 +176,12 @@ def test_checkpoint_and_assignment_survive_kubelet_restart(sides: tuple[Side, Si
         s.plugin.node.restart_kubelet()
         res = s.plugin.resource_name
         # Allocatable counts healthy devices, allocated or not (devicemanager GetCapacity): 4 of 4 again.
-        wait_for(lambda s=s, res=res: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: re-registration")
+        wait_for(
+            lambda s=s, res=res: s.plugin.node.counts(res),
+            lambda c: c == (4, 4),
+            timeout=60,
+            what=f"{s.name}: re-registration",
+        )
         out[s.name] = (before, _pod_outcome(pod), pod.restart_count)
     _same(out, "pod across a kubelet restart")
     assert out["kind"][0] == out["kind"][1], f"assignment changed across the restart: {out['kind']}"
@@ -220,7 +226,12 @@ def test_init_and_restartable_init_containers_share_devices_the_same_way(sides: 
         raw = s.plugin.backend.read_checkpoint(s.plugin.node.name)
         entries = parse_checkpoint(raw).entries_for(pod.uid) if raw else []
         held = {e.container_name: e.all_device_ids for e in entries}
-        listed = sorted((c.name, len(c.device_ids(res))) for p in s.plugin.node.pod_resources() if p.name == pod.name for c in p.containers)
+        listed = sorted(
+            (c.name, len(c.device_ids(res)))
+            for p in s.plugin.node.pod_resources()
+            if p.name == pod.name
+            for c in p.containers
+        )
         out[s.name] = {
             "phase": pod.phase,
             "containers": sorted(held),
@@ -241,10 +252,20 @@ def test_abrupt_kill_then_restart_reads_the_same(sides: tuple[Side, Side]) -> No
         pod = s.pods(gpus=1, name="diff-kill", wait=True)
         held = pod.allocated_devices
         s.plugin.kill()
-        down = wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 0), timeout=60, what=f"{s.name}: 4/0 after the kill")
+        down = wait_for(
+            lambda: s.plugin.node.counts(res), lambda c: c == (4, 0), timeout=60, what=f"{s.name}: 4/0 after the kill"
+        )
         s.plugin.start()
-        up = wait_for(lambda: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: 4/4 after the start")
+        up = wait_for(
+            lambda: s.plugin.node.counts(res), lambda c: c == (4, 4), timeout=60, what=f"{s.name}: 4/4 after the start"
+        )
         other = s.pods(gpus=1, name="diff-kill-2", wait=True)
-        out[s.name] = (down, up, pod.phase, pod.allocated_devices == held, bool(set(other.allocated_devices) - set(held)))
+        out[s.name] = (
+            down,
+            up,
+            pod.phase,
+            pod.allocated_devices == held,
+            bool(set(other.allocated_devices) - set(held)),
+        )
     seen = _same(out, "plugin killed and started again")
     assert seen[2:] == ("Running", True, True), seen

@@ -52,7 +52,9 @@ def _sim_driver(pytestconfig: pytest.Config, devplug_settings: DevplugSettings) 
     if not settings.included:
         pytest.skip("the DRA differential runs the included driver on both sides (a driver option was given)")
     timeout = devplug_settings.backend_options.timeout
-    backend = SimBackend(BackendOptions(control_plane="real", k8s_bin_dir=str(control_plane_bin_dir()), timeout=timeout))
+    backend = SimBackend(
+        BackendOptions(control_plane="real", k8s_bin_dir=str(control_plane_bin_dir()), timeout=timeout)
+    )
     backend.start()
     try:
         dra = dra_of(backend)
@@ -72,7 +74,9 @@ def _sim_driver(pytestconfig: pytest.Config, devplug_settings: DevplugSettings) 
 def dra_sides(_sim_driver: DriverHandle, devplug_driver: DriverHandle, devplug_claims: ClaimFactory,
               request: pytest.FixtureRequest) -> Iterator[tuple[DRASide, DRASide]]:  # fmt: skip
     """(sim, kind) for one scenario; what the sim side made is deleted after it, as devplug_claims does on kind."""
-    sim_claims = ClaimFactory(_sim_driver.node.backend, _sim_driver, timeout=_sim_driver.node.timeout, prefix=request.node.name)
+    sim_claims = ClaimFactory(
+        _sim_driver.node.backend, _sim_driver, timeout=_sim_driver.node.timeout, prefix=request.node.name
+    )
     try:
         yield DRASide("sim", _sim_driver, sim_claims), DRASide("kind", devplug_driver, devplug_claims)
     finally:
@@ -96,7 +100,9 @@ def _slices(side: DRASide) -> list[dict[str, Any]]:
         meta, spec = s.raw.get("metadata") or {}, s.raw.get("spec") or {}
         doc = {
             "generateName": meta.get("generateName"),
-            "owners": sorted((o.get("kind"), o.get("name"), bool(o.get("controller"))) for o in meta.get("ownerReferences") or []),
+            "owners": sorted(
+                (o.get("kind"), o.get("name"), bool(o.get("controller"))) for o in meta.get("ownerReferences") or []
+            ),
             "spec": spec,
         }
         out.append(json.loads(_placeholders(json.dumps(doc, sort_keys=True), {node: "<node>"})))
@@ -142,7 +148,9 @@ def _entry(side: DRASide, claim_uid: str, values: Mapping[str, str]) -> dict[str
     raw = side.driver.dra.read_dra_checkpoint(side.driver.node.name)
     assert raw is not None, f"{side.name}: no dra_manager_state"
     decoded = dra_cp.decode(raw)
-    assert decoded.stored == decoded.computed, f"{side.name}: dra_manager_state checksum {decoded.stored} != {decoded.computed}"
+    assert decoded.stored == decoded.computed, (
+        f"{side.name}: dra_manager_state checksum {decoded.stored} != {decoded.computed}"
+    )
     entries = [e for e in json.loads(decoded.data)["ClaimInfoStateList"] or [] if e["ClaimUID"] == claim_uid]
     assert len(entries) == 1, f"{side.name}: dra_manager_state has {len(entries)} entries for claim {claim_uid}"
     return dict(json.loads(_placeholders(json.dumps(entries[0]), values)))
@@ -193,10 +201,18 @@ def _restart_then_delete(side: DRASide) -> None:
     wait_until(f"{side.name}: the claim unprepared after its pod was deleted",
                lambda: [x for x in node.dra_calls("NodeUnprepareResources", since=since) if uid in x.claim_uids and not x.error],
                timeout=node.timeout, interval=0.5)  # fmt: skip
-    wait_until(f"{side.name}: the claim gone from dra_manager_state", c.claim.prepared, lambda p: p is None, timeout=node.timeout, interval=0.5)
+    wait_until(
+        f"{side.name}: the claim gone from dra_manager_state",
+        c.claim.prepared,
+        lambda p: p is None,
+        timeout=node.timeout,
+        interval=0.5,
+    )
 
 
-def test_dra_checkpoint_kept_across_a_kubelet_restart_and_the_claim_unprepared_after(dra_sides: tuple[DRASide, DRASide]) -> None:
+def test_dra_checkpoint_kept_across_a_kubelet_restart_and_the_claim_unprepared_after(
+    dra_sides: tuple[DRASide, DRASide],
+) -> None:
     """With the pod running, a kubelet restart leaves its checkpoint entry as it was on both, the pod keeps running,
     and deleting the pod afterwards unprepares the claim (the new kubelet knows it only from the checkpoint): the
     entry goes on both."""

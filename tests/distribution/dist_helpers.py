@@ -16,7 +16,9 @@ LOWEST_PYTHON = "3.10"  # requires-python's floor
 def run(argv: list[str], *, cwd: Path | None = None, timeout: float = 600, env: dict[str, str] | None = None) -> str:
     """Run ``argv``; on a non-zero exit fail with its output."""
     proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    assert proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
     return proc.stdout + proc.stderr
 
 
@@ -37,7 +39,6 @@ class Dists:
     sdist: Path
     plugin_wheel: Path
     plugin_sdist: Path
-
 
 
 def build(uv: str, project: Path, dist: Path) -> tuple[Path, Path]:

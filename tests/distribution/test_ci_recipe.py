@@ -51,7 +51,9 @@ def test_embedded_kubelet_job_runs_as_written(tmp_path: Path, uv: str, dists: Di
     steps = [s for s in job["steps"] if "run" in s]
     skipped = [s["uses"].split("@")[0] for s in job["steps"] if "run" not in s]
     assert skipped == ["actions/checkout", "actions/setup-python", "actions/upload-artifact"], skipped
-    assert "kind" in workflow["jobs"] and "--backend kind" in " ".join(s.get("run", "") for s in workflow["jobs"]["kind"]["steps"])
+    assert "kind" in workflow["jobs"] and "--backend kind" in " ".join(
+        s.get("run", "") for s in workflow["jobs"]["kind"]["steps"]
+    )
 
     # The recipe's example values name the plugin: `{python} -m <module> ...` and its resource.
     module = shlex.split(env["PLUGIN_CMD"])[2]
@@ -73,6 +75,8 @@ def test_embedded_kubelet_job_runs_as_written(tmp_path: Path, uv: str, dists: Di
 
     report = json.loads((project / "devplug-report.json").read_text())
     assert report["run"]["resource"] == env["RESOURCE"] and f"-m {module}" in report["run"]["plugin"]
-    assert report["summary"].get("passed", 0) > 0 and not {"failed", "error"} & set(report["summary"]), report["summary"]
+    assert report["summary"].get("passed", 0) > 0 and not {"failed", "error"} & set(report["summary"]), report[
+        "summary"
+    ]
     assert (project / "junit.xml").is_file()
     assert summary.read_text().startswith("# Device plugin conformance report")

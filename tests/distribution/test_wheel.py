@@ -29,7 +29,9 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
     src = ROOT / "src"
     tracked = run(["git", "-C", str(ROOT), "ls-files", "src/pytest_devplug"]).split()
     package = {str((ROOT / t).relative_to(src)) for t in tracked} or {
-        str(p.relative_to(src)) for p in (src / "pytest_devplug").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        str(p.relative_to(src))
+        for p in (src / "pytest_devplug").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
     }
     assert {"pytest_devplug/py.typed", "pytest_devplug/conformance/test_registration.py"} <= package
     assert not package - names, f"missing from {wheel.name}: {sorted(package - names)}"
@@ -57,7 +59,14 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
 
     # Without the kind extra: its options still exist (ours), and choosing kind names the extra at once.
     help_text = run([str(bin_ / "pytest"), "--help"], cwd=empty)
-    for option in ("--cluster-name", "--keep-cluster", "--kind-bin", "--kind-image", "--kubeconfig", "--devplug-report"):
+    for option in (
+        "--cluster-name",
+        "--keep-cluster",
+        "--kind-bin",
+        "--kind-image",
+        "--kubeconfig",
+        "--devplug-report",
+    ):
         assert option in help_text, option
     kind = subprocess.run([str(bin_ / "devplug"), "conformance", "--backend", "kind", "--", "-q"], cwd=empty,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
@@ -66,7 +75,9 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
 
     # Without the included plugin and no plugin option: at once, what to install or pass.
     run([uv, "pip", "uninstall", "-q", "-p", py, "devplug-gpu-plugin"])
-    bare = subprocess.run([str(bin_ / "devplug"), "conformance"], cwd=empty, capture_output=True, text=True, timeout=60, check=False)
+    bare = subprocess.run(
+        [str(bin_ / "devplug"), "conformance"], cwd=empty, capture_output=True, text=True, timeout=60, check=False
+    )
     assert bare.returncode == pytest.ExitCode.USAGE_ERROR
     assert "pip install 'pytest-devplug[gpu-plugin]'" in bare.stderr and "--plugin-cmd" in bare.stderr
 

@@ -33,7 +33,9 @@ def skewed_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimBack
     scheduler = control_plane_binaries()["kube-scheduler"]
     bin_dir = tmp_path_factory.mktemp("skewed-bin")
     wrapper = bin_dir / "kube-scheduler"
-    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(str(scheduler))} "$@" --feature-gates=DRADeviceTaintRules=false\n')
+    wrapper.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(str(scheduler))} "$@" --feature-gates=DRADeviceTaintRules=false\n'
+    )
     wrapper.chmod(0o755)
     backend = SimBackend(BackendOptions(control_plane="real", k8s_bin_dir=str(bin_dir), timeout=20.0))
     backend.start()
@@ -47,10 +49,14 @@ def skewed_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimBack
 def widget(skewed_backend: SimBackend) -> Iterator[DriverHandle]:
     node_name = skewed_backend.ensure_node(NodeSpec("skewed"))
     dra = dra_of(skewed_backend)
-    spec = DriverSpec(driver_name="skew.devplug.example", argv=[sys.executable, str(WIDGET), "--driver-name", "skew.devplug.example"])
+    spec = DriverSpec(
+        driver_name="skew.devplug.example", argv=[sys.executable, str(WIDGET), "--driver-name", "skew.devplug.example"]
+    )
     dra.deploy_driver(node_name, spec)
     try:
-        driver = DriverHandle(DRANodeHandle(skewed_backend, dra, node_name, timeout=20.0, reregistration_timeout=40.0), spec)
+        driver = DriverHandle(
+            DRANodeHandle(skewed_backend, dra, node_name, timeout=20.0, reregistration_timeout=40.0), spec
+        )
         assert_driver_registered(driver)
         assert_slices_published(driver)
         yield driver
@@ -58,7 +64,9 @@ def widget(skewed_backend: SimBackend) -> Iterator[DriverHandle]:
         dra.remove_driver(node_name)
 
 
-def test_taint_check_fails_a_scheduler_that_ignores_device_taint_rules(skewed_backend: SimBackend, widget: DriverHandle) -> None:
+def test_taint_check_fails_a_scheduler_that_ignores_device_taint_rules(
+    skewed_backend: SimBackend, widget: DriverHandle
+) -> None:
     factory = ClaimFactory(skewed_backend, widget, timeout=20.0, prefix="skew")
     try:
         with pytest.raises(AssertionError) as failure:
@@ -66,4 +74,6 @@ def test_taint_check_fails_a_scheduler_that_ignores_device_taint_rules(skewed_ba
     finally:
         assert not factory.cleanup()
     text = str(failure.value)
-    assert "the scheduler allocated" in text and "does not tolerate" in text, f"the check failed, but not naming the bug: {text}"
+    assert "the scheduler allocated" in text and "does not tolerate" in text, (
+        f"the check failed, but not naming the bug: {text}"
+    )

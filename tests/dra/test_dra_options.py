@@ -72,4 +72,6 @@ def test_bad_driver_command_is_one_usage_error(pytester: pytest.Pytester) -> Non
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--devplug-driver-cmd", "'unclosed")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--devplug-driver-cmd (ini devplug_driver_cmd) = \"'unclosed\": No closing quotation*"])
+    result.stderr.fnmatch_lines(
+        ['*--devplug-driver-cmd (ini devplug_driver_cmd) = "\'unclosed": No closing quotation*']
+    )

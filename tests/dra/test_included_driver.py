@@ -17,8 +17,10 @@ import pytest
 from ..support import DRA_CHECKS_ENV, SuiteResult, dra_check_selection, run_conformance, selection_mismatch
 
 #: The only skips the included driver may get, each naming why.
-ALLOWED_SKIPS = re.compile(r"cannot fail NodeUnprepareResources: .*no meaning in the mock-NVML state|"
-                           r"reports device health through its health stream")  # not as device taints
+ALLOWED_SKIPS = re.compile(
+    r"cannot fail NodeUnprepareResources: .*no meaning in the mock-NVML state|"
+    r"reports device health through its health stream"
+)  # not as device taints
 #: A control plane start plus ~27 checks (about 80 s at load 6); the kubelet-start republish check alone
 #: waits out the driver's resync.
 SUITE_TIMEOUT_S = 600
@@ -31,8 +33,10 @@ FAULT_CHECKS = {
 }  # fmt: skip
 #: What a real kubelet cannot be made to do (the check skips saying so): refuse a registration on purpose; reboot the
 #: node of a single-node cluster (the control plane goes with it: the e2e lanes run on workers).
-KIND_LIMITS = re.compile(r"a real kubelet refuses a registration only for a reason of the driver's|"
-                         r"runs the cluster's control plane .*run the reboot checks on a worker node")
+KIND_LIMITS = re.compile(
+    r"a real kubelet refuses a registration only for a reason of the driver's|"
+    r"runs the cluster's control plane .*run the reboot checks on a worker node"
+)
 #: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of its
 #: own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
 KIND_CLUSTER = "devplug-dra"
@@ -47,10 +51,16 @@ def _assert_verdicts(
     """The suite passed (every fault check too), every skip explained by ``skips``, and the report judged the driver;
     ``selected``: only those checks ran (``pytest_args`` selects them), each with a verdict."""
     __tracebackhide__ = True
-    result = run_conformance([*options, "--report", str(tmp_path / "report.md")], pytest_args, tmp_path, timeout=timeout)
-    assert not selection_mismatch(result, selected), f"not the selected checks: {selection_mismatch(result, selected)}\n{result.output}"
+    result = run_conformance(
+        [*options, "--report", str(tmp_path / "report.md")], pytest_args, tmp_path, timeout=timeout
+    )
+    assert not selection_mismatch(result, selected), (
+        f"not the selected checks: {selection_mismatch(result, selected)}\n{result.output}"
+    )
     assert not result.failed, "the included driver: failed/errors:\n" + "\n".join(result.failed) + result.output
-    assert result.returncode == 0, f"devplug conformance {' '.join(options)} exited {result.returncode}:\n{result.output}"
+    assert result.returncode == 0, (
+        f"devplug conformance {' '.join(options)} exited {result.returncode}:\n{result.output}"
+    )
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in skips)}
     assert not unexplained, f"skips the included driver has no reason for: {unexplained}"
     faults = FAULT_CHECKS if selected is None else FAULT_CHECKS & selected
@@ -87,7 +97,10 @@ def test_a_check_selection_is_exact_and_a_check_without_verdict_is_named(monkeyp
     assert args == ["-k", "test_checkpoint_contents or test_shared_claim"]
     assert names == {"test_shared_claim", "test_checkpoint_contents"}
     result = SuiteResult(passed=["test_shared_claim"], skipped={"test_shared_claim_twice": "why"})
-    assert selection_mismatch(result, names) == ["no verdict: test_checkpoint_contents", "not selected: test_shared_claim_twice"]
+    assert selection_mismatch(result, names) == [
+        "no verdict: test_checkpoint_contents",
+        "not selected: test_shared_claim_twice",
+    ]
     assert selection_mismatch(SuiteResult(passed=sorted(names)), names) == []
     assert selection_mismatch(result, None) == []
 

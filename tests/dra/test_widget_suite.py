@@ -24,7 +24,14 @@ from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.controlplane.binaries import cache_root
 from pytest_devplug.deployment import SessionDeployment
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
-from pytest_devplug.dra.conformance import test_faults, test_prepare, test_registration, test_restarts, test_scheduling, test_slices
+from pytest_devplug.dra.conformance import (
+    test_faults,
+    test_prepare,
+    test_registration,
+    test_restarts,
+    test_scheduling,
+    test_slices,
+)
 from pytest_devplug.dra.handles import ClaimFactory, DRANodeHandle, DriverHandle
 from pytest_devplug.dra.plugin import driver_deployment
 from pytest_devplug.dra.resyncwatch import ResyncWatch
@@ -120,7 +127,12 @@ def test_downstream_project_runs_the_suite_with_its_driver_and_injector(
     }, f"{json.dumps(verdicts, indent=1)}\n{output}"  # fmt: skip
     # a check of its own that fails with a plain assert gets the driver's evidence in its report
     text = result.stdout.str()
-    for section in ("devplug: driver log", "devplug: kubelet DRA calls", "devplug: resource slices", "devplug: dra_manager_state"):
+    for section in (
+        "devplug: driver log",
+        "devplug: kubelet DRA calls",
+        "devplug: resource slices",
+        "devplug: dra_manager_state",
+    ):
         assert section in text, f"no {section!r} section in the failure report:\n{text[-4000:]}"
 
 
@@ -136,7 +148,9 @@ def real_backend(k8s_bin_dir: Path) -> Iterator[SimBackend]:
 
 
 @pytest.fixture
-def broken_driver(real_backend: SimBackend, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[str], DriverHandle]]:
+def broken_driver(
+    real_backend: SimBackend, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[str], DriverHandle]]:
     """Deploys the widget with ``--break <variant>`` (and a control file: :func:`_faults`) on a node of its own;
     removes it afterwards."""
     made: list[str] = []
@@ -190,7 +204,9 @@ class WidgetFaults:
 
 
 @pytest.fixture(scope="module")
-def widget(real_backend: SimBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SessionDeployment[DriverHandle], Path]]:
+def widget(
+    real_backend: SimBackend, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[SessionDeployment[DriverHandle], Path]]:
     """The correct widget on a node of its own, deployed as the suite's fixtures deploy a driver."""
     control = tmp_path_factory.mktemp("widget") / "control.json"
     control.write_text("{}")
@@ -205,11 +221,15 @@ def widget(real_backend: SimBackend, tmp_path_factory: pytest.TempPathFactory) -
 #: The check of health reported as device taints: judged on the widget with ``--health taints`` (below).
 TAINT_CHECK = "test_device_health_reported_as_device_taints"
 #: Every other check of the suite that needs a fault, with the widget's injector: they pass on a correct driver.
-FAULT_CHECKS = {name: getattr(test_faults, name) for name in dir(test_faults) if name.startswith("test_") and name != TAINT_CHECK}
+FAULT_CHECKS = {
+    name: getattr(test_faults, name) for name in dir(test_faults) if name.startswith("test_") and name != TAINT_CHECK
+}
 
 
 @pytest.mark.parametrize("name", sorted(FAULT_CHECKS))
-def test_fault_checks_pass_on_a_driver_with_an_injector(name: str, real_backend: SimBackend, widget: tuple[SessionDeployment[DriverHandle], Path]) -> None:
+def test_fault_checks_pass_on_a_driver_with_an_injector(
+    name: str, real_backend: SimBackend, widget: tuple[SessionDeployment[DriverHandle], Path]
+) -> None:
     deployment, control = widget
     driver = deployment.get(name)
     factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix=name)
@@ -223,7 +243,9 @@ def test_fault_checks_pass_on_a_driver_with_an_injector(name: str, real_backend:
         deployment.reset_if_needed()
 
 
-def test_health_by_device_taints_passes_on_a_driver_that_taints(real_backend: SimBackend, broken_driver: Callable[..., DriverHandle]) -> None:
+def test_health_by_device_taints_passes_on_a_driver_that_taints(
+    real_backend: SimBackend, broken_driver: Callable[..., DriverHandle]
+) -> None:
     """The widget with ``--health taints`` (no health service; an Unhealthy device tainted NoSchedule in its slice)."""
     driver = broken_driver("none", "--health", "taints")
     factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix="taints")
@@ -233,7 +255,9 @@ def test_health_by_device_taints_passes_on_a_driver_that_taints(real_backend: Si
         factory.cleanup()
 
 
-def test_health_by_device_taints_skips_a_driver_with_a_health_stream(real_backend: SimBackend, broken_driver: Callable[..., DriverHandle]) -> None:
+def test_health_by_device_taints_skips_a_driver_with_a_health_stream(
+    real_backend: SimBackend, broken_driver: Callable[..., DriverHandle]
+) -> None:
     driver = broken_driver("none")
     factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix="stream")
     try:
@@ -292,7 +316,9 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
 
 
 @pytest.mark.parametrize("variant", sorted(BROKEN))
-def test_broken_driver_fails_the_check_about_its_bug(variant: str, real_backend: SimBackend, broken_driver: Callable[[str], DriverHandle]) -> None:
+def test_broken_driver_fails_the_check_about_its_bug(
+    variant: str, real_backend: SimBackend, broken_driver: Callable[[str], DriverHandle]
+) -> None:
     check, text = BROKEN[variant]
     driver = broken_driver(variant)
     factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix=variant)

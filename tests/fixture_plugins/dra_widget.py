@@ -59,10 +59,28 @@ parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
 parser.add_argument("--kubeconfig", default="")
 parser.add_argument("--devices", type=int, default=3)
 parser.add_argument("--control", default="")
-parser.add_argument("--break", dest="broken", default="none",
-                    choices=["none", "prepare-not-idempotent", "wrong-device", "no-republish", "exit-on-refusal", "unprepare-unknown-fails",
-                             "health-unlisted", "first-request-only", "no-request-names", "forget-on-restart",
-                             "spec-in-subdir", "reboot-loses-spec", "no-reuse", "taint-effect-none", "taint-every-device"])
+parser.add_argument(
+    "--break",
+    dest="broken",
+    default="none",
+    choices=[
+        "none",
+        "prepare-not-idempotent",
+        "wrong-device",
+        "no-republish",
+        "exit-on-refusal",
+        "unprepare-unknown-fails",
+        "health-unlisted",
+        "first-request-only",
+        "no-request-names",
+        "forget-on-restart",
+        "spec-in-subdir",
+        "reboot-loses-spec",
+        "no-reuse",
+        "taint-effect-none",
+        "taint-every-device",
+    ],
+)
 parser.add_argument("--health", choices=["stream", "taints"], default="stream")
 args = parser.parse_args()
 TAINTS = args.health == "taints" or args.broken.startswith("taint-")
@@ -84,8 +102,13 @@ api = kubernetes.client.ApiClient()
 
 
 def request(method, path, body=None):
-    m, url, headers, data, _ = api.param_serialize(method, path, header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                                                   body=body, auth_settings=["BearerToken"])
+    m, url, headers, data, _ = api.param_serialize(
+        method,
+        path,
+        header_params={"Content-Type": "application/json", "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
     resp = api.call_api(m, url, header_params=headers, body=data, _request_timeout=10)
     raw = resp.read()
     if not 200 <= resp.status < 300:
@@ -107,10 +130,20 @@ def log(message):
 
 # -- ResourceSlice ------------------------------------------------------------------------------
 
+
 def slice_body():
     devices = [{"name": d, "attributes": {"index": {"int": i}}} for i, d in enumerate(DEVICES)]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": SLICE},
-            "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": SLICE},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def wanted_taints():
@@ -129,8 +162,14 @@ def retaint(obj):
     for d in obj["spec"]["devices"]:
         d.pop("taints", None)
         if d["name"] in want:
-            d["taints"] = [{"key": f"{DRIVER}/unhealthy", "value": "true", "effect": want[d["name"]],
-                            "timeAdded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+            d["taints"] = [
+                {
+                    "key": f"{DRIVER}/unhealthy",
+                    "value": "true",
+                    "effect": want[d["name"]],
+                    "timeAdded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            ]
     request("PUT", f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}", obj)
     log(f"tainted {sorted(want)}")
 
@@ -173,15 +212,29 @@ def load_checkpoint():
     except (OSError, ValueError):
         return
     for uid, devices in saved.items():
-        prepared[uid] = [pb.Device(request_names=d["requests"], pool_name=d["pool"], device_name=d["device"], cdi_device_ids=d["cdi"])
-                         for d in devices]
+        prepared[uid] = [
+            pb.Device(
+                request_names=d["requests"], pool_name=d["pool"], device_name=d["device"], cdi_device_ids=d["cdi"]
+            )
+            for d in devices
+        ]
 
 
 def save_checkpoint():
     if args.broken != "reboot-loses-spec":
         return
-    doc = {uid: [{"requests": list(d.request_names), "pool": d.pool_name, "device": d.device_name, "cdi": list(d.cdi_device_ids)}
-                 for d in devices] for uid, devices in prepared.items()}
+    doc = {
+        uid: [
+            {
+                "requests": list(d.request_names),
+                "pool": d.pool_name,
+                "device": d.device_name,
+                "cdi": list(d.cdi_device_ids),
+            }
+            for d in devices
+        ]
+        for uid, devices in prepared.items()
+    }
     tmp = CHECKPOINT + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f)
@@ -201,7 +254,9 @@ def prepare(claim):
             return prepared[claim.uid]
         obj = request("GET", f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}")
         if obj["metadata"]["uid"] != claim.uid:
-            raise RuntimeError(f"claim {claim.namespace}/{claim.name} has uid {obj['metadata']['uid']}, not {claim.uid}")
+            raise RuntimeError(
+                f"claim {claim.namespace}/{claim.name} has uid {obj['metadata']['uid']}, not {claim.uid}"
+            )
         allocation = (obj.get("status") or {}).get("allocation")
         if not allocation:
             raise RuntimeError(f"claim {claim.namespace}/{claim.name} is not allocated")
@@ -222,7 +277,11 @@ def prepare(claim):
             cdi_name = f"{claim.uid}-{name}" + (f"-{serial[0]}" if args.broken == "prepare-not-idempotent" else "")
             cdi_devices.append({"name": cdi_name, "containerEdits": {"env": [f"WIDGET_{DEVICES.index(name)}={name}"]}})
             names = [] if args.broken == "no-request-names" else [r["request"]]
-            devices.append(pb.Device(request_names=names, pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]))
+            devices.append(
+                pb.Device(
+                    request_names=names, pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]
+                )
+            )
         os.makedirs(os.path.dirname(cdi_spec_path(claim.uid)), exist_ok=True)
         tmp = cdi_spec_path(claim.uid) + ".tmp"
         with open(tmp, "w") as f:
@@ -275,10 +334,16 @@ class Health(hpbg.DRAResourceHealthServicer):
             bad = set(control().get("unhealthy") or [])
             now = [(d, hpb.UNHEALTHY if d in bad else hpb.HEALTHY) for d in DEVICES]
             if now != last:
-                yield hpb.NodeWatchResourcesResponse(devices=[
-                    hpb.DeviceHealth(device=hpb.DeviceIdentifier(pool_name=NODE, device_name=d), health=h, last_updated_time=int(time.time()))
-                    for d, h in now
-                ])
+                yield hpb.NodeWatchResourcesResponse(
+                    devices=[
+                        hpb.DeviceHealth(
+                            device=hpb.DeviceIdentifier(pool_name=NODE, device_name=d),
+                            health=h,
+                            last_updated_time=int(time.time()),
+                        )
+                        for d, h in now
+                    ]
+                )
                 last = now
             stop.wait(0.1)
 
@@ -288,7 +353,11 @@ class Registration(rpbg.RegistrationServicer):
         self.endpoint = endpoint
 
     def GetInfo(self, request_, context):
-        services = ["v1.DRAPlugin"] if args.broken == "health-unlisted" or TAINTS else ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        services = (
+            ["v1.DRAPlugin"]
+            if args.broken == "health-unlisted" or TAINTS
+            else ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        )
         return rpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=self.endpoint, supported_versions=services)
 
     def NotifyRegistrationStatus(self, request_, context):

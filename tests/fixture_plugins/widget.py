@@ -45,7 +45,16 @@ parser.add_argument("--count", type=int, default=3)
 parser.add_argument("--retry", action="store_true", help="retry a failed registration every 0.5 s (else exit 1)")
 parser.add_argument("--exit-on-kubelet-restart", action="store_true", help="exit 0 when kubelet.sock goes or changes")
 parser.add_argument(
-    "--fault", choices=["none", "allocate-empty", "exit-at-start", "panic-at-start", "control-ids", "cdi-spec-once", "node-of-another"],
+    "--fault",
+    choices=[
+        "none",
+        "allocate-empty",
+        "exit-at-start",
+        "panic-at-start",
+        "control-ids",
+        "cdi-spec-once",
+        "node-of-another",
+    ],
     default="none",
 )
 parser.add_argument("--cdi-root", default="", help="answer CDI devices, from a spec written here at start")
@@ -61,7 +70,9 @@ if args.fault == "exit-at-start":
     sys.exit(3)
 if args.fault == "panic-at-start":
     print("I1201 10:00:00.000000       1 main.go:42] Starting widget plugin", file=sys.stderr)
-    print("panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: address already in use", file=sys.stderr)
+    print(
+        "panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: address already in use", file=sys.stderr
+    )
     print("\ngoroutine 1 [running]:", file=sys.stderr)
     for i in range(60):
         print(f"main.frame{i}(...)\n\t/src/widget/main.go:{100 + i} +0x{i:x}", file=sys.stderr)
@@ -97,7 +108,9 @@ class Widgets(pbg.DevicePluginServicer):
                 host = f"/dev/{d}" if args.host_nodes else "/dev/null"
                 if args.fault == "node-of-another" and d == IDS[1]:
                     host = f"/dev/{IDS[0]}"  # the bug: the second device answered with the first one's node
-                r.devices.add(container_path="/dev/widget" if args.shared else f"/dev/{d}", host_path=host, permissions="rw")
+                r.devices.add(
+                    container_path="/dev/widget" if args.shared else f"/dev/{d}", host_path=host, permissions="rw"
+                )
                 if args.cdi_root:
                     r.cdi_devices.add(name=f"{CDI_KIND}={d}")
         return out
@@ -111,7 +124,9 @@ class Registration(rpbg.RegistrationServicer):
         return rpb.PluginInfo(type="DevicePlugin", name=args.resource_name, supported_versions=[args.info_version])
 
     def NotifyRegistrationStatus(self, request, context):
-        print("widget: the plugin watcher says", "registered" if request.plugin_registered else request.error, flush=True)
+        print(
+            "widget: the plugin watcher says", "registered" if request.plugin_registered else request.error, flush=True
+        )
         return rpb.RegistrationStatusResponse()
 
 

@@ -47,17 +47,23 @@ def kubelet(kubelet_factory: Callable[..., FakeKubelet]) -> FakeKubelet:
 
 
 @pytest.fixture
-def start_plugin(
-    tmp_path: Path, plugin_dir: Path, mock_state: MockStateFile
-) -> Iterator[Callable[..., PluginProcess]]:
+def start_plugin(tmp_path: Path, plugin_dir: Path, mock_state: MockStateFile) -> Iterator[Callable[..., PluginProcess]]:
     """Start the plugin in mock mode; extra args and env vars are appended."""
     procs: list[PluginProcess] = []
 
     def start(*extra: str, env: dict[str, str] | None = None, base: bool = True) -> PluginProcess:
         args = (
             [
-                "--plugin-dir", str(plugin_dir), "--resource-name", RESOURCE,
-                "--nvml", "mock", "--mock-state", str(mock_state.path), "--log-level", "debug",
+                "--plugin-dir",
+                str(plugin_dir),
+                "--resource-name",
+                RESOURCE,
+                "--nvml",
+                "mock",
+                "--mock-state",
+                str(mock_state.path),
+                "--log-level",
+                "debug",
             ]
             if base
             else []

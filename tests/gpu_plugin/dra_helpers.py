@@ -80,9 +80,13 @@ def driver_dirs() -> Iterator[DriverDirs]:
 class KubeletSide:
     """The kubelet's plugin watcher and DRA plugin manager (with the health cache) on ``dirs``."""
 
-    def __init__(self, dirs: DriverDirs, wiper: ResourceSliceWiper | None = None, *, wiping_delay: float = 30.0) -> None:
+    def __init__(
+        self, dirs: DriverDirs, wiper: ResourceSliceWiper | None = None, *, wiping_delay: float = 30.0
+    ) -> None:
         self.health = HealthInfoCache()
-        self.plugins = DRAPluginManager(NODE, wiper=wiper, wiping_delay=wiping_delay, health_cache=self.health, health_retry_period=0.5)
+        self.plugins = DRAPluginManager(
+            NODE, wiper=wiper, wiping_delay=wiping_delay, health_cache=self.health, health_retry_period=0.5
+        )
         self.watcher = PluginWatcher(dirs.registrar, {DRA_PLUGIN_TYPE: self.plugins}, poll_interval=0.02)
         self.watcher.start()
 
@@ -91,7 +95,13 @@ class KubeletSide:
         __tracebackhide__ = True
         from pytest_devplug.waiting import wait_for
 
-        wait_for(lambda: self.plugins.usable(DRIVER), bool, timeout=WAIT, what=f"{DRIVER} registered and connected", give_up=alive)
+        wait_for(
+            lambda: self.plugins.usable(DRIVER),
+            bool,
+            timeout=WAIT,
+            what=f"{DRIVER} registered and connected",
+            give_up=alive,
+        )
 
     def stop(self) -> None:
         self.watcher.stop()
@@ -121,7 +131,9 @@ class HealthReader:
             return {}
         return {d.device.device_name: (hpb.HealthStatus.Name(d.health), d.message) for d in self.last.devices}
 
-    def wait_for(self, predicate: Callable[[dict[str, tuple[str, str]]], bool], what: str) -> dict[str, tuple[str, str]]:
+    def wait_for(
+        self, predicate: Callable[[dict[str, tuple[str, str]]], bool], what: str
+    ) -> dict[str, tuple[str, str]]:
         """Read messages until ``predicate(health())`` holds."""
         __tracebackhide__ = True
         deadline = time.monotonic() + WAIT
@@ -129,10 +141,11 @@ class HealthReader:
             try:
                 self.last = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"the health stream never showed {what} within {WAIT}s; last: {self.health()}") from None
+                raise AssertionError(
+                    f"the health stream never showed {what} within {WAIT}s; last: {self.health()}"
+                ) from None
         return self.health()
 
     def close(self) -> None:
         self._call.cancel()
         self.channel.close()
-

@@ -55,7 +55,9 @@ class Api:
         self.resource.delete_collection_resource_slice(field_selector=selector)
 
     def slices(self) -> list[dict[str, Any]]:
-        resp = self.resource.list_resource_slice(field_selector=f"spec.driver={DRIVER},spec.nodeName={NODE}", _preload_content=False)
+        resp = self.resource.list_resource_slice(
+            field_selector=f"spec.driver={DRIVER},spec.nodeName={NODE}", _preload_content=False
+        )
         return list(_json(resp)["items"])
 
     def pod(self, name: str) -> dict[str, Any]:
@@ -66,7 +68,9 @@ def _register_node(api: Api, stop: threading.Event) -> threading.Thread:
     """A Node the scheduler places pods on: Ready, with room for pods, its heartbeat posted every 10 s until
     ``stop`` (the node lifecycle controller lifts the not-ready taint the API server put on it, and keeps it
     off). Whole-object updates, no patches: which patch types a call accepts differs between client releases."""
-    api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}})
+    api.core.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}
+    )
     room = {"cpu": "8", "memory": "32Gi", "pods": "110"}
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -76,7 +80,9 @@ def _register_node(api: Api, stop: threading.Event) -> threading.Thread:
             ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
                      "lastHeartbeatTime": now, "lastTransitionTime": since}  # fmt: skip
             status = {"capacity": room, "allocatable": room, "conditions": [ready]}
-            api.core.replace_node_status(NODE, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": status})
+            api.core.replace_node_status(
+                NODE, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": status}
+            )
             if stop.wait(10.0):
                 return
 
@@ -87,7 +93,11 @@ def _register_node(api: Api, stop: threading.Event) -> threading.Thread:
         node = _json(api.core.read_node(NODE, _preload_content=False))
         return [str(t.get("key")) for t in (node.get("spec") or {}).get("taints") or []]
 
-    wait_until(f"the node lifecycle controller to lift the {NOT_READY} taint of {NODE}", taints, lambda keys: NOT_READY not in keys)
+    wait_until(
+        f"the node lifecycle controller to lift the {NOT_READY} taint of {NODE}",
+        taints,
+        lambda keys: NOT_READY not in keys,
+    )
     return heartbeat_thread
 
 
@@ -145,7 +155,9 @@ def _devices(slice_: dict[str, Any]) -> list[str]:
     return [d["name"] for d in slice_["spec"]["devices"]]
 
 
-def _one_slice(api: Api, driver: PluginProcess, ok: Any = lambda s: True, what: str = "the driver's ResourceSlice") -> dict[str, Any]:
+def _one_slice(
+    api: Api, driver: PluginProcess, ok: Any = lambda s: True, what: str = "the driver's ResourceSlice"
+) -> dict[str, Any]:
     """The node's one slice of the driver once ``ok`` holds for it (given up at once should the driver exit)."""
     __tracebackhide__ = True
     found = wait_for(
@@ -158,10 +170,17 @@ def _one_slice(api: Api, driver: PluginProcess, ok: Any = lambda s: True, what: 
 def test_the_node_gets_one_slice_with_a_device_per_gpu(api: Api, driver: PluginProcess, kubelet: KubeletSide) -> None:
     s = _one_slice(api, driver, lambda s: len(s["spec"]["devices"]) == 4)
     spec, meta = s["spec"], s["metadata"]
-    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"], spec["pool"]["resourceSliceCount"]) == (DRIVER, NODE, NODE, 1)
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"], spec["pool"]["resourceSliceCount"]) == (
+        DRIVER,
+        NODE,
+        NODE,
+        1,
+    )
     assert meta["name"].startswith(f"{NODE}-{DRIVER}-")
     node_uid = _json(api.core.read_node(NODE, _preload_content=False))["metadata"]["uid"]
-    assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}]
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
+    ]
     assert _devices(s) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     assert spec["devices"][2] == {
         "name": "gpu-2",
@@ -189,10 +208,16 @@ def test_a_claim_allocated_by_the_scheduler_is_prepared_resolved_and_unprepared(
         "spec": {"containers": [{"name": "ctr", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
                  "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu-claim"}]},
     })  # fmt: skip
-    pod = wait_until("gpu-pod bound to the node by the scheduler", lambda: api.pod("gpu-pod"), lambda p: p["spec"].get("nodeName") == NODE)
+    pod = wait_until(
+        "gpu-pod bound to the node by the scheduler",
+        lambda: api.pod("gpu-pod"),
+        lambda p: p["spec"].get("nodeName") == NODE,
+    )
     claim = api.get_resource_claim("default", "gpu-claim")
     uid = claim["metadata"]["uid"]
-    assert claim["status"]["allocation"]["devices"]["results"] == [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1"}]
+    assert claim["status"]["allocation"]["devices"]["results"] == [
+        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1"}
+    ]
     assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
 
     manager = DRAManager(dirs.root / "kubelet", kubelet.plugins, api, health_cache=kubelet.health)
@@ -204,13 +229,23 @@ def test_a_claim_allocated_by_the_scheduler_is_prepared_resolved_and_unprepared(
     assert edits.env == {"NVIDIA_VISIBLE_DEVICES": UUIDS[1]}
     assert {n.container_path for n in edits.device_nodes} == {"/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"}
     (info,) = manager.claim_infos()
-    assert [(d.pool_name, d.device_name, d.request_names) for d in (info.driver_state or {})[DRIVER] or []] == [(NODE, "gpu-1", ["gpu"])]
+    assert [(d.pool_name, d.device_name, d.request_names) for d in (info.driver_state or {})[DRIVER] or []] == [
+        (NODE, "gpu-1", ["gpu"])
+    ]
     # the device's health reaches the pod's status
     status = lambda: manager.allocated_resources_status(pod, "ctr")  # noqa: E731
-    wait_until("gpu-1 Healthy in allocatedResourcesStatus", status, lambda s: s and s[0]["resources"][0]["health"] == "Healthy")
+    wait_until(
+        "gpu-1 Healthy in allocatedResourcesStatus", status, lambda s: s and s[0]["resources"][0]["health"] == "Healthy"
+    )
     mock_gpus.xid(UUIDS[1], 79)
-    seen = wait_until("gpu-1 Unhealthy in allocatedResourcesStatus", status, lambda s: s and s[0]["resources"][0]["health"] == "Unhealthy")
-    assert seen == [{"name": "claim:gpu", "resources": [{"resourceID": ids[0], "health": "Unhealthy", "message": "Xid 79"}]}]
+    seen = wait_until(
+        "gpu-1 Unhealthy in allocatedResourcesStatus",
+        status,
+        lambda s: s and s[0]["resources"][0]["health"] == "Unhealthy",
+    )
+    assert seen == [
+        {"name": "claim:gpu", "resources": [{"resourceID": ids[0], "health": "Unhealthy", "message": "Xid 79"}]}
+    ]
 
     # a restarted kubelet prepares again from its checkpoint: the driver answers the same
     again = DRAManager(dirs.root / "kubelet", kubelet.plugins, api, health_cache=kubelet.health)
@@ -226,7 +261,9 @@ def test_a_claim_allocated_by_the_scheduler_is_prepared_resolved_and_unprepared(
     api.resource.delete_namespaced_resource_claim("gpu-claim", "default")
 
 
-def test_the_slice_follows_gpus_added_and_removed(api: Api, driver: PluginProcess, kubelet: KubeletSide, mock_gpus: MockStateFile) -> None:
+def test_the_slice_follows_gpus_added_and_removed(
+    api: Api, driver: PluginProcess, kubelet: KubeletSide, mock_gpus: MockStateFile
+) -> None:
     before = _one_slice(api, driver, lambda s: len(s["spec"]["devices"]) == 4)
     extra = {**mock_gpus.gpus[0], "uuid": "GPU-40000000-0000-4000-8000-000000000004", "minor": 4, "numa_node": None}
     mock_gpus.gpus.append(extra)
@@ -237,20 +274,28 @@ def test_the_slice_follows_gpus_added_and_removed(api: Api, driver: PluginProces
     shrunk = _one_slice(api, driver, lambda s: "gpu-4" not in _devices(s), "gpu-4 gone from the slice")
     # updated in place, one write each: same object, same pool generation (the Go controller's rule)
     assert grown["metadata"]["uid"] == shrunk["metadata"]["uid"] == before["metadata"]["uid"]
-    assert grown["spec"]["pool"]["generation"] == shrunk["spec"]["pool"]["generation"] == before["spec"]["pool"]["generation"]
+    assert (
+        grown["spec"]["pool"]["generation"]
+        == shrunk["spec"]["pool"]["generation"]
+        == before["spec"]["pool"]["generation"]
+    )
     assert _devices(shrunk) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     # two writes, no more: what the server stores ("40Gi" for "40960Mi") reads as equal to what was sent
     time.sleep(1.0)
     assert driver.log().count(f"ResourceSlice {before['metadata']['name']} updated (") == 2, driver.log()[-3000:]
 
 
-def test_slices_a_restarting_kubelet_wipes_are_published_again(api: Api, driver: PluginProcess, kubelet: KubeletSide) -> None:
+def test_slices_a_restarting_kubelet_wipes_are_published_again(
+    api: Api, driver: PluginProcess, kubelet: KubeletSide
+) -> None:
     before = _one_slice(api, driver)
     restarted = DRAPluginManager(NODE, wiper=api)  # a kubelet's start deletes all of its node's slices
     try:
         wait_until("the restarted kubelet's wipe", lambda: restarted.wiped, lambda w: w == [None])
         started = time.monotonic()
-        again = _one_slice(api, driver, lambda s: s["metadata"]["uid"] != before["metadata"]["uid"], "the slice published again")
+        again = _one_slice(
+            api, driver, lambda s: s["metadata"]["uid"] != before["metadata"]["uid"], "the slice published again"
+        )
         assert time.monotonic() - started < WAIT
     finally:
         restarted.stop()

@@ -73,7 +73,9 @@ def own(tmp_path: Path) -> Iterator[Node]:
 
 
 def _alive(driver: PluginProcess) -> Callable[[], str | None]:
-    return lambda: None if driver.proc.poll() is None else f"the driver exited {driver.proc.returncode}:\n{driver.log()[-3000:]}"
+    return lambda: (
+        None if driver.proc.poll() is None else f"the driver exited {driver.proc.returncode}:\n{driver.log()[-3000:]}"
+    )
 
 
 def test_registers_as_a_dra_plugin_with_the_kubelets_plugin_watcher(shared: Node) -> None:
@@ -85,23 +87,37 @@ def test_registers_as_a_dra_plugin_with_the_kubelets_plugin_watcher(shared: Node
         stub = rpb_grpc.RegistrationStub(channel)
         info = stub.GetInfo(rpb.InfoRequest(), timeout=5)
         assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(dirs.dra_socket))
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth",
+        ]
         # a refusal is logged with the kubelet's reason and answered with an error, as the Go helper does
         with pytest.raises(grpc.RpcError) as err:
-            stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=False, error="bad driver"), timeout=5)
-    assert err.value.code() == grpc.StatusCode.UNKNOWN and err.value.details() == "failed registration process: bad driver"
+            stub.NotifyRegistrationStatus(
+                rpb.RegistrationStatus(plugin_registered=False, error="bad driver"), timeout=5
+            )
+    assert (
+        err.value.code() == grpc.StatusCode.UNKNOWN and err.value.details() == "failed registration process: bad driver"
+    )
     driver.wait_log("registration refused by the kubelet: bad driver")
 
 
 def test_prepare_needs_the_api_server_and_fails_the_whole_call(shared: Node) -> None:
     with pytest.raises(DRAPluginCallError) as err:
         shared.kubelet.plugins.get_plugin(DRIVER).node_prepare_resources([CLAIM])
-    assert str(err.value).startswith("rpc error: code = Unknown desc = get resource claims: retrieve claim default/gpu-claim: "), err.value
+    assert str(err.value).startswith(
+        "rpc error: code = Unknown desc = get resource claims: retrieve claim default/gpu-claim: "
+    ), err.value
     assert "127.0.0.1" in str(err.value)
     with grpc.insecure_channel(f"unix://{shared.dirs.dra_socket}") as channel:  # v1beta1: the same answer
         with pytest.raises(grpc.RpcError) as beta:
             pb_beta_grpc.DRAPluginStub(channel).NodePrepareResources(
-                pb_beta.NodePrepareResourcesRequest(claims=[pb_beta.Claim(namespace="default", uid=CLAIM.uid, name="gpu-claim")]), timeout=30
+                pb_beta.NodePrepareResourcesRequest(
+                    claims=[pb_beta.Claim(namespace="default", uid=CLAIM.uid, name="gpu-claim")]
+                ),
+                timeout=30,
             )
     assert beta.value.details().startswith("get resource claims: retrieve claim default/gpu-claim: ")
 
@@ -124,9 +140,17 @@ def test_unprepare_answers_every_claim_and_refuses_a_uid_that_is_not_one(shared:
 
 def test_the_kubelets_health_cache_follows_the_stream(shared: Node) -> None:
     health = shared.kubelet.health
-    wait_until("gpu-3 Healthy in the kubelet's cache", lambda: health.get(DRIVER, "node-1", "gpu-3").health, lambda h: h == "Healthy")
+    wait_until(
+        "gpu-3 Healthy in the kubelet's cache",
+        lambda: health.get(DRIVER, "node-1", "gpu-3").health,
+        lambda h: h == "Healthy",
+    )
     shared.mock_state.xid(UUIDS[3], 48)
-    seen = wait_until("gpu-3 Unhealthy in the kubelet's cache", lambda: health.get(DRIVER, "node-1", "gpu-3"), lambda d: d.health == "Unhealthy")
+    seen = wait_until(
+        "gpu-3 Unhealthy in the kubelet's cache",
+        lambda: health.get(DRIVER, "node-1", "gpu-3"),
+        lambda d: d.health == "Unhealthy",
+    )
     assert seen.message == "Xid 48"
 
 
@@ -165,7 +189,10 @@ def test_health_stream_follows_xids_lost_and_removed_gpus(own: Node) -> None:
         mock_state.xid(UUIDS[0], 13)  # an application error: ignored by default
         driver.wait_log(f"Xid 13 on {UUIDS[0]} is in the ignored list")
         mock_state.xid(UUIDS[1], 79)
-        assert reader.wait_for(lambda h: h["gpu-1"][0] == "UNHEALTHY", "gpu-1 unhealthy after Xid 79")["gpu-1"] == ("UNHEALTHY", "Xid 79")
+        assert reader.wait_for(lambda h: h["gpu-1"][0] == "UNHEALTHY", "gpu-1 unhealthy after Xid 79")["gpu-1"] == (
+            "UNHEALTHY",
+            "Xid 79",
+        )
         assert reader.health()["gpu-0"] == ("HEALTHY", "")
         mock_state.set(UUIDS[2], lost=True)
         assert reader.wait_for(lambda h: h["gpu-2"][0] == "UNHEALTHY", "gpu-2 lost")["gpu-2"] == ("UNHEALTHY", "lost")
@@ -187,13 +214,26 @@ def test_sigterm_removes_both_sockets_and_exits_0(own: Node) -> None:
     assert "stopped (exit 0)" in own.driver.log()
 
 
-def test_without_a_way_to_the_api_server_it_exits_2(start_plugin: Callable[..., PluginProcess], mock_state: MockStateFile, tmp_path: Path) -> None:
+def test_without_a_way_to_the_api_server_it_exits_2(
+    start_plugin: Callable[..., PluginProcess], mock_state: MockStateFile, tmp_path: Path
+) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": "", "KUBECONFIG": ""}
-    proc = start_plugin("--dra", "--node-name", "n1", "--nvml", "mock", "--mock-state", str(mock_state.path), base=False, env=env)
+    proc = start_plugin(
+        "--dra", "--node-name", "n1", "--nvml", "mock", "--mock-state", str(mock_state.path), base=False, env=env
+    )
     assert proc.wait_exit() == 2
     assert "cannot reach the API server through the in-cluster config" in proc.log()
     missing = start_plugin(
-        "--dra", "--node-name", "n1", "--kubeconfig", str(tmp_path / "none"), "--nvml", "mock", "--mock-state", str(mock_state.path), base=False
+        "--dra",
+        "--node-name",
+        "n1",
+        "--kubeconfig",
+        str(tmp_path / "none"),
+        "--nvml",
+        "mock",
+        "--mock-state",
+        str(mock_state.path),
+        base=False,
     )
     assert missing.wait_exit() == 2
     assert f"cannot reach the API server through kubeconfig {tmp_path / 'none'}" in missing.log()

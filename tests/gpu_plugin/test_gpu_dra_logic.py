@@ -57,7 +57,11 @@ def test_prepare_claim_only_this_drivers_results_and_cdi_ids(tmp_path: Path) -> 
     )  # fmt: skip
     prepared = prepare_claim(claim, _state().snapshot(), layout, NODE)
     kind = f"{DRIVER}/gpu"
-    assert [(d.request, d.pool, d.device) for d in prepared.devices] == [("gpus", NODE, "gpu-2"), ("gpus", NODE, "gpu-0"), ("one", NODE, "gpu-1")]
+    assert [(d.request, d.pool, d.device) for d in prepared.devices] == [
+        ("gpus", NODE, "gpu-2"),
+        ("gpus", NODE, "gpu-0"),
+        ("one", NODE, "gpu-1"),
+    ]
     assert prepared.devices[0].cdi_ids == (f"{kind}={UID}-gpu-2", f"{kind}={UID}-req-gpus")
     assert prepared.devices[2].cdi_ids == (f"{kind}={UID}-gpu-1", f"{kind}={UID}-req-one")
     path = layout.write(UID, prepared.spec or {})
@@ -69,7 +73,9 @@ def test_prepare_claim_only_this_drivers_results_and_cdi_ids(tmp_path: Path) -> 
         ("/dev/nvidia-uvm", "/host/dev/nvidia-uvm", "rw"), ("/dev/nvidia0", "/host/dev/nvidia0", "rw"),
         ("/dev/nvidia2", "/host/dev/nvidia2", "rw"), ("/dev/nvidiactl", "/host/dev/nvidiactl", "rw"),
     ]  # fmt: skip
-    assert [(m.container_path, m.host_path, m.read_only) for m in edits.mounts] == [("/usr/lib/nvidia", "/usr/lib/nvidia", True)]
+    assert [(m.container_path, m.host_path, m.read_only) for m in edits.mounts] == [
+        ("/usr/lib/nvidia", "/usr/lib/nvidia", True)
+    ]
     one = resolve(prepared.devices[2].cdi_ids, [tmp_path / "cdi"])
     assert one.env == {"NVIDIA_VISIBLE_DEVICES": "GPU-1aaa-0000"}
     assert {n.container_path for n in one.device_nodes} == {"/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"}
@@ -77,7 +83,9 @@ def test_prepare_claim_only_this_drivers_results_and_cdi_ids(tmp_path: Path) -> 
 
 
 def test_a_claim_without_devices_of_this_driver_prepares_to_nothing(tmp_path: Path) -> None:
-    prepared = prepare_claim(_claim(("nic", "nic.example.com", NODE, "eth-0")), _state().snapshot(), CdiLayout(DRIVER, str(tmp_path)), NODE)
+    prepared = prepare_claim(
+        _claim(("nic", "nic.example.com", NODE, "eth-0")), _state().snapshot(), CdiLayout(DRIVER, str(tmp_path)), NODE
+    )
     assert prepared.devices == () and prepared.spec is None
 
 
@@ -85,11 +93,21 @@ def test_a_claim_without_devices_of_this_driver_prepares_to_nothing(tmp_path: Pa
     "result, fault, message",
     [
         (("g", DRIVER, "node-2", "gpu-0"), None, "claim ns/c: device node-2/gpu-0 is not in this node's pool node-1"),
-        (("g", DRIVER, NODE, "gpu-7"), None, "claim ns/c: device gpu-7 is not on node node-1 (its GPUs: gpu-0, gpu-1, gpu-2)"),
-        (("g", DRIVER, NODE, "gpu-1"), "fail_allocate is set", "claim ns/c: preparing gpu-1 (GPU-1aaa-0000) failed: fail_allocate is set"),
+        (
+            ("g", DRIVER, NODE, "gpu-7"),
+            None,
+            "claim ns/c: device gpu-7 is not on node node-1 (its GPUs: gpu-0, gpu-1, gpu-2)",
+        ),
+        (
+            ("g", DRIVER, NODE, "gpu-1"),
+            "fail_allocate is set",
+            "claim ns/c: preparing gpu-1 (GPU-1aaa-0000) failed: fail_allocate is set",
+        ),
     ],
 )
-def test_prepare_claim_errors_name_the_claim_and_device(result: tuple[str, str, str, str], fault: str | None, message: str) -> None:
+def test_prepare_claim_errors_name_the_claim_and_device(
+    result: tuple[str, str, str, str], fault: str | None, message: str
+) -> None:
     with pytest.raises(ClaimError) as err:
         prepare_claim(_claim(result), _state().snapshot(), CdiLayout(DRIVER), NODE, fault=lambda uuid: fault)
     assert str(err.value) == message
@@ -105,7 +123,11 @@ def test_slice_devices_and_quantities_compare_by_value() -> None:
     devices = slice_devices(_state(2).snapshot().gpus)
     assert devices[1] == {
         "name": "gpu-1",
-        "attributes": {"uuid": {"string": "GPU-1aaa-0000"}, "model": {"string": "NVIDIA A100-SXM4-40GB"}, "minor": {"int": 1}},
+        "attributes": {
+            "uuid": {"string": "GPU-1aaa-0000"},
+            "model": {"string": "NVIDIA A100-SXM4-40GB"},
+            "minor": {"int": 1},
+        },
         "capacity": {"memory": {"value": "40960Mi"}},
     }
     # what the API server stores: canonical quantities, maybe fields we do not set
@@ -130,7 +152,9 @@ def test_health_stream_repeats_itself_so_the_kubelet_never_reads_unknown() -> No
     started = time.monotonic()
     first, second = next(stream), next(stream)
     assert time.monotonic() - started >= 0.3
-    assert [(d.device.device_name, d.health) for d in second.devices] == [(d.device.device_name, d.health) for d in first.devices]
+    assert [(d.device.device_name, d.health) for d in second.devices] == [
+        (d.device.device_name, d.health) for d in first.devices
+    ]
     state.mark_xid("GPU-0aaa-0000", 79)
     changed = next(stream)  # at once, not at the next heartbeat
     assert time.monotonic() - started < 2.0 and changed.devices[0].message == "Xid 79"
@@ -147,7 +171,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cli_dra_defaults_and_env_equivalents(monkeypatch: pytest.MonkeyPatch) -> None:
     _clean_env(monkeypatch)
     args = cli.parse_args(["--dra", "--node-name", "n1", "--nvml", "mock", "--mock-state", "/s.json"])
-    assert args.dra is True and args.driver_name == "gpu.devplug.io" and args.node_name == "n1" and args.kubeconfig is None
+    assert (
+        args.dra is True and args.driver_name == "gpu.devplug.io" and args.node_name == "n1" and args.kubeconfig is None
+    )
     assert (args.kubelet_registrar_dir, args.kubelet_plugins_dir, args.cdi_root) == (
         "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi",
     )  # fmt: skip
@@ -169,13 +195,18 @@ def test_cli_dra_defaults_and_env_equivalents(monkeypatch: pytest.MonkeyPatch) -
         (["--dra", "--node-name", "n", "--driver-name", "GPU.example.com"], "is not a DRA driver name"),
         (["--dra", "--node-name", "n", "--driver-name", "1gpu.example.com"], "starting with a letter"),
         (["--dra", "--node-name", "n", "--driver-name", "a" * 64], "at most 63"),
-        (["--dra", "--node-name", "n", "--resource-name", "x.com/gpu"], "--resource-name is a device-plugin flag; it does nothing with --dra"),
+        (
+            ["--dra", "--node-name", "n", "--resource-name", "x.com/gpu"],
+            "--resource-name is a device-plugin flag; it does nothing with --dra",
+        ),
         (["--dra", "--node-name", "n", "--replicas", "2"], "--replicas is a device-plugin flag"),
         (["--driver-name", "gpu.example.com"], "--driver-name needs --dra"),
         (["--cdi-root", "/etc/cdi"], "--cdi-root needs --dra"),
     ],
 )
-def test_cli_dra_rejects_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_dra_rejects_bad_flags(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     _clean_env(monkeypatch)
     with pytest.raises(SystemExit) as exc:
         cli.parse_args(argv)

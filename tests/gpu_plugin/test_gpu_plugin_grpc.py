@@ -96,9 +96,7 @@ def test_lost_gpu_unhealthy_and_back_healthy_clearing_xid(
     assert len(reg.health()) == 4
 
 
-def test_added_and_removed_gpus_change_the_list(
-    start_plugin, kubelet: FakeKubelet, mock_state: MockStateFile
-) -> None:
+def test_added_and_removed_gpus_change_the_list(start_plugin, kubelet: FakeKubelet, mock_state: MockStateFile) -> None:
     start_plugin()
     reg = kubelet.next_registration()
     reg.next_update()
@@ -143,9 +141,7 @@ def test_kubelet_restart_reregisters_on_the_new_socket_with_same_health(
     assert sum(d.health == HEALTHY for d in msg.devices) == 3
 
 
-def test_kubelet_sock_recreated_alone_registers_again(
-    start_plugin, kubelet_factory, plugin_dir: Path
-) -> None:
+def test_kubelet_sock_recreated_alone_registers_again(start_plugin, kubelet_factory, plugin_dir: Path) -> None:
     start_plugin()
     first = kubelet_factory()
     first.next_registration().next_update()
@@ -157,9 +153,7 @@ def test_kubelet_sock_recreated_alone_registers_again(
     assert len(again.next_update().devices) == 4
 
 
-def test_own_socket_deleted_serves_and_registers_again(
-    start_plugin, kubelet: FakeKubelet, plugin_dir: Path
-) -> None:
+def test_own_socket_deleted_serves_and_registers_again(start_plugin, kubelet: FakeKubelet, plugin_dir: Path) -> None:
     start_plugin()
     kubelet.next_registration().next_update()
     (plugin_dir / SOCKET).unlink()
@@ -223,7 +217,8 @@ def test_allocate_other_strategies_cdi_spec_and_env_flags(
     cdi_dir, dev_root, libs = tmp_path / "cdi", tmp_path / "devroot", "/usr/lib/x86_64-linux-gnu/nvidia"
     # Flags through their DP_* environment variables, as the DaemonSet sets them.
     start_plugin(
-        "--device-list-strategy", "cdi-cri",
+        "--device-list-strategy",
+        "cdi-cri",
         env={
             "DP_DEVICE_LIST_STRATEGY": "ignored-because-the-flag-wins",
             "DP_CDI_SPEC_DIR": str(cdi_dir),
@@ -262,9 +257,12 @@ def test_allocate_other_strategies_cdi_spec_and_env_flags(
 
 def test_allocate_volume_mounts_and_cdi_annotations(start_plugin, kubelet: FakeKubelet, tmp_path: Path) -> None:
     start_plugin(
-        "--device-list-strategy", "volume-mounts,cdi-annotations",
-        "--cdi-spec-dir", str(tmp_path / "cdi"),
-        "--driver-lib-dir", "/opt/nvidia/lib",
+        "--device-list-strategy",
+        "volume-mounts,cdi-annotations",
+        "--cdi-spec-dir",
+        str(tmp_path / "cdi"),
+        "--driver-lib-dir",
+        "/opt/nvidia/lib",
     )
     reg = kubelet.next_registration()
     reg.next_update()
@@ -276,7 +274,12 @@ def test_allocate_volume_mounts_and_cdi_annotations(start_plugin, kubelet: FakeK
         (f"/var/run/nvidia-container-devices/{UUIDS[3]}", "/dev/null", False),
         ("/opt/nvidia/lib", "/opt/nvidia/lib", True),
     }
-    assert {d.container_path for d in r.devices} == {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia3"}
+    assert {d.container_path for d in r.devices} == {
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia0",
+        "/dev/nvidia3",
+    }
     assert dict(r.annotations) == {
         "cdi.k8s.io/devplug-gpu_example.com-gpu": f"{RESOURCE}={UUIDS[0]},{RESOURCE}={UUIDS[3]}"
     }
@@ -332,7 +335,10 @@ def test_fail_pre_start_refuses_prestart_for_that_gpu(
     assert failed.value.code() == grpc.StatusCode.INTERNAL
     assert UUIDS[1] in failed.value.details() and "fail_pre_start" in failed.value.details()
     plugin.wait_log("PreStartContainer refused")
-    assert reg.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=[UUIDS[0]]), timeout=5) == pb.PreStartContainerResponse()
+    assert (
+        reg.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=[UUIDS[0]]), timeout=5)
+        == pb.PreStartContainerResponse()
+    )
     assert allocate(reg, [UUIDS[1]]).container_responses, "fail_pre_start leaves Allocate alone"
 
 
@@ -476,7 +482,12 @@ def test_a_socket_the_kubelet_holds_is_left_for_a_fresh_one(start_plugin, kubele
 
 def test_nvml_real_without_library_points_to_mock(start_plugin, plugin_dir: Path, tmp_path: Path) -> None:
     plugin = start_plugin(
-        "--plugin-dir", str(plugin_dir), "--nvml", "real", "--nvml-lib", str(tmp_path / "libnvidia-ml.so.1"),
+        "--plugin-dir",
+        str(plugin_dir),
+        "--nvml",
+        "real",
+        "--nvml-lib",
+        str(tmp_path / "libnvidia-ml.so.1"),
         base=False,
     )
     assert plugin.wait_exit() not in (0, None)

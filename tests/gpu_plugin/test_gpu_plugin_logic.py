@@ -168,7 +168,9 @@ def test_ensure_dev_nodes_never_follows_a_symlink(tmp_path: Path, monkeypatch: p
     assert str(dev / "nvidia0") in created
 
 
-@pytest.mark.parametrize("uuid", ["../../../../etc/passwd", "GPU-a,GPU-b", "GPU a", "", ".hidden", "-rf", "GPU-\n", "x" * 256])
+@pytest.mark.parametrize(
+    "uuid", ["../../../../etc/passwd", "GPU-a,GPU-b", "GPU a", "", ".hidden", "-rf", "GPU-\n", "x" * 256]
+)
 def test_unsafe_uuids_are_refused_and_the_last_good_list_kept(uuid: str, caplog: pytest.LogCaptureFixture) -> None:
     """Issue 11: a UUID became a volume-mount path and an item of NVIDIA_VISIBLE_DEVICES."""
     state = DeviceState()
@@ -213,7 +215,8 @@ def test_cli_env_equivalents_and_defaults(monkeypatch: pytest.MonkeyPatch) -> No
     args = cli.parse_args([])
     assert (args.nvml, args.mock_state, args.resource_name) == ("mock", "/m.json", "example.com/gpu")
     assert cli.parse_args(["--socket-name", "", "--second-resource", "example.com/mig-1g=2"]).second_resource == (
-        "example.com/mig-1g", 2
+        "example.com/mig-1g",
+        2,
     )
     assert args.pre_start_required is True
     assert args.device_list_strategy == ("cdi-cri", "volume-mounts")

@@ -93,8 +93,10 @@ def kind_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
             diag = _diagnose(name)
             run([kind, "delete", "cluster", "--name", name], check=False)
             unavailable(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr[-3000:]}\n{diag}")
-        print(f"\nkind cluster {name} created in {cluster.timings['create_s']:.1f}s "
-              f"(image {image or 'kind default'}, offline={offline}, config {cfg.name})")
+        print(
+            f"\nkind cluster {name} created in {cluster.timings['create_s']:.1f}s "
+            f"(image {image or 'kind default'}, offline={offline}, config {cfg.name})"
+        )
     cluster.nodes = run([kind, "get", "nodes", "--name", name]).stdout.split()
     try:
         yield cluster

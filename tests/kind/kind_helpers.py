@@ -16,8 +16,20 @@ import pytest
 # Image names and labels come from the kind backend, so the smoke test and the backend agree on them.
 from pytest_devplug.backends.kind.lifecycle import python_base_image
 
-__all__ = ["REPO", "KIND_CONFIG", "OFFLINE", "KIND_RESOURCE", "GPU_TAINT", "KindCluster", "python_base_image", "required",
-           "run", "script_output", "unavailable", "wait_for"]
+__all__ = [
+    "REPO",
+    "KIND_CONFIG",
+    "OFFLINE",
+    "KIND_RESOURCE",
+    "GPU_TAINT",
+    "KindCluster",
+    "python_base_image",
+    "required",
+    "run",
+    "script_output",
+    "unavailable",
+    "wait_for",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 KIND_CONFIG = REPO / "kind-config"
@@ -41,13 +53,22 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def run(cmd: Sequence[str], *, input: str | None = None, timeout: float = 600, check: bool = True,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(cmd), input=input, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def run(
+    cmd: Sequence[str],
+    *,
+    input: str | None = None,
+    timeout: float = 600,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        list(cmd), input=input, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
-                           f"\n--- stderr\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -82,11 +103,16 @@ class KindCluster:
     def control_plane(self) -> str:
         return f"{self.name}-control-plane"
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """kubectl inside the control-plane node (needs nothing on the host but docker)."""
-        return run(["docker", "exec", "-i", self.control_plane, "kubectl",
-                    "--kubeconfig=/etc/kubernetes/admin.conf", *args], input=input, check=check, timeout=timeout)
+        return run(
+            ["docker", "exec", "-i", self.control_plane, "kubectl", "--kubeconfig=/etc/kubernetes/admin.conf", *args],
+            input=input,
+            check=check,
+            timeout=timeout,
+        )
 
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
@@ -99,8 +125,10 @@ class KindCluster:
     def write_node_file(self, node: str, path: str, content: str) -> None:
         """Replace a file on a node atomically (temp file in the same dir, then rename)."""
         d = os.path.dirname(path)
-        run(["docker", "exec", "-i", node, "sh", "-c",
-             f"mkdir -p {d} && cat > {path}.tmp && mv {path}.tmp {path}"], input=content)
+        run(
+            ["docker", "exec", "-i", node, "sh", "-c", f"mkdir -p {d} && cat > {path}.tmp && mv {path}.tmp {path}"],
+            input=content,
+        )
 
 
 def wait_for(what: str, probe: Any, timeout: float, interval: float = 2.0) -> Any:
@@ -115,5 +143,3 @@ def wait_for(what: str, probe: Any, timeout: float, interval: float = 2.0) -> An
             last = e
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-
-

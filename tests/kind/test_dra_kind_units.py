@@ -22,25 +22,43 @@ def _line(at: float, pid: int, rest: str) -> str:
     return f"{at:.6f} kind-worker kubelet[{pid}]: I1202 02:53:54.675767     {pid} dra_plugin_manager.go:418] {rest}"
 
 
-REGISTERED = '"Registered DRA plugin" logger="DRA registration handler" driverName="gpu.example.com" endpoint="' + EP + '" chosenService="v1.DRAPlugin" numPlugins=1'
-CONNECTED = '"Connection changed" logger="DRA registration handler" driverName="gpu.example.com" endpoint="' + EP + '" connected=true'
+REGISTERED = (
+    '"Registered DRA plugin" logger="DRA registration handler" driverName="gpu.example.com" endpoint="'
+    + EP
+    + '" chosenService="v1.DRAPlugin" numPlugins=1'
+)
+CONNECTED = (
+    '"Connection changed" logger="DRA registration handler" driverName="gpu.example.com" endpoint="'
+    + EP
+    + '" connected=true'
+)
 DISCONNECTED = CONNECTED.replace("connected=true", "connected=false")
-UNREGISTERED = '"Unregistered DRA plugin" logger="DRA registration handler" driverName="gpu.example.com" endpoint="' + EP + '" numPlugins=0'
+UNREGISTERED = (
+    '"Unregistered DRA plugin" logger="DRA registration handler" driverName="gpu.example.com" endpoint="'
+    + EP
+    + '" numPlugins=0'
+)
 PREPARE = (
     '"Calling NodePrepareResources rpc" driverName="gpu.example.com" endpoint="' + EP + '" '
     'request="&NodePrepareResourcesRequest{Claims:[]*Claim{&Claim{Namespace:default,UID:' + UID + ',Name:c1,},},}"'
 )
 PREPARED = (
     '"Done calling NodePrepareResources rpc" driverName="gpu.example.com" endpoint="' + EP + '" '
-    'response="&NodePrepareResourcesResponse{Claims:map[string]*NodePrepareResourceResponse{' + UID + ': &NodePrepareResourceResponse'
-    '{Devices:[]*Device{&Device{RequestNames:[gpu],PoolName:kind-worker,DeviceName:gpu-0,CDIDeviceIDs:[k8s.gpu.example.com/gpu=common],},},'
+    'response="&NodePrepareResourcesResponse{Claims:map[string]*NodePrepareResourceResponse{'
+    + UID
+    + ": &NodePrepareResourceResponse"
+    "{Devices:[]*Device{&Device{RequestNames:[gpu],PoolName:kind-worker,DeviceName:gpu-0,CDIDeviceIDs:[k8s.gpu.example.com/gpu=common],},},"
     'Error:,},},}" err=null'
 )
 # 1.34's unprepare "Calling" line carries no driver
-UNPREPARE = '"Calling NodeUnprepareResource rpc" request="&NodeUnprepareResourcesRequest{Claims:[]*Claim{&Claim{Namespace:default,UID:' + UID + ',Name:c1,},},}"'
+UNPREPARE = (
+    '"Calling NodeUnprepareResource rpc" request="&NodeUnprepareResourcesRequest{Claims:[]*Claim{&Claim{Namespace:default,UID:'
+    + UID
+    + ',Name:c1,},},}"'
+)
 UNPREPARE_FAILED = (
     '"Done calling NodeUnprepareResources rpc" driverName="gpu.example.com" endpoint="' + EP + '" '
-    'response="&NodeUnprepareResourcesResponse{Claims:map[string]*NodeUnprepareResourceResponse{' + UID + ': '
+    'response="&NodeUnprepareResourcesResponse{Claims:map[string]*NodeUnprepareResourceResponse{' + UID + ": "
     '&NodeUnprepareResourceResponse{Error:device busy, try again,},},}" err=null'
 )
 
@@ -49,7 +67,11 @@ def test_a_kubelet_line_is_read_with_its_fields() -> None:
     line = parse_line(_line(1796180034.675767, 189, REGISTERED))
     assert line is not None
     assert (line.at, line.pid, line.message) == (1796180034.675767, 189, "Registered DRA plugin")
-    assert line.fields["endpoint"] == EP and line.fields["chosenService"] == "v1.DRAPlugin" and line.fields["numPlugins"] == "1"
+    assert (
+        line.fields["endpoint"] == EP
+        and line.fields["chosenService"] == "v1.DRAPlugin"
+        and line.fields["numPlugins"] == "1"
+    )
     assert parse_line("-- cursor: s=abc") is None
     assert parse_line("1.0 host systemd[1]: Started kubelet.service") is None
 
@@ -65,7 +87,10 @@ def test_registration_connection_and_the_kubelet_process_decide_what_is_usable()
     assert state.registered(189) and not state.usable(189, "gpu.example.com")
     state.feed(parse_line(_line(102.5, 189, UNREGISTERED)))  # type: ignore[arg-type]
     assert state.registered(189) == {}
-    assert [(e.kind, e.name) for e in state.events] == [("registered", "gpu.example.com"), ("deregistered", "gpu.example.com")]
+    assert [(e.kind, e.name) for e in state.events] == [
+        ("registered", "gpu.example.com"),
+        ("deregistered", "gpu.example.com"),
+    ]
 
 
 def test_events_before_the_first_read_mark_are_state_only() -> None:
@@ -81,7 +106,11 @@ def test_calls_are_paired_with_their_answers_and_claim_errors_count() -> None:
     (prepare, unprepare) = state.calls
     assert (prepare.driver, prepare.method, prepare.claim_uids, prepare.error, prepare.at) == (
         "gpu.example.com", "NodePrepareResources", (UID,), "", 1.0)  # fmt: skip
-    assert (unprepare.driver, unprepare.method, unprepare.claim_uids) == ("gpu.example.com", "NodeUnprepareResources", (UID,))
+    assert (unprepare.driver, unprepare.method, unprepare.claim_uids) == (
+        "gpu.example.com",
+        "NodeUnprepareResources",
+        (UID,),
+    )
     assert unprepare.error == f"claim {UID}: device busy, try again"
 
 
@@ -117,7 +146,9 @@ def test_calls_logged_in_protobufs_text_format_are_read_too() -> None:
 
 def test_a_grpc_error_of_the_call_is_its_error() -> None:
     state = KubeletDRAState()
-    failed = PREPARED.split(" response=")[0] + ' response=null err="rpc error: code = Unavailable desc = connection refused"'
+    failed = (
+        PREPARED.split(" response=")[0] + ' response=null err="rpc error: code = Unavailable desc = connection refused"'
+    )
     for at, text in [(1.0, PREPARE), (1.1, failed)]:
         state.feed(parse_line(_line(at, 189, text)))  # type: ignore[arg-type]
     assert [c.error for c in state.calls] == ["rpc error: code = Unavailable desc = connection refused"]
@@ -148,7 +179,9 @@ def test_the_read_script_quotes_the_cursor() -> None:
     assert "ExecMainStartTimestamp" in read_script(None, "unit-start")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("1m0s", 60.0), ("10s", 10.0), ("1.5s", 1.5), ("1h2m3s", 3723.0), ("500ms", 0.5)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("1m0s", 60.0), ("10s", 10.0), ("1.5s", 1.5), ("1h2m3s", 3723.0), ("500ms", 0.5)]
+)
 def test_go_durations(text: str, seconds: float) -> None:
     assert go_duration_s(text) == seconds
 
@@ -158,8 +191,12 @@ def test_a_bad_go_duration_is_named() -> None:
         go_duration_s("10 seconds")
 
 
-def _render(spec: DriverSpec, image: str | None = "img:1", **kw: object) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
-    objs = render_driver(spec, image, namespace="devplug-1", namespace_uid="u-1", node="kind-worker2", labels={"o": "me"}, **kw)  # type: ignore[arg-type]
+def _render(
+    spec: DriverSpec, image: str | None = "img:1", **kw: object
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    objs = render_driver(
+        spec, image, namespace="devplug-1", namespace_uid="u-1", node="kind-worker2", labels={"o": "me"}, **kw
+    )  # type: ignore[arg-type]
     return objs.rbac, objs.daemonsets
 
 
@@ -174,12 +211,18 @@ def test_the_included_driver_is_owned_by_the_run_and_pinned() -> None:
         assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Namespace", "name": "devplug-1", "uid": "u-1"}]  # type: ignore[index]
     binding = kinds["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == "devplug-1-devplug-gpu-dra-driver"  # type: ignore[index]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "devplug-gpu-dra-driver", "namespace": "devplug-1"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "devplug-gpu-dra-driver", "namespace": "devplug-1"}
+    ]
     pod = ds["spec"]["template"]["spec"]  # type: ignore[index]
-    assert pod["nodeSelector"] == {"kubernetes.io/hostname": "kind-worker2"} and ds["metadata"]["namespace"] == "devplug-1"  # type: ignore[index]
+    assert (
+        pod["nodeSelector"] == {"kubernetes.io/hostname": "kind-worker2"} and ds["metadata"]["namespace"] == "devplug-1"
+    )  # type: ignore[index]
     (c,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert c["image"] == "img:1" and env["DP_DRIVER_NAME"] == "gpu.acme.io" and env["DP_MOCK_STATE"] == DRA_MOCK_STATE_PATH
+    assert (
+        c["image"] == "img:1" and env["DP_DRIVER_NAME"] == "gpu.acme.io" and env["DP_MOCK_STATE"] == DRA_MOCK_STATE_PATH
+    )
     assert env["DEVPLUG_NVML_STATE"] == DRA_MOCK_STATE_PATH and env["LD_LIBRARY_PATH"] == MOCK_LIB_DIR
     assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("172.18.0.3", "6443")
 
@@ -194,6 +237,8 @@ def test_a_manifest_as_it_ships_keeps_its_images_unless_one_is_given() -> None:
 
 def test_a_manifest_with_other_objects_is_refused_naming_them(tmp_path: Path) -> None:
     manifest = tmp_path / "driver.yaml"
-    manifest.write_text("kind: DaemonSet\nmetadata: {name: d}\nspec: {}\n---\nkind: Deployment\nmetadata: {name: webhook}\n")
+    manifest.write_text(
+        "kind: DaemonSet\nmetadata: {name: d}\nspec: {}\n---\nkind: Deployment\nmetadata: {name: webhook}\n"
+    )
     with pytest.raises(Exception, match="Deployment/webhook"):
         _render(DriverSpec(manifest=str(manifest)))

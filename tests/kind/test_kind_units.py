@@ -70,7 +70,9 @@ def test_mock_spec_hands_any_plugin_the_mock_nvml(tmp_path: Path) -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env == {"LD_LIBRARY_PATH": "/var/lib/devplug/lib", "DEVPLUG_NVML_STATE": "/var/lib/devplug/mock-state.json"}
     assert c["volumeMounts"] == [{"name": "devplug-mock-nvml", "mountPath": "/var/lib/devplug"}]
-    assert pod["volumes"] == [{"name": "devplug-mock-nvml", "hostPath": {"path": "/var/lib/devplug", "type": "DirectoryOrCreate"}}]
+    assert pod["volumes"] == [
+        {"name": "devplug-mock-nvml", "hostPath": {"path": "/var/lib/devplug", "type": "DirectoryOrCreate"}}
+    ]
     (plain,) = render_daemonsets(PluginSpec(manifest=str(m)), "img")
     assert "env" not in plain["spec"]["template"]["spec"]["containers"][0], "no mock: nothing added"
 

@@ -59,7 +59,9 @@ def test_sigterm_leaves_nothing_behind(kind_cluster: KindCluster, tmp_path: Path
                 lambda: marker.exists() or run.poll() is not None, bool, timeout=DEPLOY_TIMEOUT_S, interval=1.0,
                 what="the held run to deploy its plugin and see it registered",
             )  # fmt: skip
-            assert run.poll() is None, f"the held run ended by itself ({run.returncode}):\n{(tmp_path / 'run.log').read_text()[-4000:]}"
+            assert run.poll() is None, (
+                f"the held run ended by itself ({run.returncode}):\n{(tmp_path / 'run.log').read_text()[-4000:]}"
+            )
             namespace = marker.read_text()
             assert _owned(kind_cluster, "daemonsets", namespace), "the run's plugin DaemonSet is labelled as ours"
             run.send_signal(signal.SIGTERM)

@@ -32,7 +32,9 @@ TOLERATION = {"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}
 @pytest.fixture(scope="module")
 def multi(request: pytest.FixtureRequest) -> Iterator[tuple[ClusterHandle, str]]:
     opts = BackendOptions(
-        timeout=90.0, cluster_name="devplug-multi", keep_cluster=bool(request.config.getoption("keep_cluster", default=False))
+        timeout=90.0,
+        cluster_name="devplug-multi",
+        keep_cluster=bool(request.config.getoption("keep_cluster", default=False)),
     )
     backend = kind_backend(opts, config="multi-node.yaml")
     try:
@@ -59,14 +61,17 @@ def _pod(cluster: ClusterHandle, name: str, *, gpus: int | None, tolerate: bool)
     if tolerate:
         spec["tolerations"] = [TOLERATION]
     ns = cluster.backend.pod_namespace
-    cluster.backend.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": spec})
+    cluster.backend.create_pod(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": spec}
+    )
     return PodHandle(cluster.backend, name, ns, container="main", resource_name=RES, timeout=cluster.timeout)
 
 
 def _tainted(cluster: ClusterHandle) -> int:
     """Nodes a pod without tolerations cannot go to (the control plane, the GPU worker)."""
     return sum(
-        any(t.get("effect") == "NoSchedule" for t in n.get("spec", {}).get("taints") or []) for n in cluster.backend.list_nodes()
+        any(t.get("effect") == "NoSchedule" for t in n.get("spec", {}).get("taints") or [])
+        for n in cluster.backend.list_nodes()
     )
 
 

@@ -30,13 +30,12 @@ MOCK_STATE = "/var/lib/devplug/mock-state.json"
 GPU_LABEL = "devplug.io/gpu=true"
 
 
-
-
 def test_nodes_ready(kind_cluster: KindCluster) -> None:
     def all_ready() -> list[Any] | None:
         items = kind_cluster.kubectl_json("get", "nodes")["items"]
         ok = len(items) == len(kind_cluster.nodes) and all(
-            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in items)
+            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in items
+        )
         return items if ok else None
 
     nodes = wait_for("every node Ready", all_ready, timeout=180)
@@ -59,27 +58,50 @@ def test_loaded_image_runs_a_pod(kind_cluster: KindCluster) -> None:
     kind_cluster.load_image(image)
     name = f"smoke-{uuid.uuid4().hex[:6]}"
     pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-        "spec": {"restartPolicy": "Never",
-                 "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
-                 "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never", "command": command}]},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never", "command": command}],
+        },
     }
     kind_cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
     try:
-        phase = wait_for(f"pod {name} to finish", lambda: (
-            p if (p := kind_cluster.kubectl_json("get", "pod", name)["status"].get("phase")) in ("Succeeded", "Failed")
-            else None), timeout=180)
+        phase = wait_for(
+            f"pod {name} to finish",
+            lambda: (
+                p
+                if (p := kind_cluster.kubectl_json("get", "pod", name)["status"].get("phase"))
+                in ("Succeeded", "Failed")
+                else None
+            ),
+            timeout=180,
+        )
         logs = kind_cluster.kubectl("logs", name).stdout
-        assert phase == "Succeeded" and "devplug-smoke-ok" in logs, (phase, logs,
-                                                                     kind_cluster.kubectl("describe", "pod", name).stdout)
+        assert phase == "Succeeded" and "devplug-smoke-ok" in logs, (
+            phase,
+            logs,
+            kind_cluster.kubectl("describe", "pod", name).stdout,
+        )
     finally:
         kind_cluster.kubectl("delete", "pod", name, "--wait=false", check=False)
 
 
 def _mock_state(n: int) -> str:
-    gpus = [{"uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "name": "NVIDIA A100-SXM4-40GB",
-             "memory_mib": 40960, "numa_node": i % 2, "minor": i, "lost": False, "fail_allocate": False}
-            for i in range(n)]
+    gpus = [
+        {
+            "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000",
+            "name": "NVIDIA A100-SXM4-40GB",
+            "memory_mib": 40960,
+            "numa_node": i % 2,
+            "minor": i,
+            "lost": False,
+            "fail_allocate": False,
+        }
+        for i in range(n)
+    ]
     return json.dumps({"gpus": gpus, "events": []})
 
 
@@ -137,8 +159,16 @@ def _check_advertised(kind_cluster: KindCluster, node: str, n_gpus: int) -> None
         wait_for(f"{RESOURCE}={n_gpus} in capacity and allocatable of {node}", advertised, timeout=240)
     except AssertionError as e:
         pods = kind_cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
-        logs = kind_cluster.kubectl("logs", "-n", "kube-system", "-l", "app.kubernetes.io/name=devplug-gpu-plugin",
-                                   "--tail=50", "--all-containers", check=False)
+        logs = kind_cluster.kubectl(
+            "logs",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=devplug-gpu-plugin",
+            "--tail=50",
+            "--all-containers",
+            check=False,
+        )
         raise AssertionError(f"{e}\n--- pods\n{pods}\n--- logs\n{logs.stdout}{logs.stderr}") from None
     # the other nodes (multi-node config) must not advertise GPUs
     for other in kind_cluster.nodes:

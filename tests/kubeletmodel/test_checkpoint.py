@@ -101,7 +101,10 @@ def test_write_is_atomic_and_round_trips(tmp_path: Path) -> None:
         (b'{"Data":{},"Checksum":-1}', r"cannot unmarshal number -1 into checksum.Checksum \(uint64\)"),
         (b'{"Data":{"PodDeviceEntries":[{"DeviceIDs":{"x":[]}}]},"Checksum":1}', "NUMA node 'x' is not an int64"),
         (b'{"Data":{"PodDeviceEntries":[{"AllocResp":"%%"}]},"Checksum":1}', "illegal base64 data"),
-        (b'{"Data":{"RegisteredDevices":{"r":[1]}},"Checksum":1}', r"RegisteredDevices\['r'\]\[0\]: cannot unmarshal number 1 into string"),
+        (
+            b'{"Data":{"RegisteredDevices":{"r":[1]}},"Checksum":1}',
+            r"RegisteredDevices\['r'\]\[0\]: cannot unmarshal number 1 into string",
+        ),
     ],
 )
 def test_malformed_files_name_the_problem(blob: bytes, problem: str) -> None:

@@ -34,7 +34,9 @@ KUBE_134, KUBE_137 = KubeVersion.of("1.34"), KubeVersion.of("1.37")
 VECTORS = {
     "single-claim-info-state": ([_state("example", CLAIM1, _dev("dev-1"))], 1656016162, 2570581864),
     "claim-info-state-with-multiple-devices": (
-        [_state("example", CLAIM1, _dev("dev-1"), _dev("dev-2"))], 3369508096, 1223221469
+        [_state("example", CLAIM1, _dev("dev-1"), _dev("dev-2"))],
+        3369508096,
+        1223221469,
     ),
     "two-claim-info-states": (
         [_state("example-1", CLAIM1, _dev("dev-1")), _state("example-2", CLAIM2, _dev("dev-2", full=False))],
@@ -57,7 +59,13 @@ def test_upstream_checksum_vectors(case: str) -> None:
 
 def test_a_share_id_is_written_where_the_release_has_the_field() -> None:
     """1.35's vector "single-claim-info-state-with-share-id"; a 1.34 kubelet has no such field."""
-    entries = [_state("example", CLAIM1, cp.PreparedDevice("worker-1", "dev-1", ["test request"], [CDI], "aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"))]
+    entries = [
+        _state(
+            "example",
+            CLAIM1,
+            cp.PreparedDevice("worker-1", "dev-1", ["test request"], [CDI], "aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"),
+        )
+    ]
     assert json.loads(cp.encode(entries, KUBE_137))["Checksum"] == 736302156
     assert b"ShareID" not in cp.encode(entries, KUBE_134)
 
@@ -77,11 +85,17 @@ def test_upstream_single_claim_file_byte_for_byte() -> None:
 def test_upstream_incorrect_checksum_is_refused(tmp_path: Path) -> None:
     # upstream's "incorrect-checksum" case: Data keyed "Entries", stored checksum of another Data
     data = (
-        '{"kind":"DRACheckpoint","apiVersion":"checkpoint.dra.kubelet.k8s.io/v1","Entries":[{"ClaimUID":"' + CLAIM1 + '",'
+        '{"kind":"DRACheckpoint","apiVersion":"checkpoint.dra.kubelet.k8s.io/v1","Entries":[{"ClaimUID":"'
+        + CLAIM1
+        + '",'
         '"ClaimName":"example-1","Namespace":"default","PodUIDs":{"' + POD + '":{}},"DriverState":{"' + DRIVER + '":'
-        '{"Devices":[{"PoolName":"worker-1","DeviceName":"dev-1","RequestNames":["test request"],"CDIDeviceIDs":["' + CDI + '"]}]}}},'
+        '{"Devices":[{"PoolName":"worker-1","DeviceName":"dev-1","RequestNames":["test request"],"CDIDeviceIDs":["'
+        + CDI
+        + '"]}]}}},'
         '{"ClaimUID":"' + CLAIM2 + '","ClaimName":"example-2","Namespace":"default","PodUIDs":{"' + POD + '":{}},'
-        '"DriverState":{"' + DRIVER + '":{"Devices":[{"PoolName":"worker-1","DeviceName":"dev-2","RequestNames":null,"CDIDeviceIDs":null}]}}}]}'
+        '"DriverState":{"'
+        + DRIVER
+        + '":{"Devices":[{"PoolName":"worker-1","DeviceName":"dev-2","RequestNames":null,"CDIDeviceIDs":null}]}}}]}'
     )
     path = tmp_path / cp.CHECKPOINT_NAME
     path.write_text(json.dumps({"Data": data, "Checksum": 2930258365}))
@@ -109,7 +123,10 @@ def test_new_checkpoint_has_a_null_list_and_round_trips(tmp_path: Path) -> None:
 
 def test_go_json_rules_html_escapes_sorted_keys_and_share_id() -> None:
     entry = cp.ClaimInfoState(
-        "u", "a<b>&c", "ns", {"z", "a"},
+        "u",
+        "a<b>&c",
+        "ns",
+        {"z", "a"},
         {"z.example.com": None, "a.example.com": [cp.PreparedDevice("p", "d", None, [], share_id="s-1")]},
     )
     data = cp.encode_data([entry])
@@ -123,20 +140,26 @@ def test_go_json_rules_html_escapes_sorted_keys_and_share_id() -> None:
 
 def test_reading_follows_json_unmarshal(tmp_path: Path) -> None:
     # keys match case-insensitively, unknown keys are ignored, null keeps a string as it was
-    data = '{"KIND":"DRACheckpoint","claiminfostatelist":[{"claimuid":"u","ClaimName":null,"extra":1,"podUIDs":{"p":{}}}]}'
+    data = (
+        '{"KIND":"DRACheckpoint","claiminfostatelist":[{"claimuid":"u","ClaimName":null,"extra":1,"podUIDs":{"p":{}}}]}'
+    )
     (entry,) = cp.decode_data(data) or []
     assert (entry.claim_uid, entry.claim_name, entry.pod_uids, entry.driver_state) == ("u", "", {"p"}, None)
     # as bytes.EqualFold does, the long s and the Kelvin sign fold onto s and k (the device manager's file alike)
     (entry,) = cp.decode_data('{"ClaimInfoStateList":[{"Name\u017fpace":"ns","ClaimUID":"u"}]}') or []
     assert entry.namespace == "ns"
     assert cp.decode_data('{"\u212aind":"DRACheckpoint","ClaimInfoStateList":null}') is None
-    with pytest.raises(CheckpointFormatError, match="cannot unmarshal number into ClaimInfoState.ClaimUID of type string"):
+    with pytest.raises(
+        CheckpointFormatError, match="cannot unmarshal number into ClaimInfoState.ClaimUID of type string"
+    ):
         cp.decode_data('{"ClaimInfoStateList":[{"ClaimUID":1}]}')
     with pytest.raises(CheckpointFormatError, match="uint32"):
         cp.decode(json.dumps({"Data": "{}", "Checksum": 2**32}).encode())
 
 
-def test_devplug_checkpoint_verify_and_show_read_dra_manager_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_devplug_checkpoint_verify_and_show_read_dra_manager_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pytest_devplug.cli import main as devplug
 
     path = tmp_path / cp.CHECKPOINT_NAME

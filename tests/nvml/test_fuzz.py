@@ -105,7 +105,9 @@ def test_parser_survives_fuzzing_under_sanitizers(fuzz_driver: Path, tmp_path: P
     cases = _cases()
     blob = tmp_path / "cases.bin"
     blob.write_bytes(b"".join(struct.pack("<I", len(c)) + c for c in cases))
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86", UBSAN_OPTIONS="print_stacktrace=1")
+    env = dict(
+        os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86", UBSAN_OPTIONS="print_stacktrace=1"
+    )
     proc = subprocess.run([str(fuzz_driver), str(blob)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
     assert "ERROR: AddressSanitizer" not in proc.stderr and "runtime error" not in proc.stderr, proc.stderr[-4000:]
@@ -113,4 +115,3 @@ def test_parser_survives_fuzzing_under_sanitizers(fuzz_driver: Path, tmp_path: P
     counts = dict(zip(proc.stdout.split()[::2], map(int, proc.stdout.split()[1::2]), strict=True))
     assert counts["cases"] == len(cases) >= 10_000
     assert 50 < counts["accepted"] < len(cases), f"mutations should mostly be refused, seeds accepted: {counts}"
-

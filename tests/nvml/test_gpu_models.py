@@ -96,7 +96,9 @@ def test_mockstate_names_each_models_mig_profiles_as_nvidia_does() -> None:
     for model, names in MIG_NAMES.items():
         assert list(mockstate.mig_profiles(model)) == names, model
     mockstate.check_mig_profiles(["1g.10gb", "3g.40gb"], "h100-80gb")
-    with pytest.raises(ValueError, match=r"unknown MIG profile\(s\) \['1g.5gb'\]; the mock GPUs \(h100-80gb\) have 1g.10gb"):
+    with pytest.raises(
+        ValueError, match=r"unknown MIG profile\(s\) \['1g.5gb'\]; the mock GPUs \(h100-80gb\) have 1g.10gb"
+    ):
         mockstate.check_mig_profiles(["1g.5gb"], "h100-80gb")
     with pytest.raises(ValueError, match="unknown GPU model 'v100'"):
         mockstate.initial_state(1, 1, model="v100")
@@ -112,4 +114,6 @@ def test_an_unknown_model_in_the_state_is_refused_naming_it(
     with pytest.raises(NvmlError):
         nvml.init()
     err = capfd.readouterr().err
-    assert 'gpus[0].model: unknown GPU model "v100" (known: a100-40gb, a100-80gb, h100-80gb, h200-141gb, b200)' in err, err
+    assert (
+        'gpus[0].model: unknown GPU model "v100" (known: a100-40gb, a100-80gb, h100-80gb, h200-141gb, b200)' in err
+    ), err

@@ -115,7 +115,13 @@ def nvlib_profile(nvml: Nvml, m: Handle) -> str:
         for j in range(8):
             c = CiProfileInfo()
             try:
-                nvml.call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, ctypes.c_uint(j), ctypes.c_uint(0), ctypes.byref(c))
+                nvml.call(
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                    gi,
+                    ctypes.c_uint(j),
+                    ctypes.c_uint(0),
+                    ctypes.byref(c),
+                )
             except NvmlError as exc:
                 assert exc.code in (NOT_SUPPORTED, INVALID_ARGUMENT)
                 continue
@@ -170,8 +176,20 @@ def test_the_profiles_nvidias_mixed_strategy_turns_into_resources(mig: Nvml) -> 
         gb = round(math.ceil(p.memory_mb / 40960 * 8) / 8 * 40)
         seen[i] = f"{p.slices}g.{gb}gb" + ("+me" if i == 7 else "")
     assert seen == GI_PROFILES
-    assert _code(mig.call, "nvmlDeviceGetGpuInstanceProfileInfo", gpu, ctypes.c_uint(17), ctypes.byref(GiProfileInfo())) == INVALID_ARGUMENT
-    assert _code(mig.call, "nvmlDeviceGetGpuInstanceProfileInfo", mig.handles()[2], ctypes.c_uint(0), ctypes.byref(GiProfileInfo())) == NOT_SUPPORTED
+    assert (
+        _code(mig.call, "nvmlDeviceGetGpuInstanceProfileInfo", gpu, ctypes.c_uint(17), ctypes.byref(GiProfileInfo()))
+        == INVALID_ARGUMENT
+    )
+    assert (
+        _code(
+            mig.call,
+            "nvmlDeviceGetGpuInstanceProfileInfo",
+            mig.handles()[2],
+            ctypes.c_uint(0),
+            ctypes.byref(GiProfileInfo()),
+        )
+        == NOT_SUPPORTED
+    )
 
 
 def test_probe_lists_the_mig_devices_of_each_mig_enabled_gpu(mig: Nvml, mock_lib_path: Path) -> None:
@@ -181,9 +199,13 @@ def test_probe_lists_the_mig_devices_of_each_mig_enabled_gpu(mig: Nvml, mock_lib
     assert [d["MIG mode"] for d in report.devices] == ["enabled", "disabled", "n/a (Not Supported)"]
     assert report.devices[0]["MIG devices"] == str(len(PROFILES))
     assert "MIG devices" not in report.devices[1] and "MIG devices" not in report.devices[2]
-    seen = [(m["gpu"], m["index"], m["uuid"], m["name"], m["GPU instance"], m["compute instance"]) for m in report.mig_devices]
+    seen = [
+        (m["gpu"], m["index"], m["uuid"], m["name"], m["GPU instance"], m["compute instance"])
+        for m in report.mig_devices
+    ]
     assert seen == [
-        ("0", str(i), mockstate.mig_uuid(0, i), f"NVIDIA A100-SXM4-40GB MIG {p}", str(i + 1), "0") for i, p in enumerate(PROFILES)
+        ("0", str(i), mockstate.mig_uuid(0, i), f"NVIDIA A100-SXM4-40GB MIG {p}", str(i + 1), "0")
+        for i, p in enumerate(PROFILES)
     ]
     assert [m["memory MiB"] for m in report.mig_devices] == ["5120", "10240", "5120"]  # eighths of the GPU's 40960
     text = format_report(report)
@@ -198,7 +220,9 @@ def test_compute_instance_profiles_fit_their_gpu_instance(mig: Nvml) -> None:
     ok = []
     for j in range(8):
         try:
-            mig.call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, ctypes.c_uint(j), ctypes.c_uint(0), ctypes.byref(c))
+            mig.call(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, ctypes.c_uint(j), ctypes.c_uint(0), ctypes.byref(c)
+            )
             ok.append((j, c.slices, c.instances))
         except NvmlError as exc:
             assert exc.code == NOT_SUPPORTED
@@ -258,7 +282,11 @@ def test_a_lost_gpu_takes_its_mig_devices_and_handles_survive_rewrites(mig: Nvml
     ],
 )  # fmt: skip
 def test_mig_devices_that_cannot_exist_are_refused_naming_the_problem(
-    mock_lib_path: Path, state: StateFile, capfd: pytest.CaptureFixture[str], migs: list[dict[str, object]], problem: str
+    mock_lib_path: Path,
+    state: StateFile,
+    capfd: pytest.CaptureFixture[str],
+    migs: list[dict[str, object]],
+    problem: str,
 ) -> None:
     doc = mockstate.initial_state(2, 1)
     doc["gpus"][0].update(mig_enabled=True, mig_devices=migs)
@@ -287,7 +315,9 @@ A100_PLACEMENTS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("symbol", ["nvmlDeviceGetGpuInstancePossiblePlacements_v2", "nvmlDeviceGetGpuInstancePossiblePlacements"])
+@pytest.mark.parametrize(
+    "symbol", ["nvmlDeviceGetGpuInstancePossiblePlacements_v2", "nvmlDeviceGetGpuInstancePossiblePlacements"]
+)
 def test_possible_placements_of_each_profile(mig: Nvml, symbol: str) -> None:
     """NVIDIA's DRA driver lists every profile's placements (go-nvml calls ``_v2``, else the unversioned name):
     the count alone with no array, then the placements; profiles an A100 lacks and GPUs without MIG: NOT_SUPPORTED."""
@@ -305,7 +335,10 @@ def test_possible_placements_of_each_profile(mig: Nvml, symbol: str) -> None:
         seen[profile] = [(p.start, p.size) for p in out]
     assert seen == A100_PLACEMENTS
     assert _code(mig.call, symbol, gpu, ctypes.c_uint(0), None, None) == INVALID_ARGUMENT
-    assert _code(mig.call, symbol, mig.handles()[2], ctypes.c_uint(0), None, ctypes.byref(ctypes.c_uint())) == NOT_SUPPORTED
+    assert (
+        _code(mig.call, symbol, mig.handles()[2], ctypes.c_uint(0), None, ctypes.byref(ctypes.c_uint()))
+        == NOT_SUPPORTED
+    )
 
 
 def test_architecture_and_brand_are_an_a100s(mig: Nvml) -> None:

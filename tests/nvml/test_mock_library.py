@@ -141,11 +141,16 @@ def test_handles_stay_stable_across_changes(nvml: Nvml, state: StateFile) -> Non
     before = nvml.handles()
     doc, added = mockstate.with_gpu_added(mockstate.initial_state(4, 2))
     state.write(mockstate.with_gpu_removed(doc, mockstate.gpu_uuid(0)))
-    _wait_until(lambda: nvml.uint("nvmlDeviceGetCount_v2") == 4 and _uuid_or_code(nvml, before[0]) != mockstate.gpu_uuid(0), "the change")
+    _wait_until(
+        lambda: nvml.uint("nvmlDeviceGetCount_v2") == 4 and _uuid_or_code(nvml, before[0]) != mockstate.gpu_uuid(0),
+        "the change",
+    )
     after = nvml.handles()
     assert after[:3] == before[1:]
     assert nvml.text("nvmlDeviceGetUUID", after[3]) == added
-    assert _code(nvml.text, "nvmlDeviceGetUUID", before[0]) == INVALID_ARGUMENT, "a removed GPU's handle must be invalid"
+    assert _code(nvml.text, "nvmlDeviceGetUUID", before[0]) == INVALID_ARGUMENT, (
+        "a removed GPU's handle must be invalid"
+    )
 
 
 def test_bad_rewrite_keeps_the_last_good_state_and_says_so_once(
@@ -173,8 +178,14 @@ BIG = 1 << 64
         ('{"gpus": [{"uuid": "GPU-a", "minor": -1}]}', "gpus[0].minor: must not be negative"),
         ('{"gpus": [{"uuid": "GPU-a", "minor": 1.5}]}', "gpus[0].minor: must be an integer"),
         ('{"gpus": [{"uuid": "GPU-a", "minor": 0, "numa_node": 2147483648}]}', "gpus[0].numa_node: out of range"),
-        ('{"gpus": [{"uuid": "GPU-a", "minor": 0}], "events": [{"uuid": "GPU-a", "xid": %d}]}' % (BIG + 13), "events[0].xid: out of range"),
-        ('{"gpus": [{"uuid": "GPU-a", "minor": 0}], "events": [{"uuid": "GPU-a", "xid": -1}]}', "events[0].xid: must not be negative"),
+        (
+            '{"gpus": [{"uuid": "GPU-a", "minor": 0}], "events": [{"uuid": "GPU-a", "xid": %d}]}' % (BIG + 13),
+            "events[0].xid: out of range",
+        ),
+        (
+            '{"gpus": [{"uuid": "GPU-a", "minor": 0}], "events": [{"uuid": "GPU-a", "xid": -1}]}',
+            "events[0].xid: must not be negative",
+        ),
         ('{"gpus": [{"uuid": "A\\u0000x", "minor": 0}]}', "gpus[0].uuid: must be printable ASCII"),
         ('{"gpus": [{"uuid": "%s", "minor": 0}]}' % ("G" * 96), "gpus[0].uuid: longer than NVML's 95-byte limit"),
         ('{"gpus": [{"uuid": "GPU-a", "minor": 0}, {"uuid": "GPU-a", "minor": 1}]}', "uuid GPU-a appears twice"),

@@ -58,7 +58,9 @@ def build_peer(name: str) -> Path:
         )
     except subprocess.TimeoutExpired as exc:
         log = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        raise PeerBuildError(f"{script.relative_to(script.parents[1])} {name} ran past {BUILD_TIMEOUT_S:.0f}s; its log:\n{log[-4000:]}") from None
+        raise PeerBuildError(
+            f"{script.relative_to(script.parents[1])} {name} ran past {BUILD_TIMEOUT_S:.0f}s; its log:\n{log[-4000:]}"
+        ) from None
     for line in done.stdout.splitlines():
         peer, _, path = line.partition(" ")
         if peer == name and done.returncode == 0 and path == "-":
@@ -120,6 +122,8 @@ def same_verdicts() -> Callable[[str, str, dict[str, str]], None]:
         if len(runs) == 2:
             emb, real = runs["embedded"], runs["real"]
             differ = {t: (emb.get(t), real.get(t)) for t in sorted(set(emb) | set(real)) if emb.get(t) != real.get(t)}
-            assert not differ, f"{peer}: verdicts differ between the embedded and the real control plane (embedded, real): {differ}"
+            assert not differ, (
+                f"{peer}: verdicts differ between the embedded and the real control plane (embedded, real): {differ}"
+            )
 
     return record

@@ -23,13 +23,21 @@ from pathlib import Path
 import pytest
 
 from ..support import (
-    KnownUpstreamDefect, SuiteResult, assert_suite_passed, dra_check_selection, run_conformance, selection_mismatch,
+    KnownUpstreamDefect,
+    SuiteResult,
+    assert_suite_passed,
+    dra_check_selection,
+    run_conformance,
+    selection_mismatch,
     upstream_defect_verdict,
 )
 
 DRIVER = "gpu.example.com"
 #: What the example driver may be skipped for, and nothing else.
-ALLOWED_SKIPS = (re.compile(r"needs a fault injector: .*DRAFaultInjector"), re.compile(r"serves neither v1\.DRAResourceHealth nor v1alpha1\.DRAResourceHealth"))
+ALLOWED_SKIPS = (
+    re.compile(r"needs a fault injector: .*DRAFaultInjector"),
+    re.compile(r"serves neither v1\.DRAResourceHealth nor v1alpha1\.DRAResourceHealth"),
+)
 #: The checks it is here to exercise: everything that needs no fault.
 MUST_PASS = (
     "test_driver_registers_with_the_kubelet", "test_reregisters_after_kubelet_restart", "test_reregisters_after_driver_restart",
@@ -68,7 +76,9 @@ def test_dra_suite_passes_on_the_example_driver(peer_binary: Callable[[str], Pat
 
 @pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=UPSTREAM_BUG)
 @pytest.mark.parametrize("peer", ["dra-example-kubeletplugin", "dra-example-kubeletplugin-v040"])
-def test_example_driver_releases_fail_the_reboot_check(peer: str, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+def test_example_driver_releases_fail_the_reboot_check(
+    peer: str, peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
     """v0.2.1 and v0.4.0 as released: the reboot check fails them with the runtime's CDI refusal. Passing it (the
     release fixed) turns this strict xfail into a failure, so its row in docs/guides/dra-drivers.md gets updated;
     failing it for another reason is a plain failure."""
@@ -89,14 +99,18 @@ def test_patched_example_driver_passes_the_reboot_check(peer_binary: Callable[[s
     result = run_conformance(_command(binary), ["-k", f"{REBOOT_CHECK} or prepared_and_container or restarts"], tmp_path,
                              timeout=SUITE_TIMEOUT_S)  # fmt: skip
     assert not result.failed, "patched dra-example-driver:\n" + "\n".join(result.failed) + result.output
-    assert REBOOT_CHECK in result.passed, f"patched dra-example-driver: {REBOOT_CHECK} did not pass; skips: {result.skipped}"
+    assert REBOOT_CHECK in result.passed, (
+        f"patched dra-example-driver: {REBOOT_CHECK} did not pass; skips: {result.skipped}"
+    )
 
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "peers" / "dra-example"
 #: What a real kubelet cannot be made to do (the check skips saying so): refuse a registration on purpose; reboot the
 #: node of a single-node cluster (the control plane goes with it: the e2e lanes run on workers).
-KIND_LIMITS = re.compile(r"a real kubelet refuses a registration only for a reason of the driver's|"
-                         r"runs the cluster's control plane .*run the reboot checks on a worker node")
+KIND_LIMITS = re.compile(
+    r"a real kubelet refuses a registration only for a reason of the driver's|"
+    r"runs the cluster's control plane .*run the reboot checks on a worker node"
+)
 #: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of its
 #: own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
 KIND_CLUSTER = "devplug-dra-example"
@@ -108,8 +122,12 @@ def _kind_options(peer_binary: Callable[[str], Path]) -> list[str]:
     """The chart's kubelet plugin (``peers/dra-example/kubeletplugin.yaml``: CDI_ROOT=/var/run/cdi), its image built by
     ``peers/dra-example/build-image.sh`` from the cached binary."""
     __tracebackhide__ = True
-    peer_binary("dra-example-kubeletplugin")  # a missing Go toolchain skips here (fails under CI), not in the image build
-    built = subprocess.run(["bash", str(EXAMPLE_DIR / "build-image.sh")], capture_output=True, text=True, timeout=1800, check=False)
+    peer_binary(
+        "dra-example-kubeletplugin"
+    )  # a missing Go toolchain skips here (fails under CI), not in the image build
+    built = subprocess.run(
+        ["bash", str(EXAMPLE_DIR / "build-image.sh")], capture_output=True, text=True, timeout=1800, check=False
+    )
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"build-image.sh exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
     return ["--dra", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER, "--driver-image", image,
@@ -125,16 +143,30 @@ def test_dra_suite_passes_on_the_example_driver_on_kind(peer_binary: Callable[[s
     select, selected = dra_check_selection()  # DEVPLUG_DRA_CHECKS: the checks this run covers (nox -s e2e)
     assert selected is None or REBOOT_CHECK not in selected, f"{REBOOT_CHECK} is judged by the strict xfail below"
     select = select or ["-k", f"not {REBOOT_CHECK}"]
-    result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs", *select], tmp_path, timeout=KIND_SUITE_TIMEOUT_S)
-    assert not selection_mismatch(result, selected), f"not the selected checks: {selection_mismatch(result, selected)}\n{result.output}"
-    assert not result.failed, f"dra-example-driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
-    assert result.returncode == 0, f"devplug conformance --dra --backend kind exited {result.returncode}:\n{result.output}"
+    result = run_conformance(
+        options, [f"--cluster-name={KIND_CLUSTER}", "-rs", *select], tmp_path, timeout=KIND_SUITE_TIMEOUT_S
+    )
+    assert not selection_mismatch(result, selected), (
+        f"not the selected checks: {selection_mismatch(result, selected)}\n{result.output}"
+    )
+    assert not result.failed, (
+        f"dra-example-driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    )
+    assert result.returncode == 0, (
+        f"devplug conformance --dra --backend kind exited {result.returncode}:\n{result.output}"
+    )
     allowed = (*ALLOWED_SKIPS, KIND_LIMITS)
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in allowed)}
-    assert not unexplained, f"dra-example-driver on kind: skips without a reason that fits the driver or kind: {unexplained}"
-    expected = [t for t in MUST_PASS if t != "test_recovers_after_refused_registration" and (selected is None or t in selected)]
+    assert not unexplained, (
+        f"dra-example-driver on kind: skips without a reason that fits the driver or kind: {unexplained}"
+    )
+    expected = [
+        t for t in MUST_PASS if t != "test_recovers_after_refused_registration" and (selected is None or t in selected)
+    ]
     missing = [t for t in expected if t not in result.passed]
-    assert not missing, f"dra-example-driver on kind: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    assert not missing, (
+        f"dra-example-driver on kind: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    )
     print(f"verdict: {len(result.passed)} passed, {len(result.skipped)} skipped, 0 failed: {sorted(result.skipped)}")
 
 

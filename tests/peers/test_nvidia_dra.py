@@ -34,7 +34,14 @@ from pathlib import Path
 
 import pytest
 
-from ..support import KnownUpstreamDefect, SuiteResult, assert_suite_passed, parse_junit, run_conformance, upstream_defect_verdict
+from ..support import (
+    KnownUpstreamDefect,
+    SuiteResult,
+    assert_suite_passed,
+    parse_junit,
+    run_conformance,
+    upstream_defect_verdict,
+)
 
 DRIVER = "gpu.nvidia.com"
 #: The gpus container's environment as the chart (v0.4.0) renders it with its default values and
@@ -98,7 +105,9 @@ def test_nvidias_dra_driver_fails_the_reboot_check(peer_binary: Callable[[str], 
     """v0.4.0: the reboot check fails it with the runtime's CDI refusal. A release that passes turns this strict
     xfail into a failure (update its row in docs/guides/dra-drivers.md); failing it for another reason is a plain
     failure."""
-    result = run_conformance(_command(peer_binary("gpu-kubelet-plugin")), ["-k", REBOOT_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S)
+    result = run_conformance(
+        _command(peer_binary("gpu-kubelet-plugin")), ["-k", REBOOT_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S
+    )
     _reboot_verdict(result)
 
 
@@ -144,7 +153,9 @@ def test_static_mig(devplug_driver, devplug_claims):
 """
 
 
-def _run_own_check(binary: Path, tmp_path: Path, name: str, source: str, options: list[str], env: dict[str, str]) -> None:
+def _run_own_check(
+    binary: Path, tmp_path: Path, name: str, source: str, options: list[str], env: dict[str, str]
+) -> None:
     """Run the check ``name`` (pytest source ``source``) against the driver as the chart starts it with ``env``."""
     __tracebackhide__ = True
     (tmp_path / f"{name}.py").write_text(source)
@@ -253,7 +264,9 @@ def test_an_xid_on_a_mig_gpu_taints_its_mig_devices(peer_binary: Callable[[str],
     result = run_conformance(options, ["-k", TAINT_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S)
     if "tainted no device" in result.skipped.get(TAINT_CHECK, ""):
         raise KnownUpstreamDefect(f"{MIG_TAINT_BUG}: {result.skipped[TAINT_CHECK]}")
-    assert result.passed == [TAINT_CHECK], f"expected {TAINT_CHECK} to pass: {result.failed} {result.skipped}\n{result.output}"
+    assert result.passed == [TAINT_CHECK], (
+        f"expected {TAINT_CHECK} to pass: {result.failed} {result.skipped}\n{result.output}"
+    )
 
 
 NVIDIA_DRA_DIR = Path(__file__).resolve().parents[2] / "peers" / "nvidia-dra"
@@ -273,15 +286,23 @@ KIND_SUITE_TIMEOUT_S = 1800
 def test_nvidias_dra_driver_on_kind(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """v0.4.0 as its chart deploys it (``peers/nvidia-dra/kubeletplugin.yaml``), on a real kubelet and containerd."""
     peer_binary("gpu-kubelet-plugin")  # no source or Go: skips here (fails under CI), not in the image build
-    built = subprocess.run(["bash", str(NVIDIA_DRA_DIR / "build-image.sh")], capture_output=True, text=True, timeout=1800, check=False)
+    built = subprocess.run(
+        ["bash", str(NVIDIA_DRA_DIR / "build-image.sh")], capture_output=True, text=True, timeout=1800, check=False
+    )
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"build-image.sh exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
     options = ["--dra", "--mock", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER, "--driver-image", image,
                "--driver-manifest", str(NVIDIA_DRA_DIR / "kubeletplugin.yaml")]  # fmt: skip
     result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", " or ".join(KIND_CHECKS)], tmp_path,
                              timeout=KIND_SUITE_TIMEOUT_S)  # fmt: skip
-    assert not result.failed, f"NVIDIA's DRA driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
-    assert result.returncode == 0, f"devplug conformance --dra --backend kind exited {result.returncode}:\n{result.output}"
+    assert not result.failed, (
+        f"NVIDIA's DRA driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    )
+    assert result.returncode == 0, (
+        f"devplug conformance --dra --backend kind exited {result.returncode}:\n{result.output}"
+    )
     missing = [t for t in KIND_CHECKS if t not in result.passed]
-    assert not missing, f"NVIDIA's DRA driver on kind: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    assert not missing, (
+        f"NVIDIA's DRA driver on kind: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
+    )
     print(f"verdict: {len(result.passed)} passed, 0 failed")

@@ -56,15 +56,23 @@ REPLICA_LEFT_HEALTHY = re.compile(r"Xid 79 on (GPU-[0-9a-f-]+): .*still Healthy 
 #: With time-slicing: a running pod's device may be the replica its bug leaves Healthy (that test then skips,
 #: pointing at the replica check), ids-visible is not declared.
 TIME_SLICING_MUST_PASS = tuple(
-    t for t in MUST_PASS if t not in (
-        REPLICA_CHECK, "test_device_turning_unhealthy_under_running_pod", "test_convention_ids_visible_in_injections",
+    t
+    for t in MUST_PASS
+    if t
+    not in (
+        REPLICA_CHECK,
+        "test_device_turning_unhealthy_under_running_pod",
+        "test_convention_ids_visible_in_injections",
     )
 )
 
 
 @pytest.mark.parametrize("control_plane", ["embedded", "real"])
 def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(
-    control_plane: str, peer_binary: Callable[[str], Path], same_verdicts: Callable[[str, str, dict[str, str]], None], tmp_path: Path
+    control_plane: str,
+    peer_binary: Callable[[str], Path],
+    same_verdicts: Callable[[str, str, dict[str, str]], None],
+    tmp_path: Path,
 ) -> None:
     binary = peer_binary("nvidia-device-plugin")
     verdicts = _assert_suite_verdict(
@@ -117,12 +125,16 @@ MIG_SINGLE = "1g.5gb,1g.5gb"
 MIG_LEFT_HEALTHY = re.compile(r"Xid 79 on (GPU-[0-9a-f-]+): .*still Healthy \(allocatable\): \['MIG-[0-9a-f-]+'\]")
 #: With MIG: the running pod's device may be the one its bug leaves Healthy (that test then skips, pointing at the
 #: reach check).
-MIG_MUST_PASS = tuple(t for t in MUST_PASS if t not in (REPLICA_CHECK, "test_device_turning_unhealthy_under_running_pod"))
+MIG_MUST_PASS = tuple(
+    t for t in MUST_PASS if t not in (REPLICA_CHECK, "test_device_turning_unhealthy_under_running_pod")
+)
 #: The checks whose verdicts depend on how devices are named and backed (a subset run: each suite run costs ~1 min).
 BACKING_CHECKS = "registration or nvml or allocate or health or podresources"
 
 
-def test_nvidia_plugin_mig_mixed_fails_exactly_the_mig_reach_check(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+def test_nvidia_plugin_mig_mixed_fails_exactly_the_mig_reach_check(
+    peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
     """``--mig-strategy mixed`` on MIG-enabled mock GPUs: one process registers nvidia.com/mig-1g.5gb (8: two per GPU)
     and nvidia.com/mig-2g.10gb (4); the suite judges the first. MIG UUIDs are backed by their GPU, so a GPU's Xid
     must reach both of its 1g.5gb devices: its health loop's one-device-per-GPU map fails exactly that check."""
@@ -134,7 +146,9 @@ def test_nvidia_plugin_mig_mixed_fails_exactly_the_mig_reach_check(peer_binary: 
     )  # fmt: skip
 
 
-def test_nvidia_plugin_mig_single_advertises_mig_devices_as_gpus(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+def test_nvidia_plugin_mig_single_advertises_mig_devices_as_gpus(
+    peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
     """``--mig-strategy single``: the MIG devices as nvidia.com/gpu (their MIG UUIDs in NVIDIA_VISIBLE_DEVICES); the
     checks of naming and backing run as with ``mixed`` (the same reach check fails)."""
     binary = peer_binary("nvidia-device-plugin")
@@ -147,13 +161,19 @@ def test_nvidia_plugin_mig_single_advertises_mig_devices_as_gpus(peer_binary: Ca
     )  # fmt: skip
 
 
-def test_nvidia_plugin_index_ids_are_judged_by_what_allocate_injects(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+def test_nvidia_plugin_index_ids_are_judged_by_what_allocate_injects(
+    peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
     """``--device-id-strategy index``: device IDs 0..3 name no GPU; what Allocate injects for each alone
     (``NVIDIA_VISIBLE_DEVICES=<index>``, the NVML index its runtime reads) tells the backing GPU, so the per-GPU
     Xid checks run and pass instead of skipping."""
     binary = peer_binary("nvidia-device-plugin")
     cmd = f"{binary} --device-discovery-strategy nvml --device-id-strategy index"
-    must_pass = (REPLICA_CHECK, "test_application_xids_leave_the_gpu_healthy", "test_device_turning_unhealthy_under_running_pod")
+    must_pass = (
+        REPLICA_CHECK,
+        "test_application_xids_leave_the_gpu_healthy",
+        "test_device_turning_unhealthy_under_running_pod",
+    )
     _assert_suite_verdict(
         ["--plugin-cmd", cmd, "--mock"], ["-k", "nvml or health"], tmp_path, SUITE_TIMEOUT_S, conventions="nvml-xid",
         must_pass=must_pass,
@@ -173,14 +193,25 @@ def test_nvidia_plugin_mig_mixed_registers_a_resource_per_profile(peer_binary: C
     try:
         backend.ensure_node(NodeSpec("n1", numa_nodes=1))
         argv = (str(binary), "--device-discovery-strategy", "nvml", "--mig-strategy", "mixed")
-        backend.deploy_plugin("n1", PluginSpec(argv=argv, mock=True, gpus=2, numa_nodes=1, mig=tuple(MIG_MIXED.split(","))))
+        backend.deploy_plugin(
+            "n1", PluginSpec(argv=argv, mock=True, gpus=2, numa_nodes=1, mig=tuple(MIG_MIXED.split(",")))
+        )
 
         def capacity() -> dict[str, str]:
-            return {r: str(v) for r, v in backend.get_node("n1")["status"]["capacity"].items() if r.startswith("nvidia.com/")}
+            return {
+                r: str(v)
+                for r, v in backend.get_node("n1")["status"]["capacity"].items()
+                if r.startswith("nvidia.com/")
+            }
 
         want = {"nvidia.com/mig-1g.5gb": "4", "nvidia.com/mig-2g.10gb": "2"}
         assert wait_for(capacity, lambda c: c == want, timeout=60.0, what="both MIG resources registered") == want
-        listed = sorted(d for c in backend.allocatable_devices("n1") if c.resource_name == "nvidia.com/mig-2g.10gb" for d in c.device_ids)
+        listed = sorted(
+            d
+            for c in backend.allocatable_devices("n1")
+            if c.resource_name == "nvidia.com/mig-2g.10gb"
+            for d in c.device_ids
+        )
         assert listed == [mig_uuid(0, 2), mig_uuid(1, 2)], listed
     finally:
         backend.close()
@@ -241,19 +272,33 @@ KIND_CONFIGS = {
     # time-slicing: the real kubelet, like the embedded one, gets 8 replicas, and bug #1929 fails the replica check;
     # the checks of IDs, counts, health and sharing (what replicas change)
     "time-slicing": KindConfig(
-        NVIDIA_DIR / "daemonset-time-slicing.yaml", "nvml-xid", {REPLICA_CHECK: REPLICA_LEFT_HEALTHY},
-        ("test_registers_its_resource", "test_devices_listed_match_capacity", "test_application_xids_leave_the_gpu_healthy",
-         "test_pods_never_share_a_device", "test_freed_devices_are_reused"),
+        NVIDIA_DIR / "daemonset-time-slicing.yaml",
+        "nvml-xid",
+        {REPLICA_CHECK: REPLICA_LEFT_HEALTHY},
+        (
+            "test_registers_its_resource",
+            "test_devices_listed_match_capacity",
+            "test_application_xids_leave_the_gpu_healthy",
+            "test_pods_never_share_a_device",
+            "test_freed_devices_are_reused",
+        ),
         select="registration or nvml or health or sharing",
     ),  # fmt: skip
     # CDI names in CRI's CDIDevices, resolved by the node's containerd (>= 1.7, CDI on) from the spec the plugin
     # writes: the injection checks find the spec's device nodes and mounts in the container (exec); the checks of
     # allocation, the checkpoint and restarts (a container restarted gets its CDI devices again)
     "cdi-cri": KindConfig(
-        NVIDIA_DIR / "daemonset-cdi-cri.yaml", "ids-visible,nvml-xid", {},
-        ("test_allocate_injections_reach_the_container", "test_convention_ids_visible_in_injections",
-         "test_checkpoint_records_the_allocation", "test_checkpoint_survives_kubelet_restart",
-         "test_container_restart_keeps_devices", "test_reregisters_after_kubelet_restart"),
+        NVIDIA_DIR / "daemonset-cdi-cri.yaml",
+        "ids-visible,nvml-xid",
+        {},
+        (
+            "test_allocate_injections_reach_the_container",
+            "test_convention_ids_visible_in_injections",
+            "test_checkpoint_records_the_allocation",
+            "test_checkpoint_survives_kubelet_restart",
+            "test_container_restart_keeps_devices",
+            "test_reregisters_after_kubelet_restart",
+        ),
         select="allocate or checkpoint or lifecycle",
     ),  # fmt: skip
 }
@@ -301,7 +346,9 @@ def _assert_suite_verdict(
     for name, message in result.failures.items():
         if name in must_fail:
             assert must_fail[name].search(message), f"{name} failed, but not as expected: {message}"
-    failed = [f"{n}: {m}" for n, m in {**result.failures, **result.errors}.items() if n not in must_fail or n in result.errors]
+    failed = [
+        f"{n}: {m}" for n, m in {**result.failures, **result.errors}.items() if n not in must_fail or n in result.errors
+    ]
     assert not failed, "NVIDIA's plugin: failed/errors:\n" + "\n".join(failed) + "\n" + output
     not_failed = sorted(set(must_fail) - set(result.failures))
     assert not not_failed, f"expected to fail: {not_failed}; passed: {passed}; skipped: {skipped}"

@@ -31,7 +31,9 @@ _MISSING = re.compile(r"undefined symbol: (nvml\w+)")
 
 
 def _mock_exports() -> set[str]:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(mock_library())], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(mock_library())], capture_output=True, text=True, check=True
+    ).stdout
     return {line.split()[-1] for line in out.splitlines() if line.split() and line.split()[-1].startswith("nvml")}
 
 
@@ -49,7 +51,9 @@ def _judge(what: str, trace_dir: Path, output: str, failed: list[str]) -> set[st
     missing = set(_MISSING.findall(output))
     assert not missing, f"{what} called NVML functions the mock lacks: {sorted(missing)}"
     bound = _bound(trace_dir)
-    assert bound, f"{what}: no NVML binding traced (LD_DEBUG_OUTPUT files: {sorted(p.name for p in trace_dir.iterdir())}):\n{output}"
+    assert bound, (
+        f"{what}: no NVML binding traced (LD_DEBUG_OUTPUT files: {sorted(p.name for p in trace_dir.iterdir())}):\n{output}"
+    )
     lacking = bound - _mock_exports()
     assert not lacking, f"{what} bound NVML functions the mock does not export: {sorted(lacking)}"
     assert not failed, f"{what}: checks failed while tracing:\n" + "\n".join(failed) + output
@@ -57,7 +61,9 @@ def _judge(what: str, trace_dir: Path, output: str, failed: list[str]) -> set[st
 
 
 @pytest.mark.parametrize("model", sorted(GPU_MODELS))
-def test_nvidias_dra_driver_calls_only_what_the_mock_answers(model: str, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+def test_nvidias_dra_driver_calls_only_what_the_mock_answers(
+    model: str, peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
     """On every GPU model the mock has (it publishes each GPU's product name, architecture, brand, memory and MIG
     profiles as attributes)."""
     trace = tmp_path / "ld-trace"
@@ -69,11 +75,15 @@ def test_nvidias_dra_driver_calls_only_what_the_mock_answers(model: str, peer_bi
                              timeout=SUITE_TIMEOUT_S)  # fmt: skip
     bound = _judge("NVIDIA's DRA driver", trace, result.output, result.failed)
     # what it publishes for every GPU: the calls the mock gained for it
-    assert {"nvmlDeviceGetArchitecture", "nvmlDeviceGetBrand", "nvmlDeviceGetCudaComputeCapability"} <= bound, sorted(bound)
+    assert {"nvmlDeviceGetArchitecture", "nvmlDeviceGetBrand", "nvmlDeviceGetCudaComputeCapability"} <= bound, sorted(
+        bound
+    )
 
 
 @pytest.mark.parametrize("model", sorted(GPU_MODELS))
-def test_nvidias_device_plugin_calls_only_what_the_mock_answers(model: str, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+def test_nvidias_device_plugin_calls_only_what_the_mock_answers(
+    model: str, peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
     trace = tmp_path / "ld-trace"
     trace.mkdir()
     binary = peer_binary("nvidia-device-plugin")

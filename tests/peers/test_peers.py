@@ -69,12 +69,27 @@ PEERS = [
 @pytest.mark.parametrize("control_plane", ["embedded", "real"])
 @pytest.mark.parametrize("peer", PEERS, ids=[p.name for p in PEERS])
 def test_conformance_suite_passes_on_peer(
-    peer: Peer, control_plane: str, peer_binary: Callable[[str], Path], same_verdicts: Callable[[str, str, dict[str, str]], None], tmp_path: Path
+    peer: Peer,
+    control_plane: str,
+    peer_binary: Callable[[str], Path],
+    same_verdicts: Callable[[str, str, dict[str, str]], None],
+    tmp_path: Path,
 ) -> None:
     binary = peer_binary(peer.name)
-    options = ["--backend", "sim", "--control-plane", control_plane, "--plugin-cmd", str(binary), "--resource-name", peer.resource]
+    options = [
+        "--backend",
+        "sim",
+        "--control-plane",
+        control_plane,
+        "--plugin-cmd",
+        str(binary),
+        "--resource-name",
+        peer.resource,
+    ]
     result = run_conformance([*options, *peer.options], [], tmp_path, timeout=SUITE_TIMEOUT_S)
-    assert not result.failed, f"{peer.name}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    assert not result.failed, (
+        f"{peer.name}: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
+    )
     assert result.returncode == 0, f"devplug conformance exited {result.returncode}:\n{result.output}"
     unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in peer.allowed_skips)}
     assert not unexplained, f"{peer.name}: skips without a reason that fits the peer: {unexplained}"
@@ -91,7 +106,14 @@ KIND_CLUSTER = "devplug-one-device"
 KIND_SUITE_TIMEOUT_S = 1800
 #: What may skip on one device: what needs a fault injector, a second device, several resources or a topology, and
 #: the conventions it does not declare.
-ONE_DEVICE_SKIPS = (NO_MOCK, CONVENTION_OFF, NO_TOPOLOGY, ONE_RESOURCE, NO_PRE_START, re.compile(r"needs 2 devices|plugin lists 1"))
+ONE_DEVICE_SKIPS = (
+    NO_MOCK,
+    CONVENTION_OFF,
+    NO_TOPOLOGY,
+    ONE_RESOURCE,
+    NO_PRE_START,
+    re.compile(r"needs 2 devices|plugin lists 1"),
+)
 #: The checks that hand a device out again after a restart: on one device they must free it first, and pass.
 ONE_DEVICE_MUST_PASS = (
     "test_abrupt_kill_then_restart_serves_again", "test_kubelet_restart_then_plugin_restart",

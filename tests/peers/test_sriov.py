@@ -62,7 +62,16 @@ def _config(tmp_path: Path, mode: str) -> Path:
 def _options(binary: Path, tmp_path: Path, mode: str, cdi: bool) -> list[str]:
     resource, node, _ = MODES[mode]
     cmd = f"{binary} --config-file {_config(tmp_path, mode)} -logtostderr -v 4" + (" -use-cdi" if cdi else "")
-    return ["--plugin-cmd", cmd, "--resource-name", f"{PREFIX}/{resource}", "--pci-node", node, "--report", str(tmp_path / "r.md")]
+    return [
+        "--plugin-cmd",
+        cmd,
+        "--resource-name",
+        f"{PREFIX}/{resource}",
+        "--pci-node",
+        node,
+        "--report",
+        str(tmp_path / "r.md"),
+    ]
 
 
 def _passes(result: SuiteResult, what: str) -> None:
@@ -70,12 +79,20 @@ def _passes(result: SuiteResult, what: str) -> None:
     assert_suite_passed(result, what, ALLOWED_SKIPS, MUST_PASS)
 
 
-@pytest.mark.parametrize(("mode", "cdi"), [("netdevice", False), ("netdevice-rdma", True), ("vfio-pci", False), ("vfio-pci", True)])
-def test_suite_passes_on_the_sriov_plugin(peer_binary: Callable[[str], Path], tmp_path: Path, mode: str, cdi: bool) -> None:
+@pytest.mark.parametrize(
+    ("mode", "cdi"), [("netdevice", False), ("netdevice-rdma", True), ("vfio-pci", False), ("vfio-pci", True)]
+)
+def test_suite_passes_on_the_sriov_plugin(
+    peer_binary: Callable[[str], Path], tmp_path: Path, mode: str, cdi: bool
+) -> None:
     what = f"sriovdp, {mode} mode{' with -use-cdi' if cdi else ''}"
-    result = run_conformance(_options(peer_binary("sriovdp"), tmp_path, mode, cdi), [], tmp_path, timeout=SUITE_TIMEOUT_S)
+    result = run_conformance(
+        _options(peer_binary("sriovdp"), tmp_path, mode, cdi), [], tmp_path, timeout=SUITE_TIMEOUT_S
+    )
     _passes(result, what)
-    notes = {c["name"].split(": ")[-1]: c.get("notes", []) for c in json.loads((tmp_path / "r.json").read_text())["checks"]}
+    notes = {
+        c["name"].split(": ")[-1]: c.get("notes", []) for c in json.loads((tmp_path / "r.json").read_text())["checks"]
+    }
     assert notes["test_registers_its_resource"] == ["registration: plugins_registry"], notes  # as on a real node
 
 
@@ -88,7 +105,9 @@ def test_netdevice_mode_with_cdi_lists_no_devices(peer_binary: Callable[[str], P
     failure = "\n".join(result.failed)
     if list(result.failures) == ["test_registers_its_resource"] and CDI_BUG in failure:
         raise KnownUpstreamDefect(f"{UPSTREAM_BUG}:\n{failure[-2000:]}")
-    assert result.passed == ["test_registers_its_resource"], f"expected the registration check to run: {failure}\n{result.output}"
+    assert result.passed == ["test_registers_its_resource"], (
+        f"expected the registration check to run: {failure}\n{result.output}"
+    )
 
 
 @pytest.fixture
@@ -98,7 +117,9 @@ def nic_cluster() -> Iterator[ClusterHandle]:
 
 
 @pytest.mark.parametrize("mode", ["netdevice", "netdevice-rdma", "vfio-pci"])
-def test_the_container_gets_what_allocate_names(peer_binary: Callable[[str], Path], nic_cluster: ClusterHandle, tmp_path: Path, mode: str) -> None:
+def test_the_container_gets_what_allocate_names(
+    peer_binary: Callable[[str], Path], nic_cluster: ClusterHandle, tmp_path: Path, mode: str
+) -> None:
     """What the plugin injects is what the suite sees in the container: ``PCIDEVICE_INTEL_COM_<RESOURCE>`` with the VF's
     address, ``..._INFO`` with its device info, and in vfio-pci mode the VF's VFIO group and the VFIO container node."""
     resource, node_file, _ = MODES[mode]
@@ -119,6 +140,11 @@ def test_the_container_gets_what_allocate_names(peer_binary: Callable[[str], Pat
         assert info[vf]["vfio"]["mount"] == "/dev/vfio/vfio", info  # ("dev-mount" only once its specs were asked for)
     elif mode == "netdevice-rdma":
         n = int(info[vf]["rdma"]["uverbs"].removeprefix("/dev/infiniband/uverbs"))  # the VF's own RDMA device
-        assert nodes == {f"/dev/infiniband/uverbs{n}", f"/dev/infiniband/umad{n}", f"/dev/infiniband/issm{n}", "/dev/infiniband/rdma_cm"}, nodes
+        assert nodes == {
+            f"/dev/infiniband/uverbs{n}",
+            f"/dev/infiniband/umad{n}",
+            f"/dev/infiniband/issm{n}",
+            "/dev/infiniband/rdma_cm",
+        }, nodes
     else:
         assert not nodes, nodes  # a netdevice VF is moved into the pod's network namespace by CNI: no device node

@@ -25,7 +25,12 @@ def test_no_test_module_imports_conftest() -> None:
 def test_all_folders_collect_together() -> None:
     assert {"sim", "differential", "gpu_plugin"} <= set(FOLDERS)
     # The differentials' file first: it once failed when collected beside tests/sim (two modules named conftest).
-    folders = ["differential", "sim", "gpu_plugin", *[f for f in FOLDERS if f not in ("differential", "sim", "gpu_plugin")]]
+    folders = [
+        "differential",
+        "sim",
+        "gpu_plugin",
+        *[f for f in FOLDERS if f not in ("differential", "sim", "gpu_plugin")],
+    ]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *(f"tests/{f}" for f in folders)],
         cwd=TESTS.parent, capture_output=True, text=True, timeout=600, check=False,

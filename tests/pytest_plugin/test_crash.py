@@ -10,8 +10,9 @@ import pytest
 
 from pytest_devplug.crash import fatal_lines, start_failure
 
-GO_PANIC = "I1201 main.go:1] starting\npanic: runtime error: index out of range [3] with length 3\n\ngoroutine 1 [running]:\n" + (
-    "main.f()\n\t/src/main.go:10 +0x1d\n" * 60
+GO_PANIC = (
+    "I1201 main.go:1] starting\npanic: runtime error: index out of range [3] with length 3\n\ngoroutine 1 [running]:\n"
+    + ("main.f()\n\t/src/main.go:10 +0x1d\n" * 60)
 )
 
 
@@ -38,9 +39,9 @@ def test_klog_and_structured_fatal_lines() -> None:
 
 def test_python_traceback_gives_its_exception_line() -> None:
     log = (
-        "plugin: starting\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    boom()\n"
+        'plugin: starting\nTraceback (most recent call last):\n  File "x.py", line 1, in <module>\n    boom()\n'
         "KeyError: 'x'\n\nDuring handling of the above exception, another exception occurred:\n\n"
-        "Traceback (most recent call last):\n  File \"x.py\", line 3\nOSError: [Errno 98] Address already in use\n"
+        'Traceback (most recent call last):\n  File "x.py", line 3\nOSError: [Errno 98] Address already in use\n'
     )
     assert fatal_lines(log) == ["KeyError: 'x'", "OSError: [Errno 98] Address already in use"]
 
@@ -57,7 +58,9 @@ def test_the_loaders_symbol_lookup_error_names_the_missing_symbol(tmp_path: Path
     the fatal line quoted is that one, with the symbol's name, not the last lines of the log."""
     (tmp_path / "caller.c").write_text(CALLER)
     (tmp_path / "prog.c").write_text(PROGRAM)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libcaller.so"), str(tmp_path / "caller.c")], check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libcaller.so"), str(tmp_path / "caller.c")], check=True
+    )
     subprocess.run(["cc", "-o", str(tmp_path / "prog"), str(tmp_path / "prog.c"), f"-L{tmp_path}", "-lcaller",
                     f"-Wl,-rpath,{tmp_path}", "-Wl,--allow-shlib-undefined"], check=True)  # fmt: skip
     done = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, env={})
@@ -73,7 +76,9 @@ def test_a_library_missing_at_start_is_the_fatal_line() -> None:
 
 
 def test_ordinary_logs_have_no_fatal_line_and_repeats_are_dropped() -> None:
-    assert fatal_lines("I1201 10:00:00.000001 1 x.go:1] panic: not at line start\nE1201 10:00:00.1 1 x.go:2] err\n") == []
+    assert (
+        fatal_lines("I1201 10:00:00.000001 1 x.go:1] panic: not at line start\nE1201 10:00:00.1 1 x.go:2] err\n") == []
+    )
     assert fatal_lines(GO_PANIC * 5) == ["panic: runtime error: index out of range [3] with length 3"]
 
 

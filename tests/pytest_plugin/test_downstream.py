@@ -334,10 +334,14 @@ def test_downstream_project_passes_with_its_own_plugin(project: pytest.Pytester)
     _assert_skips(result, EXPECTED_SKIPS)
     assert outcomes["passed"] == 3 + SUITE_SIZE - len(EXPECTED_SKIPS), outcomes
     # The fault skips name the contract a project implements to run them.
-    assert "no conftest overrides the devplug_faults fixture to return a pytest_devplug.FaultInjector" in _skip_reasons(result)
+    assert "no conftest overrides the devplug_faults fixture to return a pytest_devplug.FaultInjector" in _skip_reasons(
+        result
+    )
 
 
-def test_downstream_fault_injector_runs_the_fault_tests(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_downstream_fault_injector_runs_the_fault_tests(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With its own FaultInjector (a health file) the project's plugin goes through the health and
     failing-Allocate tests like the included one; an injector that cannot add/remove devices skips only that test."""
     project.makeconftest(CONFTEST_WITH_FAULTS)
@@ -350,10 +354,21 @@ def test_downstream_fault_injector_runs_the_fault_tests(project: pytest.Pytester
     assert outcomes["passed"] == SUITE_SIZE - len(OTHER_SKIPS), outcomes
     monkeypatch.setenv("WIDGET_FIXED_INVENTORY", "1")
     fixed = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-rs", "--devplug-timeout=30", "test_conformance.py", "-k", "removed_and_added",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "--devplug-timeout=30",
+        "test_conformance.py",
+        "-k",
+        "removed_and_added",
         timeout=120,
     )
-    _assert_skips(fixed, {"test_removed_and_added_devices_change_capacity": "the fault injector cannot remove a device: widgets are soldered on"})
+    _assert_skips(
+        fixed,
+        {
+            "test_removed_and_added_devices_change_capacity": "the fault injector cannot remove a device: widgets are soldered on"
+        },
+    )
 
 
 def test_devplug_conformance_cli_against_downstream_plugin(project: pytest.Pytester) -> None:
@@ -371,13 +386,20 @@ def test_devplug_conformance_cli_against_downstream_plugin(project: pytest.Pytes
 
 def test_missing_faults_fail_mode_fails_instead_of_skipping(project: pytest.Pytester) -> None:
     result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--devplug-missing-faults=fail", "-k", "test_failing_allocate_fails_the_pod", timeout=120
+        "-p",
+        "no:cacheprovider",
+        "--devplug-missing-faults=fail",
+        "-k",
+        "test_failing_allocate_fails_the_pod",
+        timeout=120,
     )
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*needs a fault injector*FaultInjector*"])
 
 
-def test_plugin_registering_before_serving_fails_registration(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_registering_before_serving_fails_registration(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WIDGET_FAULT", "register-before-serve")
     result = project.runpytest_subprocess(
         "-p", "no:cacheprovider", "--devplug-timeout=15", "-k", "test_registers_its_resource", timeout=120
@@ -390,16 +412,22 @@ def test_plugin_registering_before_serving_fails_registration(project: pytest.Py
     assert "devplug: kubelet log" in out  # the evidence section is attached to the report
 
 
-def test_plugin_injecting_nothing_fails_injection_test(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_injecting_nothing_fails_injection_test(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WIDGET_FAULT", "inject-nothing")
     result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--devplug-timeout=30", "-k", "test_allocate_injections_reach_the_container", timeout=120
+        "-p",
+        "no:cacheprovider",
+        "--devplug-timeout=30",
+        "-k",
+        "test_allocate_injections_reach_the_container",
+        timeout=120,
     )
     result.assert_outcomes(failed=1)
     errors = [ln for ln in result.outlines if ln.startswith("E ")]
     assert any("Allocate injected nothing into container main" in ln for ln in errors), result.stdout.str()[-4000:]
     assert not any("appear in no injection" in ln for ln in errors), errors  # one clear message, not a cascade
-
 
 
 def test_failed_injection_check_prints_what_was_injected(project: pytest.Pytester) -> None:

@@ -36,5 +36,9 @@ def test_exclusive_devices_convention_passes_a_correct_plugin_and_fails_one_devi
                           ["-k", CHECK], tmp_path / "bad", timeout=600)  # fmt: skip
     assert list(bad.failures) == [CHECK], bad.verdicts()
     message = bad.failures[CHECK]
-    assert "device nodes given to pods holding different example.com/widget devices: {'/dev/widget-0': [" in message, message
-    assert "(widget-0)" in message and "(widget-1)" in message and "one device handed to two containers" in message, message
+    assert "device nodes given to pods holding different example.com/widget devices: {'/dev/widget-0': [" in message, (
+        message
+    )
+    assert "(widget-0)" in message and "(widget-1)" in message and "one device handed to two containers" in message, (
+        message
+    )

@@ -16,7 +16,9 @@ from pytest_devplug.errors import BackendUnavailableError
 pytest_plugins = ["pytester"]
 
 
-def test_no_plugin_option_and_no_included_plugin_stops_at_once(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_plugin_option_and_no_included_plugin_stops_at_once(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(pytest_devplug.plugin, "included_plugin_installed", lambda: False)
     pytester.makepyfile(test_one="def test_one(devplug_plugin): pass\ndef test_two(devplug_plugin): pass")
     t0 = time.monotonic()
@@ -34,7 +36,9 @@ def test_a_plugin_option_needs_no_included_plugin(pytester: pytest.Pytester, mon
     pytester.runpytest("--devplug-plugin-cmd={python} -c pass x").assert_outcomes(passed=1)
 
 
-def test_cli_without_plugin_names_the_extra_and_the_option(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_without_plugin_names_the_extra_and_the_option(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(pytest_devplug.plugin, "included_plugin_installed", lambda: False)
     assert cli.main(["conformance"]) == pytest.ExitCode.USAGE_ERROR
     err = capsys.readouterr().err
@@ -51,7 +55,9 @@ def test_kind_backend_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch
 
 def test_cluster_backend_without_its_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if the Kubernetes client were not installed
-    with pytest.raises(BackendUnavailableError, match=r"cluster backend needs kubernetes.*pip install 'pytest-devplug\[cluster\]'"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"cluster backend needs kubernetes.*pip install 'pytest-devplug\[cluster\]'"
+    ):
         create_backend("cluster", BackendOptions())
 
 

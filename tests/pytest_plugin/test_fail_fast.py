@@ -74,7 +74,9 @@ def test_registration_wait_stops_when_the_plugin_exits(cluster: ClusterHandle) -
         plugin.wait_ready()
 
 
-def test_plugin_that_never_reaches_kubelet_sock_is_told_where_it_listens(cluster: ClusterHandle, tmp_path: Path) -> None:
+def test_plugin_that_never_reaches_kubelet_sock_is_told_where_it_listens(
+    cluster: ClusterHandle, tmp_path: Path
+) -> None:
     """A plugin looking for kubelet.sock elsewhere (as a hard-coded path would) is told where it is."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -128,8 +130,9 @@ def test_a_crash_quotes_its_fatal_line_not_only_the_tail(cluster: ClusterHandle)
     text = str(info.value)
     # Restarted once at once, as the kubelet does, then held back: a crash loop, reported with its fatal line.
     assert "exited with status 2 and is crash-looping (CrashLoopBackOff): restarted 1 time by the kubelet" in text, text
-    assert "; fatal: panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: address already in use" \
-        in text, text
+    assert (
+        "; fatal: panic: listen unix /var/lib/kubelet/device-plugins/widget.sock: bind: address already in use" in text
+    ), text
     assert "never reached kubelet.sock" not in text, text
     # The evidence has the restart count as a field of its own, and the crash loop.
     restarts = {e.title: e.text for e in info.value.evidence}["plugin restarts"]  # type: ignore[attr-defined]
@@ -169,7 +172,9 @@ def test_a_plugin_that_exits_when_the_kubelet_restarts_is_restarted_and_register
     assert_reregisters_after_kubelet_restart(plugin)
     assert_allocatable(plugin, 3, capacity=3)
     log = plugin.log()
-    assert "- exiting to be restarted" in log and "--- restarted by the kubelet (restartPolicy Always): restart 1" in log, log
+    assert (
+        "- exiting to be restarted" in log and "--- restarted by the kubelet (restartPolicy Always): restart 1" in log
+    ), log
 
 
 def test_a_plugin_that_exits_on_a_failed_register_is_restarted_once_the_kubelet_runs(cluster: ClusterHandle) -> None:

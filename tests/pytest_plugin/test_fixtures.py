@@ -63,7 +63,9 @@ def test_failures_carry_evidence_sections(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["E *expected nvidia.com/gpu on node devplug-node: allocatable 99; saw (capacity, allocatable) = (4, 4)*"])
+    result.stdout.fnmatch_lines(
+        ["E *expected nvidia.com/gpu on node devplug-node: allocatable 99; saw (capacity, allocatable) = (4, 4)*"]
+    )
     out = result.stdout.str()
     for title in ("node status", "plugin log", "kubelet log", "checkpoint"):
         assert out.count(f" devplug: {title} ") == 2, title  # once per failed test

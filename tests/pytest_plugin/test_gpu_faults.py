@@ -52,7 +52,8 @@ MIG_A0, MIG_B1 = mig_uuid(0, 0), mig_uuid(1, 1)
 def test_a_mig_device_is_backed_by_its_gpu() -> None:
     assert backing_gpu(MIG_B1, MIG_GPUS) == B
     assert backed_devices([MIG_A0, MIG_B1, f"{mig_uuid(0, 1)}::0"], MIG_GPUS) == {
-        A: sorted([MIG_A0, f"{mig_uuid(0, 1)}::0"]), B: [MIG_B1]
+        A: sorted([MIG_A0, f"{mig_uuid(0, 1)}::0"]),
+        B: [MIG_B1],
     }
 
 

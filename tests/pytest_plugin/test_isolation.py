@@ -65,7 +65,11 @@ def test_conformance_tests_the_plugin_on_its_command_line(pytester: pytest.Pytes
     out = result.stdout.str()
     assert result.ret == 0, out[-6000:]
     assert result.parseoutcomes().get("passed") == 2, out[-3000:]
-    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; resource=example.com/isolated mock=True plugin: * -m devplug_gpu_plugin *"])
+    result.stdout.fnmatch_lines(
+        [
+            "devplug: backend=sim, kubernetes *; resource=example.com/isolated mock=True plugin: * -m devplug_gpu_plugin *"
+        ]
+    )
     result.stdout.fnmatch_lines(["configfile: pytest.ini"])
     assert "dev/null" not in out and "no_such_plugin_module" not in out and "example.com/wrong" not in out
 
@@ -96,5 +100,7 @@ def test_plain_run_without_override_shows_the_options_plugin_once(pytester: pyte
         "-p", "no:cacheprovider", "-p", "no:randomly", "--devplug-resource-name=example.com/opt", timeout=120
     )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; resource=example.com/opt mock=True plugin: * -m devplug_gpu_plugin *"])
+    result.stdout.fnmatch_lines(
+        ["devplug: backend=sim, kubernetes *; resource=example.com/opt mock=True plugin: * -m devplug_gpu_plugin *"]
+    )
     assert "plugin under test (from devplug_plugin_spec)" not in result.stdout.str()

@@ -68,7 +68,9 @@ def test_rules_name_their_release_and_upstream_file() -> None:
     for rule in RULES.values():
         assert rule.since in releases() and rule.since != "1.34", rule
         assert rule.upstream.startswith("pkg/"), rule
-        assert not KubeVersion.of(f"1.{int(rule.since[2:]) - 1}").has(rule.name) and KubeVersion.of(rule.since).has(rule.name)
+        assert not KubeVersion.of(f"1.{int(rule.since[2:]) - 1}").has(rule.name) and KubeVersion.of(rule.since).has(
+            rule.name
+        )
     with pytest.raises(VersionError, match="unknown rule"):
         KubeVersion.of("1.37", no_such_rule=True)
 
@@ -80,7 +82,9 @@ def test_header_names_the_release(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess(
         "-p", "no:cacheprovider", "--devplug-kubernetes-version", "1.35", "--devplug-feature-gates", "ResourceHealthStatus=true"
     )  # fmt: skip
-    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes 1.35.4 (feature gates ResourceHealthStatus=true); *"])
+    result.stdout.fnmatch_lines(
+        ["devplug: backend=sim, kubernetes 1.35.4 (feature gates ResourceHealthStatus=true); *"]
+    )
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "kubernetes-releases.md"

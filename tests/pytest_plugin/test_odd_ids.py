@@ -15,7 +15,9 @@ WIDGET = Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py"
 
 
 def test_control_characters_warn_and_ordinary_ids_do_not() -> None:
-    with pytest.warns(DevplugWarning, match=r"example.com/w: device IDs with control characters: \['\\x00', 'a\\x7f'\]"):
+    with pytest.warns(
+        DevplugWarning, match=r"example.com/w: device IDs with control characters: \['\\x00', 'a\\x7f'\]"
+    ):
         _warn_odd_ids("example.com/w", ["\x00", "ok-1", "a\x7f"])
     _warn_odd_ids("example.com/w", ["GPU-1::0", "card0-0", "Dev-1"])  # no warning (pytest errors on one here)
 
@@ -32,7 +34,9 @@ def devplug_plugin_spec():
                       argv=[{sys.executable!r}, {str(WIDGET)!r}, "--plugin-dir", "{{plugin_dir}}", "--fault", "control-ids"])
 """
     )
-    pytester.makepyfile("def test_it(devplug_plugin):\n    assert devplug_plugin.node.allocatable('example.com/widget') == 3\n")
+    pytester.makepyfile(
+        "def test_it(devplug_plugin):\n    assert devplug_plugin.node.allocatable('example.com/widget') == 3\n"
+    )
     result = pytester.runpytest_subprocess("-p", "no:randomly")
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*DevplugWarning: example.com/widget: device IDs with control characters:*\\x00*"])

@@ -21,7 +21,9 @@ SUITE_TIMEOUT_S = 600
 
 def test_suite_passes_a_one_device_plugin(tmp_path: Path) -> None:
     cmd = f"{sys.executable} {WIDGET} --count 1 --retry --plugin-dir {{plugin_dir}}"
-    result = run_conformance(["--plugin-cmd", cmd, "--resource-name", "example.com/widget"], [], tmp_path, timeout=SUITE_TIMEOUT_S)
+    result = run_conformance(
+        ["--plugin-cmd", cmd, "--resource-name", "example.com/widget"], [], tmp_path, timeout=SUITE_TIMEOUT_S
+    )
     assert not result.failed, "one-device widget:\n" + "\n".join(result.failed) + "\n" + result.output
     assert result.returncode == 0, f"devplug conformance exited {result.returncode}:\n{result.output}"
     missing = [t for t in MUST_PASS if t not in result.passed]

@@ -36,26 +36,74 @@ def test_disruptive():
         (["--devplug-driver-cmd", " "], "", ["--devplug-driver-cmd (ini devplug_driver_cmd)", "empty command line"]),
         (["--devplug-resource-name", "nvidia.com/gpu,nvidia.com/gpu"], "", ["--devplug-resource-name", "each once"]),
         (["--devplug-plugin-env", "DP_A=1,oops"], "", ["--devplug-plugin-env", "'oops' is not KEY=VALUE"]),
-        (["--devplug-pci-node", "nope.yaml"], "", ["--devplug-pci-node", "nope.yaml: No such file", "rdma-connectx, sriov-iavf, sriov-mlx5-rdma, sriov-vfio"]),
-        (["--devplug-pci-node", "sriov-iavf", "--devplug-backend", "kind"], "", ["--devplug-pci-node", "the embedded kubelet's"]),
-        ([], "devplug_plugin_env = 1X=2", ["devplug_plugin_env", "'1X=2' is not KEY=VALUE", "not starting with a digit"]),
+        (
+            ["--devplug-pci-node", "nope.yaml"],
+            "",
+            ["--devplug-pci-node", "nope.yaml: No such file", "rdma-connectx, sriov-iavf, sriov-mlx5-rdma, sriov-vfio"],
+        ),
+        (
+            ["--devplug-pci-node", "sriov-iavf", "--devplug-backend", "kind"],
+            "",
+            ["--devplug-pci-node", "the embedded kubelet's"],
+        ),
+        (
+            [],
+            "devplug_plugin_env = 1X=2",
+            ["devplug_plugin_env", "'1X=2' is not KEY=VALUE", "not starting with a digit"],
+        ),
         ([], "devplug_gpu_model = v100", ["devplug_gpu_model", "unknown GPU model 'v100'", "h100-80gb, h200-141gb"]),
-        (["--devplug-gpu-model", "h100-80gb", "--devplug-mig", "1g.5gb"], "", ["--devplug-mig", "(h100-80gb) have 1g.10gb"]),
-        (["--devplug-driver-env", "A=1,B"], "", ["--devplug-driver-env (ini devplug_driver_env)", "'B' is not KEY=VALUE"]),
+        (
+            ["--devplug-gpu-model", "h100-80gb", "--devplug-mig", "1g.5gb"],
+            "",
+            ["--devplug-mig", "(h100-80gb) have 1g.10gb"],
+        ),
+        (
+            ["--devplug-driver-env", "A=1,B"],
+            "",
+            ["--devplug-driver-env (ini devplug_driver_env)", "'B' is not KEY=VALUE"],
+        ),
         ([], "devplug_resource_name = nvidia.com/gpu,", ["devplug_resource_name", "each once"]),
         ([], "devplug_resource_name = a.com/x,b.com/y,c.com/z", ["devplug_resource_name", "at most two resources"]),
         (["--devplug-mig", "1g.6gb"], "", ["--devplug-mig", "'1g.6gb'", "unknown MIG profile", "1g.5gb, 1g.5gb+me"]),
         ([], "devplug_mig = 7g.40gb,1g.5gb", ["devplug_mig", "do not fit on one GPU: 8 of 7 compute slices"]),
-        ([], "devplug_kubernetes_version = 1.33", ["devplug_kubernetes_version", "'1.33'", "1.35 (v1.35.4)", "1.37 (v1.37.2)"]),
-        ([], "devplug_kubernetes_version = 1.37.0", ["devplug_kubernetes_version", "'1.37.0'", "not a supported version"]),
-        (["--devplug-feature-gates", "NoSuchGate=true"], "", ["--devplug-feature-gates", "unrecognized feature gate: NoSuchGate"]),
-        (["--devplug-feature-gates", "DRAExtendedResource=false"], "",
-         ["devplug_feature_gates", "cannot set feature gate DRAExtendedResource to false, feature is locked to true"]),
-        (["--devplug-feature-gates", "DRADeviceTaints=false"], "",
-         ["DRADeviceTaintRules is enabled, but depends on features that are disabled: [DRADeviceTaints]"]),
-        ([], "devplug_feature_gates = ResourceHealthStatus", ["devplug_feature_gates", "missing bool value for ResourceHealthStatus"]),
-        (["--devplug-kubernetes-version", "1.35", "--devplug-feature-gates", "ResourceHealthStatusMessage=true"], "",
-         ["Kubernetes 1.35: unrecognized feature gate: ResourceHealthStatusMessage"]),
+        (
+            [],
+            "devplug_kubernetes_version = 1.33",
+            ["devplug_kubernetes_version", "'1.33'", "1.35 (v1.35.4)", "1.37 (v1.37.2)"],
+        ),
+        (
+            [],
+            "devplug_kubernetes_version = 1.37.0",
+            ["devplug_kubernetes_version", "'1.37.0'", "not a supported version"],
+        ),
+        (
+            ["--devplug-feature-gates", "NoSuchGate=true"],
+            "",
+            ["--devplug-feature-gates", "unrecognized feature gate: NoSuchGate"],
+        ),
+        (
+            ["--devplug-feature-gates", "DRAExtendedResource=false"],
+            "",
+            [
+                "devplug_feature_gates",
+                "cannot set feature gate DRAExtendedResource to false, feature is locked to true",
+            ],
+        ),
+        (
+            ["--devplug-feature-gates", "DRADeviceTaints=false"],
+            "",
+            ["DRADeviceTaintRules is enabled, but depends on features that are disabled: [DRADeviceTaints]"],
+        ),
+        (
+            [],
+            "devplug_feature_gates = ResourceHealthStatus",
+            ["devplug_feature_gates", "missing bool value for ResourceHealthStatus"],
+        ),
+        (
+            ["--devplug-kubernetes-version", "1.35", "--devplug-feature-gates", "ResourceHealthStatusMessage=true"],
+            "",
+            ["Kubernetes 1.35: unrecognized feature gate: ResourceHealthStatusMessage"],
+        ),
     ],
 )
 def test_bad_value_is_one_usage_error_at_start(
@@ -142,7 +190,12 @@ def test_spec(devplug_settings):
 """
     )
     result = pytester.runpytest_inprocess(
-        "-p", "no:cacheprovider", "--devplug-resource-name", "nvidia.com/gpu, example.com/gpu-half", "--devplug-gpus", "7"
+        "-p",
+        "no:cacheprovider",
+        "--devplug-resource-name",
+        "nvidia.com/gpu, example.com/gpu-half",
+        "--devplug-gpus",
+        "7",
     )
     result.assert_outcomes(passed=1)
 
@@ -169,7 +222,9 @@ def test_env(devplug_driver_spec):
 """
     )
     env = r"CDI_ROOT=/var/run/cdi,FEATURE_GATES=A=true\,B=false,EMPTY="
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-driver-cmd", "my-driver", "--devplug-driver-env", env)
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--devplug-driver-cmd", "my-driver", "--devplug-driver-env", env
+    )
     result.assert_outcomes(passed=1)
 
 

@@ -33,7 +33,9 @@ def test_reboot_check_passes_a_plugin_that_writes_its_cdi_spec_at_every_start(tm
 @pytest.mark.parametrize("fault", ["cdi-spec-once"])
 def test_reboot_check_fails_a_plugin_whose_cdi_spec_does_not_survive_the_reboot(tmp_path: Path, fault: str) -> None:
     passed, failed, output = _run(tmp_path, "--fault", fault)
-    assert not passed, f"{CHECK} passed a plugin that writes its CDI spec only once, before the reboot emptied /var/run/cdi"
+    assert not passed, (
+        f"{CHECK} passed a plugin that writes its CDI spec only once, before the reboot emptied /var/run/cdi"
+    )
     assert "CDI device injection failed: unresolvable CDI devices example.com/widget=" in failed + output, (
         f"{CHECK} failed, but not for the CDI devices the emptied /var/run/cdi no longer defines:\n{failed}\n{output}"
     )

@@ -125,7 +125,9 @@ def test_a_dra_run_describes_its_driver_in_the_header_and_the_report(pytester: p
     plugin (nothing deployed here: the driver's row says so)."""
     pytester.makepyfile(test_x="def test_x(): pass")
     cmd = "{python} my_driver.py --registry {plugins_registry}"
-    result = pytester.runpytest(f"--devplug-driver-cmd={cmd}", "--devplug-driver-name=widget.example.com", "--devplug-report=r.md")
+    result = pytester.runpytest(
+        f"--devplug-driver-cmd={cmd}", "--devplug-driver-name=widget.example.com", "--devplug-report=r.md"
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; driver=widget.example.com mock=False DRA driver: "
                                  "'{python}' my_driver.py --registry '{plugins_registry}' (with the node's paths as flags)"])  # fmt: skip
@@ -141,7 +143,11 @@ def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pyt
     """With no driver option: the DRA suite named on the command line (the included driver is then under test), or
     a conftest's own ``devplug_driver_spec`` (printed when deployed, as for ``devplug_plugin_spec``)."""
     result = pytester.runpytest("--pyargs", "pytest_devplug.dra.conformance", "--collect-only")
-    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; driver=gpu.devplug.io mock=True DRA driver: * -m devplug_gpu_plugin --dra *"])
+    result.stdout.fnmatch_lines(
+        [
+            "devplug: backend=sim, kubernetes *; driver=gpu.devplug.io mock=True DRA driver: * -m devplug_gpu_plugin --dra *"
+        ]
+    )
     pytester.makeconftest(
         """
         import pytest
@@ -189,7 +195,9 @@ def test_report_counts_the_plugins_restarts_per_check(pytester: pytest.Pytester)
         """
     )
     cmd = f"{{python}} {WIDGET} --plugin-dir {{plugin_dir}} --exit-on-kubelet-restart"
-    pytester.runpytest(f"--devplug-plugin-cmd={cmd}", "--devplug-report=r.md", *WIDGET_OPTIONS).assert_outcomes(passed=3)
+    pytester.runpytest(f"--devplug-plugin-cmd={cmd}", "--devplug-report=r.md", *WIDGET_OPTIONS).assert_outcomes(
+        passed=3
+    )
     data = json.loads((pytester.path / "r.json").read_text())
     assert {c["name"]: (c["plugin_restarts"], c["plugin_crash_loop"]) for c in data["checks"]} == {
         "restarts: test_before": (0, ""),
@@ -209,7 +217,9 @@ def test_report_names_a_crash_looping_plugin(pytester: pytest.Pytester) -> None:
     says it crash-loops, beside the error of the check that waited for it."""
     pytester.makepyfile(test_loop="def test_registered(devplug_plugin):\n    pass\n")
     cmd = f"{{python}} {WIDGET} --plugin-dir {{plugin_dir}} --fault exit-at-start"
-    pytester.runpytest(f"--devplug-plugin-cmd={cmd}", "--devplug-report=loop.md", *WIDGET_OPTIONS).assert_outcomes(errors=1)
+    pytester.runpytest(f"--devplug-plugin-cmd={cmd}", "--devplug-report=loop.md", *WIDGET_OPTIONS).assert_outcomes(
+        errors=1
+    )
     data = json.loads((pytester.path / "loop.json").read_text())
     (check,) = data["checks"]
     assert check["outcome"] == "error" and check["plugin_restarts"] == 1, check
@@ -218,5 +228,9 @@ def test_report_names_a_crash_looping_plugin(pytester: pytest.Pytester) -> None:
     ), check
     assert data["run"]["plugin_restarts"] == 1 and data["run"]["plugin_crash_loop"] == check["plugin_crash_loop"]
     md = (pytester.path / "loop.md").read_text()
-    assert "| crash loop | **the plugin crash-looped** (seen in 1 check): exited with status 3 and is crash-looping" in md, md
-    assert "| `loop: test_registered` | **ERROR** | " in md and " s | **crash-looping**, 1 restart | in setup: " in md, md
+    assert (
+        "| crash loop | **the plugin crash-looped** (seen in 1 check): exited with status 3 and is crash-looping" in md
+    ), md
+    assert (
+        "| `loop: test_registered` | **ERROR** | " in md and " s | **crash-looping**, 1 restart | in setup: " in md
+    ), md

@@ -75,10 +75,14 @@ def test_parse_checkpoint_of_a_real_kubelet() -> None:
         b'["GPU-0650a168-e770-3ea8-8ac3-8a1d419763e0"]}},"Checksum":3952659280}'
     )
     cp = parse_checkpoint(raw)
-    assert cp.entries == () and cp.registered_devices == {"nvidia.com/gpu": ("GPU-0650a168-e770-3ea8-8ac3-8a1d419763e0",)}
+    assert cp.entries == () and cp.registered_devices == {
+        "nvidia.com/gpu": ("GPU-0650a168-e770-3ea8-8ac3-8a1d419763e0",)
+    }
     entry = {"PodUID": "u", "ContainerName": "c", "ResourceName": "r/x", "DeviceIDs": {"-1": ["a"], "0": ["b"]},
              "AllocResp": base64.b64encode(b"\x0a\x00").decode()}  # fmt: skip
-    cp2 = parse_checkpoint(json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": None}, "Checksum": 1}).encode())
+    cp2 = parse_checkpoint(
+        json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": None}, "Checksum": 1}).encode()
+    )
     assert cp2.entries_for("u")[0].all_device_ids == ["a", "b"] and cp2.entries[0].alloc_resp == b"\x0a\x00"
     with pytest.raises(ValueError, match="cannot unmarshal array into checkpoint.Data"):
         parse_checkpoint(b"[]")
@@ -131,7 +135,9 @@ def test_pod_factory_manifests() -> None:
     f = PodFactory(_NodesOnly(), node="n1", resource_name="example.com/w", timeout=1, prefix="Test Thing[1]")  # type: ignore[arg-type]
     m = f.manifest(2)
     c = m["spec"]["containers"][0]
-    assert c["resources"] == {"limits": {"example.com/w": "2"}} and m["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
+    assert c["resources"] == {"limits": {"example.com/w": "2"}} and m["spec"]["nodeSelector"] == {
+        "kubernetes.io/hostname": "n1"
+    }
     assert m["metadata"]["name"].startswith("test-thing-1-")
     assert f.manifest(requests=1)["spec"]["containers"][0]["resources"] == {"requests": {"example.com/w": "1"}}
     assert parse_quantity("3") == 3 and parse_quantity(None) == 0 and parse_quantity(4) == 4
@@ -149,9 +155,14 @@ def test_pods_tolerate_the_taints_their_node_is_configured_with() -> None:
     gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     state = {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}
     f = PodFactory(_NodesOnly(gpu, state), node="n1", resource_name="example.com/w", timeout=1)  # type: ignore[arg-type]
-    assert f.manifest(1)["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert f.manifest(1)["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     assert "tolerations" not in f.manifest(1, node="elsewhere")["spec"], "a node that does not exist has no taints"
-    assert "tolerations" not in PodFactory(_NodesOnly(state), node="n1", resource_name="r/x", timeout=1).manifest(1)["spec"]  # type: ignore[arg-type]
+    assert (
+        "tolerations"
+        not in PodFactory(_NodesOnly(state), node="n1", resource_name="r/x", timeout=1).manifest(1)["spec"]
+    )  # type: ignore[arg-type]
 
 
 def test_resource_neutral_names_and_their_gpu_aliases() -> None:
@@ -166,12 +177,16 @@ def test_resource_neutral_names_and_their_gpu_aliases() -> None:
 
 def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
-    result.stdout.fnmatch_lines(["device-plugin end-to-end tests (pytest-devplug):", "*--devplug-backend=*", "*devplug_resource_name (string)*"])
+    result.stdout.fnmatch_lines(
+        ["device-plugin end-to-end tests (pytest-devplug):", "*--devplug-backend=*", "*devplug_resource_name (string)*"]
+    )
     for opt in ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest", "--devplug-gpus",
                 "--devplug-numa-nodes", "--devplug-timeout", "--devplug-grace-period", "--devplug-no-mock",
                 "--cluster-name", "--keep-cluster", "--kind-bin", "--kind-image", "--kubeconfig"):  # fmt: skip
         assert opt in result.stdout.str(), opt
-    pytester.makeini("[pytest]\ndevplug_resource_name = example.com/ini\ndevplug_plugin_cmd = {python} p.py {plugin_dir}\n")
+    pytester.makeini(
+        "[pytest]\ndevplug_resource_name = example.com/ini\ndevplug_plugin_cmd = {python} p.py {plugin_dir}\n"
+    )
     pytester.makepyfile(
         test_s="""
         import sys
@@ -186,7 +201,9 @@ def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
             assert s.backend_options.timeout == 7.5 and s.backend_options.cluster_name == "mine"
         """
     )
-    pytester.runpytest("--devplug-resource-name=example.com/cli", "--devplug-timeout=7.5", "--cluster-name=mine").assert_outcomes(passed=1)
+    pytester.runpytest(
+        "--devplug-resource-name=example.com/cli", "--devplug-timeout=7.5", "--cluster-name=mine"
+    ).assert_outcomes(passed=1)
     pytester.runpytest("--devplug-backend=docker").stderr.fnmatch_lines(["*invalid choice*"])
 
 
@@ -223,7 +240,9 @@ def test_evidence_quotes_only_the_current_tests_kubelet_lines() -> None:
     def iso(t: float, msg: str) -> str:
         return _time.strftime("%Y-%m-%dT%H:%M:%S+0000", _time.gmtime(t)) + f" node kubelet[1]: {klog(t, msg)}"
 
-    sim_log = "\n".join([klog(start - 60, "old"), "  continuation of old", klog(start + 1, "new"), "  continuation of new"])
+    sim_log = "\n".join(
+        [klog(start - 60, "old"), "  continuation of old", klog(start + 1, "new"), "  continuation of new"]
+    )
     kind_log = "\n".join([iso(start - 60, "old"), iso(start + 1, "new")])
     try:
         set_test_window(start)
@@ -261,7 +280,12 @@ def test_run_container_options_merge_like_the_kubelet(caplog: pytest.LogCaptureF
     assert [(m.container_path, m.host_path) for m in opts.mounts] == [("/m", "/h1")]
     assert opts.cdi_devices == ("v.io/c=0",)
     text = caplog.text
-    for needle in ("Environment variable has conflicting", "conflicting mapping host devices", "conflicting mapping host mounts", "Annotation has conflicting"):
+    for needle in (
+        "Environment variable has conflicting",
+        "conflicting mapping host devices",
+        "conflicting mapping host mounts",
+        "Annotation has conflicting",
+    ):
         assert needle in text, text
 
 

@@ -56,13 +56,21 @@ def test_every_row_is_complete() -> None:
             assert backends and backends != "—", f"{text!r}: no backends"
     texts = [r[1] for r in rows]
     assert len(texts) == len(set(texts)), "a scenario is listed twice"
-    assert {r[0] for r in rows} == UPSTREAM_FILES, f"files without a row: {sorted(UPSTREAM_FILES - {r[0] for r in rows})}"
+    assert {r[0] for r in rows} == UPSTREAM_FILES, (
+        f"files without a row: {sorted(UPSTREAM_FILES - {r[0] for r in rows})}"
+    )
 
 
 DRA_TABLE = ROOT / "docs" / "explanation" / "upstream-dra-scenarios.md"
 DRA_SUITE = ROOT / "src" / "pytest_devplug" / "dra" / "conformance"
 #: The ``Context`` blocks of test/e2e_node/dra_test.go.
-DRA_CONTEXTS = {"Resource Kubelet Plugin", "Two resource Kubelet Plugins", "ResourceSlice", "Resource Health", "Device ShareID"}
+DRA_CONTEXTS = {
+    "Resource Kubelet Plugin",
+    "Two resource Kubelet Plugins",
+    "ResourceSlice",
+    "Resource Health",
+    "Device ShareID",
+}
 
 
 def _dra_rows() -> list[list[str]]:

@@ -29,7 +29,10 @@ def _notes(report: Path) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize(
     ("env", "path"),
-    [("DP_REGISTRATION=plugins_registry,DP_KUBELET_REGISTRAR_DIR={plugins_registry}", "plugins_registry"), ("", "kubelet.sock")],
+    [
+        ("DP_REGISTRATION=plugins_registry,DP_KUBELET_REGISTRAR_DIR={plugins_registry}", "plugins_registry"),
+        ("", "kubelet.sock"),
+    ],
     ids=["plugins_registry", "kubelet.sock"],
 )
 def test_registration_checks_pass_either_way_and_say_which(tmp_path: Path, env: str, path: str) -> None:
@@ -49,10 +52,21 @@ def test_registration_checks_pass_through_the_plugin_watcher_on_kind(tmp_path: P
     in the node's ``/var/lib/kubelet/plugins_registry``, found by the kubelet's own plugin watcher). The e2e cluster's
     kubelets log at the default verbosity, where the watcher's registrations are not logged: the report says so."""
     report = tmp_path / "report.md"
-    options = ["--backend", "kind", "--timeout", "60", "--report", str(report), "--plugin-env", "DP_REGISTRATION=plugins_registry"]
+    options = [
+        "--backend",
+        "kind",
+        "--timeout",
+        "60",
+        "--report",
+        str(report),
+        "--plugin-env",
+        "DP_REGISTRATION=plugins_registry",
+    ]
     result = run_conformance(options, ["-k", SELECTION, f"--cluster-name={KIND_CLUSTER}"], tmp_path, timeout=1800)
     assert not result.failed and result.returncode == 0, "\n".join(result.failed) + "\n" + result.output
     assert sorted(result.passed) == sorted(SELECTION.split(" or ")), result.verdicts()
     notes = _notes(report)
     for check in NOTED:
-        assert notes[check] in (["registration: plugins_registry"], [f"registration: {INFERRED_WATCHER_PATH}"]), notes[check]
+        assert notes[check] in (["registration: plugins_registry"], [f"registration: {INFERRED_WATCHER_PATH}"]), notes[
+            check
+        ]

@@ -34,8 +34,10 @@ def _string_from_text(text: str) -> bytes:
 
 json_strings = st.one_of(
     st.text(max_size=12).map(_string_from_text),
-    st.lists(st.one_of(st.sampled_from(_ODD_STRING_PARTS), st.text(max_size=4).map(lambda t: _string_from_text(t)[1:-1])),
-             max_size=4).map(lambda parts: b'"' + b"".join(parts) + b'"'),
+    st.lists(
+        st.one_of(st.sampled_from(_ODD_STRING_PARTS), st.text(max_size=4).map(lambda t: _string_from_text(t)[1:-1])),
+        max_size=4,
+    ).map(lambda parts: b'"' + b"".join(parts) + b'"'),
 )
 numbers = st.one_of(st.sampled_from(_ODD_NUMBERS), st.integers(-(2**70), 2**70).map(lambda i: str(i).encode()))
 scalars = st.one_of(st.sampled_from([b"null", b"true", b"false", b"nul", b"True"]), numbers, json_strings)
@@ -61,10 +63,14 @@ any_value = st.recursive(
     ),
     max_leaves=12,
 )
-string_lists = st.one_of(st.just(b"null"), st.lists(st.one_of(json_strings, st.just(b"null")), max_size=3).map(_array), any_value)
+string_lists = st.one_of(
+    st.just(b"null"), st.lists(st.one_of(json_strings, st.just(b"null")), max_size=3).map(_array), any_value
+)
 alloc_resps = st.one_of(
     st.binary(max_size=24).map(lambda b: b'"' + base64.b64encode(b) + b'"'),
-    st.sampled_from([b'"AQ==="', b'"AQ"', b'"A==="', b'"AQ\\nI="', b'"%%"', b"[1,2,255]", b"[256]", b"[-1]", b"[null]"]),
+    st.sampled_from(
+        [b'"AQ==="', b'"AQ"', b'"A==="', b'"AQ\\nI="', b'"%%"', b"[1,2,255]", b"[256]", b"[-1]", b"[null]"]
+    ),
     any_value,
 )
 numa_maps = st.one_of(st.lists(st.tuples(_key(_NUMA_KEYS), string_lists), max_size=3).map(_object), any_value)
@@ -91,8 +97,11 @@ datas = st.one_of(
 )
 documents = st.one_of(
     st.lists(
-        st.one_of(st.tuples(_key(["Data", "data"]), datas), st.tuples(_key(["Checksum", "checksum"]), numbers),
-                  st.tuples(_key(_KEYS), any_value)),
+        st.one_of(
+            st.tuples(_key(["Data", "data"]), datas),
+            st.tuples(_key(["Checksum", "checksum"]), numbers),
+            st.tuples(_key(_KEYS), any_value),
+        ),
         max_size=4,
     ).map(_object),
     any_value,

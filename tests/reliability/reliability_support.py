@@ -58,7 +58,9 @@ def build_gojson() -> Path | str:
         binary.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
         tmp = binary.with_name(f"gojson.{os.getpid()}")
-        proc = subprocess.run([go, "build", "-o", str(tmp), "."], cwd=src, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [go, "build", "-o", str(tmp), "."], cwd=src, env=env, capture_output=True, text=True, timeout=300
+        )
         if proc.returncode != 0:
             return f"go build of tests/reliability/gojson failed: {proc.stderr.strip()}"
         os.replace(tmp, binary)

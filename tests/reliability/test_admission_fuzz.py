@@ -44,15 +44,40 @@ def _assignments(node: SimNode) -> dict[str, list[str]]:
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimCluster, SimNode]]:
     state = tmp_path_factory.mktemp("admission") / "state.json"
-    gpus = [{"uuid": f"GPU-{i:04d}", "name": "A100", "memory_mib": 40960, "numa_node": i % 2, "minor": i,
-             "lost": False, "fail_allocate": False} for i in range(GPUS)]
+    gpus = [
+        {
+            "uuid": f"GPU-{i:04d}",
+            "name": "A100",
+            "memory_mib": 40960,
+            "numa_node": i % 2,
+            "minor": i,
+            "lost": False,
+            "fail_allocate": False,
+        }
+        for i in range(GPUS)
+    ]
     state.write_text(json.dumps({"gpus": gpus, "events": []}))
     with SimCluster() as cluster:
         node = cluster.add_node("node-1")
-        node.start_plugin([sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(node.plugin_dir),
-                           "--resource-name", GPU, "--nvml", "mock", "--mock-state", str(state)],
-                          env=mock_env(str(state)))
-        wait_for(lambda: node.allocatable().get(GPU), lambda v: v == str(GPUS), what=f"{GPUS} GPUs allocatable", timeout=30)
+        node.start_plugin(
+            [
+                sys.executable,
+                "-m",
+                "devplug_gpu_plugin",
+                "--plugin-dir",
+                str(node.plugin_dir),
+                "--resource-name",
+                GPU,
+                "--nvml",
+                "mock",
+                "--mock-state",
+                str(state),
+            ],
+            env=mock_env(str(state)),
+        )
+        wait_for(
+            lambda: node.allocatable().get(GPU), lambda v: v == str(GPUS), what=f"{GPUS} GPUs allocatable", timeout=30
+        )
         yield cluster, node
 
 

@@ -50,13 +50,18 @@ _entries = st.builds(
     pod_uid=st.text(max_size=10),
     container_name=st.text(max_size=10),
     resource_name=st.text(max_size=10),
-    device_ids=st.one_of(st.none(), st.dictionaries(st.integers(-(2**63), 2**63 - 1), st.one_of(st.none(), st.lists(_ids, max_size=3)), max_size=3)),
+    device_ids=st.one_of(
+        st.none(),
+        st.dictionaries(st.integers(-(2**63), 2**63 - 1), st.one_of(st.none(), st.lists(_ids, max_size=3)), max_size=3),
+    ),
     alloc_resp=st.one_of(st.none(), st.binary(max_size=16)),
 )
 checkpoints = st.builds(
     CheckpointData,
     pod_device_entries=st.one_of(st.none(), st.lists(_entries, max_size=3)),
-    registered_devices=st.one_of(st.none(), st.dictionaries(_ids, st.one_of(st.none(), st.lists(_ids, max_size=3)), max_size=3)),
+    registered_devices=st.one_of(
+        st.none(), st.dictionaries(_ids, st.one_of(st.none(), st.lists(_ids, max_size=3)), max_size=3)
+    ),
 )
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from ..support import default_sigint, wait_until
 
-HOLD = '''
+HOLD = """
 import os, time
 
 
@@ -26,13 +26,13 @@ def test_hold(devplug_plugin, devplug_pod):
     devplug_pod(gpus=1, wait=True)  # a checkpoint and a pod-resources entry exist too
     open(os.environ["DEVPLUG_KILL_MARKER"], "w").write("running")
     time.sleep(120)
-'''
+"""
 
-QUICK = '''
+QUICK = """
 def test_quick(devplug_plugin, devplug_pod):
     assert devplug_plugin.running
     devplug_pod(gpus=1, wait=True)
-'''
+"""
 
 
 def plugin_processes(marker: str) -> list[str]:
@@ -72,7 +72,9 @@ def test_killed_run_leaves_nothing_and_the_next_run_passes(run_dir: tuple[Path, 
     project, tmp = run_dir
     proc = pytest_run(project, tmp, "test_hold.py")
     try:
-        wait_until("the test to be running", lambda: (project / "running").exists() or proc.poll() is not None, timeout=120)
+        wait_until(
+            "the test to be running", lambda: (project / "running").exists() or proc.poll() is not None, timeout=120
+        )
         assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")[-3000:]
         assert plugin_processes(str(tmp)), "no plugin process seen running: the checks below would prove nothing"
         assert any(p.is_socket() for p in tmp.rglob("*")), "no socket seen: the checks below would prove nothing"

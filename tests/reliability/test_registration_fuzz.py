@@ -36,8 +36,19 @@ def kubelet() -> Iterator[tuple[DeviceManager, Path]]:
 
 _names = st.one_of(
     st.text(max_size=20),
-    st.sampled_from(["example.com/gpu", "example.com/gpu\n", "EXAMPLE.com/gpu", "example.com/a/b", "kubernetes.io/x",
-                     "requests.example.com/x", "example.com/" + "g" * 64, "e" * 250 + ".com/gpu", "a.b/c_d.e-f"]),
+    st.sampled_from(
+        [
+            "example.com/gpu",
+            "example.com/gpu\n",
+            "EXAMPLE.com/gpu",
+            "example.com/a/b",
+            "kubernetes.io/x",
+            "requests.example.com/x",
+            "example.com/" + "g" * 64,
+            "e" * 250 + ".com/gpu",
+            "a.b/c_d.e-f",
+        ]
+    ),
 )
 _endpoints = st.one_of(st.text(max_size=20), st.sampled_from(["/abs.sock", "../../x.sock", "", ".", "a/../b.sock"]))
 _versions = st.one_of(st.just("v1beta1"), st.text(max_size=10))

@@ -18,8 +18,16 @@ T = TypeVar("T")
 
 
 def gpu(i: int, numa: int | None = 0, **extra: Any) -> dict[str, Any]:
-    return {"uuid": f"GPU-{i:04d}", "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "numa_node": numa,
-            "minor": i, "lost": False, "fail_allocate": False, **extra}
+    return {
+        "uuid": f"GPU-{i:04d}",
+        "name": "NVIDIA A100-SXM4-40GB",
+        "memory_mib": 40960,
+        "numa_node": numa,
+        "minor": i,
+        "lost": False,
+        "fail_allocate": False,
+        **extra,
+    }
 
 
 def write_state(path: Path, gpus: list[dict[str, Any]], events: list[dict[str, Any]] | None = None) -> None:
@@ -30,12 +38,32 @@ def write_state(path: Path, gpus: list[dict[str, Any]], events: list[dict[str, A
 
 
 def plugin_argv(plugin_dir: Path, state: Path, *extra: str, resource: str = GPU) -> list[str]:
-    return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(plugin_dir), "--resource-name", resource,
-            "--nvml", "mock", "--mock-state", str(state), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "devplug_gpu_plugin",
+        "--plugin-dir",
+        str(plugin_dir),
+        "--resource-name",
+        resource,
+        "--nvml",
+        "mock",
+        "--mock-state",
+        str(state),
+        *extra,
+    ]
 
 
-def pod(name: str, gpus: int | str | None = 1, *, requests: Any = None, node_name: str | None = None,
-        restart_policy: str | None = None, init: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+def pod(
+    name: str,
+    gpus: int | str | None = 1,
+    *,
+    requests: Any = None,
+    node_name: str | None = None,
+    restart_policy: str | None = None,
+    init: list[dict[str, Any]] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
     res: dict[str, Any] = {}
     if gpus is not None:
         res["limits"] = {GPU: gpus}

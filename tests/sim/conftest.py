@@ -57,10 +57,21 @@ def dm_plugin(dm_dir: Path, dm_state: DmMockState) -> Iterator[Callable[..., Plu
     procs: list[PluginProcess] = []
 
     def start(*extra: str) -> PluginProcess:
-        argv = [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(dm_dir), "--resource-name", GPU,
-                "--nvml", "mock", "--mock-state", str(dm_state.path), *extra]
-        p = PluginProcess(argv, log_path=dm_dir.parent / f"plugin{len(procs)}.log",
-                          env=mock_env(str(dm_state.path)))
+        argv = [
+            sys.executable,
+            "-m",
+            "devplug_gpu_plugin",
+            "--plugin-dir",
+            str(dm_dir),
+            "--resource-name",
+            GPU,
+            "--nvml",
+            "mock",
+            "--mock-state",
+            str(dm_state.path),
+            *extra,
+        ]
+        p = PluginProcess(argv, log_path=dm_dir.parent / f"plugin{len(procs)}.log", env=mock_env(str(dm_state.path)))
         p.start()
         procs.append(p)
         return p

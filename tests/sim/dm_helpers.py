@@ -55,8 +55,15 @@ def dm_capacity_probe(dm: DeviceManager, resource: str = GPU) -> Callable[[], tu
 
 
 def dm_gpu(i: int, numa: int | None = 0, **kw: Any) -> dict[str, Any]:
-    g = {"uuid": f"GPU-{i:04d}", "name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "numa_node": numa,
-         "minor": i, "lost": False, "fail_allocate": False}
+    g = {
+        "uuid": f"GPU-{i:04d}",
+        "name": "NVIDIA A100-SXM4-40GB",
+        "memory_mib": 40960,
+        "numa_node": numa,
+        "minor": i,
+        "lost": False,
+        "fail_allocate": False,
+    }
     g.update(kw)
     return g
 
@@ -100,7 +107,9 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
         self.prestart_calls: list[list[str]] = []
         self.law_calls = 0
         self.envs: dict[str, str] = {}
-        self._devices = devices if devices is not None else [pb.Device(ID=f"dev-{i}", health="Healthy") for i in range(2)]
+        self._devices = (
+            devices if devices is not None else [pb.Device(ID=f"dev-{i}", health="Healthy") for i in range(2)]
+        )
         self._cond = threading.Condition()
         self._version = 0
         self._end = False
@@ -126,7 +135,9 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
                 devs = list(self._devices)
             yield pb.ListAndWatchResponse(devices=devs)
 
-    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: Any) -> pb.PreferredAllocationResponse:
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
         self.preferred_calls.extend(request.container_requests)
         resp = pb.PreferredAllocationResponse()
         for _ in request.container_requests:
@@ -172,8 +183,12 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
     def register(self, version: str = "v1beta1", resource: str | None = None) -> None:
         with grpc.insecure_channel(f"unix://{self.sock.parent / 'kubelet.sock'}") as ch:
             pb_grpc.RegistrationStub(ch).Register(
-                pb.RegisterRequest(version=version, endpoint=self.sock.name, resource_name=resource or self.resource,
-                                   options=self.options),
+                pb.RegisterRequest(
+                    version=version,
+                    endpoint=self.sock.name,
+                    resource_name=resource or self.resource,
+                    options=self.options,
+                ),
                 timeout=15,
             )
 

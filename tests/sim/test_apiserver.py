@@ -14,9 +14,18 @@ from ._helpers import GPU, pod
 
 @pytest.mark.parametrize(
     ("raw", "value", "canonical"),
-    [("1", 1, "1"), (1, 1, "1"), ("500m", Fraction(1, 2), "500m"), (0.5, Fraction(1, 2), "500m"),
-     ("2000", 2000, "2k"), ("1.5", Fraction(3, 2), "1500m"), ("1Ki", 1024, "1Ki"), ("1536", 1536, "1536"),
-     ("2e3", 2000, "2e3"), ("0", 0, "0")],
+    [
+        ("1", 1, "1"),
+        (1, 1, "1"),
+        ("500m", Fraction(1, 2), "500m"),
+        (0.5, Fraction(1, 2), "500m"),
+        ("2000", 2000, "2k"),
+        ("1.5", Fraction(3, 2), "1500m"),
+        ("1Ki", 1024, "1Ki"),
+        ("1536", 1536, "1536"),
+        ("2e3", 2000, "2e3"),
+        ("0", 0, "0"),
+    ],
 )
 def test_quantity_parsing_and_canonical_form(raw: object, value: object, canonical: str) -> None:
     q = parse_quantity(raw)
@@ -81,13 +90,17 @@ def test_cpu_may_overcommit_but_not_exceed_limit() -> None:
     admit_pod(ok)
     bad = pod("p", None)
     bad["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}, "requests": {"cpu": "1500m"}}
-    with pytest.raises(ApiError, match=r'requests: Invalid value: "1500m": must be less than or equal to cpu limit of 1'):
+    with pytest.raises(
+        ApiError, match=r'requests: Invalid value: "1500m": must be less than or equal to cpu limit of 1'
+    ):
         admit_pod(bad)
 
 
 def test_init_container_paths_and_missing_fields() -> None:
     p = pod("p", 1, init=[{"name": "i", "image": "x", "resources": {"limits": {GPU: "0.5"}}}])
-    with pytest.raises(ApiError, match=r'spec.initContainers\[0\].resources.limits\[nvidia.com/gpu\]: Invalid value: "500m"'):
+    with pytest.raises(
+        ApiError, match=r'spec.initContainers\[0\].resources.limits\[nvidia.com/gpu\]: Invalid value: "500m"'
+    ):
         admit_pod(p)
     with pytest.raises(ApiError, match=r"spec.containers\[0\].image: Required value"):
         admit_pod({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}})
@@ -100,8 +113,11 @@ def test_generate_name_and_v1pod_models() -> None:
 
     model = client.V1Pod(
         metadata=client.V1ObjectMeta(generate_name="gpu-"),
-        spec=client.V1PodSpec(containers=[client.V1Container(
-            name="c", image="x", resources=client.V1ResourceRequirements(limits={GPU: "1"}))]),
+        spec=client.V1PodSpec(
+            containers=[
+                client.V1Container(name="c", image="x", resources=client.V1ResourceRequirements(limits={GPU: "1"}))
+            ]
+        ),
     )
     p = admit_pod(model)
     assert p["metadata"]["name"].startswith("gpu-") and len(p["metadata"]["name"]) == 9
@@ -151,7 +167,10 @@ def test_limit_names_are_validated_like_upstream(name: str, messages: list[str])
 def test_limit_name_with_three_parts_is_not_a_qualified_name() -> None:
     with pytest.raises(ApiError) as ei:
         admit_pod(_with_limit("example.com/a/b"))
-    assert 'limits[example.com/a/b]: Invalid value: "example.com/a/b": a qualified name must consist of' in ei.value.message
+    assert (
+        'limits[example.com/a/b]: Invalid value: "example.com/a/b": a qualified name must consist of'
+        in ei.value.message
+    )
 
 
 @pytest.mark.parametrize("name", ["pod\n", "Pod", "p_d", "-p", "p" * 254])

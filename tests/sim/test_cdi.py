@@ -43,7 +43,8 @@ def test_resolve_applies_the_spec_edits_once_then_each_devices(tmp_path: Path) -
     edits = cdi.resolve(["example.com/gpu=gpu0", "example.com/gpu=gpu1"], [tmp_path / "etc", tmp_path / "run"])
     assert edits.env == {"SHARED": "1", "WHICH": "1"}
     assert edits.device_nodes == [
-        DeviceNodeView("/dev/examplectl", "/dev/examplectl", "rwm"), DeviceNodeView("/dev/ex0", "/host/ex0", "rw")
+        DeviceNodeView("/dev/examplectl", "/dev/examplectl", "rwm"),
+        DeviceNodeView("/dev/ex0", "/host/ex0", "rw"),
     ]
     assert edits.mounts == [MountView("/usr/lib/x", "/lib/x", True)]
 
@@ -70,12 +71,19 @@ def test_a_later_directory_wins_and_equal_priority_conflicts(tmp_path: Path) -> 
         ({"devices": [{"name": "a/b", "containerEdits": {"env": ["A=1"]}}]}, "invalid character '/'"),
         ({"devices": [{"name": "a", "containerEdits": {}}]}, "invalid device 'a', empty device edits"),
         ({"devices": [{"name": "a", "containerEdits": {"env": ["=1"]}}]}, "invalid environment variable '=1'"),
-        ({"devices": [{"name": "a", "containerEdits": {"deviceNodes": [{"path": "/d", "type": "x"}]}}]}, "invalid type 'x'"),
-        ({"devices": [{"name": "a", "containerEdits": {"deviceNodes": [{"path": "/d", "permissions": "rx"}]}}]},
-         "invalid permissions 'rx'"),
+        (
+            {"devices": [{"name": "a", "containerEdits": {"deviceNodes": [{"path": "/d", "type": "x"}]}}]},
+            "invalid type 'x'",
+        ),
+        (
+            {"devices": [{"name": "a", "containerEdits": {"deviceNodes": [{"path": "/d", "permissions": "rx"}]}}]},
+            "invalid permissions 'rx'",
+        ),
         ({"devices": [{"name": "a", "containerEdits": {"mounts": [{"hostPath": "/h"}]}}]}, "empty container path"),
-        ({"devices": [{"name": "a", "containerEdits": {"hooks": [{"hookName": "later", "path": "/h"}]}}]},
-         "invalid hook name 'later'"),
+        (
+            {"devices": [{"name": "a", "containerEdits": {"hooks": [{"hookName": "later", "path": "/h"}]}}]},
+            "invalid hook name 'later'",
+        ),
         ({"devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}}] * 2}, "multiple device 'a'"),
         ({"deviceNodes": []}, "unknown field(s) ['deviceNodes'] in the spec"),
     ],
@@ -104,7 +112,9 @@ def test_unresolvable_names_say_which_and_what_was_seen(tmp_path: Path) -> None:
 
 def test_names_from_annotations() -> None:
     assert cdi.names_from_annotations({"cdi.k8s.io/b": "v/c=2", "cdi.k8s.io/a": "v/c=0, v/c=1", "other": "v/c=9"}) == [
-        "v/c=0", "v/c=1", "v/c=2"
+        "v/c=0",
+        "v/c=1",
+        "v/c=2",
     ]
 
 
@@ -146,7 +156,9 @@ def test_a_name_no_spec_resolves_refuses_the_container(cdi_plugin: tuple[Cluster
     with pytest.raises(AssertionError) as info:
         pod.wait_running()
     text = str(info.value)
-    assert "the runtime refused to create container" in text and "unresolvable CDI devices nvidia.com/gpu=GPU-" in text, text
+    assert (
+        "the runtime refused to create container" in text and "unresolvable CDI devices nvidia.com/gpu=GPU-" in text
+    ), text
     assert f"specs seen: {spec_dir.parent / 'cdi'}: no spec files" in text, text
 
 
@@ -160,6 +172,9 @@ def test_a_runtime_that_does_not_apply_cdi_edits_fails_the_injection_check(
     assert_allocate_injections(pod)
     bare = ExecResult(2, "", "ls: cannot access '/dev/nvidiactl': No such file or directory\n")
     monkeypatch.setattr(SimBackend, "exec_pod", lambda *a, **kw: bare)
-    with pytest.raises(AssertionError, match=r"\['/dev/nvidia-uvm', '/dev/nvidia\d', '/dev/nvidiactl'\] were injected .* the "
-                       r"container has nothing there: the runtime did not apply them \(does it resolve CDI names\?\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"\['/dev/nvidia-uvm', '/dev/nvidia\d', '/dev/nvidiactl'\] were injected .* the "
+        r"container has nothing there: the runtime did not apply them \(does it resolve CDI names\?\)",
+    ):
         assert_allocate_injections(pod)

@@ -62,8 +62,11 @@ def test_refused_like_go(blob: bytes, problem: str) -> None:
     [
         # Unpaired surrogate escapes and invalid UTF-8 become U+FFFD, one per byte.
         (_doc('{"RegisteredDevices":{"r":["\\ud800"]}}'), 1, CheckpointData(None, {"r": ["\ufffd"]})),
-        (b'{"Data":{"RegisteredDevices":{"r":["\xe2\x82A\xed\xa0\x80"]}},"Checksum":1}', 1,
-         CheckpointData(None, {"r": ["\ufffd\ufffdA\ufffd\ufffd\ufffd"]})),
+        (
+            b'{"Data":{"RegisteredDevices":{"r":["\xe2\x82A\xed\xa0\x80"]}},"Checksum":1}',
+            1,
+            CheckpointData(None, {"r": ["\ufffd\ufffdA\ufffd\ufffd\ufffd"]}),
+        ),
         # Keys match case-insensitively; the Kelvin sign and long s fold onto k and s.
         (b'{"data":{"registereddevices":{"a":null}},"CHECK\xc5\xbfUM":5}', 5, CheckpointData(None, {"a": None})),
         # null leaves a number or string as it was and makes a map or slice nil.
@@ -71,19 +74,40 @@ def test_refused_like_go(blob: bytes, problem: str) -> None:
         (_doc("null", ',"Checksum":1,"Checksum":null'), 1, CheckpointData()),
         (_doc('{"RegisteredDevices":{"a":["x",null]}}'), 1, CheckpointData(None, {"a": ["x", ""]})),
         # A repeated key decodes again into the same value: maps merge, slice elements are reused.
-        (b'{"Data":{"RegisteredDevices":{"a":["x"]}},"Data":{"RegisteredDevices":{"b":["y"]}},"Checksum":1}', 1,
-         CheckpointData(None, {"a": ["x"], "b": ["y"]})),
-        (b'{"Data":{"PodDeviceEntries":[{"PodUID":"a","ContainerName":"c"}]},'
-         b'"Data":{"PodDeviceEntries":[{"PodUID":"b"}]},"Checksum":1}', 1,
-         CheckpointData([PodDevicesEntry("b", "c", "", None, None)])),
+        (
+            b'{"Data":{"RegisteredDevices":{"a":["x"]}},"Data":{"RegisteredDevices":{"b":["y"]}},"Checksum":1}',
+            1,
+            CheckpointData(None, {"a": ["x"], "b": ["y"]}),
+        ),
+        (
+            b'{"Data":{"PodDeviceEntries":[{"PodUID":"a","ContainerName":"c"}]},'
+            b'"Data":{"PodDeviceEntries":[{"PodUID":"b"}]},"Checksum":1}',
+            1,
+            CheckpointData([PodDevicesEntry("b", "c", "", None, None)]),
+        ),
         # strconv.ParseInt takes a sign and leading zeros; the later of two equal keys wins.
-        (_doc('{"PodDeviceEntries":[{"DeviceIDs":{"+1":["a"],"01":["b"]}}]}'), 1,
-         CheckpointData([PodDevicesEntry("", "", "", {1: ["b"]}, None)])),
+        (
+            _doc('{"PodDeviceEntries":[{"DeviceIDs":{"+1":["a"],"01":["b"]}}]}'),
+            1,
+            CheckpointData([PodDevicesEntry("", "", "", {1: ["b"]}, None)]),
+        ),
         # []byte from base64 (CR and LF skipped) or from an array of numbers.
-        (_doc('{"PodDeviceEntries":[{"AllocResp":"AQ\\nI="}]}'), 1, CheckpointData([PodDevicesEntry("", "", "", None, b"\x01\x02")])),
-        (_doc('{"PodDeviceEntries":[{"AllocResp":[1,2,255]}]}'), 1, CheckpointData([PodDevicesEntry("", "", "", None, b"\x01\x02\xff")])),
+        (
+            _doc('{"PodDeviceEntries":[{"AllocResp":"AQ\\nI="}]}'),
+            1,
+            CheckpointData([PodDevicesEntry("", "", "", None, b"\x01\x02")]),
+        ),
+        (
+            _doc('{"PodDeviceEntries":[{"AllocResp":[1,2,255]}]}'),
+            1,
+            CheckpointData([PodDevicesEntry("", "", "", None, b"\x01\x02\xff")]),
+        ),
         # Unknown keys are skipped whatever they hold, up to Go's nesting limit.
-        (_doc("{}", ',"Checksum":1,"X":1e99999,"Y":' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)), 1, CheckpointData()),
+        (
+            _doc("{}", ',"Checksum":1,"X":1e99999,"Y":' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)),
+            1,
+            CheckpointData(),
+        ),
         # The checksum field is a uint64: a value above 2^32 is a mismatch, not a format error.
         (_doc("{}", ',"Checksum":18446744073709551615'), 2**64 - 1, CheckpointData()),
     ],
@@ -141,7 +165,9 @@ def test_kubelet_starts_empty_on_a_checkpoint_it_cannot_use(tmp_path: Path) -> N
     """Upstream ``Start`` logs "Continue after failing to read checkpoint file" and goes on."""
     from pytest_devplug.sim.devicemanager import DeviceManager
 
-    (tmp_path / "kubelet_internal_checkpoint").write_bytes(b'{"Data":' * 2000 + b'{"RegisteredDevices":{"r":["\\ud800"]}}')
+    (tmp_path / "kubelet_internal_checkpoint").write_bytes(
+        b'{"Data":' * 2000 + b'{"RegisteredDevices":{"r":["\\ud800"]}}'
+    )
     dm = DeviceManager(tmp_path)
     dm.start()
     try:

@@ -52,12 +52,22 @@ def test_pending_pod_is_retried_when_devices_free_up(cluster: SimCluster, tmp_pa
     cluster.create_pod(pod("a", 1))
     b = cluster.create_pod(pod("b", 1))
     cond = b["status"]["conditions"][0]
-    assert (b["status"]["phase"], cond["type"], cond["status"], cond["reason"]) == ("Pending", "PodScheduled", "False", "Unschedulable")
+    assert (b["status"]["phase"], cond["type"], cond["status"], cond["reason"]) == (
+        "Pending",
+        "PodScheduled",
+        "False",
+        "Unschedulable",
+    )
     (ev,) = cluster.events(involved_name="b")
     assert (ev["type"], ev["reason"], ev["source"]["component"]) == ("Warning", "FailedScheduling", "default-scheduler")
-    assert ev["message"] == cond["message"] == (
-        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
-        "1 No preemption victims found for incoming pod.")
+    assert (
+        ev["message"]
+        == cond["message"]
+        == (
+            "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
+            "1 No preemption victims found for incoming pod."
+        )
+    )
     cluster.delete_pod("a")
     wait_for(lambda: phase(cluster, "b"), lambda v: v == "Running", "pod b running after a was deleted")
     evs = cluster.events(involved_name="b")
@@ -66,7 +76,9 @@ def test_pending_pod_is_retried_when_devices_free_up(cluster: SimCluster, tmp_pa
 
 
 def test_taint_change_retries_and_nodes_are_chosen_by_labels(cluster: SimCluster, tmp_path: Path) -> None:
-    start_gpu_node(cluster, "gpu-1", tmp_path / "a.json", 1, taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
+    start_gpu_node(
+        cluster, "gpu-1", tmp_path / "a.json", 1, taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}]
+    )
     start_gpu_node(cluster, "gpu-2", tmp_path / "b.json", 1, labels={"pool": "b"})
     assert cluster.create_pod(pod("sel", 1, nodeSelector={"pool": "b"}))["spec"]["nodeName"] == "gpu-2"
     p = cluster.create_pod(pod("x", 1))

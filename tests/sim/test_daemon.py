@@ -19,7 +19,11 @@ from pytest_devplug.procs.process import PluginProcess
 from ..support import wait_until
 
 #: Exits at once with status 3, saying why first.
-CRASHER = [sys.executable, "-c", "import sys; print('F0101 00:00:00.000000 1 main.go:1] no GPUs found', flush=True); sys.exit(3)"]
+CRASHER = [
+    sys.executable,
+    "-c",
+    "import sys; print('F0101 00:00:00.000000 1 main.go:1] no GPUs found', flush=True); sys.exit(3)",
+]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
@@ -78,24 +82,34 @@ def daemons() -> Iterator[list[PluginDaemon]]:
         d.stop(timeout=2)
 
 
-def daemon(made: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet, argv: list[str], policy: BackOffPolicy) -> PluginDaemon:
+def daemon(
+    made: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet, argv: list[str], policy: BackOffPolicy
+) -> PluginDaemon:
     proc = PluginProcess(argv, log_path=tmp_path / f"p{len(made)}.log")
-    d = PluginDaemon(proc, name=f"p{len(made)}", kubelet=kubelet, logger=logging.getLogger("test-daemon"), policy=policy, relist=0.02)
+    d = PluginDaemon(
+        proc, name=f"p{len(made)}", kubelet=kubelet, logger=logging.getLogger("test-daemon"), policy=policy, relist=0.02
+    )
     made.append(d)
     d.start()
     return d
 
 
-def test_a_crash_loop_is_restarted_with_back_off_and_reported(daemons: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet) -> None:
+def test_a_crash_loop_is_restarted_with_back_off_and_reported(
+    daemons: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet
+) -> None:
     d = daemon(daemons, tmp_path, kubelet, CRASHER, BackOffPolicy(initial=0.5, maximum=1.0))
     # The first exit is restarted at once; the second waits out the back-off: crash-looping.
     reason = wait_until("the plugin crash-looping", d.exit_reason, lambda r: r is not None, timeout=10)
     assert reason is not None and d.restarts == 1
-    assert reason.startswith("exited with status 3 and is crash-looping (CrashLoopBackOff): restarted 1 time by the kubelet"), reason
+    assert reason.startswith(
+        "exited with status 3 and is crash-looping (CrashLoopBackOff): restarted 1 time by the kubelet"
+    ), reason
     assert "back-off 0.5 s" in reason, reason
     wait_until("two more restarts", lambda: d.restarts, lambda n: n >= 3, timeout=10)
     log = d.log()
-    assert log.count("no GPUs found") >= 3 and "--- restarted by the kubelet (restartPolicy Always): restart 2" in log, log
+    assert (
+        log.count("no GPUs found") >= 3 and "--- restarted by the kubelet (restartPolicy Always): restart 2" in log
+    ), log
 
 
 def test_nothing_restarts_while_the_kubelet_is_down_and_a_new_kubelet_restarts_at_once(
@@ -132,7 +146,9 @@ def test_the_harness_stop_and_kill_keep_it_down_and_start_is_a_new_pod(
     assert not d.running and d.exit_reason() == "killed by signal 15"
 
 
-def test_a_stop_between_two_crashes_keeps_it_down(daemons: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet) -> None:
+def test_a_stop_between_two_crashes_keeps_it_down(
+    daemons: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet
+) -> None:
     """The harness stopping a crash-looping plugin (remove_plugin, teardown) holds it: no restart after the back-off."""
     d = daemon(daemons, tmp_path, kubelet, CRASHER, BackOffPolicy(initial=0.3, maximum=0.3))
     wait_until("in back-off", d.exit_reason, lambda r: r is not None, timeout=10)

@@ -69,8 +69,11 @@ def test_registration_gives_capacity_equal_allocatable(dm_make: Make, dm_plugin:
     assert opts is not None and opts.get_preferred_allocation_available and not opts.pre_start_required
     assert dm.device_numa(GPU, "GPU-0001") == [1]
     assert w.changes > 0
-    w.until("healthy devices in the checkpoint", lambda: registered_in_checkpoint(dm),
-            lambda r: r == {GPU: ["GPU-0000", "GPU-0001"]})
+    w.until(
+        "healthy devices in the checkpoint",
+        lambda: registered_in_checkpoint(dm),
+        lambda r: r == {GPU: ["GPU-0000", "GPU-0001"]},
+    )
     assert read_checkpoint(dm.checkpoint_path).pod_device_entries is None
 
 
@@ -90,15 +93,28 @@ def test_register_rejects_unsupported_version_with_upstream_text(dm_make: Make, 
     err = register_raw(dm_dir, "v1alpha", GPU)
     assert err.code() == grpc.StatusCode.UNKNOWN
     # upstream formats api.SupportedVersions (a Go array) with %q
-    assert err.details() == 'requested API version "v1alpha" is not supported by kubelet. Supported version is ["v1beta1"]'
+    assert (
+        err.details() == 'requested API version "v1alpha" is not supported by kubelet. Supported version is ["v1beta1"]'
+    )
     assert dm.resources() == []
 
 
 @pytest.mark.parametrize(
     "name",
-    ["gpu", "kubernetes.io/gpu", "foo.kubernetes.io/gpu", "requests.example.com/gpu", "example.com/gpu/x",
-     "Example.com/gpu", "example.com/-gpu", "/gpu", "example.com/" + "g" * 64, "example.com/gpu\n",
-     "example.com/has space", "e" * 250 + ".com/gpu"],
+    [
+        "gpu",
+        "kubernetes.io/gpu",
+        "foo.kubernetes.io/gpu",
+        "requests.example.com/gpu",
+        "example.com/gpu/x",
+        "Example.com/gpu",
+        "example.com/-gpu",
+        "/gpu",
+        "example.com/" + "g" * 64,
+        "example.com/gpu\n",
+        "example.com/has space",
+        "e" * 250 + ".com/gpu",
+    ],
 )
 def test_register_rejects_invalid_resource_names(dm_make: Make, dm_dir: Path, name: str) -> None:
     dm, _ = dm_make()
@@ -266,7 +282,9 @@ def test_plugin_stopped_gives_zero_of_n_then_zero_of_zero(
     assert dm.capacity() == ({}, {}, [])
 
 
-def test_unhealthy_then_healthy_again(dm_make: Make, dm_plugin: Callable[..., PluginProcess], dm_state: DmMockState) -> None:
+def test_unhealthy_then_healthy_again(
+    dm_make: Make, dm_plugin: Callable[..., PluginProcess], dm_state: DmMockState
+) -> None:
     dm_state.write([dm_gpu(0, 0)])
     dm, w = dm_make()
     dm_plugin()
@@ -545,7 +563,10 @@ def test_pre_start_failure_and_skip(dm_make: Make, dm_fake: Callable[..., FakePl
     dm.admit_container(p, p.containers[0])
     with pytest.raises(PreStartError) as exc:
         dm.pre_start_container(p, p.containers[0])
-    assert str(exc.value) == "device plugin PreStartContainer rpc failed with err: rpc error: code = Unknown desc = cannot prepare"
+    assert (
+        str(exc.value)
+        == "device plugin PreStartContainer rpc failed with err: rpc error: code = Unknown desc = cannot prepare"
+    )
     # a new instance registers on a socket of its own (1.37 refuses one the kubelet holds), without
     # pre_start_required: the resource's options are the newest registration's, so no call any more
     g = dm_fake("g.sock")
@@ -651,9 +672,7 @@ def test_numa_node_minus_one_is_filed_as_no_topology_before_and_after_a_restart(
 # --- restart ---------------------------------------------------------------------------------------
 
 
-def test_restart_rebuilds_from_checkpoint(
-    dm_dir: Path, dm_make: Make, dm_plugin: Callable[..., PluginProcess]
-) -> None:
+def test_restart_rebuilds_from_checkpoint(dm_dir: Path, dm_make: Make, dm_plugin: Callable[..., PluginProcess]) -> None:
     dm, w = dm_make()
     proc = dm_plugin()
     registered(dm, w)

@@ -32,7 +32,10 @@ def test_registration_then_pod_sees_device_and_pod_resources_lists_it(cluster: S
     assert allocatable(cluster, "node-1") == ("2", "2")
     cluster.create_pod(pod("x", 1))
     devs = devices_of(cluster, "x")
-    assert node.container(cluster.get_pod("x")["metadata"]["uid"], "main").options.envs["NVIDIA_VISIBLE_DEVICES"] == devs[0]
+    assert (
+        node.container(cluster.get_pod("x")["metadata"]["uid"], "main").options.envs["NVIDIA_VISIBLE_DEVICES"]
+        == devs[0]
+    )
     assert pod_resources(node) == {("x", "main"): {GPU: devs}}
 
 
@@ -88,8 +91,10 @@ def test_reboot_without_reregistration_fails_the_pod(cluster: SimCluster, tmp_pa
     node.reboot()  # sandboxes and the plugin are gone; the kubelet re-admits from its checkpoint
     st = cluster.get_pod("x")["status"]
     assert (st["phase"], st["reason"]) == ("Failed", "UnexpectedAdmissionError")
-    assert st["message"] == ("Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate "
-                             "unhealthy devices nvidia.com/gpu, which is unexpected")
+    assert st["message"] == (
+        "Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate "
+        "unhealthy devices nvidia.com/gpu, which is unexpected"
+    )
 
 
 def test_device_unhealthy_then_healthy(cluster: SimCluster, tmp_path: Path) -> None:

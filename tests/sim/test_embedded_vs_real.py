@@ -129,7 +129,11 @@ def test_scheduling_messages_for_taints_and_selectors(sides: Sides, tmp_path: Pa
     for p in ("nowhere", "too-many"):
         wait_for(lambda: _scheduled(sides["real"], p)[1], lambda v: v == "False", f"real: {p} unschedulable")
         _same(sides, f"why {p} is not scheduled", lambda c: _scheduled(c, p))
-    _same(sides, "where a selected pod goes", lambda c: c.create_pod(pod("sel", 1, nodeSelector={"pool": "b"}))["spec"].get("nodeName"))
+    _same(
+        sides,
+        "where a selected pod goes",
+        lambda c: c.create_pod(pod("sel", 1, nodeSelector={"pool": "b"}))["spec"].get("nodeName"),
+    )
 
 
 def test_node_status_follows_the_device_manager(sides: Sides, tmp_path: Path) -> None:
@@ -138,9 +142,17 @@ def test_node_status_follows_the_device_manager(sides: Sides, tmp_path: Path) ->
     _same(sides, "the node's labels", lambda c: c.get_node("node-1")["metadata"]["labels"])
     for name, node in nodes.items():
         node.plugin().stop()
-        wait_for(lambda: allocatable(sides[name], "node-1"), lambda v: v == ("2", "0"), f"{name}: 2/0 after the plugin stopped")
+        wait_for(
+            lambda: allocatable(sides[name], "node-1"),
+            lambda v: v == ("2", "0"),
+            f"{name}: 2/0 after the plugin stopped",
+        )
     _same(sides, "capacity/allocatable once the plugin is gone", lambda c: allocatable(c, "node-1"))
-    _same(sides, "the Ready condition", lambda c: [(x["type"], x["status"], x["reason"]) for x in c.get_node("node-1")["status"]["conditions"]])
+    _same(
+        sides,
+        "the Ready condition",
+        lambda c: [(x["type"], x["status"], x["reason"]) for x in c.get_node("node-1")["status"]["conditions"]],
+    )
 
 
 def test_kubelet_events_and_admission_failures(sides: Sides, tmp_path: Path) -> None:
@@ -150,7 +162,9 @@ def test_kubelet_events_and_admission_failures(sides: Sides, tmp_path: Path) -> 
         wait_for(lambda: phase(c, "ok"), lambda v: v == "Running", f"{name}: ok running")
         c.create_pod(pod("pinned", 2, node_name="node-1"))
         wait_for(lambda: phase(c, "pinned"), lambda v: v == "Failed", f"{name}: pinned rejected")
-    _same(sides, "the kubelet's events of a started pod", lambda c: [_event(c, "ok", r) for r in ("Created", "Started")])
+    _same(
+        sides, "the kubelet's events of a started pod", lambda c: [_event(c, "ok", r) for r in ("Created", "Started")]
+    )
 
     def rejection(c: ClusterApi) -> tuple[Any, ...]:
         st = c.get_pod("pinned")["status"]

@@ -29,14 +29,25 @@ def test_the_stub_driver_version_is_the_mocks() -> None:
 
 def test_node_file_binds_layout(tmp_path: Path) -> None:
     nodes = gpu_device_nodes([1, 0])
-    assert nodes == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/nvidia0", "/dev/nvidia1"]
+    assert nodes == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+    ]
     binds = node_file_binds(tmp_path, nodes, driver_version="1.2.3", nvml=Path("/opt/mock/libnvidia-ml.so.1"))
     assert binds[0] == (tmp_path / "driver", DRIVER_ROOT)  # the driver root first: its device nodes go over it
     assert (Path("/dev/null"), "/dev/nvidia0") in binds and (Path("/dev/null"), f"{DRIVER_ROOT}/dev/nvidia1") in binds
     lib = tmp_path / "driver/usr/lib/x86_64-linux-gnu"
-    assert (lib / "libcuda.so.1").resolve() == (lib / "libcuda.so.1.2.3").resolve() and (lib / "libcuda.so.1.2.3").is_file()
+    assert (lib / "libcuda.so.1").resolve() == (lib / "libcuda.so.1.2.3").resolve() and (
+        lib / "libcuda.so.1.2.3"
+    ).is_file()
     assert os.readlink(lib / "libnvidia-ml.so.1.2.3") == "/opt/mock/libnvidia-ml.so.1"
-    assert node_file_binds(tmp_path, nodes, driver_version="1.2.3") == node_file_binds(tmp_path, nodes, driver_version="1.2.3")
+    assert node_file_binds(tmp_path, nodes, driver_version="1.2.3") == node_file_binds(
+        tmp_path, nodes, driver_version="1.2.3"
+    )
     with pytest.raises(ValueError, match="'/etc/passwd': want an absolute path under /dev"):
         node_file_binds(tmp_path, ["/etc/passwd"])
 
@@ -78,8 +89,16 @@ def test_the_plugin_sees_a_gpu_node_and_the_declared_nodes_the_host_does_not(bac
     paths = ["/dev/ttyWIDGET0", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm", f"{DRIVER_ROOT}/dev/nvidia0"]
     lib = f"{DRIVER_ROOT}/usr/lib/x86_64-linux-gnu/libcuda.so.{MOCK_DRIVER_VERSION}"
     script = f"stat -c '%F %n' {' '.join(paths)}; test -f {lib} && echo has-libcuda; echo done; sleep 60"
-    plugin = cluster.deploy(node, PluginSpec(argv=["sh", "-c", script], mock=True, gpus=1, numa_nodes=1, standard_paths=True))
-    log = wait_for(plugin.log, lambda text: "\ndone\n" in text, timeout=20.0, what="the stub plugin's listing", give_up=plugin.crashed)
+    plugin = cluster.deploy(
+        node, PluginSpec(argv=["sh", "-c", script], mock=True, gpus=1, numa_nodes=1, standard_paths=True)
+    )
+    log = wait_for(
+        plugin.log,
+        lambda text: "\ndone\n" in text,
+        timeout=20.0,
+        what="the stub plugin's listing",
+        give_up=plugin.crashed,
+    )
     for path in paths:
         assert f"character special file {path}" in log, log
     assert "has-libcuda" in log, log
@@ -103,8 +122,17 @@ def test_a_mig_node_shows_the_plugin_its_mig_capabilities(backend: SimBackend) -
               "echo done; sleep 60")  # fmt: skip
     spec = PluginSpec(argv=["sh", "-c", script], mock=True, gpus=1, numa_nodes=1, mig=("1g.5gb",), standard_paths=True)
     plugin = cluster.deploy(node, spec)
-    log = wait_for(plugin.log, lambda text: "\ndone\n" in text, timeout=20.0, what="the stub plugin's listing", give_up=plugin.crashed)
-    assert "gpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n" in log and "character special file /dev/nvidia-caps/nvidia-cap13" in log, log
+    log = wait_for(
+        plugin.log,
+        lambda text: "\ndone\n" in text,
+        timeout=20.0,
+        what="the stub plugin's listing",
+        give_up=plugin.crashed,
+    )
+    assert (
+        "gpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n" in log
+        and "character special file /dev/nvidia-caps/nvidia-cap13" in log
+    ), log
     # the same minor where NVIDIA's DRA driver reads it, and the major of nvidia-caps (the host's /proc/devices lacks it)
     assert "DeviceFileMinor: 13\n" in log and "511 nvidia-caps\n" in log, log
     assert " nvidia-caps\n" not in Path("/proc/devices").read_text()

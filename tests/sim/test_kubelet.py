@@ -37,17 +37,23 @@ def test_admitted_container_gets_what_allocate_returned(cluster: SimCluster, tmp
     assert reasons == ["Scheduled", "Created", "Started"]
 
 
-def test_node_name_bypass_with_too_few_devices_is_rejected_by_the_device_manager(cluster: SimCluster, tmp_path: Path) -> None:
+def test_node_name_bypass_with_too_few_devices_is_rejected_by_the_device_manager(
+    cluster: SimCluster, tmp_path: Path
+) -> None:
     start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     p = cluster.create_pod(pod("big", 2, node_name="node-1"))
     st = p["status"]
     # The allocate handler runs before the predicate handler (kubelet.go), so not OutOfnvidia.com/gpu.
     assert (st["phase"], st["reason"]) == ("Failed", "UnexpectedAdmissionError")
-    assert st["message"] == ("Pod was rejected: Allocate failed due to requested number of devices unavailable for "
-                             "nvidia.com/gpu. Requested: 2, Available: 1, which is unexpected")
+    assert st["message"] == (
+        "Pod was rejected: Allocate failed due to requested number of devices unavailable for "
+        "nvidia.com/gpu. Requested: 2, Available: 1, which is unexpected"
+    )
     assert "containerStatuses" not in st
     (ev,) = [e for e in cluster.events(involved_name="big") if e["type"] == "Warning"]
-    assert ev["reason"] == "UnexpectedAdmissionError" and ev["message"] == st["message"].removeprefix("Pod was rejected: ")
+    assert ev["reason"] == "UnexpectedAdmissionError" and ev["message"] == st["message"].removeprefix(
+        "Pod was rejected: "
+    )
     assert ev["source"] == {"component": "kubelet", "host": "node-1"}
     assert not any(e["reason"] == "Scheduled" for e in cluster.events(involved_name="big"))
 
@@ -58,7 +64,10 @@ def test_predicate_handler_out_of_cpu_and_node_affinity(cluster: SimCluster) -> 
     cpu_hog["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "16"}}
     st = cluster.create_pod(cpu_hog)["status"]
     assert (st["phase"], st["reason"]) == ("Failed", "OutOfcpu")
-    assert st["message"] == "Pod was rejected: Node didn't have enough resource: cpu, requested: 16000, used: 0, capacity: 8000"
+    assert (
+        st["message"]
+        == "Pod was rejected: Node didn't have enough resource: cpu, requested: 16000, used: 0, capacity: 8000"
+    )
     st = cluster.create_pod(pod("sel", None, node_name="node-1", nodeSelector={"zone": "nowhere"}))["status"]
     assert (st["reason"], st["message"]) == ("NodeAffinity", "Pod was rejected: Predicate NodeAffinity failed")
 
@@ -75,8 +84,11 @@ def test_node_status_and_health_changes(cluster: SimCluster, tmp_path: Path) -> 
     idx = int(held.split("-")[1])
     write_state(state, [gpu(i, numa=i % 2, lost=(i == idx)) for i in range(2)])
     wait_for(lambda: allocatable(cluster, "node-1"), lambda v: v == ("2", "1"), "capacity 2, allocatable 1")
-    res = wait_for(lambda: cluster.get_pod("x")["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0],
-                   lambda r: r["health"] == "Unhealthy", "the held device reported Unhealthy")
+    res = wait_for(
+        lambda: cluster.get_pod("x")["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0],
+        lambda r: r["health"] == "Unhealthy",
+        "the held device reported Unhealthy",
+    )
     assert res["resourceID"] == held
     assert phase(cluster, "x") == "Running"  # an unhealthy device does not evict its pod
 
@@ -134,15 +146,21 @@ def test_failing_pre_start_container_keeps_the_container_from_starting(cluster: 
     (cs,) = st["containerStatuses"]
     waiting = cs["state"]["waiting"]
     assert waiting["reason"] == "CreateContainerConfigError" and not cs["started"], cs
-    assert waiting["message"].startswith("device plugin PreStartContainer rpc failed with err: rpc error: code = Internal desc = ")
+    assert waiting["message"].startswith(
+        "device plugin PreStartContainer rpc failed with err: rpc error: code = Internal desc = "
+    )
     assert "fail_pre_start is set for GPU-0000" in waiting["message"]
-    assert cs["allocatedResourcesStatus"] == [{"name": GPU, "resources": [{"resourceID": "GPU-0000", "health": "Healthy"}]}]
+    assert cs["allocatedResourcesStatus"] == [
+        {"name": GPU, "resources": [{"resourceID": "GPU-0000", "health": "Healthy"}]}
+    ]
     failed = [e["message"] for e in cluster.events(involved_name="x") if e["reason"] == "Failed"]
     assert failed == [f"Error: {waiting['message']}"]
 
 
 @pytest.mark.parametrize("image", ["devplug.invalid/none:1", "invalid.registry.k8s.io/invalid/alpine:3.1"])
-def test_unpullable_image_never_starts_yet_reports_its_device_health(cluster: SimCluster, tmp_path: Path, image: str) -> None:
+def test_unpullable_image_never_starts_yet_reports_its_device_health(
+    cluster: SimCluster, tmp_path: Path, image: str
+) -> None:
     """Upstream's "Device Status for the failed pod": an image from a registry that cannot exist is never pulled
     (``ImagePullBackOff``, PreStartContainer never called), the container holds its device from admission on, and
     allocatedResourcesStatus follows the device's health."""
@@ -155,23 +173,42 @@ def test_unpullable_image_never_starts_yet_reports_its_device_health(cluster: Si
     (cs,) = st["containerStatuses"]
     waiting = cs["state"]["waiting"]
     assert waiting["reason"] == "ImagePullBackOff", cs
-    assert waiting["message"].startswith(f'Back-off pulling image "{image}": ErrImagePull: rpc error: code = Unknown desc = ')
+    assert waiting["message"].startswith(
+        f'Back-off pulling image "{image}": ErrImagePull: rpc error: code = Unknown desc = '
+    )
     assert "no such host" in waiting["message"]
     events = [(e["reason"], e["message"]) for e in cluster.events(involved_name="x")]
-    assert events[1:3] == [("Pulling", f'Pulling image "{image}"'), ("Failed", f'Failed to pull image "{image}": ' + waiting["message"].split("ErrImagePull: ", 1)[1])]
-    assert ("BackOff", f'Back-off pulling image "{image}"') in events and ("Failed", "Error: ImagePullBackOff") in events
+    assert events[1:3] == [
+        ("Pulling", f'Pulling image "{image}"'),
+        ("Failed", f'Failed to pull image "{image}": ' + waiting["message"].split("ErrImagePull: ", 1)[1]),
+    ]
+    assert ("BackOff", f'Back-off pulling image "{image}"') in events and (
+        "Failed",
+        "Error: ImagePullBackOff",
+    ) in events
     assert "PreStartContainer" not in node.kubelet_log(), "the image is pulled before PreStartContainer"
-    assert cs["allocatedResourcesStatus"] == [{"name": GPU, "resources": [{"resourceID": "GPU-0000", "health": "Healthy"}]}]
+    assert cs["allocatedResourcesStatus"] == [
+        {"name": GPU, "resources": [{"resourceID": "GPU-0000", "health": "Healthy"}]}
+    ]
     write_state(state, [gpu(0, lost=True)])
-    res = wait_for(lambda: cluster.get_pod("x")["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0],
-                   lambda r: r["health"] == "Unhealthy", "the never-started container's device reported Unhealthy")
+    res = wait_for(
+        lambda: cluster.get_pod("x")["status"]["containerStatuses"][0]["allocatedResourcesStatus"][0]["resources"][0],
+        lambda r: r["health"] == "Unhealthy",
+        "the never-started container's device reported Unhealthy",
+    )
     assert res["resourceID"] == "GPU-0000" and phase(cluster, "x") == "Pending"
 
 
 def test_images_of_real_registries_are_pulled() -> None:
     from pytest_devplug.sim.runtime import image_pull_error
 
-    for image in ("busybox:1.36", "registry.k8s.io/pause:3.10", "localhost:5000/x", "my.invalid.example.com/x:1", "invalid/x"):
+    for image in (
+        "busybox:1.36",
+        "registry.k8s.io/pause:3.10",
+        "localhost:5000/x",
+        "my.invalid.example.com/x:1",
+        "invalid/x",
+    ):
         assert image_pull_error(image) is None, image
     assert image_pull_error("devplug.invalid:5000/x") is not None
 
@@ -192,5 +229,8 @@ def test_stopped_plugin_goes_unhealthy_then_removed_after_grace(tmp_path: Path) 
         wait_for(lambda: allocatable(cluster, "node-1"), lambda v: v == ("2", "0"), "capacity kept, allocatable 0")
         assert node.device_manager is not None
         node.device_manager.grace_period = 0.3
-        wait_for(lambda: allocatable(cluster, "node-1"), lambda v: v == ("0", "0"),
-                 "the resource removed (shown as 0/0) after the grace period")
+        wait_for(
+            lambda: allocatable(cluster, "node-1"),
+            lambda v: v == ("0", "0"),
+            "the resource removed (shown as 0/0) after the grace period",
+        )

@@ -56,11 +56,17 @@ def test_launcher_binds_node_dirs_at_the_standard_paths_and_leaves_the_host_alon
     (tmp_path / "scratch").mkdir()
     script = "; ".join(f"cat {p}/in-{n}; echo" for n, p in launcher.KUBELET_PATHS.items())
     script += f"; ls {KUBELET_DIR}; touch {KUBELET_DIR}/device-plugins/made-inside"
-    done = subprocess.run([*LAUNCHER, "--scratch", str(tmp_path / "scratch"), *binds, "--", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [*LAUNCHER, "--scratch", str(tmp_path / "scratch"), *binds, "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     # Each node dir shows at its standard path; /var/lib/kubelet holds only the node's dirs.
-    under_kubelet = sorted(p.rsplit("/", 1)[1] for p in launcher.KUBELET_PATHS.values() if p.startswith(KUBELET_DIR + "/"))
+    under_kubelet = sorted(
+        p.rsplit("/", 1)[1] for p in launcher.KUBELET_PATHS.values() if p.startswith(KUBELET_DIR + "/")
+    )
     assert under_kubelet == ["device-plugins", "plugins", "plugins_registry", "pod-resources"]
     assert done.stdout.split() == [*launcher.KUBELET_PATHS, *under_kubelet]
     assert (tmp_path / "device-plugins" / "made-inside").exists()
@@ -135,7 +141,7 @@ def test_unprivileged_user_gets_the_namespace_through_a_user_namespace(shared_tm
     assert (node / "mine").stat().st_uid == 65534  # the plugin keeps its own identity
 
 
-RESTRICTED = "echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --bounding-set=-all --inh-caps=-all \"$@\""
+RESTRICTED = 'echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --bounding-set=-all --inh-caps=-all "$@"'
 
 
 def restricted(argv: list[str]) -> list[str]:
@@ -194,8 +200,12 @@ def test_two_nodes_run_the_hard_coded_plugin_in_isolation(tmp_path: Path) -> Non
                 node.start_plugin([sys.executable, str(WIDGET), "--count", str(2 + i)], standard_paths=True)
             for i, node in enumerate(nodes):
                 want = (str(2 + i), str(2 + i))
-                wait_for(lambda node=node: allocatable(cluster, node.name, "example.com/widget"), lambda v, want=want: v == want,
-                         f"{want} widgets on {node.name}", timeout=20)
+                wait_for(
+                    lambda node=node: allocatable(cluster, node.name, "example.com/widget"),
+                    lambda v, want=want: v == want,
+                    f"{want} widgets on {node.name}",
+                    timeout=20,
+                )
             for node in nodes:
                 # Each plugin saw only its own node's directory (its kubelet.sock, nobody else's socket).
                 log = node.plugin("plugin").log()
@@ -235,8 +245,12 @@ def test_sim_backend_picks_the_standard_paths_when_the_command_has_no_plugin_dir
 
         node = backend.ensure_node(NodeSpec("n1"))
         backend.deploy_plugin(node, PluginSpec(resource_name="example.com/widget", argv=[sys.executable, str(WIDGET)]))
-        wait_for(lambda: backend.get_node(node)["status"]["allocatable"].get("example.com/widget"), lambda v: v == "3",
-                 "3 widgets allocatable", timeout=20)
+        wait_for(
+            lambda: backend.get_node(node)["status"]["allocatable"].get("example.com/widget"),
+            lambda v: v == "3",
+            "3 widgets allocatable",
+            timeout=20,
+        )
         assert "/var/lib/kubelet/device-plugins is " in backend.plugin_log(node)
     finally:
         backend.close()

@@ -38,7 +38,10 @@ VF = {"address": "0000:3b:01.0", "physfn": "0000:3b:00.0", "vendor": "8086", "de
         ([{k: v for k, v in PF.items() if k != "mac"}], "function 0000:3b:00.0: mac is missing"),
         ([PF, {**VF, "physfn": "0000:3b:00.1"}], "function 0000:3b:01.0: physfn 0000:3b:00.1 is not a declared PF"),
         ([PF, PF], "function 0000:3b:00.0 is declared twice"),
-        ([PF, {**VF, "netdev": "ens1f0", "mac": "3c:fd:fe:a0:00:01"}], "interface name ens1f0 of function 0000:3b:01.0 is also function 0000:3b:00.0's"),
+        (
+            [PF, {**VF, "netdev": "ens1f0", "mac": "3c:fd:fe:a0:00:01"}],
+            "interface name ens1f0 of function 0000:3b:01.0 is also function 0000:3b:00.0's",
+        ),
         ([{**PF, "numa_node": "one"}], "numa_node 'one' is not a whole number >= -1"),
     ],
 )
@@ -66,8 +69,15 @@ def test_the_examples_load(tmp_path: Path) -> None:
     rdma = load_pci_node(example("rdma-connectx"))
     sys_dir = tmp_path / "rdma-connectx" / "sys"
     assert (sys_dir / "class/infiniband_verbs/uverbs0/ibdev").read_text() == "mlx5_0\n"
-    assert (sys_dir / "class/infiniband/mlx5_0").resolve() == (sys_dir / "bus/pci/devices/0000:af:00.0/infiniband/mlx5_0").resolve()
-    assert rdma.device_nodes() == ["/dev/infiniband/uverbs0", "/dev/infiniband/umad0", "/dev/infiniband/issm0", "/dev/infiniband/rdma_cm"]
+    assert (sys_dir / "class/infiniband/mlx5_0").resolve() == (
+        sys_dir / "bus/pci/devices/0000:af:00.0/infiniband/mlx5_0"
+    ).resolve()
+    assert rdma.device_nodes() == [
+        "/dev/infiniband/uverbs0",
+        "/dev/infiniband/umad0",
+        "/dev/infiniband/issm0",
+        "/dev/infiniband/rdma_cm",
+    ]
     with pytest.raises(KeyError, match="sriov-iavf"):
         example("nope")
 
@@ -80,10 +90,15 @@ def test_the_tree_has_the_kernels_layout_and_relative_links(tmp_path: Path) -> N
     assert (pf / "vendor").read_text() == "0x8086\n" and (pf / "class").read_text() == "0x020000\n"
     assert (pf / "numa_node").read_text() == "1\n" and (vf / "numa_node").read_text() == "-1\n"
     assert (vf / "modalias").read_text() == "pci:v00008086d00001889sv00008086sd00000000bc02sc00i00\n"
-    assert os.path.basename(os.readlink(pf / "driver")) == "ice" and (pf / "driver").resolve() == (sys_dir / "bus/pci/drivers/ice").resolve()
+    assert (
+        os.path.basename(os.readlink(pf / "driver")) == "ice"
+        and (pf / "driver").resolve() == (sys_dir / "bus/pci/drivers/ice").resolve()
+    )
     assert (pf / "sriov_numvfs").read_text() == (pf / "sriov_totalvfs").read_text() == "1\n"
     assert os.readlink(pf / "virtfn0") == "../0000:3b:01.0" and os.readlink(vf / "physfn") == "../0000:3b:00.0"
-    assert (vf / "physfn" / "net" / "ens1f0" / "address").read_text() == "3c:fd:fe:a0:00:00\n"  # the PF's name via its VF
+    assert (
+        vf / "physfn" / "net" / "ens1f0" / "address"
+    ).read_text() == "3c:fd:fe:a0:00:00\n"  # the PF's name via its VF
     assert os.path.basename(os.readlink(vf / "iommu_group")) == "41"
     assert (sys_dir / "kernel/iommu_groups/41/devices/0000:3b:01.0").resolve() == vf.resolve()
     assert (sys_dir / "class/net/ens1f0").resolve() == (pf / "net/ens1f0").resolve()
@@ -121,7 +136,9 @@ def test_a_plugin_in_the_node_sees_the_nics_and_the_host_does_not(cluster: Clust
     host_links = sorted(name for _, name in socket.if_nameindex())
     node = cluster.ensure_node(NodeSpec("nic", pci_node=str(example("sriov-vfio"))))
     plugin = cluster.deploy(node, PluginSpec(resource_name="example.com/nic", argv=[sys.executable, "-c", PROBE]))
-    log = wait_for(plugin.log, lambda text: "\nlinks [" in text or "Traceback" in text, timeout=20, what="the probe's report")
+    log = wait_for(
+        plugin.log, lambda text: "\nlinks [" in text or "Traceback" in text, timeout=20, what="the probe's report"
+    )
     assert "pci ['0000:3b:00.0', '0000:3b:01.0', '0000:3b:01.1', '0000:3b:01.2', '0000:3b:01.3']" in log, log
     assert "vendor 0x8086" in log and "ids True" in log, log
     assert "vfio ['41', '42', '43', '44', 'vfio']" in log, log

@@ -46,12 +46,11 @@ def dm_podres(
 
 
 def test_list_get_and_allocatable_match_allocations(
-    dm_podres: tuple[DeviceManager, list[PodInfo], pr_grpc.PodResourcesListerStub]
+    dm_podres: tuple[DeviceManager, list[PodInfo], pr_grpc.PodResourcesListerStub],
 ) -> None:
     dm, pods, stub = dm_podres
     alloc = stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=5)
-    assert rows(list(alloc.devices)) == [
-        (GPU, ["GPU-0000"], [0]), (GPU, ["GPU-0001"], [1]), (GPU, ["GPU-0002"], None)]
+    assert rows(list(alloc.devices)) == [(GPU, ["GPU-0000"], [0]), (GPU, ["GPU-0001"], [1]), (GPU, ["GPU-0002"], None)]
 
     c = ContainerSpec("main", {GPU: 3})
     side = ContainerSpec("side", {})
@@ -75,7 +74,7 @@ def test_list_get_and_allocatable_match_allocations(
 
 
 def test_get_unknown_pod_is_an_error_with_upstream_text(
-    dm_podres: tuple[DeviceManager, list[PodInfo], pr_grpc.PodResourcesListerStub]
+    dm_podres: tuple[DeviceManager, list[PodInfo], pr_grpc.PodResourcesListerStub],
 ) -> None:
     _, _, stub = dm_podres
     with pytest.raises(grpc.RpcError) as exc:

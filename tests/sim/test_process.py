@@ -50,12 +50,15 @@ def procs(tmp_path: Path) -> Iterator[Callable[..., PluginProcess]]:
 
 def test_start_log_stop_runs_argv_as_given(procs: Callable[..., PluginProcess]) -> None:
     """Placeholders are the harness's (``PluginSpec.command``): the process runs its argv untouched."""
-    p = procs("""
+    p = procs(
+        """
         import sys, time
         print("out", sys.argv[1], flush=True)
         print("err", file=sys.stderr, flush=True)
         time.sleep(60)
-    """, "{plugin_dir}")
+    """,
+        "{plugin_dir}",
+    )
     assert p.argv[-1] == "{plugin_dir}"
     assert p.pid is None and not p.running and p.returncode is None
     p.start()
@@ -122,8 +125,11 @@ if sys.argv[2] == "wait":
 
 @pytest.mark.parametrize("how", ["exit", "sigterm", "sigint", "sigkill"])
 def test_no_leak_when_the_harness_exits_or_is_signalled(tmp_path: Path, how: str) -> None:
-    proc = subprocess.Popen(default_sigint([PY, "-c", SCRIPT, str(tmp_path), "exit" if how == "exit" else "wait"]),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        default_sigint([PY, "-c", SCRIPT, str(tmp_path), "exit" if how == "exit" else "wait"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         pid = int(proc.stdout.readline())
@@ -169,8 +175,12 @@ except KeyboardInterrupt:
 
 
 def start_harness(mode: str, tmp: Path) -> tuple[subprocess.Popen[str], int, Path]:
-    proc = subprocess.Popen(default_sigint([PY, "-c", HARNESS, mode]), stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp)})
+    proc = subprocess.Popen(
+        default_sigint([PY, "-c", HARNESS, mode]),
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
     assert proc.stdout is not None
     pid, work = proc.stdout.readline().split()
     return proc, int(pid), Path(work)
@@ -200,7 +210,9 @@ except PluginProcessError as exc:
 def test_no_plugin_starts_once_the_run_is_ending(short_tmp: Path) -> None:
     """After the signal path killed the plugins, a supervisor's immediate restart is refused: it would run the
     plugin again and re-create its dirs after the work dir was removed."""
-    done = subprocess.run([PY, "-c", RESTART_AFTER_KILL_ALL, str(short_tmp)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [PY, "-c", RESTART_AFTER_KILL_ALL, str(short_tmp)], capture_output=True, text=True, timeout=60
+    )
     assert "refused: not starting" in done.stdout and "the run is ending" in done.stdout, done.stdout + done.stderr
 
 
@@ -301,8 +313,9 @@ time.sleep(120)
 def test_next_run_kills_what_a_killed_runs_plugin_left(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The death signal reaches the plugin, not the plugin's own children: the next run's sweep does."""
     monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
-    proc = subprocess.Popen([PY, "-c", GRANDCHILD_HARNESS], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(short_tmp)})
+    proc = subprocess.Popen(
+        [PY, "-c", GRANDCHILD_HARNESS], stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(short_tmp)}
+    )
     assert proc.stdout is not None
     plugin, child, work = proc.stdout.readline().split()
     proc.kill()

@@ -80,7 +80,10 @@ def _a_then_b(
 @judges("endpoint-per-socket")
 @before_and_from("endpoint-per-socket")
 def test_register_on_a_held_socket(
-    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
+    dm_fake: Callable[..., FakePlugin],
+    kube: KubeVersion,
+    has: bool,
 ) -> None:
     """1.37 refuses a Register naming a socket whose stream the kubelet still holds (after dialling it and asking
     its options); before, the kubelet takes it as the resource's plugin again."""
@@ -102,7 +105,10 @@ def test_register_on_a_held_socket(
 @judges("endpoint-per-socket")
 @before_and_from("endpoint-per-socket")
 def test_a_refused_register_leaves_its_socket_held(
-    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
+    dm_fake: Callable[..., FakePlugin],
+    kube: KubeVersion,
+    has: bool,
 ) -> None:
     """1.37's registration server drops the incumbent's client along with the refused one, so the incumbent's exit
     disconnects nothing: its devices stay as listed and every Register on that socket is refused until the kubelet
@@ -135,7 +141,10 @@ def test_a_refused_register_leaves_its_socket_held(
 @judges("endpoint-per-socket")
 @before_and_from("endpoint-per-socket")
 def test_earlier_plugins_exit_after_a_newer_one_registered(
-    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
+    dm_fake: Callable[..., FakePlugin],
+    kube: KubeVersion,
+    has: bool,
 ) -> None:
     """A rollout with maxSurge: b registers beside a, then a exits. 1.37 keeps b (another endpoint of the resource
     is still connected: nothing turns unhealthy); before, the registration server disconnects the resource's current
@@ -158,7 +167,10 @@ def test_earlier_plugins_exit_after_a_newer_one_registered(
 @judges("endpoint-per-socket")
 @before_and_from("endpoint-per-socket")
 def test_last_endpoint_of_a_resource_going(
-    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]], dm_fake: Callable[..., FakePlugin], kube: KubeVersion, has: bool
+    dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
+    dm_fake: Callable[..., FakePlugin],
+    kube: KubeVersion,
+    has: bool,
 ) -> None:
     """The newer plugin exits first: 1.37 makes the earlier one, still connected, the resource's again (its next
     list counts); before, the earlier one is no client of the kubelet's any more, so the resource goes unhealthy."""
@@ -166,7 +178,9 @@ def test_last_endpoint_of_a_resource_going(
     b.stop()
     if has:
         # b's stream end first (a's next list alone would already make the counts 2/2)
-        w.until("the earlier plugin the resource's again", lambda: dm.plugin_socket(GPU), lambda sock: sock == a.sock, T)
+        w.until(
+            "the earlier plugin the resource's again", lambda: dm.plugin_socket(GPU), lambda sock: sock == a.sock, T
+        )
         a.set_devices([pb.Device(ID=f"dev-{i}", health="Healthy") for i in range(2)])
         _counts(dm, w, (2, 2))
         a.stop()
@@ -183,7 +197,9 @@ def test_fit_error_of_a_pod_without_claims(kube: KubeVersion, has: bool) -> None
     from pytest_devplug.sim.apiserver import admit_pod
     from pytest_devplug.sim.scheduler import NodeView, schedule
 
-    full = NodeView("n", {}, [], False, {"cpu": 8000, "memory": 2**35, "pods": 110, PLUGIN_GPU: 1}, {"pods": 1, PLUGIN_GPU: 1})
+    full = NodeView(
+        "n", {}, [], False, {"cpu": 8000, "memory": 2**35, "pods": 110, PLUGIN_GPU: 1}, {"pods": 1, PLUGIN_GPU: 1}
+    )
     note = "no new claims to deallocate, " if not has else ""
     assert schedule(admit_pod(pod("p", 1)), [full], kube).message == (
         f"0/1 nodes are available: 1 Insufficient {PLUGIN_GPU}. {note}preemption: 0/1 nodes are available: "
@@ -210,7 +226,10 @@ def test_podresources_get_of_a_terminated_pod(tmp_path: Path, kube: KubeVersion,
             if has:
                 with pytest.raises(grpc.RpcError) as exc:
                     stub.Get(request, timeout=5)
-                assert (exc.value.code(), exc.value.details()) == (grpc.StatusCode.UNKNOWN, "pod done in namespace default not found")
+                assert (exc.value.code(), exc.value.details()) == (
+                    grpc.StatusCode.UNKNOWN,
+                    "pod done in namespace default not found",
+                )
             else:
                 got = stub.Get(request, timeout=5).pod_resources
                 assert (got.name, [c.name for c in got.containers]) == ("done", ["main"])
@@ -274,7 +293,10 @@ def test_failed_register_plugin_is_retried(registry: Path, kube: KubeVersion, ha
     watcher.start()
     try:
         first = wait_for(lambda: driver.calls.statuses, bool, "the first verdict")
-        assert first[0][0] is False and first[0][1] == "RegisterPlugin error -- plugin registration failed with err: not now"
+        assert (
+            first[0][0] is False
+            and first[0][1] == "RegisterPlugin error -- plugin registration failed with err: not now"
+        )
         if has:
             wait_for(lambda: handler.registered, bool, "the registration tried again")
             assert wait_for(lambda: driver.calls.statuses, lambda s: len(s) == 2, "the second verdict")[1] == (True, "")
@@ -321,7 +343,9 @@ def health_plugins(registry: Path) -> Iterator[Callable[[KubeVersion], tuple[DRA
 
     def make(kube: KubeVersion) -> tuple[DRAPluginManager, PluginWatcher]:
         plugins = DRAPluginManager("node-1", health_cache=HealthInfoCache(), health_retry_period=0.1, kube=kube)
-        watcher = PluginWatcher(registry / "plugins_registry", {DRA_PLUGIN_TYPE: plugins}, poll_interval=0.02, kube=kube)
+        watcher = PluginWatcher(
+            registry / "plugins_registry", {DRA_PLUGIN_TYPE: plugins}, poll_interval=0.02, kube=kube
+        )
         watcher.start()
         made.append((plugins, watcher))
         return plugins, watcher
@@ -365,15 +389,22 @@ def test_health_service_watched(
 @judges("dra-health-v1")
 @before_and_from("dra-health-v1")
 def test_unimplemented_health_service(
-    registry: Path, health_plugins: Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]], kube: KubeVersion, has: bool
+    registry: Path,
+    health_plugins: Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]],
+    kube: KubeVersion,
+    has: bool,
 ) -> None:
     """A driver that lists v1alpha1.DRAResourceHealth but does not serve it (Unimplemented): 1.37 stops asking;
     before, the kubelet opens a new stream every period."""
     plugins, _ = health_plugins(kube)
-    driver = FakeDriver(registry, "nohealth.example.com", versions=("v1.DRAPlugin", "v1alpha1.DRAResourceHealth")).start()
+    driver = FakeDriver(
+        registry, "nohealth.example.com", versions=("v1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+    ).start()
     try:
         wait_for(lambda: driver.registered.is_set(), bool, "registered")
-        stream = wait_for(lambda: next(iter(plugins._streams.values()), None), lambda s: s is not None, "the health stream")
+        stream = wait_for(
+            lambda: next(iter(plugins._streams.values()), None), lambda s: s is not None, "the health stream"
+        )
         assert stream is not None
         if has:
             wait_for(lambda: stream._stop.is_set(), bool, "the stream given up after Unimplemented")
@@ -393,10 +424,16 @@ def test_unimplemented_health_service(
         pytest.param(KubeVersion.of("1.35"), False, id="1.35"),
         pytest.param(KubeVersion.of("1.36"), True, id="1.36"),
         pytest.param(KubeVersion.of("1.35", "ResourceHealthStatus=true"), True, id="1.35-gate-on"),
-        pytest.param(KubeVersion.of("1.37", "ResourceHealthStatus=false,ResourceHealthStatusMessage=false"), False, id="1.37-gate-off"),
+        pytest.param(
+            KubeVersion.of("1.37", "ResourceHealthStatus=false,ResourceHealthStatusMessage=false"),
+            False,
+            id="1.37-gate-off",
+        ),
     ],
 )
-def test_allocated_resources_status_follows_resource_health_status(tmp_path: Path, kube: KubeVersion, reported: bool) -> None:
+def test_allocated_resources_status_follows_resource_health_status(
+    tmp_path: Path, kube: KubeVersion, reported: bool
+) -> None:
     """The kubelet fills ``allocatedResourcesStatus`` only with ResourceHealthStatus on (default from 1.36)."""
     with SimCluster(kube=kube) as cluster:
         start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
@@ -412,7 +449,9 @@ def test_device_health_in_pod_status_is_the_plugins_last_list(tmp_path: Path) ->
         created = cluster.create_pod(pod("p", 1))
         (entry,) = created["status"]["containerStatuses"][0]["allocatedResourcesStatus"]
         node.plugin().stop()
-        wait_for(lambda: cluster.get_node("node-1")["status"]["allocatable"][PLUGIN_GPU], lambda v: v == "0", "allocatable 0")
+        wait_for(
+            lambda: cluster.get_node("node-1")["status"]["allocatable"][PLUGIN_GPU], lambda v: v == "0", "allocatable 0"
+        )
         (after,) = cluster.get_pod("p")["status"]["containerStatuses"][0]["allocatedResourcesStatus"]
         assert after == entry and entry["resources"][0]["health"] == "Healthy"
 
@@ -425,7 +464,9 @@ def test_device_health_in_pod_status_is_the_plugins_last_list(tmp_path: Path) ->
         pytest.param(KubeVersion.of("1.36", "DRAExtendedResource=false"), False, id="1.36-gate-off"),
     ],
 )
-def test_the_schedulers_extended_resource_claim_follows_dra_extended_resource(kube: KubeVersion, prepared: bool) -> None:
+def test_the_schedulers_extended_resource_claim_follows_dra_extended_resource(
+    kube: KubeVersion, prepared: bool
+) -> None:
     """With DRAExtendedResource (on from 1.36) the kubelet prepares the claim the scheduler made for a pod's extended
     resources (``status.extendedResourceClaimStatus``) and gives the mapped container its devices."""
     from pytest_devplug.kubeletmodel import dracheckpoint as cp

@@ -11,8 +11,14 @@ from ._helpers import GPU, pod
 
 
 def node(name: str, gpus: int = 1, used: int = 0, **kw: Any) -> NodeView:
-    return NodeView(name, kw.pop("labels", {}), kw.pop("taints", []), kw.pop("unschedulable", False),
-                    {"cpu": 8000, "memory": 2**35, "pods": 110, GPU: gpus}, {"pods": used, GPU: used})
+    return NodeView(
+        name,
+        kw.pop("labels", {}),
+        kw.pop("taints", []),
+        kw.pop("unschedulable", False),
+        {"cpu": 8000, "memory": 2**35, "pods": 110, GPU: gpus},
+        {"pods": used, GPU: used},
+    )
 
 
 def p(**kw: Any) -> dict[str, Any]:
@@ -26,14 +32,18 @@ def test_fits_and_prefers_the_least_allocated_node() -> None:
 def test_insufficient_with_victimless_preemption() -> None:
     r = schedule(p(), [node("n", 1, 1)])
     assert r.node is None
-    assert r.message == ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are "
-                         "available: 1 No preemption victims found for incoming pod.")
+    assert r.message == (
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are "
+        "available: 1 No preemption victims found for incoming pod."
+    )
 
 
 def test_request_above_allocatable_is_unresolvable() -> None:
     r = schedule(p(gpus=2), [node("n", 1)])
-    assert r.message == ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are "
-                         "available: 1 Preemption is not helpful for scheduling.")
+    assert r.message == (
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are "
+        "available: 1 Preemption is not helpful for scheduling."
+    )
 
 
 def test_reasons_are_a_sorted_histogram_first_failing_filter_only() -> None:
@@ -68,8 +78,13 @@ def test_node_affinity_operators() -> None:
     n = [node("a", 1, labels={"zone": "x", "gen": "3"}), node("b", 1, labels={"zone": "y"})]
 
     def aff(*exprs: dict[str, Any]) -> dict[str, Any]:
-        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": list(exprs)}]}}}
+        return {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": list(exprs)}]
+                }
+            }
+        }
 
     assert schedule(p(affinity=aff({"key": "zone", "operator": "In", "values": ["y"]})), n).node == "b"
     assert schedule(p(affinity=aff({"key": "zone", "operator": "NotIn", "values": ["y"]})), n).node == "a"
@@ -77,8 +92,13 @@ def test_node_affinity_operators() -> None:
     assert schedule(p(affinity=aff({"key": "gen", "operator": "DoesNotExist"})), n).node == "b"
     assert schedule(p(affinity=aff({"key": "gen", "operator": "Gt", "values": ["2"]})), n).node == "a"
     assert schedule(p(affinity=aff({"key": "gen", "operator": "Lt", "values": ["3"]})), n).node is None
-    names = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}}
+    names = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]
+            }
+        }
+    }
     assert schedule(p(affinity=names), n).node == "b"
 
 
@@ -89,9 +109,21 @@ def test_no_nodes_and_preemption_policy_never() -> None:
 
 
 def test_pod_requests_count_init_and_sidecars() -> None:
-    spec = pod("x", 1, init=[{"name": "i", "image": "x", "resources": {"limits": {GPU: 3}}},
-                             {"name": "s", "image": "x", "restartPolicy": "Always", "resources": {"limits": {GPU: 1}}}])
+    spec = pod(
+        "x",
+        1,
+        init=[
+            {"name": "i", "image": "x", "resources": {"limits": {GPU: 3}}},
+            {"name": "s", "image": "x", "restartPolicy": "Always", "resources": {"limits": {GPU: 1}}},
+        ],
+    )
     assert pod_requests(admit_pod(spec))[GPU] == 3
-    spec2 = pod("x", 2, init=[{"name": "s", "image": "x", "restartPolicy": "Always", "resources": {"limits": {GPU: 1}}},
-                              {"name": "i", "image": "x", "resources": {"limits": {GPU: 1}}}])
+    spec2 = pod(
+        "x",
+        2,
+        init=[
+            {"name": "s", "image": "x", "restartPolicy": "Always", "resources": {"limits": {GPU: 1}}},
+            {"name": "i", "image": "x", "resources": {"limits": {GPU: 1}}},
+        ],
+    )
     assert pod_requests(admit_pod(spec2))[GPU] == 3  # sidecar 1 + app 2; init 1 + sidecar 1 = 2

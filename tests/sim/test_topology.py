@@ -36,7 +36,9 @@ def test_device_hints_preferred_is_narrowest_possible() -> None:
     assert hints == [TopologyHint(M0, True), TopologyHint(M1, True), TopologyHint(M01, False)]
     # node 0 full: only node 1 alone still fits, and single-node stays the preferred width
     assert generate_device_hints([0, 1], NODES, {"c", "d"}, set(), 2) == [
-        TopologyHint(M1, True), TopologyHint(M01, False)]
+        TopologyHint(M1, True),
+        TopologyHint(M01, False),
+    ]
     # 3 devices need both nodes: that is then the preferred width
     assert generate_device_hints([0, 1], NODES, set(NODES), set(), 3) == [TopologyHint(M01, True)]
 
@@ -50,9 +52,14 @@ def test_a_resource_s_hints_as_get_topology_hints_decides_them() -> None:
     assert device_hints([0, 1], {"x": [], "y": []}, allocated=set(), request=1, **free) is None  # no topology
     assert device_hints([0, 1], NODES, allocated=set(), request=5, **free) == []  # cannot fit
     # devices held since before a restart are hinted alone, and a changed request fits nothing
-    assert device_hints([0, 1], NODES, allocated={"c"}, request=1, **free) == [TopologyHint(M1, True), TopologyHint(M01, False)]
+    assert device_hints([0, 1], NODES, allocated={"c"}, request=1, **free) == [
+        TopologyHint(M1, True),
+        TopologyHint(M01, False),
+    ]
     assert device_hints([0, 1], NODES, allocated={"c"}, request=2, **free) == []
-    assert device_hints([0, 1], NODES, allocated=set(), available={"c"}, reusable={"a"}, request=2) == [TopologyHint(M01, False)]
+    assert device_hints([0, 1], NODES, allocated=set(), available={"c"}, reusable={"a"}, request=2) == [
+        TopologyHint(M01, False)
+    ]
 
 
 def test_filter_by_affinity_splits_free_devices_by_the_container_s_hint() -> None:
@@ -83,7 +90,12 @@ def test_policy_merge(policy: str, hints: list[TopologyHint] | None, best: Topol
 
 
 def test_merge_across_resources_ands_masks() -> None:
-    providers = [{"x/a": [TopologyHint(M0, True), TopologyHint(M01, False)], "x/b": [TopologyHint(M1, True), TopologyHint(M01, False)]}]
+    providers = [
+        {
+            "x/a": [TopologyHint(M0, True), TopologyHint(M01, False)],
+            "x/b": [TopologyHint(M1, True), TopologyHint(M01, False)],
+        }
+    ]
     # no preferred permutation agrees on one node; among the non-preferred merges upstream keeps the
     # narrowest one as wide as the widest provider's narrowest hint (1 node): node 0
     assert merge_hints("best-effort", [0, 1], providers) == (TopologyHint(M0, False), True)
@@ -101,7 +113,9 @@ def pod(uid: str, n: int) -> tuple[PodSpecView, ContainerSpec]:
 
 
 @pytest.fixture
-def dm_numa(dm_state: DmMockState, dm_plugin: Callable[..., PluginProcess]) -> Callable[[str], tuple[DeviceManager, DmWaiter]]:
+def dm_numa(
+    dm_state: DmMockState, dm_plugin: Callable[..., PluginProcess]
+) -> Callable[[str], tuple[DeviceManager, DmWaiter]]:
     dm_state.write([dm_gpu(0, 0), dm_gpu(1, 0), dm_gpu(2, 1), dm_gpu(3, 1)])
     started: list[bool] = []
 
@@ -116,7 +130,9 @@ def dm_numa(dm_state: DmMockState, dm_plugin: Callable[..., PluginProcess]) -> C
     return make  # type: ignore[return-value]
 
 
-def test_single_numa_node_aligns_and_rejects_spanning(dm_numa: Callable[..., tuple[DeviceManager, DmWaiter]], dm_make: Make) -> None:
+def test_single_numa_node_aligns_and_rejects_spanning(
+    dm_numa: Callable[..., tuple[DeviceManager, DmWaiter]], dm_make: Make
+) -> None:
     dm, _ = dm_numa("single-numa-node", dm_make)
     p, c = pod("u1", 2)
     dm.admit_container(p, c)
@@ -127,7 +143,9 @@ def test_single_numa_node_aligns_and_rejects_spanning(dm_numa: Callable[..., tup
     with pytest.raises(AdmissionError) as exc:
         dm.admit_container(q, c3)
     assert (exc.value.reason, exc.value.message) == (
-        "TopologyAffinityError", "Resources cannot be allocated with Topology locality")
+        "TopologyAffinityError",
+        "Resources cannot be allocated with Topology locality",
+    )
     assert "u2" not in dm.pod_devices()
 
 

@@ -62,9 +62,10 @@ def test_stream_ended_by_the_server_is_logged_with_eof_and_never_redialled(
     with caplog.at_level("WARNING"):
         f.end_stream()
         w.until("allocatable 0 after the stream ended", lambda: dm.capacity()[1].get(FAKE_RESOURCE), lambda n: n == 0)
-    assert any(r.getMessage() == f"ListAndWatch ended unexpectedly for device plugin {FAKE_RESOURCE}: EOF" for r in caplog.records), [
-        r.getMessage() for r in caplog.records
-    ]
+    assert any(
+        r.getMessage() == f"ListAndWatch ended unexpectedly for device plugin {FAKE_RESOURCE}: EOF"
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
     assert f.law_calls == 1
 
 

@@ -52,7 +52,12 @@ def test_registered_through_the_watcher_and_again_after_a_kubelet_restart(cluste
     assert registration_path(plugin.node, RESOURCE) == "plugins_registry"
     # no DEPRECATION file: upstream's stub would skip Register (the kubelet never calls GetPluginHandler, which makes it)
     assert sorted(p.name for p in node.plugin_dir.iterdir()) == ["kubelet.sock", "kubelet_internal_checkpoint"]
-    wait_for(plugin.log, lambda log: "widget: the plugin watcher says registered" in log, timeout=TIMEOUT, what="the verdict told")
+    wait_for(
+        plugin.log,
+        lambda log: "widget: the plugin watcher says registered" in log,
+        timeout=TIMEOUT,
+        what="the verdict told",
+    )
     assert_reregisters_after_kubelet_restart(plugin, count=2)  # the plugin does nothing: the new watcher finds it
     wait_for(lambda: [e.kind for e in node.registration_events()], lambda k: k == ["registered", "registered"],
              timeout=TIMEOUT, what="a second registration, by the restarted kubelet's watcher")  # fmt: skip
@@ -73,7 +78,12 @@ def test_socket_removed_deregisters_the_plugin(cluster: ClusterHandle) -> None:
     assert_registered(plugin)
     plugin.stop()  # SIGTERM: the widget removes its socket
     node = plugin.node
-    wait_for(lambda: node.counts(RESOURCE), lambda c: c == (3, 0), timeout=TIMEOUT, what="devices unhealthy after deregistration")
+    wait_for(
+        lambda: node.counts(RESOURCE),
+        lambda c: c == (3, 0),
+        timeout=TIMEOUT,
+        what="devices unhealthy after deregistration",
+    )
     # the stream's end comes first; the watcher sees the socket gone on its next scan
     wait_for(lambda: [e.kind for e in sim_node(plugin).registration_events()], lambda kinds: kinds == ["registered", "deregistered"],
              timeout=TIMEOUT, what="the plugin deregistered")  # fmt: skip
@@ -86,7 +96,9 @@ def test_socket_removed_deregisters_the_plugin(cluster: ClusterHandle) -> None:
         (["--resource-name", "widget"], 'invalid name of device plugin socket: the ResourceName "widget" is invalid'),
     ],
 )
-def test_a_plugin_the_watcher_refuses_is_told_why_and_the_check_says_so(cluster: ClusterHandle, args: list[str], reason: str) -> None:
+def test_a_plugin_the_watcher_refuses_is_told_why_and_the_check_says_so(
+    cluster: ClusterHandle, args: list[str], reason: str
+) -> None:
     plugin = deploy(cluster, *args)
     with pytest.raises(AssertionError) as info:
         assert_registered(plugin, timeout=5)

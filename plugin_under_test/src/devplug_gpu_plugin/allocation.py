@@ -162,9 +162,7 @@ def validate_request(ids: Sequence[str], snapshot: Snapshot, resource_name: str,
         if gpu is None or uuid not in replica_ids(gpu.uuid, replicas):
             raise AllocationError("invalid_argument", f"unknown device {uuid} for resource {resource_name}")
         if not gpu.healthy:
-            raise AllocationError(
-                "invalid_argument", f"device {uuid} of {resource_name} is Unhealthy ({gpu.reason()})"
-            )
+            raise AllocationError("invalid_argument", f"device {uuid} of {resource_name} is Unhealthy ({gpu.reason()})")
         gpus.append(gpu)
     return gpus
 

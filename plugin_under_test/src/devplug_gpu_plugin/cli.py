@@ -26,7 +26,14 @@ from .allocation import STRATEGIES, AllocationConfig, ensure_dev_nodes, write_cd
 from .devices import DeviceState
 from .health import DEFAULT_IGNORED_XIDS, HealthMonitor
 from .mock_faults import MockFaults
-from .server import DevicePluginServicer, PluginServer, RegistrationRefused, ServerConfig, WatchedPluginServer, instance_socket_name
+from .server import (
+    DevicePluginServicer,
+    PluginServer,
+    RegistrationRefused,
+    ServerConfig,
+    WatchedPluginServer,
+    instance_socket_name,
+)
 
 log = logging.getLogger(_pkg)
 
@@ -148,13 +155,21 @@ def build_parser() -> argparse.ArgumentParser:
         dra.add_argument(flag, default=os.environ.get(env, default), help=f"{help} [{env}]")
 
     dra_opt("--driver-name", DRA_DEFAULTS["driver_name"], "DRA driver name, also the CDI vendor (default %(default)s)")
-    dra_opt("--node-name", None, "this node's name: the pool and nodeName of the ResourceSlice (required)", env="NODE_NAME")
-    dra_opt("--kubeconfig", None, "kubeconfig of the API server (default: the in-cluster config of a pod)", env="KUBECONFIG")
+    dra_opt(
+        "--node-name", None, "this node's name: the pool and nodeName of the ResourceSlice (required)", env="NODE_NAME"
+    )
+    dra_opt(
+        "--kubeconfig", None, "kubeconfig of the API server (default: the in-cluster config of a pod)", env="KUBECONFIG"
+    )
     dra_opt(
         "--kubelet-plugins-dir", DRA_DEFAULTS["kubelet_plugins_dir"],
         "parent of the driver's own dir holding dra.sock (default %(default)s)",
     )  # fmt: skip
-    dra_opt("--cdi-root", DRA_DEFAULTS["cdi_root"], "where the CDI spec of each prepared claim is written (default %(default)s)")
+    dra_opt(
+        "--cdi-root",
+        DRA_DEFAULTS["cdi_root"],
+        "where the CDI spec of each prepared claim is written (default %(default)s)",
+    )
     return p
 
 
@@ -184,7 +199,9 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """Flags of the other mode given on the command line (their values differ from the defaults) are errors."""
     for dest in DRA_ONLY if not args.dra else DEVICE_PLUGIN_ONLY:
         if getattr(args, dest) != parser.get_default(dest):
-            parser.error(f"{_flag(dest)} {'needs --dra' if not args.dra else 'is a device-plugin flag; it does nothing with --dra'}")
+            parser.error(
+                f"{_flag(dest)} {'needs --dra' if not args.dra else 'is a device-plugin flag; it does nothing with --dra'}"
+            )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -200,8 +217,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--device-list-strategy: at least one strategy is needed")
     args.device_list_strategy = tuple(dict.fromkeys(strategies))
     # gRPC reads "unix:dir/x" as an authority and DeviceSpecs need absolute host paths.
-    for attr in ("plugin_dir", "mock_state", "cdi_spec_dir", "driver_lib_dir", "dev_root", "kubelet_registrar_dir",
-                 "kubelet_plugins_dir", "cdi_root"):
+    for attr in (
+        "plugin_dir",
+        "mock_state",
+        "cdi_spec_dir",
+        "driver_lib_dir",
+        "dev_root",
+        "kubelet_registrar_dir",
+        "kubelet_plugins_dir",
+        "cdi_root",
+    ):
         if getattr(args, attr):
             setattr(args, attr, os.path.abspath(getattr(args, attr)))
     try:
@@ -253,7 +278,9 @@ def _second_resource(parser: argparse.ArgumentParser, value: str | None, first: 
         return None
     name, sep, count = value.strip().rpartition("=")
     if not sep or not _extended(name) or not count.strip().isdigit() or int(count) < 1:
-        parser.error(f"--second-resource: {value!r} is not NAME=N (an extended resource name like vendor.com/mig, N >= 1)")
+        parser.error(
+            f"--second-resource: {value!r} is not NAME=N (an extended resource name like vendor.com/mig, N >= 1)"
+        )
     if name == first:
         parser.error(f"--second-resource: {name!r} is already --resource-name")
     return name, int(count)
@@ -296,7 +323,9 @@ class _DevicePlugin:
     """The device plugin's serving part: a socket and registration per resource (``--resource-name``, and
     ``--second-resource`` from the same process), and the files that mirror the device list."""
 
-    def __init__(self, args: argparse.Namespace, state: DeviceState, faults: MockFaults | None, stopping: threading.Event) -> None:
+    def __init__(
+        self, args: argparse.Namespace, state: DeviceState, faults: MockFaults | None, stopping: threading.Event
+    ) -> None:
         self.args = args
         self.state = state
         self.stopping = stopping
@@ -328,7 +357,9 @@ class _DevicePlugin:
             )  # fmt: skip
             config = ServerConfig(self.socket_dir, name, args.socket_name or instance_socket_name(self.socket_dir, name),
                                   args.pre_start_required)  # fmt: skip
-            self.servers.append(WatchedPluginServer(config, servicer, stopping) if watched else PluginServer(config, servicer, stopping))
+            self.servers.append(
+                WatchedPluginServer(config, servicer, stopping) if watched else PluginServer(config, servicer, stopping)
+            )
 
     def _first_owns(self, uuid: str) -> bool:
         return self._second is None or uuid not in self._second
@@ -360,7 +391,9 @@ class _DevicePlugin:
                 errors.append(exc)
                 self.request_stop()
 
-        threads = [threading.Thread(target=run, args=(s,), name=f"serve-{s.config.resource_name}") for s in self.servers]
+        threads = [
+            threading.Thread(target=run, args=(s,), name=f"serve-{s.config.resource_name}") for s in self.servers
+        ]
         for t in threads:
             t.start()
         for t in threads:

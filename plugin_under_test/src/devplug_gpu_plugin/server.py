@@ -148,7 +148,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
         snap = self.snapshot()
         sent = list_response(snap, self.config.replicas)
-        log.info("ListAndWatch: sending %d %s devices (version %d)", len(snap.gpus), self.config.resource_name, snap.version)
+        log.info(
+            "ListAndWatch: sending %d %s devices (version %d)", len(snap.gpus), self.config.resource_name, snap.version
+        )
         yield sent
         while context.is_active() and not self.stopping.is_set():
             new = self.state.wait_for_change(snap.version, STREAM_POLL_S)
@@ -159,7 +161,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             if resp != sent:  # another resource's GPU changed: nothing new for this stream
                 sent = resp
                 log.info(
-                    "ListAndWatch: sending %d %s devices (version %d)", len(snap.gpus), self.config.resource_name, snap.version
+                    "ListAndWatch: sending %d %s devices (version %d)",
+                    len(snap.gpus),
+                    self.config.resource_name,
+                    snap.version,
                 )
                 yield resp
 
@@ -193,9 +198,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         )
         return resp
 
-    def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, context: Any
-    ) -> pb.PreStartContainerResponse:
+    def PreStartContainer(self, request: pb.PreStartContainerRequest, context: Any) -> pb.PreStartContainerResponse:
         log.info("PreStartContainer: devices %s", ",".join(request.devices_ids))
         if self.pre_start_fault is not None:
             for uuid in dict.fromkeys(gpu_of(i) for i in request.devices_ids):
@@ -448,11 +451,15 @@ class WatcherRegistration(rpb_grpc.RegistrationServicer):
         self.endpoint = endpoint
 
     def GetInfo(self, request: rpb.InfoRequest, context: Any) -> rpb.PluginInfo:  # noqa: N802 (gRPC name)
-        return rpb.PluginInfo(type=DEVICE_PLUGIN_TYPE, name=self.resource_name, endpoint=self.endpoint, supported_versions=[API_VERSION])
+        return rpb.PluginInfo(
+            type=DEVICE_PLUGIN_TYPE, name=self.resource_name, endpoint=self.endpoint, supported_versions=[API_VERSION]
+        )
 
     def NotifyRegistrationStatus(self, request: rpb.RegistrationStatus, context: Any) -> rpb.RegistrationStatusResponse:  # noqa: N802
         if request.plugin_registered:
-            log.info("registered with the kubelet's plugin watcher as %s (endpoint %s)", self.resource_name, self.endpoint)
+            log.info(
+                "registered with the kubelet's plugin watcher as %s (endpoint %s)", self.resource_name, self.endpoint
+            )
         else:
             log.error("the kubelet's plugin watcher refused %s: %s", self.resource_name, request.error)
         return rpb.RegistrationStatusResponse()
@@ -472,7 +479,9 @@ class WatchedPluginServer:
 
     def serve(self) -> None:
         if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
-            raise ValueError(f"socket path {self.socket_path} is longer than a Unix socket path may be ({MAX_SOCKET_PATH} bytes)")
+            raise ValueError(
+                f"socket path {self.socket_path} is longer than a Unix socket path may be ({MAX_SOCKET_PATH} bytes)"
+            )
         self._stop_server()
 
         def add(server: Any) -> None:

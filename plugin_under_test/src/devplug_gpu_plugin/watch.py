@@ -142,12 +142,13 @@ class Inotify:
         self.close()
 
 
-
 class Follower:
     """Passes each batch of ``watcher``'s events to ``handle`` in a daemon thread until ``stopping`` is set and
     :meth:`stop` is called (which wakes the thread, waits for it and closes the watcher)."""
 
-    def __init__(self, watcher: Inotify, stopping: threading.Event, handle: Callable[[list[InotifyEvent]], None], name: str) -> None:
+    def __init__(
+        self, watcher: Inotify, stopping: threading.Event, handle: Callable[[list[InotifyEvent]], None], name: str
+    ) -> None:
         self.watcher = watcher
 
         def loop() -> None:

@@ -161,7 +161,11 @@ class PluginSpec:
         return not any(p in a for a in [*self.argv, *self.env.values()] for p in ("{plugin_dir}", "{plugins_registry}"))
 
     def command(
-        self, *, plugin_dir: str | os.PathLike[str], mock_state: str | os.PathLike[str] | None, plugins_registry: str | os.PathLike[str] = ""
+        self,
+        *,
+        plugin_dir: str | os.PathLike[str],
+        mock_state: str | os.PathLike[str] | None,
+        plugins_registry: str | os.PathLike[str] = "",
     ) -> tuple[list[str], dict[str, str]]:
         """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
         directory, ``{plugins_registry}`` its plugin watcher's directory, ``{mock_state}`` the mock-NVML state file
@@ -386,8 +390,6 @@ class Backend(Protocol):
         """Change the grace period (sim only; kind raises ``UnsupportedOperationError``)."""
 
 
-
-
 @dataclass(frozen=True)
 class BackendOptions:
     """What selects and shapes a backend (from the pytest options / ini keys)."""
@@ -430,5 +432,3 @@ class BackendOptions:
 
 
 __all__ += ["BackendOptions"]
-
-

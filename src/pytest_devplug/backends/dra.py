@@ -176,7 +176,9 @@ class DRABackend(Protocol):
         """Call the driver's DRA service directly, as the kubelet does (``NodePrepareResources`` or
         ``NodeUnprepareResources`` with ``claims`` of ``namespace``/``uid``/``name``): the response message."""
 
-    def driver_health(self, node: str, driver: str, service: str = "v1alpha1.DRAResourceHealth") -> list[tuple[str, str, str]] | None:
+    def driver_health(
+        self, node: str, driver: str, service: str = "v1alpha1.DRAResourceHealth"
+    ) -> list[tuple[str, str, str]] | None:
         """The first message of the driver's ``NodeWatchResources`` stream of ``service`` (``v1.DRAResourceHealth`` or
         ``v1alpha1.DRAResourceHealth``) as (pool, device, health); ``None`` when the driver does not serve it
         (UNIMPLEMENTED)."""

@@ -26,7 +26,15 @@ GPU_MODELS = {
 DEFAULT_GPU_MODEL = "a100-40gb"
 #: MIG geometry, the same on every model: (compute slices, memory slices, instances that fit on one GPU, suffix) of
 #: each GPU instance profile. A GPU has 7 compute and 8 memory slices.
-_MIG_GEOMETRY = ((1, 1, 7, ""), (1, 1, 1, "+me"), (1, 2, 4, ""), (2, 2, 3, ""), (3, 4, 2, ""), (4, 4, 1, ""), (7, 8, 1, ""))
+_MIG_GEOMETRY = (
+    (1, 1, 7, ""),
+    (1, 1, 1, "+me"),
+    (1, 2, 4, ""),
+    (2, 2, 3, ""),
+    (3, 4, 2, ""),
+    (4, 4, 1, ""),
+    (7, 8, 1, ""),
+)
 
 
 def mig_profiles(model: str = DEFAULT_GPU_MODEL) -> dict[str, tuple[int, int, int]]:

@@ -72,7 +72,9 @@ JSONDict = dict[str, Any]
 
 
 class _Deployed:
-    def __init__(self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str) -> None:
+    def __init__(
+        self, spec: PluginSpec, argv: list[str], env: dict[str, str], mock_path: Path | None, name: str
+    ) -> None:
         self.spec, self.argv, self.env, self.mock_path, self.name = spec, argv, env, mock_path, name
         self.proc: PluginDaemon | None = None
         #: The second instance while a rolling update overlaps (``surge_plugin``), else ``None``.
@@ -118,7 +120,9 @@ class SimBackend:
             if self.options.control_plane == "real":
                 self.cluster = self._start_real()
             else:
-                self.cluster = SimCluster(self.workdir / "c", grace_period=self.options.grace_period, kube=self.options.kube)
+                self.cluster = SimCluster(
+                    self.workdir / "c", grace_period=self.options.grace_period, kube=self.options.kube
+                )
         except BaseException:
             self._stop_control_plane(force=True)
             workdir.remove(self.workdir)
@@ -330,7 +334,12 @@ class SimBackend:
             dm = self.sim_node(node).device_manager
             return 0 if dm is None else sum(1 for h in dm.device_health(res).values() if h == "Healthy")
 
-        wait_for(healthy, lambda n: n == 0, timeout=self.options.timeout, what=f"the kubelet on {node} seeing the {res} plugin stop")
+        wait_for(
+            healthy,
+            lambda n: n == 0,
+            timeout=self.options.timeout,
+            what=f"the kubelet on {node} seeing the {res} plugin stop",
+        )
 
     def start_plugin(self, node: str) -> None:
         proc = self._proc(node)
@@ -392,7 +401,9 @@ class SimBackend:
         if dep is None or dep.proc is None:
             return PluginRestarts()
         loop, count = dep.proc.crash_loop(), dep.proc.restarts
-        if dep.surge is not None:  # a rolling update's second pod: its restarts count, as the pods' restartCounts do on kind
+        if (
+            dep.surge is not None
+        ):  # a rolling update's second pod: its restarts count, as the pods' restartCounts do on kind
             count += dep.surge.restarts
             if loop is None and (surged := dep.surge.crash_loop()) is not None:
                 loop = "the second instance " + surged
@@ -464,7 +475,9 @@ class SimBackend:
             with channel:
                 resp = stub.Get(request, timeout=self.options.timeout)
         except grpc.RpcError as exc:
-            raise BackendError(f"pod-resources Get({namespace}/{name}) on {node}: {exc.code().name}: {exc.details()}") from None
+            raise BackendError(
+                f"pod-resources Get({namespace}/{name}) on {node}: {exc.code().name}: {exc.details()}"
+            ) from None
         return PodResourcesPod.from_proto(resp.pod_resources)
 
     # -- pods --------------------------------------------------------------------------------------
@@ -511,7 +524,9 @@ class SimBackend:
         try:
             rec = self.sim_node(node).container(pod["metadata"]["uid"], container)
         except SimError:
-            raise BackendError(f"pod {namespace}/{name} has no container {container!r} on {node} (not admitted?)") from None
+            raise BackendError(
+                f"pod {namespace}/{name} has no container {container!r} on {node} (not admitted?)"
+            ) from None
         return rec.options
 
     def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
@@ -534,15 +549,21 @@ class SimBackend:
             try:
                 resp = dpg.DevicePluginStub(channel).Allocate(req, timeout=self.options.timeout)  # type: ignore[no-untyped-call]
             except grpc.RpcError as err:
-                raise BackendError(f"Allocate of {resource} with one device per container {ids}: {go_rpc_error(err)}") from None
+                raise BackendError(
+                    f"Allocate of {resource} with one device per container {ids}: {go_rpc_error(err)}"
+                ) from None
         if len(resp.container_responses) != len(ids):
-            raise BackendError(f"Allocate of {resource} answered {len(resp.container_responses)} container responses to {len(ids)} requests")
+            raise BackendError(
+                f"Allocate of {resource} answered {len(resp.container_responses)} container responses to {len(ids)} requests"
+            )
         out: dict[str, ContainerView] = {}
         for device_id, answer in zip(ids, resp.container_responses, strict=True):
             try:
                 out[device_id] = apply_edits(run_container_options([answer]), n.cdi_spec_dirs)
             except UnresolvableCdiDevicesError as exc:
-                raise BackendError(f"Allocate of {resource} for {device_id!r} names CDI devices no spec resolves: {exc}") from None
+                raise BackendError(
+                    f"Allocate of {resource} for {device_id!r} names CDI devices no spec resolves: {exc}"
+                ) from None
         return out
 
     def exec_pod(self, name: str, argv: Sequence[str], *, container: str, namespace: str = "default") -> ExecResult:

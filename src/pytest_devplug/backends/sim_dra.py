@@ -95,7 +95,9 @@ class SimDRA:
     def _kubelet(self, node: str) -> Any:
         n = self._backend.sim_node(node)
         if n.dra is None:
-            raise BackendUnavailableError(f"node {node} has no DRA side (its kubelet has no API server to read claims from)")
+            raise BackendUnavailableError(
+                f"node {node} has no DRA side (its kubelet has no API server to read claims from)"
+            )
         return n
 
     def _dra(self, node: str) -> Any:
@@ -215,7 +217,11 @@ class SimDRA:
 
     def registration_events(self, node: str) -> list[RegistrationRecord]:
         events = self._kubelet(node).registration_events()  # a socket that never answered GetInfo may be a driver's
-        return [RegistrationRecord(e.kind, e.socket, e.name, e.detail) for e in events if e.plugin_type in (DRA_PLUGIN_TYPE, "")]
+        return [
+            RegistrationRecord(e.kind, e.socket, e.name, e.detail)
+            for e in events
+            if e.plugin_type in (DRA_PLUGIN_TYPE, "")
+        ]
 
     def dra_calls(self, node: str) -> list[DRACallRecord]:
         return [DRACallRecord(c.driver, c.method, c.claim_uids, c.error, c.at) for c in list(self._dra(node).calls)]
@@ -254,7 +260,9 @@ class SimDRA:
         finally:
             client.close()
 
-    def driver_health(self, node: str, driver: str, service: str = HEALTH_SERVICE_V1ALPHA1) -> list[tuple[str, str, str]] | None:
+    def driver_health(
+        self, node: str, driver: str, service: str = HEALTH_SERVICE_V1ALPHA1
+    ) -> list[tuple[str, str, str]] | None:
         endpoints = self._dra(node).registered().get(driver)
         if not endpoints:
             raise BackendError(f"DRA driver {driver} is not registered with the kubelet on {node}")

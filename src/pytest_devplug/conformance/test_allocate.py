@@ -39,7 +39,12 @@ def test_convention_ids_visible_single_device_pod_sees_only_its_id(
     assert_allocate_injections(pod, ids_visible=True)
     others = [d for d in devplug_plugin.node.device_ids(devplug_plugin.resource_name) if d not in pod.allocated_devices]
     view = pod.view()
-    texts = [*view.envs.values(), *view.annotations.values(), *view.cdi_devices, *(m.container_path for m in view.mounts)]
+    texts = [
+        *view.envs.values(),
+        *view.annotations.values(),
+        *view.cdi_devices,
+        *(m.container_path for m in view.mounts),
+    ]
     leaked = [d for d in others if any(d in t for t in texts)]
     assert not leaked, f"pod given {pod.allocated_devices} also sees {leaked} in {texts}"
 

@@ -23,7 +23,9 @@ def test_checkpoint_records_the_allocation(devplug_pod: PodFactory, devplug_plug
     assert len(entries) == 1, f"one entry expected for {pod.container}/{res}; checkpoint has {entries}"
     (entry,) = entries
     assert (entry.container_name, entry.resource_name) == (pod.container, res)
-    assert entry.all_device_ids == pod.allocated_devices, f"checkpoint {entry.all_device_ids}, pod-resources {pod.allocated_devices}"
+    assert entry.all_device_ids == pod.allocated_devices, (
+        f"checkpoint {entry.all_device_ids}, pod-resources {pod.allocated_devices}"
+    )
     numa = devplug_plugin.node.device_numa(res)
     for key, ids in entry.device_ids.items():
         for d in ids:
@@ -42,7 +44,13 @@ def test_checkpoint_records_the_allocation(devplug_pod: PodFactory, devplug_plug
         {k: v for k, v in view.annotations.items() if k in stored.annotations},
         sorted(view.cdi_devices),
     )
-    want = (stored.envs, sorted(stored.devices, key=str), sorted(stored.mounts, key=str), stored.annotations, sorted(stored.cdi_devices))
+    want = (
+        stored.envs,
+        sorted(stored.devices, key=str),
+        sorted(stored.mounts, key=str),
+        stored.annotations,
+        sorted(stored.cdi_devices),
+    )
     assert seen == want, (
         f"the container got other injections than the checkpointed Allocate response:\nstored (merged as the kubelet "
         f"does):\n{describe_view(stored)}\ncontainer:\n{describe_view(view)}"

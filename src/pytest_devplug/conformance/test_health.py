@@ -11,14 +11,23 @@ from typing import Any
 
 import pytest
 
-from pytest_devplug import FaultInjector, PluginHandle, PodFactory, PodHandle, assert_allocatable, assert_devices_unhealthy
+from pytest_devplug import (
+    FaultInjector,
+    PluginHandle,
+    PodFactory,
+    PodHandle,
+    assert_allocatable,
+    assert_devices_unhealthy,
+)
 from pytest_devplug.faults import fault_domain
 from pytest_devplug.waiting import wait_for
 
 from ._support import fault, wait_marked_unhealthy
 
 
-def test_unhealthy_device_leaves_allocatable_not_capacity(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:
+def test_unhealthy_device_leaves_allocatable_not_capacity(
+    devplug_plugin: PluginHandle, devplug_faults: FaultInjector
+) -> None:
     """Devices turn unhealthy: allocatable drops by as many as the plugin marks, capacity stays; with a second
     fault domain, one comes back healthy and allocatable goes up again."""
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
@@ -39,7 +48,9 @@ def test_unhealthy_device_leaves_allocatable_not_capacity(devplug_plugin: Plugin
     wait_marked_unhealthy(devplug_plugin, second, capacity=n, faulted=tuple(first))
     with fault("mark a device healthy again"):
         devplug_faults.set_healthy(second[0])
-    assert_devices_unhealthy(devplug_plugin, marked, kept=second, capacity=n, cause=f"set_healthy({second[0]!r}) after faults")
+    assert_devices_unhealthy(
+        devplug_plugin, marked, kept=second, capacity=n, cause=f"set_healthy({second[0]!r}) after faults"
+    )
 
 
 def test_device_turning_unhealthy_under_running_pod(
@@ -72,7 +83,9 @@ def test_device_turning_unhealthy_under_running_pod(
     # A real kubelet writes the pod's status on its own pod sync after the health update, not with the node's
     # allocatable: wait for it (bounded) rather than read it once.
     want = {dev: "Unhealthy"}
-    wait_for(lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}")
+    wait_for(
+        lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}"
+    )
 
 
 #: An image no node can pull: its registry is under the DNS top-level domain reserved never to resolve (RFC 2606).
@@ -96,7 +109,9 @@ def test_device_health_reported_for_a_pod_that_never_started(
     for it), yet it holds its device from admission on; the device's health reaches its allocatedResourcesStatus,
     Healthy and then Unhealthy. A plugin that watches the health of free devices and of devices in use, but not
     of a device allocated to a container that has not started, leaves it Healthy here."""
-    devplug_plugin.node.require_gate("ResourceHealthStatus", "the kubelet reports a pod's device health in allocatedResourcesStatus")
+    devplug_plugin.node.require_gate(
+        "ResourceHealthStatus", "the kubelet reports a pod's device health in allocatedResourcesStatus"
+    )
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
     pod = devplug_pod(manifest=devplug_pod.manifest(count=1, image=UNPULLABLE_IMAGE))
     waiting = wait_for(
@@ -104,8 +119,15 @@ def test_device_health_reported_for_a_pod_that_never_started(
         what=f"container waiting with {' or '.join(PULL_FAILURES)} (image {UNPULLABLE_IMAGE})",
     )  # fmt: skip
     assert "running" not in waiting, f"a container of image {UNPULLABLE_IMAGE} is running"
-    (dev,) = wait_for(lambda: pod.allocated_devices, lambda ids: len(ids) == 1, timeout=pod.timeout, what="the pod's device")
-    wait_for(lambda: pod.device_health, lambda h: h == {dev: "Healthy"}, timeout=pod.timeout, what=f"allocatedResourcesStatus {dev} Healthy")
+    (dev,) = wait_for(
+        lambda: pod.allocated_devices, lambda ids: len(ids) == 1, timeout=pod.timeout, what="the pod's device"
+    )
+    wait_for(
+        lambda: pod.device_health,
+        lambda h: h == {dev: "Healthy"},
+        timeout=pod.timeout,
+        what=f"allocatedResourcesStatus {dev} Healthy",
+    )
     with fault("tell which devices a fault reaches"):
         domain = fault_domain(devplug_faults, dev)
     with fault("mark a device unhealthy"):
@@ -118,9 +140,13 @@ def test_device_health_reported_for_a_pod_that_never_started(
             f"and the plugin did not report it: {exc}"
         ) from None
     if dev not in marked:
-        pytest.skip(f"the fault of {dev}'s hardware left {dev} Healthy (the plugin marked {marked}): the nvml-xid checks judge a fault's reach")
+        pytest.skip(
+            f"the fault of {dev}'s hardware left {dev} Healthy (the plugin marked {marked}): the nvml-xid checks judge a fault's reach"
+        )
     want = {dev: "Unhealthy"}
-    wait_for(lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}")
+    wait_for(
+        lambda: pod.device_health, lambda h: h == want, timeout=pod.timeout, what=f"allocatedResourcesStatus {want}"
+    )
     assert pod.phase == "Pending", f"the pod's container never started, yet its phase is {pod.phase}"
 
 
@@ -137,4 +163,6 @@ def test_removed_and_added_devices_change_capacity(devplug_plugin: PluginHandle,
     with fault("add a device"):
         added = devplug_faults.add_device()
     assert_allocatable(devplug_plugin, n, capacity=n)
-    assert added in devplug_plugin.node.device_ids(res), f"added {added}; allocatable {devplug_plugin.node.device_ids(res)}"
+    assert added in devplug_plugin.node.device_ids(res), (
+        f"added {added}; allocatable {devplug_plugin.node.device_ids(res)}"
+    )

@@ -44,7 +44,9 @@ def _pod_with_inits(pods: PodFactory, inits: list[tuple[str, bool]], app: int) -
 def _checkpointed(plugin: PluginHandle, pod: PodHandle) -> dict[str, list[str]]:
     cp = plugin.node.checkpoint()
     assert cp is not None, "no checkpoint after allocating a pod's containers"
-    return {e.container_name: e.all_device_ids for e in cp.entries_for(pod.uid) if e.resource_name == plugin.resource_name}
+    return {
+        e.container_name: e.all_device_ids for e in cp.entries_for(pod.uid) if e.resource_name == plugin.resource_name
+    }
 
 
 def test_init_container_devices_reused_by_app_container(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
@@ -55,13 +57,17 @@ def test_init_container_devices_reused_by_app_container(devplug_pod: PodFactory,
     pod = devplug_pod(manifest=_pod_with_inits(devplug_pod, [("init-1", False)], app=1))
     pod.wait_running()
     stored = _checkpointed(devplug_plugin, pod)
-    assert set(stored) == {"init-1", "main"}, f"checkpoint entries for containers {sorted(stored)}, want init-1 and main"
+    assert set(stored) == {"init-1", "main"}, (
+        f"checkpoint entries for containers {sorted(stored)}, want init-1 and main"
+    )
     assert len(stored["init-1"]) == 1, f"init-1 holds {stored['init-1']}"
     assert stored["main"] == stored["init-1"], (
         f"the kubelet reuses a finished init container's devices for the next container: init-1 {stored['init-1']}, "
         f"main {stored['main']}"
     )
-    assert pod.allocated_devices == stored["main"], f"pod-resources {pod.allocated_devices}, checkpoint {stored['main']}"
+    assert pod.allocated_devices == stored["main"], (
+        f"pod-resources {pod.allocated_devices}, checkpoint {stored['main']}"
+    )
     others = devplug_pod(count=n - 1, wait=True)
     assert not set(others.allocated_devices) & set(stored["main"]), (
         f"{stored['main']} held by {pod.name} handed out again: {others.allocated_devices}"
@@ -79,12 +85,16 @@ def test_restartable_init_container_keeps_its_devices(devplug_pod: PodFactory, d
     pod.wait_running()
     stored = _checkpointed(devplug_plugin, pod)
     assert set(stored) == {"init-1", "sidecar-2", "main"}, f"checkpoint entries for {sorted(stored)}"
-    assert stored["sidecar-2"] == stored["init-1"], f"init-1 {stored['init-1']} and sidecar-2 {stored['sidecar-2']} should share"
+    assert stored["sidecar-2"] == stored["init-1"], (
+        f"init-1 {stored['init-1']} and sidecar-2 {stored['sidecar-2']} should share"
+    )
     assert not set(stored["main"]) & set(stored["sidecar-2"]), (
         f"a restartable init container keeps its device while the app runs: main {stored['main']}, sidecar-2 "
         f"{stored['sidecar-2']}"
     )
     listed = {c: pod.allocated(container=c) for c in ("sidecar-2", "main")}
-    assert listed == {"sidecar-2": stored["sidecar-2"], "main": stored["main"]}, f"pod-resources {listed}, checkpoint {stored}"
+    assert listed == {"sidecar-2": stored["sidecar-2"], "main": stored["main"]}, (
+        f"pod-resources {listed}, checkpoint {stored}"
+    )
     sidecar = pod.container_status("sidecar-2")
     assert "running" in (sidecar.get("state") or {}), f"sidecar-2 should run beside main: {sidecar.get('state')}"

@@ -19,7 +19,11 @@ def test_reregisters_after_kubelet_restart(devplug_plugin: PluginHandle, request
     the new kubelet.sock, or by the kubelet's plugin watcher finding the plugin's socket in ``plugins_registry/``
     again (the report notes which)."""
     assert_reregisters_after_kubelet_restart(devplug_plugin)
-    note_check(request.node, "registration", registration_path(devplug_plugin.node, devplug_plugin.resource_name) or UNLOGGED_PATH)
+    note_check(
+        request.node,
+        "registration",
+        registration_path(devplug_plugin.node, devplug_plugin.resource_name) or UNLOGGED_PATH,
+    )
 
 
 @pytest.mark.devplug_disruptive

@@ -9,7 +9,9 @@ from pytest_devplug import PluginHandle, PodFactory, PodResourcesContainer, PodR
 from ._support import device_count
 
 
-def _assert_topology_as_sent(container: PodResourcesContainer, resource: str, numa: Mapping[str, tuple[int, ...]], api: str) -> None:
+def _assert_topology_as_sent(
+    container: PodResourcesContainer, resource: str, numa: Mapping[str, tuple[int, ...]], api: str
+) -> None:
     """The container's devices of ``resource`` are listed by ``api`` with the NUMA nodes the plugin sent for them, as
     GetAllocatableResources lists them (``numa``); a NUMA node below 0 is named first: an index counts from 0 (the
     machine's), and a plugin reading sysfs's ``-1`` ("unknown") must send no topology instead, or the device fits no
@@ -46,7 +48,9 @@ def test_pod_resources_lists_assigned_devices(devplug_pod: PodFactory, devplug_p
 def test_pod_resources_allocatable_matches_node(devplug_plugin: PluginHandle) -> None:
     res = devplug_plugin.resource_name
     ids = devplug_plugin.node.device_ids(res)
-    assert len(ids) == devplug_plugin.node.allocatable(res), f"{ids} vs allocatable {devplug_plugin.node.allocatable(res)}"
+    assert len(ids) == devplug_plugin.node.allocatable(res), (
+        f"{ids} vs allocatable {devplug_plugin.node.allocatable(res)}"
+    )
 
 
 def test_deleted_pod_leaves_pod_resources(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
@@ -58,7 +62,9 @@ def test_deleted_pod_leaves_pod_resources(devplug_pod: PodFactory, devplug_plugi
 
 def _shape(pod: PodResourcesPod) -> list[tuple[str, list[tuple[str, tuple[str, ...], tuple[int, ...]]]]]:
     """A pod-resources entry, order-free: containers, each with its (resource, device IDs, NUMA nodes)."""
-    return sorted((c.name, sorted((d.resource_name, d.device_ids, d.numa_nodes) for d in c.devices)) for c in pod.containers)
+    return sorted(
+        (c.name, sorted((d.resource_name, d.device_ids, d.numa_nodes) for d in c.devices)) for c in pod.containers
+    )
 
 
 def test_pod_resources_get_lists_one_pod(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
@@ -74,7 +80,9 @@ def test_pod_resources_get_lists_one_pod(devplug_pod: PodFactory, devplug_plugin
     assert [_shape(p) for p in listed] == [_shape(got)], f"Get answered {got}; List lists {listed}"
     (container,) = [c for c in got.containers if c.name == pod.container]
     ids = container.device_ids(res)
-    assert len(ids) == 1 and ids == pod.allocated_devices, f"Get lists {ids} for {pod.container}; List {pod.allocated_devices}"
+    assert len(ids) == 1 and ids == pod.allocated_devices, (
+        f"Get lists {ids} for {pod.container}; List {pod.allocated_devices}"
+    )
     _assert_topology_as_sent(container, res, node.device_numa(res), "Get")
     empty = node.pod_resources_get(plain.name, plain.namespace)
     assert [c.name for c in empty.containers] == [plain.container], f"Get({plain.name}) lists {empty.containers}"

@@ -75,7 +75,11 @@ def test_prestart_container_called_before_start(devplug_pod: PodFactory, devplug
     except WaitTimeout:
         pytest.fail(
             f"no PreStartContainer call seen for {pod.name}/{pod.container} (devices {dev}): {what} missing; "
-            + ("the plugin registered with pre_start_required=true" if registered else "on kind a real kubelet logs the call only at -v>=4"),
+            + (
+                "the plugin registered with pre_start_required=true"
+                if registered
+                else "on kind a real kubelet logs the call only at -v>=4"
+            ),
             pytrace=False,
         )
     started = pod.container_status().get("state", {}).get("running")
@@ -106,7 +110,9 @@ def test_failing_prestart_keeps_the_container_from_starting(
         return "running" in state or (state.get("waiting") or {}).get("reason") == CONFIG_ERROR
 
     try:
-        state = wait_for(lambda: _state(pod), settled, timeout=pod.timeout, what=f"container state {CONFIG_ERROR} (or running)")
+        state = wait_for(
+            lambda: _state(pod), settled, timeout=pod.timeout, what=f"container state {CONFIG_ERROR} (or running)"
+        )
     except WaitTimeout as exc:
         pytest.fail(
             f"the container of {pod.name} neither started nor reported {CONFIG_ERROR} after PreStartContainer was "
@@ -119,9 +125,13 @@ def test_failing_prestart_keeps_the_container_from_starting(
         f"answer keeps the container off a device it did not prepare); state {state}"
     )
     message = str(state["waiting"].get("message") or "")
-    assert message.startswith(PRE_START_FAILED), f"waiting message {message!r}, expected it to start {PRE_START_FAILED!r}"
+    assert message.startswith(PRE_START_FAILED), (
+        f"waiting message {message!r}, expected it to start {PRE_START_FAILED!r}"
+    )
     status = pod.container_status()
     assert not status.get("started") and status.get("restartCount", 0) == 0, f"container status {status}"
-    assert pod.phase == "Pending", f"a pod whose container cannot be created stays Pending, not {pod.phase} {pod.reason}"
+    assert pod.phase == "Pending", (
+        f"a pod whose container cannot be created stays Pending, not {pod.phase} {pod.reason}"
+    )
     assert len(pod.allocated_devices) == 1, f"admitted before PreStartContainer, the pod holds {pod.allocated_devices}"
     pod.wait_event(f"Failed: Error: {re.escape(PRE_START_FAILED)}")

@@ -18,7 +18,11 @@ def test_registers_its_resource(devplug_plugin_started: PluginHandle, request: p
     capacity = devplug_plugin.node.obj["status"]["capacity"]
     assert devplug_plugin.resource_name in capacity, f"node capacity lists {sorted(capacity)}"
     assert alloc == cap, f"all devices healthy at start, so allocatable should equal capacity: {cap}/{alloc}"
-    note_check(request.node, "registration", registration_path(devplug_plugin.node, devplug_plugin.resource_name) or UNLOGGED_PATH)
+    note_check(
+        request.node,
+        "registration",
+        registration_path(devplug_plugin.node, devplug_plugin.resource_name) or UNLOGGED_PATH,
+    )
 
 
 def test_registration_accepted_without_errors(devplug_plugin: PluginHandle) -> None:

@@ -43,7 +43,9 @@ def test_every_resource_registers_and_allocates(devplug_pod: PodFactory, devplug
     pod = devplug_pod(resources=dict.fromkeys(names, 1), wait=True)
     got = {res: pod.allocated(resource=res) for res in names}
     for res, ids in got.items():
-        assert len(ids) == 1 and set(ids) <= listed[res], f"{res}: the container got {ids}; {res} lists {sorted(listed[res])}"
+        assert len(ids) == 1 and set(ids) <= listed[res], (
+            f"{res}: the container got {ids}; {res} lists {sorted(listed[res])}"
+        )
     cp = node.checkpoint()
     assert cp is not None, "no checkpoint after an allocation"
     entries = cp.entries_for(pod.uid, pod.container)
@@ -53,7 +55,12 @@ def test_every_resource_registers_and_allocates(devplug_pod: PodFactory, devplug
     stored, view = applied_view(entries), pod.view()
     # The merge of the answers (the first resource's env wins where two set the same name) decides the values.
     seen = (sorted(view.envs), sorted(map(str, view.devices)), sorted(map(str, view.mounts)), sorted(view.cdi_devices))
-    want = (sorted(stored.envs), sorted(map(str, stored.devices)), sorted(map(str, stored.mounts)), sorted(stored.cdi_devices))
+    want = (
+        sorted(stored.envs),
+        sorted(map(str, stored.devices)),
+        sorted(map(str, stored.mounts)),
+        sorted(stored.cdi_devices),
+    )
     assert all(set(a) >= set(b) for a, b in zip(seen, want, strict=True)), (
         f"the container lacks what Allocate answered for {list(names)}: got {seen}, answered {want}"
     )
@@ -78,6 +85,8 @@ def test_every_resource_reregisters_after_kubelet_restart(devplug_plugin: Plugin
     back = [r for r in names if r not in missing]
     assert not missing, (
         f"after a kubelet restart {', '.join(back) or 'no resource'} came back, but not "
-        + ", ".join(f"{r} ({before[r]} before, {seen} after {node.reregistration_timeout:g}s)" for r, seen in missing.items())
+        + ", ".join(
+            f"{r} ({before[r]} before, {seen} after {node.reregistration_timeout:g}s)" for r, seen in missing.items()
+        )
         + ": the plugin must register every resource it serves again"
     )

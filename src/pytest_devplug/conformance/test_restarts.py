@@ -80,11 +80,15 @@ def test_device_ids_stable_across_restarts(devplug_pod: PodFactory, devplug_plug
         step()
         assert_allocatable(devplug_plugin, n, capacity=n)
         now = sorted(set(node.device_ids(res)))
-        assert now == before, f"after {what} the plugin lists {now}; before it listed {before} (running pods refer to those)"
+        assert now == before, (
+            f"after {what} the plugin lists {now}; before it listed {before} (running pods refer to those)"
+        )
         cp = node.checkpoint()
         registered = sorted(cp.registered_devices.get(res, ())) if cp is not None else []
         assert registered == before, f"after {what} the checkpoint registers {registered}, not {before}"
-        assert set(pod.allocated_devices) <= set(now), f"after {what} the pod holds {pod.allocated_devices}, not among {now}"
+        assert set(pod.allocated_devices) <= set(now), (
+            f"after {what} the pod holds {pod.allocated_devices}, not among {now}"
+        )
 
 
 @pytest.mark.devplug_disruptive
@@ -95,7 +99,12 @@ def test_container_restart_after_kubelet_restart(devplug_pod: PodFactory, devplu
     held, env = pod.allocated_devices, pod.env
     assert_reregisters_after_kubelet_restart(devplug_plugin)
     pod.restart_container()
-    wait_for(lambda: pod.restart_count, lambda c: c >= 1, timeout=pod.timeout, what="container restart after the kubelet restart")
+    wait_for(
+        lambda: pod.restart_count,
+        lambda c: c >= 1,
+        timeout=pod.timeout,
+        what="container restart after the kubelet restart",
+    )
     pod.wait_running()
     assert pod.allocated_devices == held, f"pod-resources lists {pod.allocated_devices}; the container held {held}"
     assert pod.env == env, f"the restarted container's env {pod.env}; before {env}"
@@ -143,11 +152,15 @@ def _health_round_trip(plugin: PluginHandle, faults: FaultInjector, after: str) 
     try:
         assert_allocatable(plugin, n, capacity=n)
     except AssertionError as exc:
-        raise AssertionError(f"after {after} devices that are Healthy again must bring allocatable back to {n}/{n}: {exc}") from None
+        raise AssertionError(
+            f"after {after} devices that are Healthy again must bring allocatable back to {n}/{n}: {exc}"
+        ) from None
 
 
 @pytest.mark.devplug_disruptive
-def test_health_reported_after_kubelet_and_plugin_restarts(devplug_plugin: PluginHandle, devplug_faults: FaultInjector) -> None:
+def test_health_reported_after_kubelet_and_plugin_restarts(
+    devplug_plugin: PluginHandle, devplug_faults: FaultInjector
+) -> None:
     """The stream the plugin opens for a restarted kubelet, and the health watch of a restarted plugin, carry
     health changes as the first ones did; devices Healthy again bring allocatable back to n of n each time."""
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
@@ -159,7 +172,9 @@ def test_health_reported_after_kubelet_and_plugin_restarts(devplug_plugin: Plugi
 
 
 @pytest.mark.devplug_disruptive
-def test_pods_deleted_while_kubelet_down_free_their_devices(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
+def test_pods_deleted_while_kubelet_down_free_their_devices(
+    devplug_pod: PodFactory, devplug_plugin: PluginHandle
+) -> None:
     """Upstream's orphaned pods: pods deleted while the kubelet is down give their devices back once it runs
     again; the plugin is asked to Allocate them for new pods, and must."""
     res, node = devplug_plugin.resource_name, devplug_plugin.node
@@ -170,7 +185,9 @@ def test_pods_deleted_while_kubelet_down_free_their_devices(devplug_pod: PodFact
         pod.delete()
     finally:
         node.start_kubelet()
-    assert (pod.name, pod.namespace) not in [(p.name, p.namespace) for p in node.pod_resources()], "deleted pod still listed"
+    assert (pod.name, pod.namespace) not in [(p.name, p.namespace) for p in node.pod_resources()], (
+        "deleted pod still listed"
+    )
     assert_allocatable(devplug_plugin, n, capacity=n)
     again = devplug_pod(count=n, wait=True)
     assert len(set(again.allocated_devices)) == n, f"a new pod asking for all {n} devices got {again.allocated_devices}"
@@ -191,8 +208,12 @@ def test_node_reboot_then_plugin_comes_back(
     before = sorted(set(node.device_ids(res)))
     note_check(request.node, "reboot", node.reboot())
     assert pod.wait_phase("Failed") == "Failed"
-    assert pod.reason == "UnexpectedAdmissionError", f"re-admitted before the plugin registered: {pod.reason} {pod.message}"
+    assert pod.reason == "UnexpectedAdmissionError", (
+        f"re-admitted before the plugin registered: {pod.reason} {pod.message}"
+    )
     devplug_plugin.start()
     assert_allocatable(devplug_plugin, n, capacity=n)
-    assert sorted(set(node.device_ids(res))) == before, f"after the reboot the plugin lists {node.device_ids(res)}; before {before}"
+    assert sorted(set(node.device_ids(res))) == before, (
+        f"after the reboot the plugin lists {node.device_ids(res)}; before {before}"
+    )
     devplug_pod(count=n, wait=True)

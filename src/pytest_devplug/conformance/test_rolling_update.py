@@ -131,7 +131,9 @@ def test_convention_rolling_update_without_downtime(devplug_pod: PodFactory, dev
         "one's exit must leave it registered"
     )
     for pod in (first, second):
-        assert pod.phase == "Running" and pod.restart_count == 0, f"{pod.name}: {pod.phase}, restarts {pod.restart_count}"
+        assert pod.phase == "Running" and pod.restart_count == 0, (
+            f"{pod.name}: {pod.phase}, restarts {pod.restart_count}"
+        )
     held = first.allocated_devices
     assert len(held) == 1 and len(second.allocated_devices) == 1 and held != second.allocated_devices, (
         f"pods hold {held} and {second.allocated_devices} after the rollout"

@@ -40,7 +40,9 @@ def test_freed_devices_are_reused(devplug_pod: PodFactory, devplug_plugin: Plugi
 
 
 @pytest.mark.devplug_convention("exclusive-devices")
-def test_convention_exclusive_devices_reach_one_container(devplug_pod: PodFactory, devplug_plugin: PluginHandle) -> None:
+def test_convention_exclusive_devices_reach_one_container(
+    devplug_pod: PodFactory, devplug_plugin: PluginHandle
+) -> None:
     """Filled one device per pod (3 at least: with 2, a node both get cannot be told from a control node), no device
     node (host path) reaches two pods unless it reaches them all: a plugin that answers one device's Allocate with
     another device's node hands one exclusive device to two containers."""

@@ -43,7 +43,10 @@ def test_convention_numa_packing_fills_one_node_first(devplug_pod: PodFactory, d
 
 @pytest.fixture
 def numa_strict_node(
-    devplug_cluster: ClusterHandle, devplug_plugin_spec: PluginSpec, devplug_plugin: PluginHandle, devplug_node_spec: NodeSpec
+    devplug_cluster: ClusterHandle,
+    devplug_plugin_spec: PluginSpec,
+    devplug_plugin: PluginHandle,
+    devplug_node_spec: NodeSpec,
 ) -> Iterator[tuple[PluginHandle, PodFactory]]:
     """A second node with the Topology Manager's single-numa-node policy, running the same plugin."""
     require_topology(devplug_plugin)

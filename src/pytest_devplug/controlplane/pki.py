@@ -40,7 +40,9 @@ class Pki:
 def _openssl(args: list[str], cwd: Path) -> None:
     exe = shutil.which("openssl")
     if exe is None:
-        raise ControlPlaneError("the real control plane needs the openssl command to make its certificates (apt-get install openssl)")
+        raise ControlPlaneError(
+            "the real control plane needs the openssl command to make its certificates (apt-get install openssl)"
+        )
     res = subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
     if res.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args[:2])} failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
@@ -75,4 +77,13 @@ def make_pki(d: Path) -> Pki:
     _leaf("admin", "/O=system:masters/CN=devplug-admin", f"{usage}\nextendedKeyUsage=clientAuth", d)
     _key("sa.key", d)
     _openssl(["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"], d)
-    return Pki(d / "ca.crt", d / "ca.key", d / "apiserver.crt", d / "apiserver.key", d / "admin.crt", d / "admin.key", d / "sa.key", d / "sa.pub")
+    return Pki(
+        d / "ca.crt",
+        d / "ca.key",
+        d / "apiserver.crt",
+        d / "apiserver.key",
+        d / "admin.crt",
+        d / "admin.key",
+        d / "sa.key",
+        d / "sa.pub",
+    )

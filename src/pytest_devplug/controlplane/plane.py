@@ -38,7 +38,10 @@ __all__ = ["ControlPlane", "CONTROLLERS", "stop_kept"]
 #: ResourceClaims (claims made from a pod's ResourceClaimTemplate, ``reservedFor`` released when a pod is gone) and
 #: device taints (evicts pods from NoExecute-tainted devices, reports on DeviceTaintRules; off with DRADeviceTaints).
 CONTROLLERS = (
-    "serviceaccount-controller", "serviceaccount-token-controller", "node-lifecycle-controller", "resourceclaim-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "node-lifecycle-controller",
+    "resourceclaim-controller",
     "device-taint-eviction-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
@@ -53,7 +56,12 @@ class ControlPlane:
     """
 
     def __init__(
-        self, binaries: Binaries, workdir_path: Path | None = None, *, timeout: float = 30.0, keep: bool = False,
+        self,
+        binaries: Binaries,
+        workdir_path: Path | None = None,
+        *,
+        timeout: float = 30.0,
+        keep: bool = False,
         feature_gates: str = "",
     ) -> None:
         self.binaries = binaries
@@ -92,7 +100,9 @@ class ControlPlane:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -224,7 +234,13 @@ class ControlPlane:
             f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
             f"--secure-port={port}", f"--cert-dir={self._path('scheduler', 'certs')}", "--v=0", *self._gates(),
         ]  # fmt: skip
-        return self._component("kube-scheduler", argv, self._path("scheduler", "kube-scheduler.log"), f"https://127.0.0.1:{port}/healthz", None)
+        return self._component(
+            "kube-scheduler",
+            argv,
+            self._path("scheduler", "kube-scheduler.log"),
+            f"https://127.0.0.1:{port}/healthz",
+            None,
+        )
 
     def _controller_manager(self) -> Component:
         assert self.pki is not None
@@ -273,7 +289,12 @@ class ControlPlane:
             return True
 
         try:
-            wait_for(exists, bool, timeout=self.timeout, what="the default ServiceAccount (kube-controller-manager's serviceaccount controller)")
+            wait_for(
+                exists,
+                bool,
+                timeout=self.timeout,
+                what="the default ServiceAccount (kube-controller-manager's serviceaccount controller)",
+            )
         except WaitTimeout as exc:
             cm = next((c for c in self.components if c.name == "kube-controller-manager"), None)
             tail = log_tail(cm.log_path) if cm is not None else "(not started)"

@@ -67,7 +67,9 @@ class DetachedProcess:
     def start(self) -> None:
         try:
             with open(self.log_path, "ab") as log:
-                self._popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self._popen = subprocess.Popen(
+                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
         except OSError as exc:
             raise ComponentFailedError(f"cannot start {self.argv[0]}: {exc}") from None
 
@@ -162,10 +164,19 @@ class Component:
             return None if rc is None else f"{self.name} exited with status {rc}"
 
         try:
-            wait_for(self.healthy, lambda s: s == "ok", timeout=timeout, what=f"{self.name} to answer {self.health_url}", interval=0.05, give_up=exited)
+            wait_for(
+                self.healthy,
+                lambda s: s == "ok",
+                timeout=timeout,
+                what=f"{self.name} to answer {self.health_url}",
+                interval=0.05,
+                give_up=exited,
+            )
         except WaitTimeout as exc:
             self.stop()
-            raise ComponentFailedError(f"{exc}\n--- last lines of {self.log_path}:\n{log_tail(self.log_path)}") from None
+            raise ComponentFailedError(
+                f"{exc}\n--- last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+            ) from None
 
     def port_conflict(self) -> bool:
         return "address already in use" in log_tail(self.log_path, 200)
@@ -187,10 +198,11 @@ def write_kubeconfig(path: Path, server: str, pki: Pki, user: str = "devplug-adm
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "devplug", "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}],
-        "users": [{"name": user, "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}],
+        "users": [
+            {"name": user, "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}
+        ],
         "contexts": [{"name": "devplug", "context": {"cluster": "devplug", "user": user}}],
         "current-context": "devplug",
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")
     path.chmod(0o600)
-

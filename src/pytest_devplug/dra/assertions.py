@@ -36,7 +36,9 @@ def _checkpoint_text(driver: DriverHandle) -> str:
         lines.append(f"claim {c.namespace}/{c.claim_name} uid {c.claim_uid} pods {sorted(c.pod_uids)}")
         for drv, devs in c.devices.items():
             for d in devs:
-                lines.append(f"  {drv}: pool {d.pool} device {d.device} requests {list(d.requests)} cdi {list(d.cdi_device_ids)}")
+                lines.append(
+                    f"  {drv}: pool {d.pool} device {d.device} requests {list(d.requests)} cdi {list(d.cdi_device_ids)}"
+                )
     return "\n".join(lines)
 
 
@@ -66,11 +68,19 @@ def _fail(message: str, driver: DriverHandle, pods: Iterable[tuple[str, str]] = 
 
 def _refused(driver: DriverHandle) -> str | None:
     """The watcher's latest outcome for the driver is a failure that has stood for a while: why (a ``give_up``)."""
-    events = [e for e in driver.node.registration_events() if e.name == driver.name or (e.kind == "failed" and driver.name in e.socket)]
+    events = [
+        e
+        for e in driver.node.registration_events()
+        if e.name == driver.name or (e.kind == "failed" and driver.name in e.socket)
+    ]
     if not events or events[-1].kind != "failed":
         return None
     failures = [e for e in events if e.kind == "failed"]
-    return f"the kubelet refused the registration {len(failures)} times, last: {events[-1].detail}" if len(failures) >= 3 else None
+    return (
+        f"the kubelet refused the registration {len(failures)} times, last: {events[-1].detail}"
+        if len(failures) >= 3
+        else None
+    )
 
 
 def _registration_seen(driver: DriverHandle) -> str:
@@ -109,7 +119,9 @@ def _pool_problems(driver: DriverHandle) -> list[str]:
         newest = max(s.generation for s in mine)
         current = [s for s in mine if s.generation == newest]
         if len(current) != current[0].slice_count:
-            problems.append(f"pool {pool} generation {newest}: {len(current)} slices, resourceSliceCount {current[0].slice_count}")
+            problems.append(
+                f"pool {pool} generation {newest}: {len(current)} slices, resourceSliceCount {current[0].slice_count}"
+            )
     return problems
 
 
@@ -154,11 +166,15 @@ def _prepared_problems(claim: ClaimHandle, prepared: PreparedClaim | None, pod_u
     for d in devices:
         request = allocated.get((d.pool, d.device))
         if request is not None and d.requests and request.split("/")[0] not in d.requests:
-            problems.append(f"device {d.pool}/{d.device} answered for requests {list(d.requests)}, allocated for {request!r}")
+            problems.append(
+                f"device {d.pool}/{d.device} answered for requests {list(d.requests)}, allocated for {request!r}"
+            )
     return problems
 
 
-def assert_claim_prepared(pod: ClaimPodHandle, driver: DriverHandle, timeout: float | None = None) -> list[PreparedClaim]:
+def assert_claim_prepared(
+    pod: ClaimPodHandle, driver: DriverHandle, timeout: float | None = None
+) -> list[PreparedClaim]:
     """``pod`` runs with its claims prepared by ``driver``: each claim is in the kubelet's ``dra_manager_state`` with the
     pod's UID and exactly the devices the scheduler allocated to the driver, and the default container got the CDI
     device IDs the driver returned (resolved from the spec files it wrote; unresolvable ones fail the container).
@@ -174,7 +190,9 @@ def assert_claim_prepared(pod: ClaimPodHandle, driver: DriverHandle, timeout: fl
     uid = pod.uid
     claims = pod.claims
     if not claims:
-        raise _fail(f"pod {pod.namespace}/{pod.name} uses no ResourceClaim (its claims: {pod.claim_names()})", driver, pods)
+        raise _fail(
+            f"pod {pod.namespace}/{pod.name} uses no ResourceClaim (its claims: {pod.claim_names()})", driver, pods
+        )
     found, problems = [], []
     for claim in claims:
         prepared = claim.prepared()
@@ -187,7 +205,9 @@ def assert_claim_prepared(pod: ClaimPodHandle, driver: DriverHandle, timeout: fl
     if missing:
         problems.append(f"the container did not get the CDI devices {missing} (it got {given})")
     if problems:
-        raise _fail(f"claims of pod {pod.namespace}/{pod.name} not prepared as allocated: " + "; ".join(problems), driver, pods)
+        raise _fail(
+            f"claims of pod {pod.namespace}/{pod.name} not prepared as allocated: " + "; ".join(problems), driver, pods
+        )
     return found
 
 
@@ -209,7 +229,9 @@ def assert_driver_reregisters_after_kubelet_restart(driver: DriverHandle, timeou
     assert_driver_registered(driver, node.reregistration_timeout if timeout is None else timeout)
 
 
-def assert_dra_checkpoint_survives_kubelet_restart(driver: DriverHandle, pods: Sequence[ClaimPodHandle]) -> DRACheckpoint:
+def assert_dra_checkpoint_survives_kubelet_restart(
+    driver: DriverHandle, pods: Sequence[ClaimPodHandle]
+) -> DRACheckpoint:
     """Restart the kubelet with ``pods`` running: ``dra_manager_state`` is read back (checksum right), every claim keeps
     its pods and prepared devices, the driver registers again, and the pods keep running. The kubelet (every release
     from 1.34 on) prepares claims only on the way to creating a pod's sandbox, so it asks the driver nothing here: a
@@ -220,7 +242,11 @@ def assert_dra_checkpoint_survives_kubelet_restart(driver: DriverHandle, pods: S
     names = [(p.name, p.namespace) for p in pods]
     before = node.dra_checkpoint()
     if before is None or not before.claims:
-        raise _fail("expected dra_manager_state to hold the running pods' claims before the restart; it holds none", driver, names)
+        raise _fail(
+            "expected dra_manager_state to hold the running pods' claims before the restart; it holds none",
+            driver,
+            names,
+        )
     assert_driver_reregisters_after_kubelet_restart(driver)
     after = node.dra_checkpoint()
     problems = []
@@ -234,5 +260,9 @@ def assert_dra_checkpoint_survives_kubelet_restart(driver: DriverHandle, pods: S
         if p.phase != "Running":
             problems.append(f"pod {p.name} is {p.phase}")
     if problems or after is None:
-        raise _fail("after a kubelet restart the DRA checkpoint must read back as it was written: " + "; ".join(problems), driver, names)
+        raise _fail(
+            "after a kubelet restart the DRA checkpoint must read back as it was written: " + "; ".join(problems),
+            driver,
+            names,
+        )
     return after

@@ -56,7 +56,12 @@ class _OnMockState:
     """An injector acting through the driver's mock-NVML state; a device is mapped to its GPU by the ``uuid``
     attribute the driver publishes for it (a MIG device's UUID: its GPU, as NVML's Xids and losses are GPU-wide)."""
 
-    def __init__(self, driver: DriverHandle, read_state: Callable[[], dict[str, Any]], write_state: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        driver: DriverHandle,
+        read_state: Callable[[], dict[str, Any]],
+        write_state: Callable[[dict[str, Any]], None],
+    ) -> None:
         self._driver = driver
         self._read = read_state
         self._write = write_state
@@ -72,7 +77,9 @@ class _OnMockState:
                 value = attr.get("string") if isinstance(attr, dict) else None
                 if value:
                     return self._gpu_of(str(value))
-                raise FaultNotSupportedError(f"device {pool}/{device} publishes no uuid attribute to find its mock GPU by")
+                raise FaultNotSupportedError(
+                    f"device {pool}/{device} publishes no uuid attribute to find its mock GPU by"
+                )
         raise FaultNotSupportedError(f"the driver publishes no device {pool}/{device}")
 
     def _gpu_of(self, uuid: str) -> str:
@@ -121,10 +128,14 @@ class DRANvmlXidFaults(_OnMockState):
         self._edit(lambda st: mockstate.with_xid(st, uuid, 79))
 
     def set_healthy(self, pool: str, device: str) -> None:
-        raise FaultNotSupportedError("NVML has no event for a GPU that recovered: after a critical Xid the GPU stays Unhealthy until the driver restarts")
+        raise FaultNotSupportedError(
+            "NVML has no event for a GPU that recovered: after a critical Xid the GPU stays Unhealthy until the driver restarts"
+        )
 
     def fail_prepare(self, fail: bool = True) -> None:
-        raise FaultNotSupportedError("a failing NodePrepareResources has no NVML meaning (fail_allocate is read by the included driver only)")
+        raise FaultNotSupportedError(
+            "a failing NodePrepareResources has no NVML meaning (fail_allocate is read by the included driver only)"
+        )
 
 
 # Conformance stated where a type checker sees it.

@@ -31,14 +31,24 @@ from .objects import (
     template_manifest,
 )
 
-__all__ = ["DRANodeHandle", "DriverHandle", "ClaimHandle", "ClaimPodHandle", "ClaimFactory", "EXTENDED_RESOURCE_CLAIM", "nested_spec_hint",
-           "node_tolerations"]
+__all__ = [
+    "DRANodeHandle",
+    "DriverHandle",
+    "ClaimHandle",
+    "ClaimPodHandle",
+    "ClaimFactory",
+    "EXTENDED_RESOURCE_CLAIM",
+    "nested_spec_hint",
+    "node_tolerations",
+]
 
 
 class DRANodeHandle(NodeHandle):
     """A node with its kubelet's DRA side: the drivers it registered, its ``dra_manager_state``, its calls."""
 
-    def __init__(self, backend: Backend, dra: DRABackend, name: str, *, timeout: float, reregistration_timeout: float) -> None:
+    def __init__(
+        self, backend: Backend, dra: DRABackend, name: str, *, timeout: float, reregistration_timeout: float
+    ) -> None:
         super().__init__(backend, name, timeout=timeout, reregistration_timeout=reregistration_timeout)
         self.dra = dra
 
@@ -223,7 +233,9 @@ class ClaimHandle:
     @property
     def allocated(self) -> list[AllocatedDevice]:
         """The devices the scheduler allocated (``status.allocation.devices.results``)."""
-        return [AllocatedDevice.from_result(r) for r in ((self.allocation or {}).get("devices") or {}).get("results") or []]
+        return [
+            AllocatedDevice.from_result(r) for r in ((self.allocation or {}).get("devices") or {}).get("results") or []
+        ]
 
     @property
     def reserved_for(self) -> list[str]:
@@ -249,7 +261,9 @@ class ClaimHandle:
 class ClaimPodHandle(PodHandle):
     """A pod using ResourceClaims; ``claims`` resolves the claims made from templates for it."""
 
-    def __init__(self, backend: Backend, name: str, namespace: str, *, container: str, timeout: float, node: DRANodeHandle) -> None:
+    def __init__(
+        self, backend: Backend, name: str, namespace: str, *, container: str, timeout: float, node: DRANodeHandle
+    ) -> None:
         super().__init__(backend, name, namespace, container=container, resource_name="", timeout=timeout)
         self.node = node
 
@@ -299,7 +313,11 @@ def nested_spec_hint(pod: ClaimPodHandle, driver: DriverHandle) -> str:
     hints = []
     for cdi_id in ids:
         kind, _, name = cdi_id.partition("=")
-        if any(kind.encode() in raw and name.encode() in raw for path, raw in files.items() if path.rsplit("/", 1)[0] in SPEC_DIRS):
+        if any(
+            kind.encode() in raw and name.encode() in raw
+            for path, raw in files.items()
+            if path.rsplit("/", 1)[0] in SPEC_DIRS
+        ):
             continue
         for path, raw in sorted(files.items()):
             if kind.encode() in raw and name.encode() in raw:
@@ -308,7 +326,6 @@ def nested_spec_hint(pod: ClaimPodHandle, driver: DriverHandle) -> str:
                              f"spec files directly in {' and '.join(SPEC_DIRS)}")  # fmt: skip
                 break
     return "; " + "; ".join(hints) if hints else ""
-
 
 
 #: The key :meth:`ClaimPodHandle.claim_names` lists the scheduler's claim for the pod's extended resources under.
@@ -321,7 +338,15 @@ class ClaimFactory:
 
     _counter = itertools.count(1)
 
-    def __init__(self, backend: Backend, driver: DriverHandle, *, timeout: float, prefix: str = "dra", namespace: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        driver: DriverHandle,
+        *,
+        timeout: float,
+        prefix: str = "dra",
+        namespace: str | None = None,
+    ) -> None:
         self.backend = backend
         self.driver = driver
         self.rest = driver.dra.rest
@@ -348,7 +373,11 @@ class ClaimFactory:
         return made
 
     def device_class(
-        self, name: str | None = None, *, selectors: Sequence[Mapping[str, Any]] | None = None, extended_resource_name: str | None = None
+        self,
+        name: str | None = None,
+        *,
+        selectors: Sequence[Mapping[str, Any]] | None = None,
+        extended_resource_name: str | None = None,
     ) -> str:
         """A DeviceClass selecting the driver's devices (and ``selectors``; ``extended_resource_name``: pods asking for
         that extended resource are served by it); its name."""
@@ -392,7 +421,9 @@ class ClaimFactory:
         """A ResourceClaimTemplate; its name."""
         body = template_manifest(name or self._name("template"), self.namespace, device_class or self.default_class,
                                  count=count, requests=requests)  # fmt: skip
-        return str(self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaimtemplates", body)["metadata"]["name"])
+        return str(
+            self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaimtemplates", body)["metadata"]["name"]
+        )
 
     def manifest(
         self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, name: str | None = None,
@@ -411,8 +442,15 @@ class ClaimFactory:
         target = node or self.node.name
         spec: dict[str, Any] = {
             "containers": [
-                {"name": "main" if i == 0 else f"c{i}", "image": image, "command": ["sleep", "3600"],
-                 "resources": {"claims": refs, **({"limits": {k: str(v) for k, v in limits.items()}} if limits else {})}}
+                {
+                    "name": "main" if i == 0 else f"c{i}",
+                    "image": image,
+                    "command": ["sleep", "3600"],
+                    "resources": {
+                        "claims": refs,
+                        **({"limits": {k: str(v) for k, v in limits.items()}} if limits else {}),
+                    },
+                }
                 for i in range(containers)
             ],
             "resourceClaims": pod_claims,
@@ -421,7 +459,12 @@ class ClaimFactory:
         }
         if tolerations := node_tolerations(self.backend.get_node(target), states=True):
             spec["tolerations"] = tolerations
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name or self._name("pod"), "namespace": self.namespace}, "spec": spec}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name or self._name("pod"), "namespace": self.namespace},
+            "spec": spec,
+        }
 
     def pod(
         self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, manifest: Mapping[str, Any] | None = None,
@@ -435,7 +478,9 @@ class ClaimFactory:
         name, namespace = created["metadata"]["name"], created["metadata"].get("namespace", self.namespace)
         self.pods.append((name, namespace))
         app = (body.get("spec") or {}).get("containers") or [{"name": "main"}]
-        pod = ClaimPodHandle(self.backend, name, namespace, container=str(app[0]["name"]), timeout=self.timeout, node=self.node)
+        pod = ClaimPodHandle(
+            self.backend, name, namespace, container=str(app[0]["name"]), timeout=self.timeout, node=self.node
+        )
         if wait:
             try:
                 pod.wait_running()
@@ -465,4 +510,3 @@ class ClaimFactory:
         self._made.clear()
         self._class = None
         return errors
-

@@ -79,7 +79,9 @@ def list_slices(rest: KubeRest, *, node: str | None = None, driver: str | None =
     """The ResourceSlices the API server has, by field selector (``spec.nodeName``, ``spec.driver``), sorted by name."""
     selector = ",".join(f"{k}={v}" for k, v in (("spec.nodeName", node), ("spec.driver", driver)) if v)
     query = {"fieldSelector": selector} if selector else {}
-    return sorted((SliceView.from_obj(o) for o in rest.items(f"{RESOURCE_API}/resourceslices", **query)), key=lambda s: s.name)
+    return sorted(
+        (SliceView.from_obj(o) for o in rest.items(f"{RESOURCE_API}/resourceslices", **query)), key=lambda s: s.name
+    )
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,9 @@ class AllocatedDevice:
 
     @classmethod
     def from_result(cls, r: Mapping[str, Any]) -> AllocatedDevice:
-        return cls(str(r.get("request", "")), str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        return cls(
+            str(r.get("request", "")), str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", ""))
+        )
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,9 @@ class PreparedClaim:
     devices: Mapping[str, tuple[PreparedDevice, ...]]
 
     def cdi_device_ids(self, driver: str | None = None) -> list[str]:
-        return [i for d, devs in self.devices.items() if driver in (None, d) for dev in devs for i in dev.cdi_device_ids]
+        return [
+            i for d, devs in self.devices.items() if driver in (None, d) for dev in devs for i in dev.cdi_device_ids
+        ]
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,11 @@ def driver_selector(driver: str) -> dict[str, Any]:
 
 
 def device_class_manifest(
-    name: str, driver: str, selectors: Sequence[Mapping[str, Any]] | None = None, *, extended_resource_name: str | None = None
+    name: str,
+    driver: str,
+    selectors: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    extended_resource_name: str | None = None,
 ) -> dict[str, Any]:
     """A DeviceClass selecting ``driver``'s devices (and ``selectors``, all of which must match); with
     ``extended_resource_name`` (DRAExtendedResource, 1.36+) a pod asking for that extended resource is served by it."""

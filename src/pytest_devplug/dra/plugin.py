@@ -230,17 +230,25 @@ def driver_deployment(node: DRANodeHandle, spec: DriverSpec) -> SessionDeploymen
 
 @pytest.fixture(scope="session")
 def _devplug_driver_deployment(
-    pytestconfig: pytest.Config, devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec
+    pytestconfig: pytest.Config,
+    devplug_cluster: ClusterHandle,
+    devplug_dra_node: DRANodeHandle,
+    devplug_driver_spec: DriverSpec,
 ) -> SessionDeployment[DriverHandle]:
     if pytestconfig.stash.get(_HEADER_DRIVER_KEY, None) != devplug_driver_spec:  # unless the header showed exactly it
-        say(pytestconfig, f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}")
+        say(
+            pytestconfig,
+            f"devplug: DRA driver under test: {_describe_driver(devplug_driver_spec, devplug_dra_node.backend.name)}",
+        )
     kubernetes = node_kubernetes_version(pytestconfig, devplug_cluster, devplug_dra_node.name)
     note_driver(pytestconfig, get_settings(pytestconfig).backend, devplug_driver_spec, kubernetes)
     return driver_deployment(devplug_dra_node, devplug_driver_spec)
 
 
 @pytest.fixture
-def devplug_driver(request: pytest.FixtureRequest, _devplug_driver_deployment: SessionDeployment[DriverHandle]) -> Iterator[DriverHandle]:
+def devplug_driver(
+    request: pytest.FixtureRequest, _devplug_driver_deployment: SessionDeployment[DriverHandle]
+) -> Iterator[DriverHandle]:
     """The DRA driver under test (a DriverHandle), registered with the kubelet and publishing its ResourceSlices.
     Deployed once per session; a test that stopped, killed or faulted it gets it started again (or redeployed)."""
     handle = _devplug_driver_deployment.get(request.node.nodeid)
@@ -252,7 +260,9 @@ def devplug_driver(request: pytest.FixtureRequest, _devplug_driver_deployment: S
 
 
 @pytest.fixture
-def devplug_driver_started(request: pytest.FixtureRequest, _devplug_driver_deployment: SessionDeployment[DriverHandle]) -> Iterator[DriverHandle]:
+def devplug_driver_started(
+    request: pytest.FixtureRequest, _devplug_driver_deployment: SessionDeployment[DriverHandle]
+) -> Iterator[DriverHandle]:
     """The DRA driver under test, deployed but not waited for: for checks that judge registration themselves."""
     handle = _devplug_driver_deployment.started()
     request.node.stash[_DRIVER_KEY] = (handle, None)
@@ -261,7 +271,9 @@ def devplug_driver_started(request: pytest.FixtureRequest, _devplug_driver_deplo
 
 
 @pytest.fixture(scope="session")
-def devplug_dra_resync(devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec) -> Iterator[ResyncWatch]:
+def devplug_dra_resync(
+    devplug_cluster: ClusterHandle, devplug_dra_node: DRANodeHandle, devplug_driver_spec: DriverSpec
+) -> Iterator[ResyncWatch]:
     """A second copy of the driver on a node of its own (a ResyncWatch), for the whole session: its kubelet restarts
     once, when the first DRA check begins; ``.verdict()`` judges the slices the driver published again since."""
     with ResyncWatch(devplug_cluster, devplug_driver_spec, devplug_dra_node.name) as watch:
@@ -276,10 +288,14 @@ def _devplug_dra_resync_early(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def devplug_claims(request: pytest.FixtureRequest, devplug_cluster: ClusterHandle, devplug_driver: DriverHandle) -> Iterator[ClaimFactory]:
+def devplug_claims(
+    request: pytest.FixtureRequest, devplug_cluster: ClusterHandle, devplug_driver: DriverHandle
+) -> Iterator[ClaimFactory]:
     """A ClaimFactory for the driver under test: ``.claim(count=1)``, ``.template()``, ``.device_class()``,
     ``.pod(claims=[...], wait=True)``; everything it made is deleted after the test (pods first)."""
-    factory = ClaimFactory(devplug_cluster.backend, devplug_driver, timeout=devplug_cluster.timeout, prefix=request.node.name)
+    factory = ClaimFactory(
+        devplug_cluster.backend, devplug_driver, timeout=devplug_cluster.timeout, prefix=request.node.name
+    )
     request.node.stash[_DRIVER_KEY] = (devplug_driver, factory)
     yield factory
     errors = factory.cleanup()
@@ -296,7 +312,9 @@ def devplug_dra_faults(pytestconfig: pytest.Config, devplug_driver: DriverHandle
     if devplug_driver.spec.mock:
         node, dra = devplug_driver.node.name, devplug_driver.dra
         kind = DRAMockNvmlFaults if get_dra_settings(pytestconfig).included else DRANvmlXidFaults
-        return kind(devplug_driver, lambda: dra.read_driver_mock_state(node), lambda s: dra.write_driver_mock_state(node, s))
+        return kind(
+            devplug_driver, lambda: dra.read_driver_mock_state(node), lambda s: dra.write_driver_mock_state(node, s)
+        )
     reason = f"needs a fault injector: the DRA driver under test ({devplug_driver.name}) does not read the mock-NVML state and no conftest overrides the devplug_dra_faults fixture to return a {DRA_CONTRACT}"
     if get_settings(pytestconfig).missing_faults == "fail":
         pytest.fail(reason, pytrace=False)
@@ -307,7 +325,9 @@ def devplug_dra_faults(pytestconfig: pytest.Config, devplug_driver: DriverHandle
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A DRA check that failed with a plain assertion gets the driver's evidence (the helpers attach their own)."""
     report = yield
     found = item.stash.get(_DRIVER_KEY, None)

@@ -50,7 +50,13 @@ class ResyncWatch(Watch):
     """A copy of the driver on ``node_name`` whose kubelet restarts once, at :meth:`start`."""
 
     def __init__(
-        self, cluster: ClusterHandle, spec: DriverSpec, main_node: str, node_name: str = RESYNC_NODE, *, republish_s: float = REPUBLISH_S
+        self,
+        cluster: ClusterHandle,
+        spec: DriverSpec,
+        main_node: str,
+        node_name: str = RESYNC_NODE,
+        *,
+        republish_s: float = REPUBLISH_S,
     ) -> None:
         self.cluster, self.spec, self.main_node, self.node_name = cluster, spec, main_node, node_name
         #: The bound of the republish (:data:`REPUBLISH_S`; a test of the check itself shortens it).
@@ -135,7 +141,9 @@ class ResyncWatch(Watch):
             raise UnsupportedOperationError(self.unsupported)
         if self.inline is not None:
             if main is None:
-                raise UnsupportedOperationError(f"no node of its own ({self.inline}) and no driver under test to judge instead")
+                raise UnsupportedOperationError(
+                    f"no node of its own ({self.inline}) and no driver under test to judge instead"
+                )
             main.mark_changed()  # its slices go with the kubelet start: the session's driver is restarted after
             self.driver, self.node_name = main, main.node.name  # planted slices named after the node: one run's each
             try:

@@ -101,7 +101,9 @@ def container_cdi_devices(
     for _, request, name in wanted:
         state = claim_state(namespace, name)
         if state is None:
-            raise ClaimError(f"internal error: unable to get claim info for ResourceClaim {name} in namespace {namespace}")
+            raise ClaimError(
+                f"internal error: unable to get claim info for ResourceClaim {name} in namespace {namespace}"
+            )
         for devices in (state.driver_state or {}).values():
             for d in devices or []:
                 if request and d.request_names and request.split("/")[0] not in d.request_names:

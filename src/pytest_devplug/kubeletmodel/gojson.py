@@ -182,6 +182,12 @@ def marshal(value: object) -> str:
     """``json.Marshal``'s text of plain data: compact, UTF-8 kept; ``<``, ``>``, ``&`` escaped for HTML safety and
     U+2028/9 for JavaScript (map keys must already be in Go's order: sorted by their bytes)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    for char, escape in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         text = text.replace(char, escape)
     return text

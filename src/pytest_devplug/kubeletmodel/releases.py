@@ -120,7 +120,7 @@ RULES: dict[str, Rule] = {
         Rule(
             "podresources-get-terminal-not-found",
             "1.35",
-            "pod-resources Get answers \"pod <name> in namespace <ns> not found\" for a pod that has terminated",
+            'pod-resources Get answers "pod <name> in namespace <ns> not found" for a pod that has terminated',
             "pkg/kubelet/kubelet.go (kubeletPodsProvider.GetPodByName)",
         ),
         Rule(
@@ -138,8 +138,8 @@ RULES: dict[str, Rule] = {
         Rule(
             "scheduler-dra-postfilter-silent",
             "1.37",
-            "a pod no node fits reads \"0/N nodes are available: ... preemption: ...\": DynamicResources' PostFilter no "
-            "longer adds \"no new claims to deallocate, \" for a pod without claims",
+            'a pod no node fits reads "0/N nodes are available: ... preemption: ...": DynamicResources\' PostFilter no '
+            'longer adds "no new claims to deallocate, " for a pod without claims',
             "pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go (PostFilter)",
         ),
         Rule(
@@ -249,7 +249,9 @@ class KubeVersion:
             if spec is None:
                 problems.append(f"unrecognized feature gate: {name}")
             elif spec[2] and value != spec[0]:
-                problems.append(f"cannot set feature gate {name} to {str(value).lower()}, feature is locked to {str(spec[0]).lower()}")
+                problems.append(
+                    f"cannot set feature gate {name} to {str(value).lower()}, feature is locked to {str(spec[0]).lower()}"
+                )
         if not problems:  # as component-base does: the dependencies of every enabled gate, once all are set
             for name, needs in sorted(DEPENDENCIES.get(self.release.number, {}).items()):
                 off = [n for n in needs if n in known and not self.gate(n)]

@@ -42,7 +42,9 @@ class _FirstWins:
 #: Upstream's conflict messages (``key``: the env var, container path or annotation; ``old``: the value kept).
 _ENV_CONFLICT = "Environment variable has conflicting setting envKey={key} expected={new} got={old}"
 _DEVICE_CONFLICT = "Container device has conflicting mapping host devices containerPath={key} got={old} expected={new}"
-_MOUNT_CONFLICT = "Container mount has conflicting mapping host mounts containerPath={key} conflictingPath={old} hostPath={new}"
+_MOUNT_CONFLICT = (
+    "Container mount has conflicting mapping host mounts containerPath={key} conflictingPath={old} hostPath={new}"
+)
 _ANNOTATION_CONFLICT = "Annotation has conflicting setting annotationKey={key} expected={old} got={new}"
 
 

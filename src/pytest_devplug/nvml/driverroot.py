@@ -16,9 +16,21 @@ DRIVER_ROOT = "/run/nvidia/driver"
 #: Where NVIDIA's charts mount the host's driver root in a driver's container (``DRIVER_ROOT_CTR_PATH``'s default).
 CONTAINER_DRIVER_ROOT = "/driver-root"
 #: Driver libraries NVIDIA's CDI generation looks for (``<name>.<driver version>``, and ``.1`` links).
-DRIVER_LIBS = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so", "libcudadebugger.so")
+DRIVER_LIBS = (
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-nvvm.so",
+    "libcudadebugger.so",
+)
 #: Driver tools it mounts into containers when present.
-DRIVER_BINS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+DRIVER_BINS = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
 #: The libraries' directory under the driver root.
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")

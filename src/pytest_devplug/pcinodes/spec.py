@@ -41,8 +41,15 @@ from typing import Any
 import yaml
 from ..errors import PciNodeError
 
-__all__ = ["DEVICE_INFO_DIR", "PciFunction", "PciNode", "load_pci_node", "parse_pci_node", "PCI_IDS_PATH",
-           "VFIO_DRIVER"]
+__all__ = [
+    "DEVICE_INFO_DIR",
+    "PciFunction",
+    "PciNode",
+    "load_pci_node",
+    "parse_pci_node",
+    "PCI_IDS_PATH",
+    "VFIO_DRIVER",
+]
 
 #: Where pcidb (ghw) and pciutils look first for the PCI ID database.
 PCI_IDS_PATH = "/usr/share/hwdata/pci.ids"
@@ -125,7 +132,11 @@ class PciNode:
             owner = next(f for f in self.functions if f.rdma == name)
             base = f"../../devices/{owner.root}/{owner.address}"
             _link(sys_dir / "class" / "infiniband" / name, f"{base}/infiniband/{name}")
-            for cls, dev in (("infiniband_verbs", f"uverbs{n}"), ("infiniband_mad", f"umad{n}"), ("infiniband_mad", f"issm{n}")):
+            for cls, dev in (
+                ("infiniband_verbs", f"uverbs{n}"),
+                ("infiniband_mad", f"umad{n}"),
+                ("infiniband_mad", f"issm{n}"),
+            ):
                 device_dir = sys_dir / "devices" / owner.root / owner.address / cls / dev
                 _file(device_dir / "ibdev", name)
                 _file(device_dir / "dev", "231:0")
@@ -150,8 +161,10 @@ def _link(path: Path, target: str) -> None:
 def _write_function(sys_dir: Path, f: PciFunction, vfs: Sequence[str]) -> None:
     dev = sys_dir / "devices" / f.root / f.address
     cls, sub, prog = f.pci_class[:2], f.pci_class[2:4], f.pci_class[4:]
-    modalias = (f"pci:v{int(f.vendor, 16):08X}d{int(f.device, 16):08X}sv{int(f.vendor, 16):08X}sd00000000"
-                f"bc{cls.upper()}sc{sub.upper()}i{prog.upper()}")  # the kernel's pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X
+    modalias = (
+        f"pci:v{int(f.vendor, 16):08X}d{int(f.device, 16):08X}sv{int(f.vendor, 16):08X}sd00000000"
+        f"bc{cls.upper()}sc{sub.upper()}i{prog.upper()}"
+    )  # the kernel's pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X
     for name, text in (("vendor", f"0x{f.vendor}"), ("device", f"0x{f.device}"), ("class", f"0x{f.pci_class}"),
                        ("subsystem_vendor", f"0x{f.vendor}"), ("subsystem_device", "0x0000"), ("revision", "0x02"),
                        ("numa_node", str(f.numa_node)), ("modalias", modalias)):  # fmt: skip
@@ -198,7 +211,9 @@ def _pci_ids(functions: Sequence[PciFunction]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _text(raw: Mapping[str, Any], key: str, pattern: re.Pattern[str], where: str, what: str, *, required: bool = True) -> str | None:
+def _text(
+    raw: Mapping[str, Any], key: str, pattern: re.Pattern[str], where: str, what: str, *, required: bool = True
+) -> str | None:
     value = raw.get(key)
     if value is None:
         if required:

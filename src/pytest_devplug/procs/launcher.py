@@ -31,8 +31,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KUBELET_PATHS", "NamespaceError", "enter_namespace", "enter_network_namespace", "main", "NO_NAMESPACE_HELP",
-           "path_in_node"]
+__all__ = [
+    "KUBELET_PATHS",
+    "NamespaceError",
+    "enter_namespace",
+    "enter_network_namespace",
+    "main",
+    "NO_NAMESPACE_HELP",
+    "path_in_node",
+]
 
 #: A node's directory name -> where a kubelet on that node keeps it (``pkg/kubelet/apis``:
 #: ``DevicePluginPath``, ``podresources`` socket dir; the plugin watcher's ``plugins_registry`` and the
@@ -46,6 +53,7 @@ KUBELET_PATHS = {
     "cdi": "/var/run/cdi",
     "etc-cdi": "/etc/cdi",
 }
+
 
 def path_in_node(path: str, dirs: Mapping[str, Path]) -> Path:
     """The host path of ``path`` as a plugin in the node's namespace names it: ``dirs`` maps a standard path (a value
@@ -253,7 +261,11 @@ def enter_network_namespace(netdevs: Sequence[tuple[str, str]]) -> None:
             finally:
                 os.close(fd)
             if mac:
-                fcntl.ioctl(sock, _SIOCSIFHWADDR, struct.pack("16sH6s8x", name.encode(), _ARPHRD_ETHER, bytes.fromhex(mac.replace(":", ""))))
+                fcntl.ioctl(
+                    sock,
+                    _SIOCSIFHWADDR,
+                    struct.pack("16sH6s8x", name.encode(), _ARPHRD_ETHER, bytes.fromhex(mac.replace(":", ""))),
+                )
             _link_up(sock, name)
 
 
@@ -311,7 +323,10 @@ def main(args: Sequence[str]) -> int:
             print(f"devplug launcher: cannot set up the node's mount namespace: {exc}", file=sys.stderr)
             return 126
         except (NamespaceError, OSError) as exc:
-            print(f"devplug launcher: cannot make the node's mount namespace ({exc}); {NO_NAMESPACE_HELP}", file=sys.stderr)
+            print(
+                f"devplug launcher: cannot make the node's mount namespace ({exc}); {NO_NAMESPACE_HELP}",
+                file=sys.stderr,
+            )
             return 126
     if probe:
         return 0

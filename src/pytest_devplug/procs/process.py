@@ -173,7 +173,9 @@ class _Forker:
     """One daemon thread that forks every plugin, so no plugin's parent thread ends before the run does."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue[tuple[bool, Any]]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue[tuple[bool, Any]]]] = (
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -207,7 +209,9 @@ def namespace_problem() -> str | None:
     if not _namespace_problem:
         try:
             done = subprocess.run([*_LAUNCHER, "--probe"], capture_output=True, text=True, timeout=30)
-            problem = None if done.returncode == 0 else (done.stderr.strip() or f"launcher probe exited {done.returncode}")
+            problem = (
+                None if done.returncode == 0 else (done.stderr.strip() or f"launcher probe exited {done.returncode}")
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             problem = f"devplug launcher probe failed: {exc}; {launcher.NO_NAMESPACE_HELP}"
         _namespace_problem.append(problem)
@@ -287,7 +291,9 @@ class PluginProcess:
             if not self.argv:
                 raise PluginProcessError("cannot start plugin: empty command")
             if shutil.which(self.argv[0], path=env.get("PATH", os.defpath)) is None:
-                raise PluginProcessError(f"cannot start plugin {self.argv}: {self.argv[0]!r} is not an executable file or on PATH")
+                raise PluginProcessError(
+                    f"cannot start plugin {self.argv}: {self.argv[0]!r} is not an executable file or on PATH"
+                )
             command = [*_LAUNCHER, "--parent", str(os.getpid())]
             if self.binds:
                 if problem is not None:

@@ -69,7 +69,8 @@ def predicate_admit(
             used[k] = used.get(k, 0) + v
     if len(others) + 1 > alloc.get("pods", 0):
         raise AdmissionError(
-            "OutOfpods", f"Node didn't have enough resource: pods, requested: 1, used: {len(others)}, capacity: {alloc.get('pods', 0)}"
+            "OutOfpods",
+            f"Node didn't have enough resource: pods, requested: 1, used: {len(others)}, capacity: {alloc.get('pods', 0)}",
         )
     for k in [n for n in _NAMED if n in want] + sorted(n for n in want if n not in (*_NAMED, "pods")):
         if want[k] > 0 and want[k] > alloc.get(k, 0) - used.get(k, 0):

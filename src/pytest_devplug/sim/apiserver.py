@@ -40,6 +40,7 @@ __all__ = [
     "FieldError",
 ]
 
+
 def _bad_quantity() -> ApiError:
     return ApiError(
         400,

@@ -75,7 +75,9 @@ class ClusterApi(Protocol):
 
     def restart_container(self, name: str, container: str, namespace: str = "default") -> dict[str, Any]: ...
 
-    def finish_container(self, name: str, container: str, exit_code: int = 0, namespace: str = "default") -> dict[str, Any]: ...
+    def finish_container(
+        self, name: str, container: str, exit_code: int = 0, namespace: str = "default"
+    ) -> dict[str, Any]: ...
 
     def pod_node(self, name: str, namespace: str = "default") -> SimNode: ...
 
@@ -97,7 +99,9 @@ class ClusterBase(ABC):
     def __enter__(self: _C) -> _C:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     @abstractmethod
@@ -122,7 +126,9 @@ class ClusterBase(ABC):
         node.restart_container(uid, container)
         return self.get_pod(name, namespace)
 
-    def finish_container(self, name: str, container: str, exit_code: int = 0, namespace: str = "default") -> dict[str, Any]:
+    def finish_container(
+        self, name: str, container: str, exit_code: int = 0, namespace: str = "default"
+    ) -> dict[str, Any]:
         """The container exits with ``exit_code`` (restarted or not per the pod's restartPolicy)."""
         node, uid = self._bound(name, namespace)
         node.finish_container(uid, container, exit_code)

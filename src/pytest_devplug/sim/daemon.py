@@ -241,7 +241,9 @@ class PluginDaemon:
             self._note(f"--- start failed: {exc}")
             self._logger.error('"Error starting container" container="%s" err="%s"', self.name, exc)
             return
-        self._logger.info('"Restarted container" container="%s" pid=%s restartCount=%d', self.name, self.proc.pid, self._restarts)
+        self._logger.info(
+            '"Restarted container" container="%s" pid=%s restartCount=%d', self.name, self.proc.pid, self._restarts
+        )
 
     def _note(self, line: str) -> None:
         append_log(self.proc.log_path, line)
@@ -284,4 +286,3 @@ class PluginDaemon:
 
 def _how(rc: int) -> str:
     return f"exited with status {rc}" if rc >= 0 else f"killed by signal {-rc}"
-

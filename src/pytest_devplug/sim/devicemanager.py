@@ -218,7 +218,9 @@ class DeviceManager:
 
     def watcher_handler(self, path_of_endpoint: Callable[[str], Path] = Path) -> WatcherHandler:
         """The ``DevicePlugin`` handler the plugin watcher gets (upstream ``GetWatcherHandler``)."""
-        return WatcherHandler(self.connect_plugin, self.disconnect_plugin, path_of_endpoint=path_of_endpoint, logger=self._log)
+        return WatcherHandler(
+            self.connect_plugin, self.disconnect_plugin, path_of_endpoint=path_of_endpoint, logger=self._log
+        )
 
     def disconnect_plugin(self, resource: str, socket: Path) -> None:
         """``DeRegisterPlugin`` (the plugin's socket left ``plugins_registry/``): the client of ``resource`` on ``socket``
@@ -307,7 +309,12 @@ class DeviceManager:
                 ep.set_stop_time(time.monotonic())
                 if connected:
                     self._endpoints[resource] = next(reversed(connected.values()))
-                    self._log.info("Device plugin disconnected: %s at %s; %d still connected", resource, ep.socket_path, len(connected))
+                    self._log.info(
+                        "Device plugin disconnected: %s at %s; %d still connected",
+                        resource,
+                        ep.socket_path,
+                        len(connected),
+                    )
                     last = False
                 else:
                     del self._connected[resource]
@@ -491,7 +498,9 @@ class DeviceManager:
         try:
             self._allocate(pod, container, container_running)
         except (AllocateError, EndpointError) as err:
-            raise AdmissionError("UnexpectedAdmissionError", f"Allocate failed due to {err}, which is unexpected") from None
+            raise AdmissionError(
+                "UnexpectedAdmissionError", f"Allocate failed due to {err}, which is unexpected"
+            ) from None
 
     def get_affinity(self, pod_uid: str, container_name: str) -> TopologyHint | None:
         with self._lock:
@@ -555,7 +564,10 @@ class DeviceManager:
                     raise AllocateError(f"unknown Device Plugin {resource}")
                 self._log.info(
                     "Making allocation request for device plugin %s: %s for %s/%s",
-                    resource, sorted(devices), pod.name, container.name,
+                    resource,
+                    sorted(devices),
+                    pod.name,
+                    container.name,
                 )
                 resp = ep.allocate(sorted(devices))
                 if len(resp.container_responses) == 0:

@@ -73,7 +73,13 @@ class _Pod:
 class SimCluster(ClusterBase):
     """A small cluster of embedded kubelets; use as a context manager (``close()`` cleans up)."""
 
-    def __init__(self, workdir: Path | None = None, *, grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S, kube: KubeVersion | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        *,
+        grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S,
+        kube: KubeVersion | None = None,
+    ) -> None:
         super().__init__(workdir, grace_period, kube)
         self._lock = threading.RLock()
         self._nodes: dict[str, SimNode] = {}
@@ -261,7 +267,9 @@ class SimCluster(ClusterBase):
                 and (involved_name is None or e["involvedObject"]["name"] == involved_name)
             ]
 
-    def _record_event(self, pod: Mapping[str, Any], type_: str, reason: str, message: str, component: str, host: str = "") -> None:
+    def _record_event(
+        self, pod: Mapping[str, Any], type_: str, reason: str, message: str, component: str, host: str = ""
+    ) -> None:
         meta = pod["metadata"]
         key = (meta["uid"], type_, reason, message, component)
         now = apiserver.now_rfc3339()
@@ -278,7 +286,13 @@ class SimCluster(ClusterBase):
                 "type": type_,
                 "reason": reason,
                 "message": message,
-                "involvedObject": {"kind": "Pod", "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"], "apiVersion": "v1"},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                    "apiVersion": "v1",
+                },
                 "source": {"component": component, **({"host": host} if host else {})},
                 "reportingComponent": component,
                 "count": 1,
@@ -324,7 +338,14 @@ class SimCluster(ClusterBase):
         """Caller holds the lock. Requests of bound, non-terminated pods count (the "assume")."""
         views: dict[str, NodeView] = {}
         for node in self._nodes.values():
-            views[node.name] = NodeView(node.name, dict(node.labels), [dict(t) for t in node.taints], node.unschedulable, node.allocatable_amounts(), {"pods": 0})
+            views[node.name] = NodeView(
+                node.name,
+                dict(node.labels),
+                [dict(t) for t in node.taints],
+                node.unschedulable,
+                node.allocatable_amounts(),
+                {"pods": 0},
+            )
         for rec in self._pods.values():
             view = views.get(rec.node_name or "")
             if view is None or rec.phase in ("Succeeded", "Failed"):
@@ -343,13 +364,25 @@ class SimCluster(ClusterBase):
             result = schedule(rec.obj, self._node_views(), self.kube)
             now = apiserver.now_rfc3339()
             if result.node is None:
-                rec.scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": result.message, "lastTransitionTime": now}
+                rec.scheduled = {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": result.message,
+                    "lastTransitionTime": now,
+                }
                 obj = rec.obj
                 self._record_event(obj, "Warning", "FailedScheduling", result.message, "default-scheduler")
                 return
             rec.obj["spec"]["nodeName"] = result.node
             rec.scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}
-            self._record_event(rec.obj, "Normal", "Scheduled", f"Successfully assigned {key[0]}/{key[1]} to {result.node}", "default-scheduler")
+            self._record_event(
+                rec.obj,
+                "Normal",
+                "Scheduled",
+                f"Successfully assigned {key[0]}/{key[1]} to {result.node}",
+                "default-scheduler",
+            )
             node = self._nodes[result.node]
             pod = copy.deepcopy(rec.obj)
         node.admit(pod)

@@ -106,9 +106,7 @@ class Endpoint:
     def connect(self, timeout: float = DIAL_TIMEOUT_S) -> None:
         """Dial the plugin socket and wait until the channel is ready (``grpc.WithBlock``)."""
         assert self.socket_path is not None
-        channel = grpc.insecure_channel(
-            f"unix://{self.socket_path}", options=[("grpc.default_authority", "localhost")]
-        )
+        channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[("grpc.default_authority", "localhost")])
         try:
             grpc.channel_ready_future(channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
@@ -140,14 +138,18 @@ class Endpoint:
                 for resp in self._stream:
                     if self._closed:
                         return
-                    self._log.info("State pushed for device plugin %s: %d devices", self.resource_name, len(resp.devices))
+                    self._log.info(
+                        "State pushed for device plugin %s: %d devices", self.resource_name, len(resp.devices)
+                    )
                     on_response(self, resp)
                 # The server returned: a Go client's Recv() gives io.EOF, which upstream logs as the error.
                 self._log.warning("ListAndWatch ended unexpectedly for device plugin %s: EOF", self.resource_name)
             except grpc.RpcError as err:
                 if not self._closed:
                     self._log.warning(
-                        "ListAndWatch ended unexpectedly for device plugin %s: %s", self.resource_name, go_rpc_error(err)
+                        "ListAndWatch ended unexpectedly for device plugin %s: %s",
+                        self.resource_name,
+                        go_rpc_error(err),
                     )
             if not self._closed:
                 on_end(self)
@@ -186,7 +188,9 @@ class Endpoint:
         try:
             resp: pb.PreferredAllocationResponse = self._stub.GetPreferredAllocation(req, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as err:
-            raise EndpointError(f"device plugin GetPreferredAllocation rpc failed with err: {go_rpc_error(err)}") from None
+            raise EndpointError(
+                f"device plugin GetPreferredAllocation rpc failed with err: {go_rpc_error(err)}"
+            ) from None
         return resp
 
     def allocate(self, devices: Sequence[str]) -> pb.AllocateResponse:

@@ -111,8 +111,15 @@ class SimNode:
         self.grace_period = grace_period
         #: The release this kubelet behaves as.
         self.kube = kube or KubeVersion.of()
-        self._status = NodeStatus(name, labels=labels, taints=taints, cpu=cpu, memory=memory, pods=pods,
-                                  kubelet_version=self.kube.release.kubernetes)
+        self._status = NodeStatus(
+            name,
+            labels=labels,
+            taints=taints,
+            cpu=cpu,
+            memory=memory,
+            pods=pods,
+            kubelet_version=self.kube.release.kubernetes,
+        )
         self._control_plane = control_plane
         #: Guards the kubelet's memory (``_pods``), the runtime and the running device manager.
         self._lock = threading.RLock()
@@ -230,7 +237,11 @@ class SimNode:
             if self.dra is not None:
                 self.dra.sources_ready(self.active_pod_uids)
                 if not self.dra.wait_startup_wipe(STARTUP_WIPE_WAIT_S):
-                    self.logger.warning('"ResourceSlices of the node not deleted yet, going on" node="%s" waited=%gs', self.name, STARTUP_WIPE_WAIT_S)
+                    self.logger.warning(
+                        '"ResourceSlices of the node not deleted yet, going on" node="%s" waited=%gs',
+                        self.name,
+                        STARTUP_WIPE_WAIT_S,
+                    )
         self._notify_node_change()
 
     def stop_kubelet(self) -> None:
@@ -310,7 +321,11 @@ class SimNode:
         if name in self._plugins and self._plugins[name].running:
             raise errors.PluginProcessError(f"plugin {name!r} is already running on node {self.name}")
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        binds = [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] + list(extra_binds) if standard_paths else []
+        binds = (
+            [(self.node_dir / d, path) for d, path in KUBELET_PATHS.items()] + list(extra_binds)
+            if standard_paths
+            else []
+        )
         proc = PluginProcess(
             argv, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds, netdevs=netdevs
         )
@@ -321,7 +336,9 @@ class SimNode:
             '"Started plugin process" name="%s" pid=%s kubeletSocket="%s"',
             name,
             daemon.pid,
-            f"{KUBELET_PATHS['device-plugins']}/kubelet.sock (private mount namespace)" if binds else self.plugin_dir / "kubelet.sock",
+            f"{KUBELET_PATHS['device-plugins']}/kubelet.sock (private mount namespace)"
+            if binds
+            else self.plugin_dir / "kubelet.sock",
         )
         return daemon
 
@@ -482,7 +499,9 @@ class SimNode:
             return
         with self._lock:
             self._pods[uid] = rec
-        if self.dra is not None and not self.dra.sync_pod(pod, sandbox=sandbox, start=lambda: self._start_prepared(uid)):
+        if self.dra is not None and not self.dra.sync_pod(
+            pod, sandbox=sandbox, start=lambda: self._start_prepared(uid)
+        ):
             with self._lock:  # ContainerCreating until its claims are prepared
                 self._runtime.adopt(view, pod)
             return
@@ -541,7 +560,12 @@ class SimNode:
             self._event(rec.pod, "Normal", "BackOff", f'Back-off pulling image "{c.image}"')
             self._event(rec.pod, "Warning", "Failed", "Error: ImagePullBackOff")
             c.wait("ImagePullBackOff", f'Back-off pulling image "{c.image}": ErrImagePull: {pull_error}')
-            self.logger.error('"Error syncing pod, skipping" pod="%s" container="%s" err="ErrImagePull: %s"', _key(rec.pod), c.name, pull_error)
+            self.logger.error(
+                '"Error syncing pod, skipping" pod="%s" container="%s" err="ErrImagePull: %s"',
+                _key(rec.pod),
+                c.name,
+                pull_error,
+            )
             return False
         try:
             dm.pre_start_container(rec.view, spec)
@@ -600,7 +624,10 @@ class SimNode:
 
     def _readmit_existing(self) -> None:
         """Startup: admit bound pods oldest first, skip terminal ones, remove orphaned containers."""
-        pods = sorted(self._control_plane.pods_bound_to(self.name), key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        pods = sorted(
+            self._control_plane.pods_bound_to(self.name),
+            key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
+        )
         known = {p["metadata"]["uid"] for p in pods}
         with self._lock:
             for uid in [u for u in self._runtime.pod_uids() if u not in known]:
@@ -610,7 +637,13 @@ class SimNode:
             phase = (pod.get("status") or {}).get("phase")
             if phase in ("Succeeded", "Failed"):
                 view = pod_spec_view(pod)
-                rec = PodRecord(pod=pod, view=view, phase=phase, reason=pod["status"].get("reason", ""), message=pod["status"].get("message", ""))
+                rec = PodRecord(
+                    pod=pod,
+                    view=view,
+                    phase=phase,
+                    reason=pod["status"].get("reason", ""),
+                    message=pod["status"].get("message", ""),
+                )
                 with self._lock:
                     self._pods[rec.uid] = rec
                 continue
@@ -657,7 +690,13 @@ class SimNode:
             else:
                 c.terminate(exit_code)
             self._update_phase(rec)
-            self.logger.info('"Container exited" pod="%s" container="%s" exitCode=%d phase="%s"', _key(rec.pod), container, exit_code, rec.phase)
+            self.logger.info(
+                '"Container exited" pod="%s" container="%s" exitCode=%d phase="%s"',
+                _key(rec.pod),
+                container,
+                exit_code,
+                rec.phase,
+            )
         if rec.terminal and self.dra is not None:
             self.dra.pods_changed()
         self._publish(uid)

@@ -50,14 +50,18 @@ _STANDARD_RESOURCES = STANDARD_CONTAINER_RESOURCES | {
 def _regex_error(msg: str, fmt: str, *examples: str) -> str:
     """``validation.RegexError``."""
     shown = " or ".join(f"'{e}', " for e in examples)
-    return f"{msg} (e.g. {shown}regex used for validation is '{fmt}')" if examples else f"{msg} (regex used for validation is '{fmt}')"
+    return (
+        f"{msg} (e.g. {shown}regex used for validation is '{fmt}')"
+        if examples
+        else f"{msg} (regex used for validation is '{fmt}')"
+    )
 
 
 def go_quote(value: str) -> str:
     """Go's ``%q`` of a string (``strconv.Quote``): printable characters as they are, the rest escaped."""
     out = ['"']
     for c in value:
-        if c in "\"\\":
+        if c in '"\\':
             out.append("\\" + c)
         elif c.isprintable():
             out.append(c)
@@ -89,7 +93,9 @@ def qualified_name_errors(value: str) -> list[str]:
     parts = value.split("/")
     name_error = _regex_error(_QUALIFIED_NAME_MSG, _QUALIFIED_NAME_FMT, "MyName", "my.name", "123-abc")
     if len(parts) > 2:
-        return [f"a qualified name {name_error} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"]
+        return [
+            f"a qualified name {name_error} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+        ]
     errs = []
     name = parts[-1]
     if len(parts) == 2:

@@ -24,7 +24,12 @@ DEFAULT_PODS = "110"
 
 def node_labels(name: str, labels: Mapping[str, str] | None = None) -> dict[str, str]:
     """The labels a kubelet puts on its Node (hostname, os, arch), then ``labels`` (``--node-labels``)."""
-    return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", **(labels or {})}
+    return {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        **(labels or {}),
+    }
 
 
 class NodeStatus:
@@ -57,7 +62,9 @@ class NodeStatus:
         #: device-plugin resource -> healthy devices (0 once removed).
         self._ext_allocatable: dict[str, int] = {}
 
-    def set_device_resources(self, capacity: Mapping[str, int], allocatable: Mapping[str, int], removed: Iterable[str]) -> None:
+    def set_device_resources(
+        self, capacity: Mapping[str, int], allocatable: Mapping[str, int], removed: Iterable[str]
+    ) -> None:
         """The device manager's ``GetCapacity``; a resource it no longer reports (or ``removed``) stays at 0."""
         with self._lock:
             cap, alloc = dict(capacity), dict(allocatable)
@@ -100,10 +107,17 @@ class NodeStatus:
         return {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": self.name, "uid": self.uid, "labels": dict(self.labels), "creationTimestamp": self.creation_timestamp},
+            "metadata": {
+                "name": self.name,
+                "uid": self.uid,
+                "labels": dict(self.labels),
+                "creationTimestamp": self.creation_timestamp,
+            },
             "spec": spec,
             "status": {
-                "capacity": self.capacity(), "allocatable": self.allocatable(), "conditions": [condition],
+                "capacity": self.capacity(),
+                "allocatable": self.allocatable(),
+                "conditions": [condition],
                 "nodeInfo": self.node_info(),
             },  # fmt: skip
         }

@@ -225,7 +225,9 @@ class PluginWatcher:
             try:
                 grpc.channel_ready_future(channel).result(timeout=DIAL_TIMEOUT_S)
             except grpc.FutureTimeoutError:
-                raise _RegistrationFailed(f"RegisterPlugin error -- dial failed at socket {path}, err: context deadline exceeded") from None
+                raise _RegistrationFailed(
+                    f"RegisterPlugin error -- dial failed at socket {path}, err: context deadline exceeded"
+                ) from None
             stub = rpb_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             try:
                 info: rpb.PluginInfo = stub.GetInfo(rpb.InfoRequest(), timeout=GET_INFO_TIMEOUT_S)
@@ -242,7 +244,9 @@ class PluginWatcher:
             try:
                 handler.validate_plugin(info.name, endpoint, versions)
             except PluginHandlerError as err:
-                self._refuse(stub, f"RegisterPlugin error -- plugin validation failed with err: {err}", plugin_type=info.type)
+                self._refuse(
+                    stub, f"RegisterPlugin error -- plugin validation failed with err: {err}", plugin_type=info.type
+                )
             identity = (info.type, info.name, endpoint)
             try:
                 handler.register_plugin(info.name, endpoint, versions, None)
@@ -258,16 +262,22 @@ class PluginWatcher:
                     handler.deregister_plugin(info.name, endpoint)
                     raise _RegistrationFailed(error, plugin_type=info.type) from None
                 self._log.error("%s", error)  # before: the registration stays, only logged
-            self._log.info("Register plugin pluginName=%s type=%s endpoint=%s socket=%s", info.name, info.type, endpoint, path)
+            self._log.info(
+                "Register plugin pluginName=%s type=%s endpoint=%s socket=%s", info.name, info.type, endpoint, path
+            )
             return identity
         finally:
             channel.close()
 
-    def _refuse(self, stub: Any, error: str, kept: tuple[str, str, str] | None = None, *, plugin_type: str = "") -> NoReturn:
+    def _refuse(
+        self, stub: Any, error: str, kept: tuple[str, str, str] | None = None, *, plugin_type: str = ""
+    ) -> NoReturn:
         """Tell the plugin it is not registered and why; the attempt ends with ``error`` (``kept``: see
         :class:`_RegistrationFailed`)."""
         try:
-            stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=False, error=error), timeout=NOTIFY_TIMEOUT_S)
+            stub.NotifyRegistrationStatus(
+                rpb.RegistrationStatus(plugin_registered=False, error=error), timeout=NOTIFY_TIMEOUT_S
+            )
         except grpc.RpcError as err:
             self._log.error("failed to send registration status: %s", go_rpc_error(err))
         raise _RegistrationFailed(error, kept, plugin_type)

@@ -48,7 +48,12 @@ class PodDevices:
         return set(self._devs)
 
     def insert(
-        self, pod_uid: str, container: str, resource: str, device_ids: Mapping[int, Sequence[str]], resp: pb.ContainerAllocateResponse
+        self,
+        pod_uid: str,
+        container: str,
+        resource: str,
+        device_ids: Mapping[int, Sequence[str]],
+        resp: pb.ContainerAllocateResponse,
     ) -> None:
         info = DeviceAllocateInfo({n: tuple(ids) for n, ids in device_ids.items()}, resp)
         self._devs.setdefault(pod_uid, {}).setdefault(container, {})[resource] = info
@@ -122,9 +127,17 @@ class PodDevices:
             try:
                 resp = pb.ContainerAllocateResponse.FromString(e.alloc_resp or b"")
             except DecodeError as err:
-                log.error("Can't unmarshal allocResp for %s %s %s: %s", e.pod_uid, e.container_name, e.resource_name, err)
+                log.error(
+                    "Can't unmarshal allocResp for %s %s %s: %s", e.pod_uid, e.container_name, e.resource_name, err
+                )
                 continue
-            self.insert(e.pod_uid, e.container_name, e.resource_name, {n: ids or [] for n, ids in (e.device_ids or {}).items()}, resp)
+            self.insert(
+                e.pod_uid,
+                e.container_name,
+                e.resource_name,
+                {n: ids or [] for n, ids in (e.device_ids or {}).items()},
+                resp,
+            )
 
     def _entries(self) -> Iterator[tuple[str, str, str, DeviceAllocateInfo]]:
         """(pod UID, container, resource, allocation), sorted."""

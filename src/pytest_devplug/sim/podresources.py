@@ -49,7 +49,9 @@ def _devices(rows: dict[str, dict[str, list[int]]]) -> list[pr.ContainerDevices]
 
 
 class _Servicer(pr_grpc.PodResourcesListerServicer):
-    def __init__(self, dm: DeviceManager, pods: Callable[[], list[PodInfo]], get_pods: Callable[[], list[PodInfo]]) -> None:
+    def __init__(
+        self, dm: DeviceManager, pods: Callable[[], list[PodInfo]], get_pods: Callable[[], list[PodInfo]]
+    ) -> None:
         self._dm = dm
         self._pods = pods
         self._get_pods = get_pods
@@ -85,9 +87,7 @@ class _Servicer(pr_grpc.PodResourcesListerServicer):
         for p in self._get_pods():
             if p[0] == request.pod_name and p[1] == request.pod_namespace:
                 return pr.GetPodResourcesResponse(pod_resources=self._pod(*p))
-        context.abort(
-            grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
-        )
+        context.abort(grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
         raise AssertionError("unreachable: context.abort raises")
 
 

@@ -109,7 +109,10 @@ def pod_status(
                 {
                     "name": res,
                     "resources": [
-                        {"resourceID": i, "health": "Healthy" if device_health(res).get(i, "Healthy") == "Healthy" else "Unhealthy"}
+                        {
+                            "resourceID": i,
+                            "health": "Healthy" if device_health(res).get(i, "Healthy") == "Healthy" else "Unhealthy",
+                        }
                         for i in sorted(ids)
                     ],
                 }
@@ -121,7 +124,9 @@ def pod_status(
     if init_statuses:
         status["initContainerStatuses"] = init_statuses
     status["containerStatuses"] = app_statuses
-    initialized = all(c.state == "terminated" and c.exit_code == 0 for c in records.values() if c.init and not c.sidecar)
+    initialized = all(
+        c.state == "terminated" and c.exit_code == 0 for c in records.values() if c.init and not c.sidecar
+    )
     ready = bool(app_statuses) and all(s["ready"] for s in app_statuses)
     t = rec.start_time
     status["conditions"] = [

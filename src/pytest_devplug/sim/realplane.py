@@ -68,7 +68,9 @@ _WATCH_IDLE_SECONDS = 1.0
 def _api_error(exc: RestError) -> errors.ApiError:
     """The API server's own status (reason, message) as the sim's error, so callers map one type."""
     if exc.status == 404 and exc.details.get("kind") and exc.details.get("name"):
-        return errors.NotFoundError(str(exc.details["kind"]), str(exc.details["name"]))  # the same text: `pods "x" not found`
+        return errors.NotFoundError(
+            str(exc.details["kind"]), str(exc.details["name"])
+        )  # the same text: `pods "x" not found`
     return errors.ApiError(exc.status, exc.reason, exc.message)
 
 
@@ -108,8 +110,14 @@ class ApiCluster(ClusterBase):
     """
 
     def __init__(
-        self, client: Any, workdir: Path | None = None, *, grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S, timeout: float = 20.0,
-        remove_nodes: bool = True, kube: KubeVersion | None = None,
+        self,
+        client: Any,
+        workdir: Path | None = None,
+        *,
+        grace_period: float = ENDPOINT_STOP_GRACE_PERIOD_S,
+        timeout: float = 20.0,
+        remove_nodes: bool = True,
+        kube: KubeVersion | None = None,
     ) -> None:
         super().__init__(workdir, grace_period, kube)
         self.remove_nodes = remove_nodes
@@ -163,7 +171,12 @@ class ApiCluster(ClusterBase):
     ) -> SimNode:
         """Register the Node (the API server validates the name first), then start its kubelet."""
         own_labels = node_labels(name, labels)
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": own_labels}, "spec": {}}
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": own_labels},
+            "spec": {},
+        }
         if taints:
             body["spec"]["taints"] = [dict(t) for t in taints]
         try:
@@ -212,6 +225,7 @@ class ApiCluster(ClusterBase):
     def _wait_schedulable(self, name: str) -> None:
         """Return once the node lifecycle controller lifted the ``not-ready`` taint the API server put on the new
         Node (the embedded control plane's nodes are schedulable at once; so are these when this returns)."""
+
         def taints() -> list[str]:
             node = self._rest.get(f"/api/v1/nodes/{name}")
             return [str(t.get("key")) for t in (node.get("spec") or {}).get("taints") or []]
@@ -317,7 +331,9 @@ class ApiCluster(ClusterBase):
             body = copy.deepcopy(status)
             body["conditions"][0]["lastHeartbeatTime"] = now_rfc3339()
             try:
-                self._rest.patch(f"/api/v1/nodes/{agent.node.name}/status", {"status": body}, content_type=STRATEGIC_PATCH)
+                self._rest.patch(
+                    f"/api/v1/nodes/{agent.node.name}/status", {"status": body}, content_type=STRATEGIC_PATCH
+                )
             except RestError as exc:
                 agent.node_status = None  # post again next time
                 _log.warning("posting node status of %s failed: %s", agent.node.name, _api_error(exc))
@@ -327,7 +343,12 @@ class ApiCluster(ClusterBase):
     def _renew_lease(self, agent: _NodeAgent) -> None:
         name = agent.node.name
         spec = {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": _micro_now()}
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": "kube-node-lease"}, "spec": spec}
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": spec,
+        }
         try:
             try:
                 self._rest.patch(f"{_LEASES}/{name}", {"spec": spec})
@@ -368,7 +389,9 @@ class ApiCluster(ClusterBase):
         """POST the pod (the API server's refusals raise ``ApiError`` with its status and text); return it once
         the scheduler placed it and its node admitted or rejected it, or the scheduler found no node."""
         if not isinstance(manifest, Mapping):
-            raise errors.ApiError(400, "BadRequest", f"the pod manifest must be a JSON object, not {type(manifest).__name__}")
+            raise errors.ApiError(
+                400, "BadRequest", f"the pod manifest must be a JSON object, not {type(manifest).__name__}"
+            )
         ns = str((manifest.get("metadata") or {}).get("namespace") or "default")
         try:
             pod = self._rest.create(f"/api/v1/namespaces/{ns}/pods", manifest)  # as it is: the API server judges it
@@ -381,6 +404,7 @@ class ApiCluster(ClusterBase):
 
     def _settled(self, name: str, namespace: str, uid: str) -> dict[str, Any]:
         """Poll (bounded by ``timeout``) until the pod's fate is decided, as ``SimCluster.create_pod`` returns it."""
+
         def decided(pod: dict[str, Any]) -> bool:
             node_name = pod["spec"].get("nodeName")
             if not node_name:
@@ -391,7 +415,12 @@ class ApiCluster(ClusterBase):
             return agent is None or not agent.node.running or agent.node.pod_status(uid) is not None
 
         try:
-            return wait_for(lambda: self.get_pod(name, namespace), decided, timeout=self.timeout, what=f"pod {namespace}/{name} to be scheduled and admitted")
+            return wait_for(
+                lambda: self.get_pod(name, namespace),
+                decided,
+                timeout=self.timeout,
+                what=f"pod {namespace}/{name} to be scheduled and admitted",
+            )
         except WaitTimeout as exc:
             if exc.last is None:
                 raise
@@ -458,7 +487,10 @@ class ApiCluster(ClusterBase):
             return patched
 
     def list_pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        items = sorted(self._rest.items("/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"), key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+        items = sorted(
+            self._rest.items("/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"),
+            key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]),
+        )
         return [self._synced_pod(p) for p in items]
 
     def delete_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
@@ -515,7 +547,11 @@ class ApiCluster(ClusterBase):
             if exc.not_found:
                 return False
             raise _api_error(exc) from None
-        return bool(pod["metadata"]["uid"] == uid and pod["spec"].get("nodeName") == node_name and not pod["metadata"].get("deletionTimestamp"))
+        return bool(
+            pod["metadata"]["uid"] == uid
+            and pod["spec"].get("nodeName") == node_name
+            and not pod["metadata"].get("deletionTimestamp")
+        )
 
     def _hand_over(self, pod: dict[str, Any]) -> None:
         """A pod bound to one of our nodes goes to that node's admission queue, once."""
@@ -594,8 +630,12 @@ class ApiCluster(ClusterBase):
     # --------------------------------------------------------------------- events
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[dict[str, Any]]:
         query = {"fieldSelector": f"involvedObject.name={involved_name}"} if involved_name else {}
-        items = self._rest.items("/api/v1/events" if namespace is None else f"/api/v1/namespaces/{namespace}/events", **query)
-        items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or "")
+        items = self._rest.items(
+            "/api/v1/events" if namespace is None else f"/api/v1/namespaces/{namespace}/events", **query
+        )
+        items.sort(
+            key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or ""
+        )
         return items
 
     def node_changed(self, node_name: str) -> None:
@@ -624,7 +664,13 @@ class ApiCluster(ClusterBase):
                 "type": type_,
                 "reason": reason,
                 "message": message,
-                "involvedObject": {"kind": "Pod", "name": meta["name"], "namespace": ns, "uid": meta["uid"], "apiVersion": "v1"},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "namespace": ns,
+                    "uid": meta["uid"],
+                    "apiVersion": "v1",
+                },
                 "source": {"component": "kubelet", "host": node_name},
                 "reportingComponent": "kubelet",
                 "reportingInstance": node_name,

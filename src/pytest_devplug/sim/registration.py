@@ -85,7 +85,9 @@ class _Servicer(pb_grpc.RegistrationServicer):
         self._log.info("Got registration request from device plugin with resource %s", request.resource_name)
         if request.version not in SUPPORTED_VERSIONS:
             msg = unsupported_version_message(request.version)
-            self._log.error("Bad registration request from device plugin with resource %s: %s", request.resource_name, msg)
+            self._log.error(
+                "Bad registration request from device plugin with resource %s: %s", request.resource_name, msg
+            )
             context.abort(grpc.StatusCode.UNKNOWN, msg)
         if not is_extended_resource_name(request.resource_name):
             msg = invalid_resource_name_message(request.resource_name)
@@ -123,7 +125,9 @@ class RegistrationServer:
         )
         check_socket_path(self.socket_path, "the kubelet's registration")
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
-            raise RegistrationError(f"failed to listen to socket {self.socket_path} while starting device plugin registry")
+            raise RegistrationError(
+                f"failed to listen to socket {self.socket_path} while starting device plugin registry"
+            )
         server.start()
         self._server = server
         self._log.info("Serving device plugin registration server on %s", self.socket_path)
@@ -160,7 +164,12 @@ class WatcherHandler:
         self._log = logger or logging.getLogger(__name__)
 
     def validate_plugin(self, name: str, endpoint: str, versions: Sequence[str]) -> None:
-        self._log.info('"Got plugin at endpoint with versions" plugin="%s" endpoint="%s" versions=%s', name, endpoint, _go_list(versions))
+        self._log.info(
+            '"Got plugin at endpoint with versions" plugin="%s" endpoint="%s" versions=%s',
+            name,
+            endpoint,
+            _go_list(versions),
+        )
         if not any(v in SUPPORTED_VERSIONS for v in versions):
             raise RegistrationError(
                 f"manager version, {SUPPORTED_VERSIONS[0]}, is not among plugin supported versions {_go_list(versions)}"
@@ -173,7 +182,9 @@ class WatcherHandler:
         try:
             self._connect(name, self._path(endpoint))
         except RegistrationError as err:
-            self._log.error('"Failed to connect to new client" err="%s" resource="%s" socketPath="%s"', err, name, endpoint)
+            self._log.error(
+                '"Failed to connect to new client" err="%s" resource="%s" socketPath="%s"', err, name, endpoint
+            )
             raise
 
     def deregister_plugin(self, name: str, endpoint: str) -> None:

@@ -119,7 +119,10 @@ class ContainerRuntime:
     def adopt(self, view: PodSpecView, pod: Mapping[str, Any]) -> dict[str, ContainerRecord]:
         """The pod's records, adding one for each container the runtime does not hold yet."""
         spec = pod.get("spec") or {}
-        images = {c["name"]: c.get("image", "") for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
+        images = {
+            c["name"]: c.get("image", "")
+            for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        }
         records = self._pods.setdefault(view.uid, {})
         for c in view.containers:
             if c.name not in records:

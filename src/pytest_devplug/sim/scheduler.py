@@ -141,7 +141,7 @@ def _affinity_matches(pod: Mapping[str, Any], node: NodeView) -> bool:
     for k, v in (spec.get("nodeSelector") or {}).items():
         if node.labels.get(k) != v:
             return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})).get(
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     )
     if required:
@@ -149,7 +149,9 @@ def _affinity_matches(pod: Mapping[str, Any], node: NodeView) -> bool:
     return True
 
 
-def filter_node(pod: Mapping[str, Any], node: NodeView, requests: Mapping[str, int] | None = None) -> FilterStatus | None:
+def filter_node(
+    pod: Mapping[str, Any], node: NodeView, requests: Mapping[str, int] | None = None
+) -> FilterStatus | None:
     """Run the filters in order; ``None`` when the pod fits the node."""
     spec = pod.get("spec") or {}
     tolerations = spec.get("tolerations") or []
@@ -199,10 +201,16 @@ def fit_error_message(
     if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
         post = "not eligible due to preemptionPolicy=Never."
     else:
-        post = f"0/{num_nodes} nodes are available: " + _histogram(
-            "Preemption is not helpful for scheduling" if s.unresolvable else "No preemption victims found for incoming pod"
-            for s in statuses.values()
-        ) + "."
+        post = (
+            f"0/{num_nodes} nodes are available: "
+            + _histogram(
+                "Preemption is not helpful for scheduling"
+                if s.unresolvable
+                else "No preemption victims found for incoming pod"
+                for s in statuses.values()
+            )
+            + "."
+        )
     # DynamicResources' PostFilter runs first (DRA is on by default since 1.34): before 1.37 its note on a pod
     # without claims precedes preemption's; from 1.37 it says nothing.
     if (kube or KubeVersion.of()).has("scheduler-dra-postfilter-silent"):

@@ -78,7 +78,9 @@ def _narrower(a: int, b: int) -> bool:
     return a < b if ca == cb else ca < cb
 
 
-def _filter_providers_hints(providers_hints: Sequence[Mapping[str, list[TopologyHint] | None]]) -> list[list[TopologyHint]]:
+def _filter_providers_hints(
+    providers_hints: Sequence[Mapping[str, list[TopologyHint] | None]],
+) -> list[list[TopologyHint]]:
     """``filterProvidersHints``: no hints at all or ``None`` for a resource = any node, preferred;
     an empty list for a resource = impossible, so any node, not preferred."""
     out: list[list[TopologyHint]] = []
@@ -101,13 +103,7 @@ def _filter_single_numa(all_hints: list[list[TopologyHint]]) -> list[list[Topolo
     """``filterSingleNumaHints``: keep preferred don't-cares and preferred single-node masks."""
     out = []
     for hints in all_hints:
-        out.append(
-            [
-                h
-                for h in hints
-                if h.preferred and (h.affinity is None or _count(h.affinity) == 1)
-            ]
-        )
+        out.append([h for h in hints if h.preferred and (h.affinity is None or _count(h.affinity) == 1)])
     return out
 
 

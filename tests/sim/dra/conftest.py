@@ -20,12 +20,24 @@ class Kubelet:
     """The DRA side of one kubelet, built from the modules under test; ``restart()`` makes a new one on
     the same root, as a kubelet restart does."""
 
-    def __init__(self, root: Path, wiper: FakeWiper, claims: FakeClaims, *, wiping_delay: float = 30.0,
-                 health_retry_period: float = 0.1, clock: Callable[[], float] | None = None,
-                 kube: KubeVersion | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        wiper: FakeWiper,
+        claims: FakeClaims,
+        *,
+        wiping_delay: float = 30.0,
+        health_retry_period: float = 0.1,
+        clock: Callable[[], float] | None = None,
+        kube: KubeVersion | None = None,
+    ) -> None:
         self.root, self.wiper, self.claims = root, wiper, claims
         self.kube = kube or KubeVersion.of()
-        self._kw: dict[str, Any] = {"wiping_delay": wiping_delay, "health_retry_period": health_retry_period, "kube": self.kube}
+        self._kw: dict[str, Any] = {
+            "wiping_delay": wiping_delay,
+            "health_retry_period": health_retry_period,
+            "kube": self.kube,
+        }
         self._clock = clock
         self._start()
 
@@ -33,8 +45,9 @@ class Kubelet:
         self.health = HealthInfoCache(self._clock) if self._clock else HealthInfoCache()
         self.plugins = DRAPluginManager("node-1", wiper=self.wiper, health_cache=self.health, **self._kw)
         self.manager = DRAManager(self.root / "state", self.plugins, self.claims, health_cache=self.health)
-        self.watcher = PluginWatcher(self.root / "plugins_registry", {DRA_PLUGIN_TYPE: self.plugins}, poll_interval=0.02,
-                                     kube=self.kube)
+        self.watcher = PluginWatcher(
+            self.root / "plugins_registry", {DRA_PLUGIN_TYPE: self.plugins}, poll_interval=0.02, kube=self.kube
+        )
         self.watcher.start()
 
     def stop(self) -> None:
@@ -79,7 +92,9 @@ def dra_drivers(dra_root: Path) -> Iterator[Callable[..., FakeDriver]]:
 
 
 @pytest.fixture
-def dra_kubelet_factory(dra_root: Path, dra_wiper: FakeWiper, dra_claims: FakeClaims) -> Iterator[Callable[..., Kubelet]]:
+def dra_kubelet_factory(
+    dra_root: Path, dra_wiper: FakeWiper, dra_claims: FakeClaims
+) -> Iterator[Callable[..., Kubelet]]:
     made: list[Kubelet] = []
 
     def make(**kw: Any) -> Kubelet:

@@ -142,8 +142,12 @@ class FakeDriver:
         self.health_updates.put(
             hpb.NodeWatchResourcesResponse(
                 devices=[
-                    hpb.DeviceHealth(device=hpb.DeviceIdentifier(pool_name=d[0], device_name=d[1]), health=d[2],
-                                     last_updated_time=1, message=d[3] if len(d) > 3 else "")  # type: ignore[misc]
+                    hpb.DeviceHealth(
+                        device=hpb.DeviceIdentifier(pool_name=d[0], device_name=d[1]),
+                        health=d[2],
+                        last_updated_time=1,
+                        message=d[3] if len(d) > 3 else "",
+                    )  # type: ignore[misc]
                     for d in devices
                 ]
             )
@@ -163,7 +167,9 @@ class _Registration(rpb_grpc.RegistrationServicer):
             if self.d.get_info_failures > 0:
                 self.d.get_info_failures -= 1
                 context.abort(grpc.StatusCode.UNAVAILABLE, "not ready yet")
-        return rpb.PluginInfo(type=self.d.plugin_type, name=self.d.name, endpoint=self.d.endpoint, supported_versions=self.d.versions)
+        return rpb.PluginInfo(
+            type=self.d.plugin_type, name=self.d.name, endpoint=self.d.endpoint, supported_versions=self.d.versions
+        )
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self.d._lock:
@@ -250,16 +256,30 @@ class FakeClaims:
         except KeyError:
             raise LookupError(f'resourceclaims.resource.k8s.io "{name}" not found') from None
 
-    def claim(self, name: str, uid: str, driver: str, *pods: dict[str, Any], namespace: str = "default",
-              allocated: bool = True, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    def claim(
+        self,
+        name: str,
+        uid: str,
+        driver: str,
+        *pods: dict[str, Any],
+        namespace: str = "default",
+        allocated: bool = True,
+        owner: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         status: dict[str, Any] = {
-            "reservedFor": [{"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods]
+            "reservedFor": [
+                {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
+            ]
         }
         if allocated:
-            status["allocation"] = {"devices": {"results": [{"request": "gpu", "driver": driver, "pool": "node-1", "device": "gpu-0"}]}}
+            status["allocation"] = {
+                "devices": {"results": [{"request": "gpu", "driver": driver, "pool": "node-1", "device": "gpu-0"}]}
+            }
         meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
         if owner is not None:
-            meta["ownerReferences"] = [{"kind": "Pod", "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"], "controller": True}]
+            meta["ownerReferences"] = [
+                {"kind": "Pod", "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"], "controller": True}
+            ]
         self.claims[(namespace, name)] = {"metadata": meta, "status": status}
         return self.claims[(namespace, name)]
 
@@ -299,4 +319,3 @@ def short_root(prefix: str = "dra-") -> Path:
 
 def remove_root(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
-

@@ -17,8 +17,12 @@ class Clock:
 def _msg(*devices: tuple[str, int, int, str]) -> hpb.NodeWatchResourcesResponse:
     return hpb.NodeWatchResourcesResponse(
         devices=[
-            hpb.DeviceHealth(device=hpb.DeviceIdentifier(pool_name="pool", device_name=d), health=h,
-                             health_check_timeout_seconds=t, message=m)
+            hpb.DeviceHealth(
+                device=hpb.DeviceIdentifier(pool_name="pool", device_name=d),
+                health=h,
+                health_check_timeout_seconds=t,
+                message=m,
+            )
             for d, h, t, m in devices
         ]
     )
@@ -28,7 +32,10 @@ def test_status_goes_unknown_after_its_timeout() -> None:
     clock = Clock()
     cache = HealthInfoCache(clock)
     changed = cache.update("drv", _msg(("a", hpb.UNHEALTHY, 0, "xid 79"), ("b", hpb.HEALTHY, 5, "")))
-    assert [(c.device_name, c.health, c.message) for c in changed] == [("a", "Unhealthy", "xid 79"), ("b", "Healthy", "")]
+    assert [(c.device_name, c.health, c.message) for c in changed] == [
+        ("a", "Unhealthy", "xid 79"),
+        ("b", "Healthy", ""),
+    ]
     assert cache.update("drv", _msg(("a", hpb.UNHEALTHY, 0, "xid 79"), ("b", hpb.HEALTHY, 5, ""))) == []  # no change
     clock.now += 6
     assert cache.get("drv", "pool", "b").health == "Unknown"  # its own 5 s timeout

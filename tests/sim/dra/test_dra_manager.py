@@ -39,7 +39,12 @@ def test_prepare_is_done_once_and_checkpointed(dra_kubelet: Any, driver: FakeDri
     dra_kubelet.manager.prepare_resources(p)  # the pod worker syncs again: nothing new to prepare
     assert driver.calls.dra == [("v1", "prepare", ["claim-1"])]
     (entry,) = _checkpoint(dra_kubelet)
-    assert (entry.claim_uid, entry.claim_name, entry.namespace, entry.pod_uids) == ("claim-1", "c", "default", {"pod-1"})
+    assert (entry.claim_uid, entry.claim_name, entry.namespace, entry.pod_uids) == (
+        "claim-1",
+        "c",
+        "default",
+        {"pod-1"},
+    )
     assert entry.driver_state == {DRIVER: [cp.PreparedDevice("node-1", "gpu-0", ["gpu"], ["example.com/gpu=gpu-0"])]}
     assert dra_kubelet.manager.container_cdi_devices(p, "ctr") == ["example.com/gpu=gpu-0"]
 
@@ -64,7 +69,9 @@ def test_after_kubelet_restart_prepare_is_called_again_and_unprepare_still_works
     assert _checkpoint(dra_kubelet) == [] and driver.prepared == set()
 
 
-def test_shared_claim_is_unprepared_with_its_last_pod(dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims) -> None:
+def test_shared_claim_is_unprepared_with_its_last_pod(
+    dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims
+) -> None:
     a, b = pod("a", "pod-a", "shared"), pod("b", "pod-b", "shared")
     dra_claims.claim("shared", "claim-s", DRIVER, a, b)
     dra_kubelet.manager.prepare_resources(a)
@@ -117,7 +124,9 @@ def test_validation_failures_change_nothing(
     assert not dra_kubelet.manager.pod_might_need_to_unprepare("pod-1")
 
 
-def test_claim_from_a_template_must_be_owned_by_the_pod(dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims) -> None:
+def test_claim_from_a_template_must_be_owned_by_the_pod(
+    dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims
+) -> None:
     p = pod("p", "pod-1")
     p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "tmpl"}]
     p["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
@@ -154,7 +163,9 @@ def test_driver_failures_fail_the_prepare_and_a_retry_finishes_it(
     dra_kubelet.manager.prepare_resources(p)
     assert driver.calls.dra[-1] == ("v1", "prepare", ["claim-1", "claim-2"])
     devices = {e.claim_name: e.driver_state for e in _checkpoint(dra_kubelet)}
-    assert devices["c1"] == {DRIVER: [cp.PreparedDevice("node-1", "gpu-0", None, ["example.com/gpu=gpu-0"])]}  # kept once
+    assert devices["c1"] == {
+        DRIVER: [cp.PreparedDevice("node-1", "gpu-0", None, ["example.com/gpu=gpu-0"])]
+    }  # kept once
     assert dra_kubelet.manager.prepared("default", "c1") and dra_kubelet.manager.prepared("default", "c2")
 
 
@@ -166,8 +177,12 @@ def test_a_gone_driver_fails_unprepare_and_the_claim_stays_tracked(
     dra_kubelet.manager.prepare_resources(p)
     plugin = dra_kubelet.plugins.get_plugin(DRIVER)
     driver.stop()
-    wait_for(lambda: dra_kubelet.plugins.registered(), lambda r: DRIVER not in r, timeout=T, what="the driver deregistered")
-    with pytest.raises(DRAPrepareError, match="unprepare dynamic resources: DRA driver gpu.example.com is not registered"):
+    wait_for(
+        lambda: dra_kubelet.plugins.registered(), lambda r: DRIVER not in r, timeout=T, what="the driver deregistered"
+    )
+    with pytest.raises(
+        DRAPrepareError, match="unprepare dynamic resources: DRA driver gpu.example.com is not registered"
+    ):
         dra_kubelet.manager.unprepare_resources(p)
     assert _checkpoint(dra_kubelet)[0].pod_uids == {"pod-1"}  # kept for the retry
     # a call that was already on its way when the plugin went away fails as grpc-go's closed connection does
@@ -184,26 +199,41 @@ def test_corrupt_checkpoint_stops_the_manager(dra_kubelet: Any, dra_claims: Fake
         DRAManager(path.parent, dra_kubelet.plugins, dra_claims)
 
 
-def test_health_reaches_allocated_resources_status(dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims) -> None:
+def test_health_reaches_allocated_resources_status(
+    dra_kubelet: Any, driver: FakeDriver, dra_claims: FakeClaims
+) -> None:
     p = pod("p", "pod-1", "c", request="gpu")
     dra_claims.claim("c", "claim-1", DRIVER, p)
-    driver.devices["claim-1"] = [device("node-1", "gpu-0", "example.com/gpu=gpu-0", requests=("gpu",)), device("node-1", "gpu-1")]
+    driver.devices["claim-1"] = [
+        device("node-1", "gpu-0", "example.com/gpu=gpu-0", requests=("gpu",)),
+        device("node-1", "gpu-1"),
+    ]
     dra_kubelet.manager.prepare_resources(p)
 
     def status() -> list[dict[str, Any]]:
         return dra_kubelet.manager.allocated_resources_status(p, "ctr")
 
     assert status() == [
-        {"name": "claim:c/gpu", "resources": [
-            {"resourceID": "example.com/gpu=gpu-0", "health": "Unknown"},
-            {"resourceID": f"{DRIVER}/node-1/gpu-1", "health": "Unknown"},
-        ]}
+        {
+            "name": "claim:c/gpu",
+            "resources": [
+                {"resourceID": "example.com/gpu=gpu-0", "health": "Unknown"},
+                {"resourceID": f"{DRIVER}/node-1/gpu-1", "health": "Unknown"},
+            ],
+        }
     ]
     driver.send_health(("node-1", "gpu-0", hpb.UNHEALTHY), ("node-1", "gpu-1", hpb.HEALTHY))
-    seen = wait_for(status, lambda s: s[0]["resources"][0]["health"] == "Unhealthy", timeout=T, what="Unhealthy reported")
+    seen = wait_for(
+        status, lambda s: s[0]["resources"][0]["health"] == "Unhealthy", timeout=T, what="Unhealthy reported"
+    )
     assert [r["health"] for r in seen[0]["resources"]] == ["Unhealthy", "Healthy"]
     driver.end_health_stream()
-    wait_for(status, lambda s: {r["health"] for r in s[0]["resources"]} == {"Unknown"}, timeout=T, what="Unknown after the stream ended")
+    wait_for(
+        status,
+        lambda s: {r["health"] for r in s[0]["resources"]} == {"Unknown"},
+        timeout=T,
+        what="Unknown after the stream ended",
+    )
     # the kubelet opens the stream again (every 5 s upstream; 0.1 s here)
     wait_for(lambda: driver.calls.health_streams, lambda n: n >= 2, timeout=T, what="the stream re-opened")
     driver.send_health(("node-1", "gpu-0", hpb.HEALTHY))

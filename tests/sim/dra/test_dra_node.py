@@ -71,7 +71,9 @@ class World:
         assert self.node.dra is not None
         return self.node.dra
 
-    def pod_with_claim(self, driver: FakeDriver, name: str = "p", uid: str = "pod-uid-1", claim_uid: str = "claim-uid-1") -> dict[str, Any]:
+    def pod_with_claim(
+        self, driver: FakeDriver, name: str = "p", uid: str = "pod-uid-1", claim_uid: str = "claim-uid-1"
+    ) -> dict[str, Any]:
         p = pod(name, uid, "c1")
         self.api.claim("c1", claim_uid, DRIVER, p)
         driver.devices[claim_uid] = [device("node-1", "gpu-0", CDI_ID, requests=("gpu",))]
@@ -113,14 +115,18 @@ def test_failed_prepare_keeps_the_pod_pending_and_is_retried(world: World, drive
     p = world.pod_with_claim(driver)
     driver.claim_errors["claim-uid-1"] = "no GPU today"
     world.node.admit(p)
-    wait_until("two failed attempts", lambda: len([c for c in world.dra.calls if c.method == "NodePrepareResources"]) >= 2)
+    wait_until(
+        "two failed attempts", lambda: len([c for c in world.dra.calls if c.method == "NodePrepareResources"]) >= 2
+    )
     status = world.node.pod_status("pod-uid-1")
     assert status is not None and status["phase"] == "Pending"
     assert status["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
     assert ("p", "FailedPrepareDynamicResources",
             "Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources failed for ResourceClaim c1: "
             "no GPU today") in world.events  # fmt: skip
-    assert world.dra.pending() == {"pod-uid-1": "prepare dynamic resources: NodePrepareResources failed for ResourceClaim c1: no GPU today"}
+    assert world.dra.pending() == {
+        "pod-uid-1": "prepare dynamic resources: NodePrepareResources failed for ResourceClaim c1: no GPU today"
+    }
     del driver.claim_errors["claim-uid-1"]
     wait_until("the pod running after the retry", lambda: world.running("pod-uid-1"))
     assert world.dra.pending() == {}
@@ -133,7 +139,9 @@ def test_deleted_pod_is_unprepared_and_a_failed_unprepare_retried(world: World, 
     driver.unprepare_errors["claim-uid-1"] = "busy"
     del world.bound["pod-uid-1"]
     world.node.kill_pod("pod-uid-1")
-    wait_until("two failed unprepares", lambda: len([c for c in world.dra.calls if c.method == "NodeUnprepareResources"]) >= 2)
+    wait_until(
+        "two failed unprepares", lambda: len([c for c in world.dra.calls if c.method == "NodeUnprepareResources"]) >= 2
+    )
     assert [i.claim_name for i in world.dra.claim_infos()] == ["c1"]
     del driver.unprepare_errors["claim-uid-1"]
     wait_until("the claim unprepared", lambda: not world.dra.claim_infos())
@@ -202,7 +210,9 @@ def test_refused_registration_is_retried(world: World, dra_drivers: Callable[...
     driver = dra_drivers(DRIVER)
     wait_until("registered after the refusal", lambda: world.dra.usable(DRIVER))
     failed = [e for e in world.node.registration_events() if e.kind == "failed"]
-    assert [e.detail for e in failed] == ["RegisterPlugin error -- plugin validation failed with err: refused on purpose"]
+    assert [e.detail for e in failed] == [
+        "RegisterPlugin error -- plugin validation failed with err: refused on purpose"
+    ]
     assert driver.calls.statuses[0] == (False, failed[0].detail) and driver.calls.statuses[-1] == (True, "")
 
 

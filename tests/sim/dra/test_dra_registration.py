@@ -24,11 +24,18 @@ def test_driver_registers_and_is_told_so(dra_kubelet: Any, dra_drivers: Callable
     assert d.calls.statuses == [(True, "")]
     plugin = dra_kubelet.plugins.get_plugin(d.name)
     assert plugin.chosen_service == "v1.DRAPlugin"
-    kinds = wait_for(lambda: [e.kind for e in dra_kubelet.watcher.events_for(d.reg_socket)], bool, timeout=T, what="the outcome recorded")
+    kinds = wait_for(
+        lambda: [e.kind for e in dra_kubelet.watcher.events_for(d.reg_socket)],
+        bool,
+        timeout=T,
+        what="the outcome recorded",
+    )
     assert kinds == ["registered"]
 
 
-def test_first_supported_service_of_the_plugins_list_wins(dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver], dra_claims: Any) -> None:
+def test_first_supported_service_of_the_plugins_list_wins(
+    dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver], dra_claims: Any
+) -> None:
     d = dra_drivers(versions=("v1alpha4.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAPlugin"), serve=("v1beta1",))
     wait_for(_registered(dra_kubelet, d.name), bool, timeout=T, what="the driver registered")
     assert dra_kubelet.plugins.get_plugin(d.name).chosen_service == "v1beta1.DRAPlugin"
@@ -40,7 +47,9 @@ def test_first_supported_service_of_the_plugins_list_wins(dra_kubelet: Any, dra_
     assert d.calls.dra == [("v1beta1", "prepare", ["claim-1"])]
 
 
-def test_unsupported_versions_are_refused_with_upstreams_text(dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver]) -> None:
+def test_unsupported_versions_are_refused_with_upstreams_text(
+    dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver]
+) -> None:
     d = dra_drivers(versions=("v1alpha3.DRAPlugin",))
     wait_for(lambda: d.calls.statuses, bool, timeout=T, what="a registration verdict")
     ok, error = d.calls.statuses[0]
@@ -59,11 +68,14 @@ def test_empty_version_list_and_unknown_plugin_type(dra_kubelet: Any, dra_driver
     wait_for(lambda: a.calls.statuses and b.calls.statuses, bool, timeout=T, what="both verdicts")
     assert a.calls.statuses[0][0] is False and "empty list of supported gRPC services" in a.calls.statuses[0][1]
     assert b.calls.statuses[0] == (
-        False, f"RegisterPlugin error -- no handler registered for plugin type: CSIPlugin at socket {b.reg_socket}"
+        False,
+        f"RegisterPlugin error -- no handler registered for plugin type: CSIPlugin at socket {b.reg_socket}",
     )
 
 
-def test_empty_endpoint_means_the_registration_socket(dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver], dra_claims: Any) -> None:
+def test_empty_endpoint_means_the_registration_socket(
+    dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver], dra_claims: Any
+) -> None:
     d = dra_drivers(endpoint="")
     assert wait_for(_registered(dra_kubelet, d.name), bool, timeout=T, what="registered") == [str(d.reg_socket)]
     p = pod("p", "pod-1", "c")
@@ -72,7 +84,9 @@ def test_empty_endpoint_means_the_registration_socket(dra_kubelet: Any, dra_driv
     assert d.calls.dra == [("v1", "prepare", ["claim-1"])]
 
 
-def test_failed_registration_is_retried_until_it_works(dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver]) -> None:
+def test_failed_registration_is_retried_until_it_works(
+    dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver]
+) -> None:
     d = FakeDriver(dra_kubelet.root, "late.example.com")
     d.get_info_failures = 2  # GetInfo answers Unavailable twice; the watcher backs off (0.5 s, 1 s) and asks again
     d.start()
@@ -80,8 +94,10 @@ def test_failed_registration_is_retried_until_it_works(dra_kubelet: Any, dra_dri
         wait_for(_registered(dra_kubelet, d.name), bool, timeout=T, what="registered after retries")
         assert d.calls.get_info == 3
         kinds = wait_for(
-            lambda: [e.kind for e in dra_kubelet.watcher.events_for(d.reg_socket)], lambda k: "registered" in k,
-            timeout=T, what="the outcomes recorded",
+            lambda: [e.kind for e in dra_kubelet.watcher.events_for(d.reg_socket)],
+            lambda k: "registered" in k,
+            timeout=T,
+            what="the outcomes recorded",
         )
         assert kinds == ["failed", "failed", "registered"]
         assert "failed to get plugin info using RPC GetInfo" in dra_kubelet.watcher.events_for(d.reg_socket)[0].detail
@@ -138,7 +154,9 @@ def test_quick_driver_restart_keeps_its_slices(
         d.stop()
 
 
-def test_replaced_socket_registers_again(dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver], dra_root: Any) -> None:
+def test_replaced_socket_registers_again(
+    dra_kubelet: Any, dra_drivers: Callable[..., FakeDriver], dra_root: Any
+) -> None:
     d = dra_drivers()
     wait_for(_registered(dra_kubelet, d.name), bool, timeout=T, what="registered")
     d.stop()

@@ -73,19 +73,30 @@ class CdiLayout:
         common: dict[str, Any] = {"deviceNodes": [self._node(n) for n in CONTROL_NODES]}
         if self.driver_lib_dir:
             common["mounts"] = [
-                {"hostPath": self.driver_lib_dir, "containerPath": self.driver_lib_dir, "options": ["ro", "nosuid", "nodev", "bind"]}
+                {
+                    "hostPath": self.driver_lib_dir,
+                    "containerPath": self.driver_lib_dir,
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                }
             ]
         devices: list[dict[str, Any]] = []
         by_request: dict[str, list[str]] = {}
         for request, gpu in allocated:
             name = f"{claim_uid}-gpu-{gpu.info.minor}"
             if all(d["name"] != name for d in devices):
-                devices.append({"name": name, "containerEdits": {"deviceNodes": [self._node(f"nvidia{gpu.info.minor}")]}})
+                devices.append(
+                    {"name": name, "containerEdits": {"deviceNodes": [self._node(f"nvidia{gpu.info.minor}")]}}
+                )
             uuids = by_request.setdefault(request, [])
             if gpu.uuid not in uuids:
                 uuids.append(gpu.uuid)
         for request, uuids in by_request.items():
-            devices.append({"name": f"{claim_uid}-req-{request}", "containerEdits": {"env": [f"{VISIBLE_DEVICES}={','.join(uuids)}"]}})
+            devices.append(
+                {
+                    "name": f"{claim_uid}-req-{request}",
+                    "containerEdits": {"env": [f"{VISIBLE_DEVICES}={','.join(uuids)}"]},
+                }
+            )
         return {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": devices, "containerEdits": common}
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> str:

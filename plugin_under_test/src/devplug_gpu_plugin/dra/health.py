@@ -55,7 +55,12 @@ class HealthService:
     """The servicer of one version (``api``: :data:`V1` or :data:`V1ALPHA1`)."""
 
     def __init__(
-        self, state: DeviceState, pool: str, stopping: threading.Event, heartbeat: float = HEARTBEAT_S, api: ModuleType = hpb
+        self,
+        state: DeviceState,
+        pool: str,
+        stopping: threading.Event,
+        heartbeat: float = HEARTBEAT_S,
+        api: ModuleType = hpb,
     ) -> None:
         self.api = api
         self.state = state
@@ -66,7 +71,12 @@ class HealthService:
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802 (gRPC name)
         snap = self.state.snapshot()
         sent = time.monotonic()
-        log.info("NodeWatchResources (%s): sending %d devices (version %d)", self.api.DESCRIPTOR.package, len(snap.gpus), snap.version)
+        log.info(
+            "NodeWatchResources (%s): sending %d devices (version %d)",
+            self.api.DESCRIPTOR.package,
+            len(snap.gpus),
+            snap.version,
+        )
         yield health_response(snap, self.pool, self.api)
         while context.is_active() and not self.stopping.is_set():
             new = self.state.wait_for_change(snap.version, _POLL_S)

@@ -133,7 +133,11 @@ class KubeApi:
         call accepts differs between releases of the client.)
         """
         meta = current.get("metadata") or {}
-        kept = {k: meta[k] for k in ("name", "resourceVersion", "labels", "annotations", "ownerReferences", "finalizers") if meta.get(k)}
+        kept = {
+            k: meta[k]
+            for k in ("name", "resourceVersion", "labels", "annotations", "ownerReferences", "finalizers")
+            if meta.get(k)
+        }
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": kept, "spec": dict(spec)}
         updated: JSON = self._call(self._resource.replace_resource_slice, str(meta.get("name")), body)
         return updated

@@ -39,7 +39,9 @@ class RegistrationService(rpb_grpc.RegistrationServicer):
             return self._status
 
     def GetInfo(self, request: rpb.InfoRequest, context: Any) -> rpb.PluginInfo:
-        return rpb.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint, supported_versions=SUPPORTED_SERVICES)
+        return rpb.PluginInfo(
+            type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint, supported_versions=SUPPORTED_SERVICES
+        )
 
     def NotifyRegistrationStatus(self, request: rpb.RegistrationStatus, context: Any) -> rpb.RegistrationStatusResponse:
         with self._lock:

@@ -78,7 +78,9 @@ class DraService(pb_grpc.DRAPluginServicer):
         self._prepared[uid] = prepared
         return prepared
 
-    def NodePrepareResources(self, request: pb.NodePrepareResourcesRequest, context: Any) -> pb.NodePrepareResourcesResponse:
+    def NodePrepareResources(
+        self, request: pb.NodePrepareResourcesRequest, context: Any
+    ) -> pb.NodePrepareResourcesResponse:
         try:
             claims = self._read(request)
         except ClaimCheckError as exc:
@@ -95,7 +97,12 @@ class DraService(pb_grpc.DRAPluginServicer):
                     log.error("NodePrepareResources: %s/%s: %s", ref.namespace, ref.name, exc)
                     continue
                 for d in prepared.devices:
-                    entry.devices.add(request_names=[d.request], pool_name=d.pool, device_name=d.device, cdi_device_ids=list(d.cdi_ids))
+                    entry.devices.add(
+                        request_names=[d.request],
+                        pool_name=d.pool,
+                        device_name=d.device,
+                        cdi_device_ids=list(d.cdi_ids),
+                    )
                 log.info(
                     "NodePrepareResources: claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid,
                     ", ".join(d.device for d in prepared.devices) or "no device of this driver",

@@ -175,7 +175,13 @@ class SlicePublisher:
                 "metadata": {
                     "generateName": f"{self.node}-{self.driver}-",
                     "ownerReferences": [
-                        {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.api.get_node_uid(self.node), "controller": True}
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Node",
+                            "name": self.node,
+                            "uid": self.api.get_node_uid(self.node),
+                            "controller": True,
+                        }
                     ],
                 },
                 "spec": self._desired_spec(devices, top + 1),

@@ -75,7 +75,11 @@ class KubeApi:
 
     def get_pod(self, name: str, namespace: str) -> JSONDict:
         try:
-            return dict(_json(self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self._t())))
+            return dict(
+                _json(
+                    self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self._t())
+                )
+            )
         except ApiException as exc:
             if exc.status == 404:
                 raise ObjectNotFoundError(f'pods "{name}" not found in namespace {namespace}') from None
@@ -89,7 +93,9 @@ class KubeApi:
                 raise ObjectNotFoundError(f'pods "{name}" not found in namespace {namespace}') from None
             raise BackendError(f"deleting pod {namespace}/{name}: {exc.status} {exc.reason}") from None
 
-    def list_pods(self, namespace: str | None = None, *, label_selector: str = "", field_selector: str = "") -> list[JSONDict]:
+    def list_pods(
+        self, namespace: str | None = None, *, label_selector: str = "", field_selector: str = ""
+    ) -> list[JSONDict]:
         kw: dict[str, Any] = {"label_selector": label_selector, "field_selector": field_selector}
         if namespace is None:
             resp = self.core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._t(), **kw)
@@ -100,11 +106,17 @@ class KubeApi:
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
         fs = f"involvedObject.name={involved_name}" if involved_name else ""
         if namespace is None:
-            resp = self.core.list_event_for_all_namespaces(field_selector=fs, _preload_content=False, _request_timeout=self._t())
+            resp = self.core.list_event_for_all_namespaces(
+                field_selector=fs, _preload_content=False, _request_timeout=self._t()
+            )
         else:
-            resp = self.core.list_namespaced_event(namespace, field_selector=fs, _preload_content=False, _request_timeout=self._t())
+            resp = self.core.list_namespaced_event(
+                namespace, field_selector=fs, _preload_content=False, _request_timeout=self._t()
+            )
         items = list(_json(resp)["items"])
-        items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or "")
+        items.sort(
+            key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp") or ""
+        )
         return items
 
     def pod_log(self, name: str, namespace: str, container: str | None = None, *, previous: bool = False) -> str:
@@ -127,7 +139,9 @@ class KubeApi:
                 stderr=True, stdin=False, stdout=True, tty=False, _preload_content=False,
             )  # fmt: skip
         except ApiException as exc:
-            raise BackendError(f"exec in {namespace}/{name}/{container}: {exc.status} {exc.reason}: {exc.body}") from None
+            raise BackendError(
+                f"exec in {namespace}/{name}/{container}: {exc.status} {exc.reason}: {exc.body}"
+            ) from None
         out: list[str] = []
         err: list[str] = []
         try:
@@ -152,7 +166,9 @@ class KubeApi:
 
     def list_namespaces(self, *, label_selector: str = "") -> list[JSONDict]:
         try:
-            resp = self.core.list_namespace(label_selector=label_selector, _preload_content=False, _request_timeout=self._t())
+            resp = self.core.list_namespace(
+                label_selector=label_selector, _preload_content=False, _request_timeout=self._t()
+            )
         except ApiException as exc:
             raise BackendError(f"listing namespaces ({label_selector}): {exc.status} {_message(exc)[1]}") from None
         return list(_json(resp)["items"])
@@ -194,7 +210,13 @@ class KubeApi:
 
     def get_daemonset(self, name: str, namespace: str) -> JSONDict | None:
         try:
-            return dict(_json(self.apps.read_namespaced_daemon_set(name, namespace, _preload_content=False, _request_timeout=self._t())))
+            return dict(
+                _json(
+                    self.apps.read_namespaced_daemon_set(
+                        name, namespace, _preload_content=False, _request_timeout=self._t()
+                    )
+                )
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -82,6 +82,7 @@ STAGED_REBOOT = (
 #: Waits on the cluster's own pace (pods going, node status after a kubelet restart) get at least this.
 _CLUSTER_PACE_S = 60.0
 
+
 class ClusterProvider(Protocol):
     """How a :class:`KubeBackend` gets its cluster, its images onto the nodes, and reaches a node."""
 
@@ -153,7 +154,9 @@ class KubeBackend:
         self._mock_dirs: set[str] = set()  # nodes where we made /var/lib/devplug (removed at the end)
         self._logged: set[str] = set()  # nodes whose kubelet journal is read from our first use on
         self._kubelet_down: set[str] = set()  # nodes whose kubelet stop_kubelet stopped
-        self._gpu_node_files: dict[str, list[str]] = {}  # node -> what we made of a mock GPU node there (removed at the end)
+        self._gpu_node_files: dict[
+            str, list[str]
+        ] = {}  # node -> what we made of a mock GPU node there (removed at the end)
         self._signals = SignalGuard()
         self._dra: KubeDRA | None = None
 
@@ -493,14 +496,16 @@ class KubeBackend:
         return self.nodeops.numa_nodes(node)
 
     def plugin_pre_start_required(self, node: str, resource: str) -> bool | None:
-        raise UnsupportedOperationError("a real kubelet shows the options it got from a plugin nowhere (not in its API, log or checkpoint)")
-
+        raise UnsupportedOperationError(
+            "a real kubelet shows the options it got from a plugin nowhere (not in its API, log or checkpoint)"
+        )
 
     def device_injections(self, node: str, resource: str, device_ids: Sequence[str]) -> dict[str, ContainerView]:
         raise UnsupportedOperationError(
             f"{self.name}: calling the plugin's Allocate outside the kubelet is not implemented (it would run on the "
             "node, beside the kubelet's own dial of the plugin socket)"
         )
+
     def read_checkpoint(self, node: str) -> bytes | None:
         return self.nodeops.read_checkpoint(node)
 
@@ -533,12 +538,16 @@ class KubeBackend:
         image = None if self._adopted() else self.provider.plugin_image(spec, node)
         self.note_node_image(image)
         if spec.mock:  # before the DaemonSet: the plugin reads the state and loads the library at start
-            self.prepare_mock_node(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model), MOCK_STATE_PATH)
+            self.prepare_mock_node(
+                node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model), MOCK_STATE_PATH
+            )
         adopted = self._adopted()
         if adopted is not None:
             ds = self.api.get_daemonset(adopted[1], adopted[0])
             if ds is None:
-                raise BackendUnavailableError(f"--devplug-plugin-daemonset {adopted[0]}/{adopted[1]}: no such DaemonSet")
+                raise BackendUnavailableError(
+                    f"--devplug-plugin-daemonset {adopted[0]}/{adopted[1]}: no such DaemonSet"
+                )
             self._plugins[node] = _Deployed(spec, self.pinned_daemonsets(node, [ds]), "(adopted)")
             return
         assert image is not None
@@ -558,7 +567,10 @@ class KubeBackend:
     def prepare_mock_node(self, node: str, state: JSONDict, state_path: str) -> None:
         """The mock NVML on ``node``: ``state`` at ``state_path``, the mock library, and on a node that is a container
         the mock GPU node's files (device nodes, driver root); all removed at the end."""
-        if node not in self._mock_dirs and self.nodeops.transport.run(node, f"test -e {MOCK_DIR}", timeout=_CLUSTER_PACE_S).returncode != 0:
+        if (
+            node not in self._mock_dirs
+            and self.nodeops.transport.run(node, f"test -e {MOCK_DIR}", timeout=_CLUSTER_PACE_S).returncode != 0
+        ):
             self._mock_dirs.add(node)
         self.nodeops.write_file(node, state_path, json.dumps(state, indent=1).encode())
         library = mock_library_file()
@@ -665,7 +677,9 @@ class KubeBackend:
         )
 
     def retire_plugin(self, node: str, *, newest: bool = False) -> None:
-        raise UnsupportedOperationError(f"{self.name}: no second instance of the plugin to retire (surge_plugin is not implemented)")
+        raise UnsupportedOperationError(
+            f"{self.name}: no second instance of the plugin to retire (surge_plugin is not implemented)"
+        )
 
     def plugin_restarts(self, node: str) -> PluginRestarts:
         """The plugin pods' containers' ``restartCount`` (a pod the harness deletes takes its count with it)."""
@@ -696,7 +710,10 @@ class KubeBackend:
         """Delete and wait until the pod is gone (as ``kubectl delete`` does): its devices are free afterwards.
 
         On a node whose kubelet is stopped the deletion is forced (grace 0): no kubelet confirms it."""
-        down = bool(self._kubelet_down) and self.api.get_pod(name, namespace).get("spec", {}).get("nodeName") in self._kubelet_down
+        down = (
+            bool(self._kubelet_down)
+            and self.api.get_pod(name, namespace).get("spec", {}).get("nodeName") in self._kubelet_down
+        )
         self.api.delete_pod(name, namespace, grace=0 if down else None)
 
         def gone() -> bool:
@@ -728,7 +745,9 @@ class KubeBackend:
         raw = self.read_checkpoint(node)
         entries = parse_checkpoint(raw).entries_for(pod["metadata"]["uid"], container) if raw else []
         view = applied_view(entries)
-        if (pod.get("spec") or {}).get("resourceClaims") or (pod.get("status") or {}).get("extendedResourceClaimStatus"):
+        if (pod.get("spec") or {}).get("resourceClaims") or (pod.get("status") or {}).get(
+            "extendedResourceClaimStatus"
+        ):
             view = self._with_claim_devices(node, pod, container, view)
         return self._with_cdi_edits(node, view)
 
@@ -743,8 +762,12 @@ class KubeBackend:
             extended = self.options.kube.on_node(str(info.get("kubeletVersion") or "")).gate("DRAExtendedResource")
             ids = container_cdi_devices(pod, container, lambda ns, name: states.get((ns, name)), extended=extended)
         except ClaimError as exc:
-            raise BackendError(f"pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')} on {node}: {exc}") from None
-        return dataclasses.replace(view, cdi_devices=(*view.cdi_devices, *(i for i in ids if i not in view.cdi_devices)))
+            raise BackendError(
+                f"pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')} on {node}: {exc}"
+            ) from None
+        return dataclasses.replace(
+            view, cdi_devices=(*view.cdi_devices, *(i for i in ids if i not in view.cdi_devices))
+        )
 
     def _with_cdi_edits(self, node: str, view: ContainerView) -> ContainerView:
         """The view with the edits of its CDI devices, as a CDI-enabled runtime applies them, from the spec files on
@@ -765,7 +788,11 @@ class KubeBackend:
         pod = self.get_pod(name, namespace)
         node = pod.get("spec", {}).get("nodeName")
         cid = next(
-            (s.get("containerID", "") for s in pod.get("status", {}).get("containerStatuses") or [] if s["name"] == container),
+            (
+                s.get("containerID", "")
+                for s in pod.get("status", {}).get("containerStatuses") or []
+                if s["name"] == container
+            ),
             "",
         )
         if not node or "://" not in cid:
@@ -794,4 +821,3 @@ class KubeBackend:
         raise UnsupportedOperationError(
             "a real kubelet's device-plugin grace period is a constant (endpointStopGracePeriod, 5 min); no flag changes it"
         )
-

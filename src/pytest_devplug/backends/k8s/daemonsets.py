@@ -74,7 +74,13 @@ class PinnedDaemonSets:
     """``daemonsets`` (already owned by the run and pinned to ``node``) as one workload; ``wait_gone(probe, what)``
     waits until ``probe()`` is empty (the backend's bounded wait)."""
 
-    def __init__(self, api: KubeApi, node: str, daemonsets: list[JSONDict], wait_gone: Callable[[Callable[[], list[JSONDict]], str], None]) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        node: str,
+        daemonsets: list[JSONDict],
+        wait_gone: Callable[[Callable[[], list[JSONDict]], str], None],
+    ) -> None:
         self.api = api
         self.node = node
         self.daemonsets = daemonsets
@@ -97,7 +103,9 @@ class PinnedDaemonSets:
     def snapshot_logs(self) -> None:
         for p in self.pods():
             meta = p["metadata"]
-            text = "".join(self.api.pod_log(meta["name"], meta["namespace"], c["name"]) for c in p["spec"].get("containers", []))
+            text = "".join(
+                self.api.pod_log(meta["name"], meta["namespace"], c["name"]) for c in p["spec"].get("containers", [])
+            )
             if text or meta["uid"] not in self.logs:
                 self.logs[meta["uid"]] = (meta["name"], text)
 

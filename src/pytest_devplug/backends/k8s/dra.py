@@ -56,7 +56,11 @@ DRA_CHECKPOINT_PATH = "/var/lib/kubelet/dra_manager_state"
 #: pod workers' ``backOffPeriod`` (a failed unprepare is an error of the pod's sync: retried after it). A failed
 #: prepare is no error of the sync (``SyncPod`` records an event and returns), so its retry waits for the pod's
 #: next resync: ``syncFrequency`` of the kubelet config (1 min by default), which :meth:`KubeDRA.dra_timings` reads.
-KUBELET_DRA_TIMINGS = {"wiping_delay": DRA_WIPING_DELAY_S, "retry_period": POD_BACKOFF_PERIOD_S, "reconcile_period": DRA_RECONCILE_PERIOD_S}
+KUBELET_DRA_TIMINGS = {
+    "wiping_delay": DRA_WIPING_DELAY_S,
+    "retry_period": POD_BACKOFF_PERIOD_S,
+    "reconcile_period": DRA_RECONCILE_PERIOD_S,
+}
 #: ``syncFrequency`` when the kubelet config does not set it.
 DEFAULT_SYNC_FREQUENCY_S = 60.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
@@ -69,6 +73,8 @@ def go_duration_s(text: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != text.strip():
         raise ValueError(f"not a Go duration: {text!r}")
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
 #: The kubelet's name of a DRA service (registration, ``chosenService``) -> its messages and gRPC service.
 _SERVICES = {
     "v1.DRAPlugin": (pb, pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name),
@@ -197,13 +203,17 @@ class KubeDRA:
         try:
             ep = self.rest.get("/api/v1/namespaces/default/endpoints/kubernetes")
         except RestError as exc:
-            raise BackendUnavailableError(f"cannot read the API server's endpoint (endpoints/kubernetes): {exc}") from None
+            raise BackendUnavailableError(
+                f"cannot read the API server's endpoint (endpoints/kubernetes): {exc}"
+            ) from None
         for subset in ep.get("subsets") or []:
             ports = [p for p in subset.get("ports") or [] if p.get("name") in ("https", None)]
             for address in subset.get("addresses") or []:
                 if ports:
                     return str(address["ip"]), int(ports[0]["port"])
-        raise BackendUnavailableError(f"the kubernetes Service has no endpoint to point the driver's pods at: {ep.get('subsets')}")
+        raise BackendUnavailableError(
+            f"the kubernetes Service has no endpoint to point the driver's pods at: {ep.get('subsets')}"
+        )
 
     def _create_rbac(self, objects: list[dict[str, Any]]) -> None:
         ns = self._b.namespace
@@ -215,7 +225,9 @@ class KubeDRA:
                 self.rest.create(COLLECTIONS[obj["kind"]].format(ns=ns), obj)
             except RestError as exc:
                 if exc.status != 409:
-                    raise BackendError(f"creating the DRA driver's {obj['kind']} {obj['metadata']['name']}: {exc}") from None
+                    raise BackendError(
+                        f"creating the DRA driver's {obj['kind']} {obj['metadata']['name']}: {exc}"
+                    ) from None
             self._rbac.add(path)
 
     def deploy_driver(self, node: str, spec: DriverSpec) -> None:
@@ -228,7 +240,9 @@ class KubeDRA:
             image = self._b.provider.plugin_image(PluginSpec(image=spec.image), node)
             self._b.note_node_image(image)
         if spec.mock:
-            self._b.prepare_mock_node(node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model), DRA_MOCK_STATE_PATH)
+            self._b.prepare_mock_node(
+                node, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model), DRA_MOCK_STATE_PATH
+            )
         ns = self._b.namespace
         uid = str(self.rest.get(f"/api/v1/namespaces/{ns}")["metadata"]["uid"])
         objects = render_driver(
@@ -303,10 +317,14 @@ class KubeDRA:
         try:
             text = self._b.nodeops.kubelet_config(node)
         except BackendError as exc:
-            raise UnsupportedOperationError(f"the kubelet's DRA calls are read from its journal at -v=4 for two files, set in its config: {exc}") from None
+            raise UnsupportedOperationError(
+                f"the kubelet's DRA calls are read from its journal at -v=4 for two files, set in its config: {exc}"
+            ) from None
         config = yaml.safe_load(text) or {}
         try:
-            self._sync_s[node] = go_duration_s(str(config["syncFrequency"])) if config.get("syncFrequency") else DEFAULT_SYNC_FREQUENCY_S
+            self._sync_s[node] = (
+                go_duration_s(str(config["syncFrequency"])) if config.get("syncFrequency") else DEFAULT_SYNC_FREQUENCY_S
+            )
         except ValueError as exc:
             raise BackendError(f"the kubelet config of {node}: syncFrequency: {exc}") from None
         logging = config.setdefault("logging", {}) or {}
@@ -370,7 +388,10 @@ class KubeDRA:
         """Pod UID -> the last ``FailedPrepareDynamicResources`` event of each Pending pod of the run on the node."""
         out: dict[str, str] = {}
         ns = self._b.pod_namespace
-        pending = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self._b.api.list_pods(ns, field_selector=f"spec.nodeName={node},status.phase=Pending")}
+        pending = {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in self._b.api.list_pods(ns, field_selector=f"spec.nodeName={node},status.phase=Pending")
+        }
         for e in self._b.events(namespace=ns):
             name = (e.get("involvedObject") or {}).get("name")
             if e.get("reason") == "FailedPrepareDynamicResources" and name in pending:
@@ -389,7 +410,9 @@ class KubeDRA:
             raise ValueError(f"unknown DRA method {method!r}")
         endpoint, service = self._endpoint(node, driver)
         module, full = _SERVICES.get(service, _SERVICES["v1.DRAPlugin"])
-        request = getattr(module, f"{method}Request")(claims=[module.Claim(namespace=c["namespace"], uid=c["uid"], name=c["name"]) for c in claims])
+        request = getattr(module, f"{method}Request")(
+            claims=[module.Claim(namespace=c["namespace"], uid=c["uid"], name=c["name"]) for c in claims]
+        )
         try:
             raw = self._b.nodeops.transport.grpc_call(
                 node, endpoint, f"/{full}/{method}", request.SerializeToString(), timeout=max(self._b.options.timeout, 10.0)
@@ -399,7 +422,9 @@ class KubeDRA:
         # v1beta1 messages are field for field v1's: read the answer as v1, as the kubelet converts it
         return getattr(pb, f"{method}Response").FromString(raw)
 
-    def driver_health(self, node: str, driver: str, service: str = "v1alpha1.DRAResourceHealth") -> list[tuple[str, str, str]] | None:
+    def driver_health(
+        self, node: str, driver: str, service: str = "v1alpha1.DRAResourceHealth"
+    ) -> list[tuple[str, str, str]] | None:
         endpoint, _ = self._endpoint(node, driver)
         try:
             raw = self._b.nodeops.transport.grpc_call(
@@ -443,7 +468,10 @@ class KubeDRA:
 
     def dra_timings(self) -> dict[str, float]:
         """The constants, with ``retry_period`` the longer of the back-off and the pod resync of the nodes' kubelets."""
-        return {**KUBELET_DRA_TIMINGS, "retry_period": max([KUBELET_DRA_TIMINGS["retry_period"], *self._sync_s.values()])}
+        return {
+            **KUBELET_DRA_TIMINGS,
+            "retry_period": max([KUBELET_DRA_TIMINGS["retry_period"], *self._sync_s.values()]),
+        }
 
     def _check_mock(self, node: str) -> None:
         if not self._driver(node).spec.mock:
@@ -456,4 +484,3 @@ class KubeDRA:
     def write_driver_mock_state(self, node: str, state: dict[str, Any]) -> None:
         self._check_mock(node)
         self._b.nodeops.write_file(node, DRA_MOCK_STATE_PATH, json.dumps(state, indent=1).encode())
-

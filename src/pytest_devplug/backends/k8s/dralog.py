@@ -29,15 +29,19 @@ __all__ = ["GREP", "KubeletDRAState", "KubeletLine", "VMODULE", "parse_line", "r
 #: The kubelet files whose level-4 lines the view needs, as ``logging.vmodule`` entries.
 VMODULE = (("dra_plugin", 4), ("dra_plugin_manager", 4))
 #: The lines read (``journalctl --grep``, PCRE2).
-GREP = "DRA plugin\"|\"Connection changed\"|NodePrepareResources rpc\"|NodeUnprepareResources? rpc\"|RegisterPlugin failed\""
+GREP = 'DRA plugin"|"Connection changed"|NodePrepareResources rpc"|NodeUnprepareResources? rpc"|RegisterPlugin failed"'
 
-_LINE = re.compile(r'^(?P<ts>\d+(?:\.\d+)?) \S+ kubelet\[(?P<pid>\d+)\]: [IWEF]\d{4} \S+\s+\d+ \S+\] "(?P<msg>(?:[^"\\]|\\.)*)"(?P<rest>.*)$')
+_LINE = re.compile(
+    r'^(?P<ts>\d+(?:\.\d+)?) \S+ kubelet\[(?P<pid>\d+)\]: [IWEF]\d{4} \S+\s+\d+ \S+\] "(?P<msg>(?:[^"\\]|\\.)*)"(?P<rest>.*)$'
+)
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 #: How a logged request or response names claims: 1.34's gogo-protobuf ``String()`` (``&Claim{...UID:u,...}``,
 #: ``u: &NodePrepareResourceResponse{...Error:e,}``) or, from 1.35 (google.golang.org/protobuf), its text format
 #: (``claims:{namespace:"n" uid:"u" ...}``, ``claims:{key:"u" value:{... error:"e"}}``, spaces at random).
 _UID = re.compile(r'UID:([^,}]+),|\buid:\s*"([^"]*)"|\bUid:([^\s}]+)')
-_CLAIM_ANSWER = re.compile(r'([0-9A-Za-z-]+): &Node(?:Un)?[Pp]repareResourceResponse\{|\bkey:\s*"([^"]*)"\s*value:\s*\{')
+_CLAIM_ANSWER = re.compile(
+    r'([0-9A-Za-z-]+): &Node(?:Un)?[Pp]repareResourceResponse\{|\bkey:\s*"([^"]*)"\s*value:\s*\{'
+)
 _ERROR = re.compile(r'Error:(.*?),\}|\berror:\s*"((?:[^"\\]|\\.)*)"', re.S)
 #: A Unix socket path in a plugin's description (``plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/x.sock ...}"``).
 _SOCKET = re.compile(r"(/[^\s\"{}]+\.sock)")
@@ -140,7 +144,9 @@ class KubeletDRAState:
         elif msg == "OperationExecutor.RegisterPlugin failed":
             socket = _SOCKET.search(f.get("plugin", ""))
             if self._keep(line):
-                self.events.append(RegistrationRecord("failed", socket.group(1) if socket else "", "", f.get("err", "")))
+                self.events.append(
+                    RegistrationRecord("failed", socket.group(1) if socket else "", "", f.get("err", ""))
+                )
         elif msg.startswith("Calling Node"):
             method = "NodePrepareResources" if "NodePrepare" in msg else "NodeUnprepareResources"
             self._pending.append(_Call(driver, method, _claim_uids(f.get("request", "")), line.at))

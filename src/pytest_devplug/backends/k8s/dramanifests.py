@@ -58,7 +58,11 @@ def _load(spec: DriverSpec) -> tuple[Path, list[JSONDict]]:
         )
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     kinds = [str(d.get("kind")) for d in docs]
-    others = [f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs if d.get("kind") not in _NAMESPACED | _CLUSTER]
+    others = [
+        f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}"
+        for d in docs
+        if d.get("kind") not in _NAMESPACED | _CLUSTER
+    ]
     if others or "DaemonSet" not in kinds:
         raise BackendError(
             f"{path}: a DRA driver is deployed from ServiceAccounts, (Cluster)Roles and their bindings and DaemonSets; "
@@ -79,7 +83,11 @@ def render_driver(
     IPs (its containers get ``KUBERNETES_SERVICE_HOST``/``_PORT``, which the in-cluster config reads first)."""
     _, docs = _load(spec)
     included = spec.manifest is None
-    renamed = {str(d["metadata"]["name"]): f"{namespace}-{d['metadata']['name']}" for d in docs if d.get("kind") == "ClusterRole"}
+    renamed = {
+        str(d["metadata"]["name"]): f"{namespace}-{d['metadata']['name']}"
+        for d in docs
+        if d.get("kind") == "ClusterRole"
+    }
     owner = {"apiVersion": "v1", "kind": "Namespace", "name": namespace, "uid": namespace_uid}
     rbac, daemonsets = [], []
     for d in map(copy.deepcopy, docs):

@@ -36,7 +36,7 @@ def make_script(minors: Iterable[int], nvml_library: str) -> str:
     nodes = gpu_device_nodes(minors)
     lines = [
         "set -eu",
-        f"node() {{ [ -e \"$1\" ] && return 0; mkdir -p \"$(dirname \"$1\")\"; mknod -m 0666 \"$1\" {_NULL}; echo \"$1\"; }}",
+        f'node() {{ [ -e "$1" ] && return 0; mkdir -p "$(dirname "$1")"; mknod -m 0666 "$1" {_NULL}; echo "$1"; }}',
     ]
     lines += [f"node {shlex.quote(n)}" for n in nodes]
     # A driver root that exists (a real one, or another run's) is left as it is.

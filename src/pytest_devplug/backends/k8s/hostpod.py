@@ -33,7 +33,13 @@ __all__ = ["HostPodTransport", "MANAGED_BY", "NODE_POD_DEADLINE_S", "node_pod_ma
 NODE_POD_DEADLINE_S = 3600
 _CONTAINER = "node"
 _NSENTER = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"]
-_PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
+_PULL_ERRORS = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+}
 
 
 def node_pod_manifest(node: str, name: str, namespace: str, image: str) -> dict[str, Any]:
@@ -149,12 +155,16 @@ class HostPodTransport:
             if isinstance(exc, BackendError):
                 raise
             # e.g. while the node's kubelet restarts: exec streams go through it.
-            raise BackendError(f"exec in {self.namespace}/{name} on node {node} failed: {type(exc).__name__}: {exc}") from None
+            raise BackendError(
+                f"exec in {self.namespace}/{name} on node {node} failed: {type(exc).__name__}: {exc}"
+            ) from None
 
     def run(self, node: str, script: str, *, timeout: float) -> ExecResult:
         return self._exec(node, [*_NSENTER, "sh", "-c", script])
 
-    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+    def grpc_call(
+        self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False
+    ) -> bytes:
         where = socket if socket == POD_RESOURCES_SOCKET else f"/proc/1/root{socket}"
         argv = [where, method, base64.b64encode(request).decode(), str(timeout), "stream" if stream else "unary"]
         res = self._exec(node, ["python3", "-c", GRPC_CALL, *argv])

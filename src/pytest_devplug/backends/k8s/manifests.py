@@ -53,7 +53,9 @@ MOCK_LIB_DIR = f"{MOCK_DIR}/lib"
 def selector_of(ds: dict[str, Any]) -> str:
     labels = ds["spec"]["selector"].get("matchLabels") or {}
     if not labels:
-        raise BackendError(f"DaemonSet {ds['metadata']['name']} has no spec.selector.matchLabels (needed to find its pods)")
+        raise BackendError(
+            f"DaemonSet {ds['metadata']['name']} has no spec.selector.matchLabels (needed to find its pods)"
+        )
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
@@ -79,7 +81,9 @@ def mock_library_file() -> tuple[str, bytes]:
         raise BackendError(f"cannot give the plugin the mock NVML: {exc}") from None
 
 
-def hand_mock_nvml(pod: dict[str, Any], container: dict[str, Any], state_path: str = f"{MOCK_DIR}/mock-state.json") -> None:
+def hand_mock_nvml(
+    pod: dict[str, Any], container: dict[str, Any], state_path: str = f"{MOCK_DIR}/mock-state.json"
+) -> None:
     """Give a container the mock libnvidia-ml.so.1 and its state: the node's /var/lib/devplug (hostPath)
     mounted at the same path, the library's directory on ``LD_LIBRARY_PATH``, the state file named."""
     set_env(container, "LD_LIBRARY_PATH", MOCK_LIB_DIR)

@@ -80,7 +80,9 @@ class NodeTransport(Protocol):
         when the node cannot be reached (a non-zero exit is returned, not raised)."""
         ...
 
-    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+    def grpc_call(
+        self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False
+    ) -> bytes:
         """The raw response of ``method`` (``/v1.PodResourcesLister/List``) at the node's Unix ``socket`` (its path on
         the node) for the serialized ``request``; with ``stream`` the first message of the server stream. A gRPC
         error raises :class:`NodeGrpcError`; a node that cannot be reached ``BackendError``."""
@@ -107,7 +109,9 @@ class NodeOps:
         """Run ``script`` on the node; its stdout. A non-zero exit raises :class:`NodeCommandError`."""
         res = self.transport.run(node, script, timeout=timeout or max(self.timeout, 60.0))
         if res.returncode != 0:
-            raise NodeCommandError(f"`{script[:200]}` on node {node} exited {res.returncode}: {res.stderr.strip()[-1500:]}")
+            raise NodeCommandError(
+                f"`{script[:200]}` on node {node} exited {res.returncode}: {res.stderr.strip()[-1500:]}"
+            )
         return res.stdout
 
     def kill_container(self, node: str, container_id: str) -> None:
@@ -161,7 +165,7 @@ class NodeOps:
         self.exec(
             node,
             "command -v crictl >/dev/null || { echo 'crictl (cri-tools) is not installed on the node' >&2; exit 127; }; "
-            "crictl rmp --force --all >/dev/null && test -z \"$(crictl pods -q)\"",
+            'crictl rmp --force --all >/dev/null && test -z "$(crictl pods -q)"',
         )
 
     def empty_directory(self, node: str, path: str) -> None:
@@ -188,7 +192,9 @@ class NodeOps:
     def kubelet_config(self, node: str) -> str:
         raw = self.read_file(node, KUBELET_CONFIG_PATH)
         if raw is None:
-            raise BackendError(f"no kubelet config file {KUBELET_CONFIG_PATH} on node {node} (not a kubeadm-style node)")
+            raise BackendError(
+                f"no kubelet config file {KUBELET_CONFIG_PATH} on node {node} (not a kubeadm-style node)"
+            )
         return raw.decode()
 
     def set_kubelet_config(self, node: str, text: str) -> None:
@@ -199,7 +205,9 @@ class NodeOps:
     # -- files -------------------------------------------------------------------------------------
     def read_file(self, node: str, path: str) -> bytes | None:
         q = shlex.quote(path)
-        res = self.transport.run(node, f"if [ -e {q} ]; then base64 < {q}; else exit 3; fi", timeout=max(self.timeout, 60.0))
+        res = self.transport.run(
+            node, f"if [ -e {q} ]; then base64 < {q}; else exit 3; fi", timeout=max(self.timeout, 60.0)
+        )
         if res.returncode == 3:
             return None
         if res.returncode != 0:
@@ -218,10 +226,10 @@ class NodeOps:
     def read_tree(self, node: str, directories: Sequence[str], into: Path, *, recursive: bool = False) -> None:
         """Copy the plain files of ``directories`` on the node (``recursive``: and of their subdirectories) to
         ``into`` + their paths."""
-        files = "$(find \"$d\" -type f 2>/dev/null)" if recursive else "\"$d\"/*"
+        files = '$(find "$d" -type f 2>/dev/null)' if recursive else '"$d"/*'
         script = (
             "for d in " + " ".join(shlex.quote(d) for d in directories) + "; do "
-            f"for f in {files}; do [ -f \"$f\" ] && printf '%s %s\\n' \"$f\" \"$(base64 -w0 < \"$f\")\"; done; done; true"
+            f'for f in {files}; do [ -f "$f" ] && printf \'%s %s\\n\' "$f" "$(base64 -w0 < "$f")"; done; done; true'
         )
         for line in self.exec(node, script).splitlines():
             path, _, b64 = line.partition(" ")
@@ -237,7 +245,9 @@ class NodeOps:
 
     # -- pod-resources ---------------------------------------------------------------------------
     def _call(self, node: str, method: str, response_type: Any, request: bytes = b"") -> Any:
-        raw = self.transport.grpc_call(node, POD_RESOURCES_SOCKET, f"/v1.PodResourcesLister/{method}", request, timeout=self.timeout)
+        raw = self.transport.grpc_call(
+            node, POD_RESOURCES_SOCKET, f"/v1.PodResourcesLister/{method}", request, timeout=self.timeout
+        )
         return response_type.FromString(raw)
 
     def pod_resources_get(self, node: str, name: str, namespace: str) -> PodResourcesPod:

@@ -39,7 +39,9 @@ def _pip() -> list[str]:
     for python in (sys.executable, getattr(sys, "_base_executable", None), shutil.which("python3"), "/usr/bin/python3"):
         if python and run([python, "-m", "pip", "--version"], check=False, timeout=120).returncode == 0:
             return [python, "-m", "pip"]
-    raise BackendUnavailableError(f"no pip to build the included plugin's wheels with (tried {sys.executable} and python3)")
+    raise BackendUnavailableError(
+        f"no pip to build the included plugin's wheels with (tried {sys.executable} and python3)"
+    )
 
 
 def _image_present(image: str) -> bool:
@@ -58,7 +60,9 @@ class PluginImage:
             if not _image_present(spec.image):
                 pulled = run(["docker", "pull", spec.image], check=False, timeout=600)
                 if pulled.returncode != 0:
-                    raise BackendError(f"plugin image {spec.image} is neither local nor pullable: {pulled.stderr[-1500:]}")
+                    raise BackendError(
+                        f"plugin image {spec.image} is neither local nor pullable: {pulled.stderr[-1500:]}"
+                    )
             return spec.image
         return self.included()
 
@@ -84,7 +88,10 @@ class PluginImage:
             deps = [] if base != STANDARD_BASE else ["--no-deps"]
             run([*_pip(), "wheel", *deps, "-q", "-w", str(ctx / "dist"), f"{PLUGIN_SRC}[dra]"], timeout=900)
             offline = ["--build-arg", "PIP_NO_INDEX=1"] if base != STANDARD_BASE else []
-            run(["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", *offline, "-t", tag, str(ctx)], timeout=1800)
+            run(
+                ["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", *offline, "-t", tag, str(ctx)],
+                timeout=1800,
+            )
             shutil.rmtree(ctx, ignore_errors=True)
         self.built = tag
         return tag

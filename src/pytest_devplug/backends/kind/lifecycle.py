@@ -151,13 +151,17 @@ def _not_ready(api: Any) -> str:
             return f"API /readyz answered {status}"
         nodes = core.list_node(_request_timeout=10).items
         not_ready = [
-            n.metadata.name for n in nodes if not any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+            n.metadata.name
+            for n in nodes
+            if not any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
         ]
         if not nodes or not_ready:
             return f"nodes not Ready: {not_ready or 'no nodes registered'}"
         core.read_namespaced_service_account("default", "default", _request_timeout=10)
     except kubernetes.client.ApiException as exc:
-        return f"API error {exc.status} {exc.reason}" + (" (default ServiceAccount not there yet)" if exc.status == 404 else "")
+        return f"API error {exc.status} {exc.reason}" + (
+            " (default ServiceAccount not there yet)" if exc.status == 404 else ""
+        )
     except (RestError, urllib3.exceptions.HTTPError, OSError) as exc:
         return f"API not reachable: {exc}"
     return ""
@@ -179,9 +183,13 @@ class ClusterManager:
         self.options = options
         # An explicit config (e.g. the multi-node tests') wins, then --devplug-kind-config / ini
         # devplug_kind_config, then $DEVPLUG_KIND_CONFIG.
-        self.config_choice = config or options.kind_config or os.environ.get("DEVPLUG_KIND_CONFIG") or "single-node.yaml"
+        self.config_choice = (
+            config or options.kind_config or os.environ.get("DEVPLUG_KIND_CONFIG") or "single-node.yaml"
+        )
         name = options.cluster_name
-        self.name = os.environ.get("DEVPLUG_KIND_CLUSTER") or (DEFAULT_NAME if name == PYTEST_KIND_DEFAULT_NAME else name)
+        self.name = os.environ.get("DEVPLUG_KIND_CLUSTER") or (
+            DEFAULT_NAME if name == PYTEST_KIND_DEFAULT_NAME else name
+        )
         self._workdir: Path | None = None  # made on first use, removed by close()
         self.kind_bin = ""
         self.image: str | None = None
@@ -278,7 +286,15 @@ class ClusterManager:
     def node_containers(self) -> dict[str, str]:
         """Node container name -> docker state (``running``, ``exited``, ...)."""
         proc = run(
-            ["docker", "ps", "-a", "--filter", f"label=io.x-k8s.kind.cluster={self.name}", "--format", "{{.Names}}\t{{.State}}"],
+            [
+                "docker",
+                "ps",
+                "-a",
+                "--filter",
+                f"label=io.x-k8s.kind.cluster={self.name}",
+                "--format",
+                "{{.Names}}\t{{.State}}",
+            ],
             timeout=60,
         )
         return dict(line.split("\t", 1) for line in proc.stdout.splitlines() if "\t" in line)
@@ -308,7 +324,10 @@ class ClusterManager:
             why = self._broken()
             if why is None:
                 return  # reused as it is (and left alone at the end)
-            print(f"\ndevplug: kind cluster {self.name} is broken ({why}); deleting and creating it again", file=sys.stderr)
+            print(
+                f"\ndevplug: kind cluster {self.name} is broken ({why}); deleting and creating it again",
+                file=sys.stderr,
+            )
             run([self.kind_bin, "delete", "cluster", "--name", self.name], timeout=300)
         self._create()
 
@@ -320,7 +339,9 @@ class ClusterManager:
         # KindCluster makes .pytest-kind/<name> in the cwd; note whether we made it, to remove it again.
         pk_dir = Path(".pytest-kind") / self.name
         self._pytest_kind_dir = None if pk_dir.exists() else pk_dir
-        self._pytest_kind = KindCluster(self.name, kubeconfig=kubeconfig, image=self.image, kind_path=Path(self.kind_bin))
+        self._pytest_kind = KindCluster(
+            self.name, kubeconfig=kubeconfig, image=self.image, kind_path=Path(self.kind_bin)
+        )
         t0 = time.monotonic()
         self.created = True  # from here on, a failure or Ctrl-C must delete what kind made
         try:
@@ -361,7 +382,11 @@ class ClusterManager:
         out = []
         for node in self.node_containers():
             for unit in ("kubelet", "containerd"):
-                p = run(["docker", "exec", node, "journalctl", "--no-pager", "-n", "30", "-u", unit], check=False, timeout=60)
+                p = run(
+                    ["docker", "exec", node, "journalctl", "--no-pager", "-n", "30", "-u", unit],
+                    check=False,
+                    timeout=60,
+                )
                 out.append(f"--- {unit} journal ({node})\n{p.stdout[-2500:]}")
         return "\n".join(out)
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from ...errors import BackendUnavailableError, ToolError
 
-__all__ = [ "run", "run_bytes", "require_tool"]
+__all__ = ["run", "run_bytes", "require_tool"]
 
 
 def require_tool(name: str, hint: str) -> str:
@@ -25,14 +25,23 @@ def _describe(cmd: Sequence[str], rc: int | str, out: str, err: str) -> str:
 
 
 def run(
-    cmd: Sequence[str], *, input: str | None = None, timeout: float = 120.0, check: bool = True,
+    cmd: Sequence[str],
+    *,
+    input: str | None = None,
+    timeout: float = 120.0,
+    check: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` (text I/O; ``env``: its environment, default this process's); raises :class:`ToolError` on a
     non-zero exit (``check``) or on timeout."""
     try:
         proc = subprocess.run(
-            list(cmd), input=input, capture_output=True, text=True, timeout=timeout, env=dict(os.environ if env is None else env)
+            list(cmd),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ if env is None else env),
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")

@@ -69,20 +69,28 @@ class DockerExecTransport:
         sock = var / socket[len("/var/") :]
         return str(sock) if len(str(sock)) < 100 and sock.exists() else None
 
-    def grpc_call(self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False) -> bytes:
+    def grpc_call(
+        self, node: str, socket: str, method: str, request: bytes, *, timeout: float, stream: bool = False
+    ) -> bytes:
         sock = self._host_socket(node, socket)
         if sock is not None:
             with grpc.insecure_channel(f"unix://{sock}", options=[("grpc.default_authority", "localhost")]) as channel:
                 try:
                     if stream:
-                        answers = channel.unary_stream(method, request_serializer=None, response_deserializer=None)(request, timeout=timeout)
+                        answers = channel.unary_stream(method, request_serializer=None, response_deserializer=None)(
+                            request, timeout=timeout
+                        )
                         try:
                             first = next(iter(answers))
                         except StopIteration:
                             raise NodeGrpcError("STREAM_ENDED", "the stream ended without a message") from None
                         answers.cancel()
                         return bytes(first)
-                    return bytes(channel.unary_unary(method, request_serializer=None, response_deserializer=None)(request, timeout=timeout))
+                    return bytes(
+                        channel.unary_unary(method, request_serializer=None, response_deserializer=None)(
+                            request, timeout=timeout
+                        )
+                    )
                 except grpc.RpcError as err:
                     raise NodeGrpcError(err.code().name, str(err.details())) from None
         helper = self._helper_image()

@@ -61,16 +61,24 @@ def claim_ref(claim: ClaimHandle) -> dict[str, str]:
 def succeeded(driver: DriverHandle, method: str, uid: str, since: int = 0) -> list[Any]:
     """The kubelet's calls of ``method`` to the driver carrying claim ``uid`` that succeeded, from its ``since``-th call
     on the node (``len(node.dra_calls())`` before the step being judged)."""
-    return [c for c in driver.node.dra_calls(method, driver=driver.name, since=since) if uid in c.claim_uids and not c.error]
+    return [
+        c for c in driver.node.dra_calls(method, driver=driver.name, since=since) if uid in c.claim_uids and not c.error
+    ]
 
 
-def waited(probe: Callable[[], T], ok: Callable[[T], bool], what: str, *, driver: DriverHandle, timeout: float | None = None) -> T:
+def waited(
+    probe: Callable[[], T], ok: Callable[[T], bool], what: str, *, driver: DriverHandle, timeout: float | None = None
+) -> T:
     """A bounded wait that fails the check with what it saw (and stops at once when the driver process exited)."""
     __tracebackhide__ = True
     try:
-        return wait_for(probe, ok, timeout=driver.node.timeout if timeout is None else timeout, what=what, give_up=driver.crashed)
+        return wait_for(
+            probe, ok, timeout=driver.node.timeout if timeout is None else timeout, what=what, give_up=driver.crashed
+        )
     except WaitTimeout as exc:
-        raise AssertionError(f"expected {what}; saw {exc.last!r}" + (f"; stopped early: {exc.reason}" if exc.reason else "")) from None
+        raise AssertionError(
+            f"expected {what}; saw {exc.last!r}" + (f"; stopped early: {exc.reason}" if exc.reason else "")
+        ) from None
 
 
 def consistently(probe: Callable[[], T], ok: Callable[[T], bool], what: str, *, seconds: float = CONSISTENTLY_S) -> T:

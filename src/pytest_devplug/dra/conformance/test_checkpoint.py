@@ -28,12 +28,16 @@ def test_checkpoint_contents(devplug_claims: ClaimFactory, devplug_driver: Drive
     assert set(prepared.devices) == {devplug_driver.name}, f"DriverState for {sorted(prepared.devices)}"
     requests = {(a.pool, a.device): a.request for a in claim.allocated}
     for d in prepared.devices[devplug_driver.name]:
-        assert requests.get((d.pool, d.device)) in d.requests, f"device {d.pool}/{d.device} checkpointed for requests {d.requests}, allocated for {requests}"
+        assert requests.get((d.pool, d.device)) in d.requests, (
+            f"device {d.pool}/{d.device} checkpointed for requests {d.requests}, allocated for {requests}"
+        )
     raw = devplug_driver.node.dra.read_dra_checkpoint(devplug_driver.node.name)
     assert raw is not None
     decoded = cp.decode(raw)
     kube = devplug_driver.node.kube
-    assert cp.encode(decoded.entries, kube) == raw, f"dra_manager_state does not re-encode to the same bytes as a kubelet of {kube.name}"
+    assert cp.encode(decoded.entries, kube) == raw, (
+        f"dra_manager_state does not re-encode to the same bytes as a kubelet of {kube.name}"
+    )
     with tempfile.TemporaryDirectory(prefix="devplug-dra-cp-") as tmp:
         path = Path(tmp) / cp.CHECKPOINT_NAME
         path.write_bytes(raw)

@@ -37,10 +37,14 @@ def _failed_prepare(pod: ClaimPodHandle, driver: DriverHandle) -> str:
     # A real kubelet records the event at once but posts the pod's status from its status manager, later (on a
     # loaded node its first GET of the pod can even be refused until the node authorizer has seen the binding).
     try:
-        waiting = wait_for(lambda: _waiting_reasons(pod), bool, timeout=pod.timeout, what=f"container statuses of pod {pod.name}")
+        waiting = wait_for(
+            lambda: _waiting_reasons(pod), bool, timeout=pod.timeout, what=f"container statuses of pod {pod.name}"
+        )
     except WaitTimeout as exc:
         waiting = exc.last or []
-    assert waiting and all(w == "ContainerCreating" for w in waiting), f"its containers must wait in ContainerCreating: {waiting}"
+    assert waiting and all(w == "ContainerCreating" for w in waiting), (
+        f"its containers must wait in ContainerCreating: {waiting}"
+    )
     return event
 
 
@@ -94,7 +98,9 @@ def _failing_unprepare(claims: ClaimFactory, driver: DriverHandle, faults: DRAFa
 
 
 @pytest.mark.devplug_disruptive
-def test_failed_unprepare_is_retried(devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector) -> None:
+def test_failed_unprepare_is_retried(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector
+) -> None:
     """Upstream "must call NodeUnprepareResources for deleted pod": an unprepare the driver fails keeps the claim in
     the kubelet's checkpoint and is retried until the driver succeeds."""
     with short_dra_timings(devplug_driver, retry_period=0.5) as periods:
@@ -130,10 +136,14 @@ HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 def _health_service(driver: DriverHandle) -> None:
     """Skip where the driver reports no health or the node's release reports none; fail a driver whose health a
     1.37+ kubelet never watches because GetInfo does not list its service (``pickHealthService``)."""
-    kube = driver.node.require_gate("ResourceHealthStatus", "the kubelet watches DRA device health and reports it in allocatedResourcesStatus")
+    kube = driver.node.require_gate(
+        "ResourceHealthStatus", "the kubelet watches DRA device health and reports it in allocatedResourcesStatus"
+    )
     served = [s for s in HEALTH_SERVICES if driver.health(s) is not None]
     if not served:
-        pytest.skip(f"{driver.name} serves neither {' nor '.join(HEALTH_SERVICES)} (NodeWatchResources is unimplemented): it reports no device health")
+        pytest.skip(
+            f"{driver.name} serves neither {' nor '.join(HEALTH_SERVICES)} (NodeWatchResources is unimplemented): it reports no device health"
+        )
     if kube.has("dra-health-v1"):
         listed = driver.listed_services() or ()
         if not any(s in listed for s in HEALTH_SERVICES):
@@ -145,7 +155,9 @@ def _health_service(driver: DriverHandle) -> None:
             )
 
 
-def test_device_health_reaches_pod_status(devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector) -> None:
+def test_device_health_reaches_pod_status(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector
+) -> None:
     """Upstream "should reflect device health changes in the Pod's status": the device of a running pod's claim reads
     Healthy in ``allocatedResourcesStatus`` (``claim:<name>/<request>``), Unhealthy once the driver's health stream
     reports it so, and Healthy again where the injector can make it recover."""
@@ -224,7 +236,9 @@ def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, d
     an informational one) are its own business. A driver that reports neither way is skipped, saying so."""
     driver = devplug_driver
     if any(driver.health(s) is not None for s in HEALTH_SERVICES):
-        pytest.skip(f"{driver.name} reports device health through its health stream (judged by test_device_health_reaches_pod_status)")
+        pytest.skip(
+            f"{driver.name} reports device health through its health stream (judged by test_device_health_reaches_pod_status)"
+        )
     driver.node.require_gate("DRADeviceTaints", "device taints in ResourceSlices; an API server without it drops them")
     devices = driver.devices()
     claim = devplug_claims.claim()

@@ -54,15 +54,21 @@ def test_claim_with_several_requests(devplug_claims: ClaimFactory, devplug_drive
             container["resources"]["claims"] = [{"name": "c0", "request": name}]
         pod = devplug_claims.pod(manifest=body, wait=True)
         allocated = {name: sorted((a.pool, a.device) for a in claim.allocated if a.request == name) for name in names}
-        assert [len(allocated[n]) for n in names] == list(counts), f"the scheduler allocated {allocated} for counts {counts}"
+        assert [len(allocated[n]) for n in names] == list(counts), (
+            f"the scheduler allocated {allocated} for counts {counts}"
+        )
         prepared = claim.prepared()
         assert prepared is not None, f"claim {claim.name} is not in the kubelet's dra_manager_state"
         answered = prepared.devices.get(devplug_driver.name, ())
         got = sorted((d.pool, d.device) for d in answered)
         want = sorted(d for devs in allocated.values() for d in devs)
-        assert got == want, f"claim {claim.name} with requests {dict(zip(names, counts, strict=True))}: the driver prepared {got}; the scheduler allocated {allocated}"
+        assert got == want, (
+            f"claim {claim.name} with requests {dict(zip(names, counts, strict=True))}: the driver prepared {got}; the scheduler allocated {allocated}"
+        )
         for container, name in zip(containers, names, strict=True):
-            cdi = sorted({i for d in answered if name in d.requests for i in d.cdi_device_ids})  # an ID shared by devices: once
+            cdi = sorted(
+                {i for d in answered if name in d.requests for i in d.cdi_device_ids}
+            )  # an ID shared by devices: once
             seen = sorted(set(pod.view(container["name"]).cdi_devices))
             assert cdi and seen == cdi, (
                 f"container {container['name']} uses request {name} of claim {claim.name} (devices {allocated[name]}): it got the "
@@ -77,14 +83,20 @@ def test_extended_resource_served_by_the_driver(devplug_claims: ClaimFactory, de
     extended resource lets a pod ask for it in its limits like a device plugin's; the scheduler allocates one of the
     driver's devices in a claim of its own (``status.extendedResourceClaimStatus``), the kubelet prepares it like any
     claim and the container gets the CDI devices the driver returned for it."""
-    devplug_driver.node.require_gate("DRAExtendedResource", "pods ask for a DRA driver's devices as an extended resource")
+    devplug_driver.node.require_gate(
+        "DRAExtendedResource", "pods ask for a DRA driver's devices as an extended resource"
+    )
     resource = f"{devplug_driver.name}/devplug-extended"
     devplug_claims.device_class(extended_resource_name=resource)
     pod = devplug_claims.pod(manifest=devplug_claims.manifest(limits={resource: 1}))
     (prepared,) = assert_claim_prepared(pod, devplug_driver)
     mapping = (pod.obj.get("status") or {}).get("extendedResourceClaimStatus") or {}
-    assert prepared.claim_name == mapping.get("resourceClaimName"), f"prepared {prepared.claim_name}; the pod's status: {mapping}"
-    assert [(m.get("containerName"), m.get("resourceName")) for m in mapping.get("requestMappings") or []] == [("main", resource)], mapping
+    assert prepared.claim_name == mapping.get("resourceClaimName"), (
+        f"prepared {prepared.claim_name}; the pod's status: {mapping}"
+    )
+    assert [(m.get("containerName"), m.get("resourceName")) for m in mapping.get("requestMappings") or []] == [
+        ("main", resource)
+    ], mapping
     devices = prepared.devices[devplug_driver.name]
     assert len(devices) == 1, f"one device asked for as {resource}, the driver prepared {devices}"
 
@@ -96,7 +108,9 @@ def test_claim_from_template(devplug_claims: ClaimFactory, devplug_driver: Drive
     pod = devplug_claims.pod(templates=[template], wait=True)
     (prepared,) = assert_claim_prepared(pod, devplug_driver)
     (claim,) = pod.claims
-    owners = [(o.get("kind"), o.get("uid")) for o in claim.obj["metadata"].get("ownerReferences") or [] if o.get("controller")]
+    owners = [
+        (o.get("kind"), o.get("uid")) for o in claim.obj["metadata"].get("ownerReferences") or [] if o.get("controller")
+    ]
     assert owners == [("Pod", pod.uid)], f"the claim made from the template is owned by {owners}, not the pod"
     assert prepared.claim_name == claim.name
 
@@ -116,7 +130,9 @@ def test_prepare_is_idempotent(devplug_claims: ClaimFactory, devplug_driver: Dri
     assert again == first, f"preparing the claim again answered {again}; the first prepare answered {first}"
 
 
-def test_unprepared_when_pod_deleted_and_unprepare_is_idempotent(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+def test_unprepared_when_pod_deleted_and_unprepare_is_idempotent(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
     """Upstream "must prepare and unprepare resources" (the unprepare half): deleting the pod completes (it leaves the
     API server and the node's pod-resources) and makes the kubelet unprepare its claim (NodeUnprepareResources
     succeeds, the claim leaves the checkpoint); unpreparing it again, as the kubelet does when it could not record the

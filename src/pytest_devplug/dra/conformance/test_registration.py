@@ -31,7 +31,9 @@ def test_driver_registers_with_the_kubelet(devplug_driver_started: DriverHandle)
     assert_driver_registered(driver)
     assert driver.service in KUBELET_SERVICES, f"the kubelet chose {driver.service!r}; it supports {KUBELET_SERVICES}"
     registered = [e for e in driver.node.registration_events() if e.kind == "registered" and e.name == driver.name]
-    assert registered, f"no registration of {driver.name} among the watcher's outcomes {driver.node.registration_events()}"
+    assert registered, (
+        f"no registration of {driver.name} among the watcher's outcomes {driver.node.registration_events()}"
+    )
 
 
 @pytest.mark.devplug_disruptive

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_devplug.dra.assertions import assert_claim_prepared, assert_dra_checkpoint_survives_kubelet_restart, assert_driver_registered
+from pytest_devplug.dra.assertions import (
+    assert_claim_prepared,
+    assert_dra_checkpoint_survives_kubelet_restart,
+    assert_driver_registered,
+)
 from pytest_devplug.dra.handles import ClaimFactory, ClaimPodHandle, DriverHandle, nested_spec_hint
 from pytest_devplug.report import note_check
 
@@ -27,7 +31,9 @@ def test_checkpoint_survives_kubelet_restart(devplug_claims: ClaimFactory, devpl
 
 
 @pytest.mark.devplug_disruptive
-def test_unprepare_for_pod_deleted_while_kubelet_down(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+def test_unprepare_for_pod_deleted_while_kubelet_down(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
     """Upstream "must call NodeUnprepareResources for deleted pod after Kubelet restart": a pod deleted while the
     kubelet is down has its claim unprepared by the kubelet's reconcile loop once it runs again (its period, 60 s,
     shortened to 1 s where the backend can)."""
@@ -45,7 +51,12 @@ def test_unprepare_for_pod_deleted_while_kubelet_down(devplug_claims: ClaimFacto
         waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
                f"NodeUnprepareResources of claim {uid} succeeding after the kubelet came back",
                driver=devplug_driver, timeout=node.reregistration_timeout + periods["reconcile_period"])  # fmt: skip
-        waited(claim.prepared, lambda p: p is None, "the deleted pod's claim gone from dra_manager_state", driver=devplug_driver)
+        waited(
+            claim.prepared,
+            lambda p: p is None,
+            "the deleted pod's claim gone from dra_manager_state",
+            driver=devplug_driver,
+        )
 
 
 def _bound(pod: ClaimPodHandle, driver: DriverHandle) -> str:
@@ -70,7 +81,9 @@ def test_pod_created_while_kubelet_down_runs(devplug_claims: ClaimFactory, devpl
 
 
 @pytest.mark.devplug_disruptive
-def test_pod_deleted_while_kubelet_down_is_never_prepared(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+def test_pod_deleted_while_kubelet_down_is_never_prepared(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
     """Upstream "must not call NodePrepareResources for deleted pod after Kubelet restart": a pod bound and deleted
     while the kubelet is down is never prepared, and its claim never enters the kubelet's checkpoint."""
     node = devplug_driver.node
@@ -86,11 +99,15 @@ def test_pod_deleted_while_kubelet_down_is_never_prepared(devplug_claims: ClaimF
     uid = claim.uid
     consistently(lambda: [c for c in node.dra_calls("NodePrepareResources", driver=devplug_driver.name) if uid in c.claim_uids],
                  lambda calls: not calls, f"no NodePrepareResources of claim {uid} (its pod was deleted before the kubelet saw it)")  # fmt: skip
-    assert claim.prepared() is None, f"the claim of a pod deleted before it was admitted is in dra_manager_state: {claim.prepared()}"
+    assert claim.prepared() is None, (
+        f"the claim of a pod deleted before it was admitted is in dra_manager_state: {claim.prepared()}"
+    )
 
 
 @pytest.mark.devplug_disruptive
-def test_unprepare_after_a_restart_removes_the_claims_cdi_specs(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+def test_unprepare_after_a_restart_removes_the_claims_cdi_specs(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
     """Prepare, then the driver killed and started fresh (in a second round: the kubelet restarted), then the pod
     deleted: the kubelet's NodeUnprepareResources succeeds and every CDI spec file the prepare wrote (listed before
     and after it) is gone from the node. A driver that keeps its prepared claims only in memory (its checkpoint not
@@ -107,7 +124,10 @@ def test_unprepare_after_a_restart_removes_the_claims_cdi_specs(devplug_claims: 
         node.restart_kubelet()
         assert_driver_registered(devplug_driver, node.reregistration_timeout)
 
-    for what, restart in (("the driver was killed and started again", driver_restart), ("the kubelet restarted", kubelet_restart)):
+    for what, restart in (
+        ("the driver was killed and started again", driver_restart),
+        ("the kubelet restarted", kubelet_restart),
+    ):
         before = set(node.cdi_spec_files())
         claim = devplug_claims.claim()
         pod = devplug_claims.pod([claim])

@@ -20,6 +20,7 @@ from pytest_devplug.errors import RestError, WaitTimeout
 from pytest_devplug.waiting import wait_for
 
 from ._support import UNSCHEDULABLE_TEXT, consistently, need_devices, scheduled_condition, succeeded, waited
+
 #: The taint the device-taint check puts on the driver's devices, and the toleration of it.
 TAINT = {"key": "devplug.example/conformance", "value": "tainted", "effect": "NoSchedule"}
 TOLERATION = {"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
@@ -36,7 +37,9 @@ def test_unsatisfiable_claim_stays_unschedulable(devplug_claims: ClaimFactory, d
     cond = waited(lambda: pod.scheduled_condition or {}, lambda c: c.get("status") == "False",
                   "the scheduler's PodScheduled=False condition", driver=devplug_driver)  # fmt: skip
     assert cond.get("reason") == "Unschedulable", f"PodScheduled condition {cond}"
-    assert UNSCHEDULABLE_TEXT in str(cond.get("message")), f"the scheduler says {cond.get('message')!r}, not {UNSCHEDULABLE_TEXT!r}"
+    assert UNSCHEDULABLE_TEXT in str(cond.get("message")), (
+        f"the scheduler says {cond.get('message')!r}, not {UNSCHEDULABLE_TEXT!r}"
+    )
     consistently(lambda: (pod.phase, pod.node_name, claim.allocation), lambda s: s == ("Pending", None, None),
                  f"the pod Pending and unbound, its claim for {n + 1} devices unallocated")  # fmt: skip
     uid = claim.uid
@@ -54,8 +57,12 @@ def test_shared_claim(devplug_claims: ClaimFactory, devplug_driver: DriverHandle
     second = devplug_claims.pod([claim], wait=True)
     (a,) = assert_claim_prepared(first, devplug_driver)
     (b,) = assert_claim_prepared(second, devplug_driver)
-    assert b.pod_uids == {first.uid, second.uid}, f"the claim's pods are {sorted(b.pod_uids)}, want both {first.uid}, {second.uid}"
-    assert sorted(first.cdi_devices) == sorted(second.cdi_devices), f"pods sharing a claim got {first.cdi_devices} and {second.cdi_devices}"
+    assert b.pod_uids == {first.uid, second.uid}, (
+        f"the claim's pods are {sorted(b.pod_uids)}, want both {first.uid}, {second.uid}"
+    )
+    assert sorted(first.cdi_devices) == sorted(second.cdi_devices), (
+        f"pods sharing a claim got {first.cdi_devices} and {second.cdi_devices}"
+    )
     uid = claim.uid
     prepares = succeeded(devplug_driver, "NodePrepareResources", uid)
     assert len(prepares) == 1, f"a shared claim is prepared once; the kubelet prepared it {len(prepares)} times"
@@ -71,7 +78,9 @@ def test_shared_claim(devplug_claims: ClaimFactory, devplug_driver: DriverHandle
     assert a.claim_uid == b.claim_uid == uid
 
 
-def test_devices_prepared_again_for_a_new_claim_after_cleanup(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+def test_devices_prepared_again_for_a_new_claim_after_cleanup(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
     """KEP-5970's resource reuse: a claim for every device the driver publishes on the node runs its pod; once the
     pod and the claim are gone (the claim unprepared), a new claim for the same devices is allocated, prepared and
     runs. A driver that keeps an unprepared device marked in use refuses the second prepare."""
@@ -105,12 +114,16 @@ def _rule_seen(driver: DriverHandle, rule: str) -> None:
                    for c in (obj.get("status") or {}).get("conditions") or [])  # fmt: skip
 
     try:
-        wait_for(observed, bool, timeout=RULE_SEEN_S, what=f"kube-controller-manager to report on DeviceTaintRule {rule}")
+        wait_for(
+            observed, bool, timeout=RULE_SEEN_S, what=f"kube-controller-manager to report on DeviceTaintRule {rule}"
+        )
     except WaitTimeout:
         return
 
 
-def test_device_taint_keeps_claims_off_tainted_devices(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+def test_device_taint_keeps_claims_off_tainted_devices(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
     """Device taints (DRADeviceTaintRules, GA in 1.37): with a ``NoSchedule`` DeviceTaintRule on the driver's devices
     on this node, a claim that does not tolerate it is not allocated (its pod stays Pending, Unschedulable, and the
     driver is never asked), a claim that tolerates it is allocated, prepared and runs, and once the rule is gone the
@@ -138,7 +151,9 @@ def test_device_taint_keeps_claims_off_tainted_devices(devplug_claims: ClaimFact
         f"device of {devplug_driver.name} in pool(s) {', '.join(pools)} (PodScheduled {cond.get('status')})"
     )
     assert cond.get("reason") == "Unschedulable", f"PodScheduled condition {cond}"
-    assert UNSCHEDULABLE_TEXT in str(cond.get("message")), f"the scheduler says {cond.get('message')!r}, not {UNSCHEDULABLE_TEXT!r}"
+    assert UNSCHEDULABLE_TEXT in str(cond.get("message")), (
+        f"the scheduler says {cond.get('message')!r}, not {UNSCHEDULABLE_TEXT!r}"
+    )
     consistently(lambda: (pod.phase, pod.node_name, claim.allocation), lambda s: s == ("Pending", None, None),
                  "the pod Pending and unbound, its claim unallocated while every device is tainted")  # fmt: skip
     uid = claim.uid

@@ -24,11 +24,15 @@ def test_slices_published(devplug_driver: DriverHandle) -> None:
     devices = assert_slices_published(devplug_driver)
     assert len(devices) == len(set(devices)), f"a device is published twice in one pool: {devices}"
     for s in devplug_driver.slices():
-        assert s.node == devplug_driver.node.name, f"slice {s.name} is for node {s.node}, not {devplug_driver.node.name}"
+        assert s.node == devplug_driver.node.name, (
+            f"slice {s.name} is for node {s.node}, not {devplug_driver.node.name}"
+        )
 
 
 @pytest.mark.devplug_dra_resync
-def test_node_slices_removed_on_kubelet_start_then_published_again(devplug_dra_resync: ResyncWatch, devplug_driver: DriverHandle) -> None:
+def test_node_slices_removed_on_kubelet_start_then_published_again(
+    devplug_dra_resync: ResyncWatch, devplug_driver: DriverHandle
+) -> None:
     """Upstream "must be removed on kubelet startup": a slice of the node left from before (another driver's, planted
     while the kubelet was down) is deleted when the kubelet starts, a slice of another node is not; the driver's own
     slices, deleted with them, must be published again by the driver (the scheduler allocates nothing on the node

@@ -86,7 +86,9 @@ class DRAPluginClient:
         #: Whether the channel is READY now (upstream ``monitoredPlugin.connected``).
         self._connected = False
         self._closed = False
-        self.channel: Any = grpc.insecure_channel(f"unix://{endpoint}", options=[("grpc.default_authority", "localhost")])
+        self.channel: Any = grpc.insecure_channel(
+            f"unix://{endpoint}", options=[("grpc.default_authority", "localhost")]
+        )
         stub_module = pb_grpc if chosen_service == SERVICE_V1 else pb_beta_grpc
         self._stub = stub_module.DRAPluginStub(self.channel)
         # try_to_connect: gRPC dials now and again after every drop, as upstream's conn.Connect() does
@@ -106,7 +108,9 @@ class DRAPluginClient:
             if self._closed or connected == self._connected:
                 return
             self._connected = connected
-        self._log.info("Connection changed driverName=%s endpoint=%s connected=%s", self.driver_name, self.endpoint, connected)
+        self._log.info(
+            "Connection changed driverName=%s endpoint=%s connected=%s", self.driver_name, self.endpoint, connected
+        )
         if self._on_change is not None:
             self._on_change(self, connected)
 
@@ -151,6 +155,8 @@ class DRAPluginClient:
 
     def node_unprepare_resources(self, claims: Sequence[pb.Claim]) -> pb.NodeUnprepareResourcesResponse:
         resp: pb.NodeUnprepareResourcesResponse = self._call(
-            "NodeUnprepareResources", pb.NodeUnprepareResourcesRequest(claims=list(claims)), pb.NodeUnprepareResourcesResponse
+            "NodeUnprepareResources",
+            pb.NodeUnprepareResourcesRequest(claims=list(claims)),
+            pb.NodeUnprepareResourcesResponse,
         )
         return resp

@@ -68,7 +68,9 @@ def _truncate(message: str) -> str:
     """``truncateHealthMessage``: Go's ``len`` counts bytes, so the cut is at 1021 bytes, maybe inside a character
     (whose broken bytes JSON then writes as U+FFFD)."""
     data = message.encode()
-    return message if len(data) <= MAX_MESSAGE_LENGTH else data[: MAX_MESSAGE_LENGTH - 3].decode(errors="replace") + "..."
+    return (
+        message if len(data) <= MAX_MESSAGE_LENGTH else data[: MAX_MESSAGE_LENGTH - 3].decode(errors="replace") + "..."
+    )
 
 
 class HealthInfoCache:
@@ -92,7 +94,9 @@ class HealthInfoCache:
                 return DeviceHealth(pool, device)
             return known
 
-    def update(self, driver: str, response: hpb.NodeWatchResourcesResponse | hpb1.NodeWatchResourcesResponse) -> list[DeviceHealth]:
+    def update(
+        self, driver: str, response: hpb.NodeWatchResourcesResponse | hpb1.NodeWatchResourcesResponse
+    ) -> list[DeviceHealth]:
         """``updateHealthInfo``: apply one stream message; returns the devices whose status changed."""
         changed: list[DeviceHealth] = []
         with self._lock:
@@ -102,7 +106,12 @@ class HealthInfoCache:
             for d in response.devices:
                 timeout = float(d.health_check_timeout_seconds) if d.health_check_timeout_seconds > 0 else 0.0
                 new = DeviceHealth(
-                    d.device.pool_name, d.device.device_name, _STATUS.get(int(d.health), UNKNOWN), now, timeout, _truncate(d.message)
+                    d.device.pool_name,
+                    d.device.device_name,
+                    _STATUS.get(int(d.health), UNKNOWN),
+                    now,
+                    timeout,
+                    _truncate(d.message),
                 )
                 key = f"{new.pool_name}/{new.device_name}"
                 reported.add(key)
@@ -191,10 +200,16 @@ class HealthStream:
             self._log.info("WatchResources health stream has ended driverName=%s", self.driver_name)
         except grpc.RpcError as err:
             if self._stop_on_unimplemented and err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self._log.info("Driver does not support WatchResources health stream, stopping driverName=%s", self.driver_name)
+                self._log.info(
+                    "Driver does not support WatchResources health stream, stopping driverName=%s", self.driver_name
+                )
                 self._stop.set()
             elif not self._stop.is_set():
-                self._log.info("WatchResources health stream failed, will retry driverName=%s: %s", self.driver_name, go_rpc_error(err))
+                self._log.info(
+                    "WatchResources health stream failed, will retry driverName=%s: %s",
+                    self.driver_name,
+                    go_rpc_error(err),
+                )
         finally:
             with self._lock:
                 self._call = None

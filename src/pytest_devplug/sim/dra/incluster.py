@@ -59,7 +59,11 @@ def driver_credentials(rest: KubeRest, server: str, ca_cert: Path, where: Path) 
     )
     answer = rest.create(
         f"/api/v1/namespaces/{_NAMESPACE}/serviceaccounts/{_NAME}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": _TOKEN_SECONDS}},
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": _TOKEN_SECONDS},
+        },
     )
     token = str(answer["status"]["token"])
     directory = where / "serviceaccount"
@@ -71,7 +75,9 @@ def driver_credentials(rest: KubeRest, server: str, ca_cert: Path, where: Path) 
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "devplug", "cluster": {"server": server, "certificate-authority": str(directory / "ca.crt")}}],
+        "clusters": [
+            {"name": "devplug", "cluster": {"server": server, "certificate-authority": str(directory / "ca.crt")}}
+        ],
         "users": [{"name": _NAME, "user": {"token": token}}],
         "contexts": [{"name": "devplug", "context": {"cluster": "devplug", "user": _NAME, "namespace": _NAMESPACE}}],
         "current-context": "devplug",

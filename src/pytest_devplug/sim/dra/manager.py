@@ -87,7 +87,11 @@ def _claim_info_from_claim(claim: Obj) -> _ClaimInfo:
     drivers: dict[str, list[cp.PreparedDevice] | None] = {
         str(r["driver"]): None for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver")
     }
-    return _ClaimInfo(cp.ClaimInfoState(str(meta.get("uid", "")), str(meta.get("name", "")), str(meta.get("namespace", "")), set(), drivers))
+    return _ClaimInfo(
+        cp.ClaimInfoState(
+            str(meta.get("uid", "")), str(meta.get("name", "")), str(meta.get("namespace", "")), set(), drivers
+        )
+    )
 
 
 @dataclass
@@ -218,10 +222,15 @@ class DRAManager:
                 if uid not in by_uid:
                     raise DRAPrepareError(f"NodePrepareResources returned result for unknown claim UID {uid}")
                 if result.error:
-                    raise DRAPrepareError(f"NodePrepareResources failed for ResourceClaim {by_uid[uid].name}: {result.error}")
+                    raise DRAPrepareError(
+                        f"NodePrepareResources failed for ResourceClaim {by_uid[uid].name}: {result.error}"
+                    )
                 added = [
                     cp.PreparedDevice(
-                        d.pool_name, d.device_name, list(d.request_names) or None, list(d.cdi_device_ids) or None,
+                        d.pool_name,
+                        d.device_name,
+                        list(d.request_names) or None,
+                        list(d.cdi_device_ids) or None,
                         d.share_id if d.HasField("share_id") else None,
                     )
                     for d in result.devices
@@ -233,7 +242,9 @@ class DRAManager:
                     kept = [d for d in drivers.get(batch.plugin.driver_name) or [] if d not in added]
                     drivers[batch.plugin.driver_name] = kept + added
             if len(batch.claims) != len(response.claims):
-                raise DRAPrepareError(f"NodePrepareResources skipped {len(batch.claims) - len(response.claims)} ResourceClaims")
+                raise DRAPrepareError(
+                    f"NodePrepareResources skipped {len(batch.claims) - len(response.claims)} ResourceClaims"
+                )
 
         with self._lock:
             for key in to_mark:
@@ -276,7 +287,9 @@ class DRAManager:
                     continue
                 done.append((namespace, name))
                 for driver in info.state.driver_state or {}:
-                    batches.setdefault(driver, []).append(pb.Claim(namespace=namespace, uid=info.state.claim_uid, name=name))
+                    batches.setdefault(driver, []).append(
+                        pb.Claim(namespace=namespace, uid=info.state.claim_uid, name=name)
+                    )
         for driver, claims in batches.items():
             plugin = self.plugins.get_plugin(driver)
             try:
@@ -288,9 +301,13 @@ class DRAManager:
                 if uid not in by_uid:
                     raise DRAPrepareError(f"NodeUnprepareResources returned result for unknown claim UID {uid}")
                 if result.error:
-                    raise DRAPrepareError(f"NodeUnprepareResources failed for ResourceClaim {by_uid[uid].name}: {result.error}")
+                    raise DRAPrepareError(
+                        f"NodeUnprepareResources failed for ResourceClaim {by_uid[uid].name}: {result.error}"
+                    )
             if len(claims) != len(response.claims):
-                raise DRAPrepareError(f"NodeUnprepareResources skipped {len(claims) - len(response.claims)} ResourceClaims")
+                raise DRAPrepareError(
+                    f"NodeUnprepareResources skipped {len(claims) - len(response.claims)} ResourceClaims"
+                )
         with self._lock:
             for key in done:
                 self._cache.pop(key, None)
@@ -352,5 +369,7 @@ class DRAManager:
                             entry["message"] = health.message
                         resources.append(entry)
                 if resources:
-                    statuses.append({"name": f"claim:{claim}/{request}" if request else f"claim:{claim}", "resources": resources})
+                    statuses.append(
+                        {"name": f"claim:{claim}/{request}" if request else f"claim:{claim}", "resources": resources}
+                    )
         return statuses

@@ -16,7 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from pytest_devplug.sim.dra.client import CLIENT_CALL_TIMEOUT_S, SERVICES_SUPPORTED_BY_KUBELET, CallObserver, DRAPluginClient
+from pytest_devplug.sim.dra.client import (
+    CLIENT_CALL_TIMEOUT_S,
+    SERVICES_SUPPORTED_BY_KUBELET,
+    CallObserver,
+    DRAPluginClient,
+)
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.kubeletmodel.periods import DRA_WIPING_DELAY_S
 from pytest_devplug.sim.dra.health import (
@@ -145,7 +150,10 @@ class DRAPluginManager:
                 stream.start()
             self._log.info(
                 "Registered DRA plugin driverName=%s endpoint=%s chosenService=%s numPlugins=%d",
-                name, endpoint, service, len(self._store[name]),
+                name,
+                endpoint,
+                service,
+                len(self._store[name]),
             )
             self._sync(name)
 
@@ -159,7 +167,9 @@ class DRAPluginManager:
             if not plugins:
                 del self._store[name]
             stream = self._streams.pop(plugin, None)
-            self._log.info("Unregistered DRA plugin driverName=%s endpoint=%s numPlugins=%d", name, endpoint, len(plugins))
+            self._log.info(
+                "Unregistered DRA plugin driverName=%s endpoint=%s numPlugins=%d", name, endpoint, len(plugins)
+            )
             self._sync(name)
         if stream is not None:
             stream.stop()
@@ -227,7 +237,9 @@ class DRAPluginManager:
             try:
                 self._wiper.delete_resource_slices(self.node_name, driver_name)
             except Exception as exc:  # noqa: BLE001 - any API failure is retried, as upstream does
-                self._log.info("Deleting ResourceSlice failed, retrying node=%s driver=%s: %s", self.node_name, driver_name, exc)
+                self._log.info(
+                    "Deleting ResourceSlice failed, retrying node=%s driver=%s: %s", self.node_name, driver_name, exc
+                )
                 self._stopped.wait(delay)
                 delay = min(delay * 2, 300.0)
                 continue
