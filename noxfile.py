@@ -43,14 +43,19 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install("-e", ".[kind]", "-e", "./plugin_under_test[dra]", *extra)
 
 
-RUFF = "ruff>=0.6"
+#: Pinned: ``ruff format --check`` is part of lint, and the formatter's layout changes between ruff releases.
+RUFF = "ruff==0.17.6"
+#: Every Python file of the repository (the generated gRPC stubs are excluded in pyproject.toml).
+PYTHON_PATHS = ("src", "tests", "plugin_under_test/src", "bench", "tools", "kind-config", "noxfile.py", "docs/hooks.py")
 
 
 @nox.session(python=PYTHON[0])
 def lint(session: nox.Session) -> None:
-    """ruff on src/ and tests/ (pyproject's [tool.ruff]) and mypy --strict on both distributions' sources."""
+    """ruff's checks and formatting on every Python file (pyproject's [tool.ruff]: lines of 120) and mypy --strict
+    on both distributions' sources."""
     _install(session, RUFF, "mypy>=1.10", "types-protobuf", "types-PyYAML")
-    session.run("ruff", "check", "src", "tests", "plugin_under_test/src", "noxfile.py", "docs/hooks.py")
+    session.run("ruff", "check", *PYTHON_PATHS)
+    session.run("ruff", "format", "--check", *PYTHON_PATHS)
     session.run("mypy")  # strict = true in pyproject's [tool.mypy]
 
 
@@ -121,8 +126,11 @@ def tests_lowest(session: nox.Session) -> None:
     """
     session.install("--resolution", "lowest-direct", "-e", ".[kind]", "-e", "./plugin_under_test")
     session.install(HYPOTHESIS, XDIST[0])  # test tools, not dependencies: any release of them will do
-    floors = ("import sys, grpc, google.protobuf, kubernetes, pytest; print('lowest:', sys.version.split()[0], 'grpcio', "
-              "grpc.__version__, 'protobuf', google.protobuf.__version__, 'kubernetes', kubernetes.__version__, 'pytest', pytest.__version__)")  # fmt: skip
+    floors = (
+        "import sys, grpc, google.protobuf, kubernetes, pytest; print('lowest:', sys.version.split()[0], 'grpcio', "
+        "grpc.__version__, 'protobuf', google.protobuf.__version__, 'kubernetes', kubernetes.__version__, "
+        "'pytest', pytest.__version__)"
+    )
     session.run("python", "-c", floors)
     session.run("devplug", "control-plane", "build")  # the binaries (cached by nox -s tests; built when cold)
     session.run("pytest", "tests/controlplane/test_kube_client.py")
@@ -134,8 +142,8 @@ def tests_lowest(session: nox.Session) -> None:
     # (about 20 minutes, the same verdicts as in `nox -s tests`; the requests they make are the cheap test's above).
     session.run(
         "pytest", "-m", "not kind", "--ignore=tests/test_proto_stubs.py", "--ignore=tests/distribution",
-        "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py", "--ignore=tests/dra",
-        *XDIST[1:], *session.posargs,
+        "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py",
+        "--ignore=tests/dra", *XDIST[1:], *session.posargs,
     )  # fmt: skip
 
 
@@ -327,7 +335,8 @@ def _ensure_inotify(session: nox.Session) -> None:
             session.warn(f"could not raise fs.inotify.max_user_instances from {limit}: {exc}")
         else:
             session.log(
-                f"raised fs.inotify.max_user_instances from {limit} to {_INOTIFY_ADVISED} (kind's advice) for {nodes} nodes"
+                f"raised fs.inotify.max_user_instances from {limit} to {_INOTIFY_ADVISED} (kind's advice) "
+                f"for {nodes} nodes"
             )
             limit = _INOTIFY_ADVISED
     if limit - used < need:

@@ -64,7 +64,8 @@ def main() -> int:
     ok &= med < READY_TARGET_S
     mem = max(memory)
     print(
-        f"memory (4 components, RSS after start): max {mem:.0f} MiB, runs {', '.join(f'{m:.0f}' for m in memory)} (target < {MEMORY_TARGET_MIB:g} MiB)"
+        f"memory (4 components, RSS after start): max {mem:.0f} MiB, "
+        f"runs {', '.join(f'{m:.0f}' for m in memory)} (target < {MEMORY_TARGET_MIB:g} MiB)"
     )
     ok &= mem < MEMORY_TARGET_MIB
     if not args.no_conformance:

@@ -49,7 +49,8 @@ def one_run(binary: str) -> float:
             d.mkdir()
         (root / "kubeconfig").write_text(
             "apiVersion: v1\nkind: Config\nclusters: [{name: none, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-            "users: [{name: none, user: {token: none}}]\ncontexts: [{name: none, context: {cluster: none, user: none}}]\ncurrent-context: none\n"
+            "users: [{name: none, user: {token: none}}]\n"
+            "contexts: [{name: none, context: {cluster: none, user: none}}]\ncurrent-context: none\n"
         )
         plugins = DRAPluginManager(
             "node-1", path_of_endpoint=lambda e: dirs["plugins"] / e.removeprefix(f"{KUBELET}/plugins/")
@@ -108,7 +109,8 @@ def registered_to_slice(binary: str, runs: int) -> list[float]:
                 time.sleep(0.005)
             else:
                 raise TimeoutError(
-                    f"run {i}: no slice of {DRIVER} on {name} within 60 s; driver log:\n{backend.dra.driver_log(name)[-2000:]}"
+                    f"run {i}: no slice of {DRIVER} on {name} within 60 s; "
+                    f"driver log:\n{backend.dra.driver_log(name)[-2000:]}"
                 )
             backend.dra.remove_driver(name)
     finally:
@@ -123,8 +125,25 @@ def suite(binary: str) -> tuple[float, str, dict[str, str], dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="dra-bench-suite-") as tmp:
         junit = Path(tmp) / "junit.xml"
         t0 = time.monotonic()
-        done = subprocess.run([devplug, "conformance", "--dra", "--driver-cmd", binary, "--driver-name", DRIVER, "--", "-q",
-                               f"--junitxml={junit}"], capture_output=True, text=True, timeout=900, check=False, cwd=tmp)  # fmt: skip
+        done = subprocess.run(
+            [
+                devplug,
+                "conformance",
+                "--dra",
+                "--driver-cmd",
+                binary,
+                "--driver-name",
+                DRIVER,
+                "--",
+                "-q",
+                f"--junitxml={junit}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+            cwd=tmp,
+        )
         wall = time.monotonic() - t0
         verdicts: dict[str, str] = {}
         times: dict[str, float] = {}
@@ -143,7 +162,10 @@ def suite(binary: str) -> tuple[float, str, dict[str, str], dict[str, float]]:
 
 
 def _ms(values: list[float]) -> str:
-    return f"median {statistics.median(values) * 1000:.0f} ms, min {min(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
+    return (
+        f"median {statistics.median(values) * 1000:.0f} ms, "
+        f"min {min(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms"
+    )
 
 
 def main() -> int:
@@ -159,7 +181,8 @@ def main() -> int:
     if args.only in (None, "slices"):
         times = registered_to_slice(binary, args.runs)
         print(
-            f"dra-example-kubeletplugin registered -> ResourceSlice visible (real API server): {_ms(times)} over {args.runs} runs"
+            "dra-example-kubeletplugin registered -> ResourceSlice visible (real API server): "
+            f"{_ms(times)} over {args.runs} runs"
         )
     if args.only in (None, "suite"):
         walls: list[float] = []
@@ -176,12 +199,17 @@ def main() -> int:
                 slowest[name] = max(slowest.get(name, 0.0), t)
             top = ", ".join(f"{n} {t:.1f} s" for n, t in sorted(times.items(), key=lambda kv: -kv[1])[:3])
             print(
-                f"devplug conformance --dra (dra-example-kubeletplugin), run {i + 1}: {wall:.1f} s wall; {summary}; slowest: {top}",
+                f"devplug conformance --dra (dra-example-kubeletplugin), run {i + 1}: {wall:.1f} s wall; "
+                f"{summary}; slowest: {top}",
                 flush=True,
             )
         if args.suite_runs > 1:
-            print(f"{args.suite_runs} runs: wall median {statistics.median(walls):.1f} s, min {min(walls):.1f} s, max {max(walls):.1f} s; "
-                  f"verdict of every check the same as run 1's: {'yes' if not differing else f'no, runs {differing}'}")  # fmt: skip
+            print(
+                f"{args.suite_runs} runs: wall median {statistics.median(walls):.1f} s, "
+                f"min {min(walls):.1f} s, max {max(walls):.1f} s; "
+                "verdict of every check the same as run 1's: "
+                f"{'yes' if not differing else f'no, runs {differing}'}"
+            )
             print(
                 "each check's longest time over the runs: "
                 + ", ".join(f"{n} {t:.1f} s" for n, t in sorted(slowest.items(), key=lambda kv: -kv[1])[:8])

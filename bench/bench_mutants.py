@@ -120,8 +120,13 @@ def build_go_mutant(name: str) -> Path:
     (work / "main.go").write_text(patched)
     go = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
-    subprocess.run([go, "build", "-trimpath", "-tags", "providerless", "-ldflags", "-s -w", "-o", str(exe) + ".tmp", "."],
-                   cwd=work, env=env, check=True, timeout=3600)  # fmt: skip
+    subprocess.run(
+        [go, "build", "-trimpath", "-tags", "providerless", "-ldflags", "-s -w", "-o", str(exe) + ".tmp", "."],
+        cwd=work,
+        env=env,
+        check=True,
+        timeout=3600,
+    )
     os.replace(str(exe) + ".tmp", exe)
     return exe
 

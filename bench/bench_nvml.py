@@ -55,8 +55,19 @@ def nvidia_binary() -> str:
 def plugin_argv(kind: str, state: Path, node: SimNode) -> tuple[list[str], bool]:
     """The plugin's command line on ``node`` and whether it needs the kubelet's standard paths."""
     if kind == "included":
-        return [sys.executable, "-m", "devplug_gpu_plugin", "--plugin-dir", str(node.plugin_dir), "--resource-name", GPU,
-                "--nvml", "mock", "--mock-state", str(state)], False  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "devplug_gpu_plugin",
+            "--plugin-dir",
+            str(node.plugin_dir),
+            "--resource-name",
+            GPU,
+            "--nvml",
+            "mock",
+            "--mock-state",
+            str(state),
+        ], False
     return [nvidia_binary(), "--device-discovery-strategy", "nvml"], True
 
 

@@ -201,7 +201,8 @@ def main() -> int:
         lat = bench_latencies(args.runs, tmp)
         for k, v in lat.items():
             print(
-                f"{k:16s} median {statistics.median(v) * 1000:8.1f} ms  (runs: {', '.join(f'{x * 1000:.1f}' for x in v)})"
+                f"{k:16s} median {statistics.median(v) * 1000:8.1f} ms  "
+                f"(runs: {', '.join(f'{x * 1000:.1f}' for x in v)})"
             )
         res = bench_cycles(args.cycles, args.nodes, args.gpus, args.threads, tmp)
     print(

@@ -29,7 +29,8 @@ def readme_markdown() -> str:
 
 
 def options_markdown() -> str:
-    """The options reference table, rendered from ``pytest_devplug.options`` (imported late: only this page needs it)."""
+    """The options reference table, rendered from ``pytest_devplug.options``
+    (imported late: only this page needs it)."""
     from pytest_devplug.options import options_markdown as render
 
     return render()

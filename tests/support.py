@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from pytest_devplug.handles import ClusterHandle
 
 __all__ = [
-    "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "KnownUpstreamDefect", "SuiteResult", "assert_suite_passed", "control_plane_bin_dir",
-    "control_plane_binaries", "default_sigint", "dra_check_selection", "in_ci", "parse_junit", "run_conformance",
-    "selection_mismatch", "short_dir", "upstream_defect_verdict", "wait_until",
+    "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "KnownUpstreamDefect", "SuiteResult", "assert_suite_passed",
+    "control_plane_bin_dir", "control_plane_binaries", "default_sigint", "dra_check_selection", "in_ci", "parse_junit",
+    "run_conformance", "selection_mismatch", "short_dir", "upstream_defect_verdict", "wait_until",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -53,7 +53,8 @@ def wait_until(
     interval: float = 0.02,
     retry_on: tuple[type[BaseException], ...] = (),
 ) -> T:
-    """Poll ``probe`` until ``ok(value)``; on timeout fail saying what was awaited and the last value (or error) seen."""
+    """Poll ``probe`` until ``ok(value)``; on timeout fail saying what was awaited and the last value (or error)
+    seen."""
     __tracebackhide__ = True
     try:
         return wait_for(probe, ok, timeout=timeout, what=what, interval=interval, retry_on=retry_on)

@@ -196,9 +196,9 @@ def _unreached_hint(node: NodeHandle) -> str:
     watched = [ln.strip() for ln in lines if WATCHER_ERROR in ln or WATCHER_REGISTRATION in ln]
     if watched:
         return (
-            "; FAULT: the plugin never called Register on kubelet.sock, and the kubelet's plugin watcher did not register "
-            "it from plugins_registry/ (a socket there must answer GetInfo with type DevicePlugin, the resource name and "
-            "a version the kubelet speaks, v1beta1); the watcher logged: " + " | ".join(watched[-3:])
+            "; FAULT: the plugin never called Register on kubelet.sock, and the kubelet's plugin watcher did not "
+            "register it from plugins_registry/ (a socket there must answer GetInfo with type DevicePlugin, the "
+            "resource name and a version the kubelet speaks, v1beta1); the watcher logged: " + " | ".join(watched[-3:])
         )
     found = [m.group(1) for ln in lines if (m := _KUBELET_SOCKET.search(ln))]
     where = found[-1] if found else "/var/lib/kubelet/device-plugins/kubelet.sock"
@@ -210,8 +210,8 @@ def _unreached_hint(node: NodeHandle) -> str:
             "which runs it with the node's directories at the kubelet's standard paths"
         )
     return (
-        f"; FAULT: the plugin never reached kubelet.sock (no Register call arrived) and put no socket the kubelet's plugin "
-        f"watcher registered in plugins_registry/; the kubelet listens on {where}; {fix}"
+        "; FAULT: the plugin never reached kubelet.sock (no Register call arrived) and put no socket the kubelet's "
+        f"plugin watcher registered in plugins_registry/; the kubelet listens on {where}; {fix}"
     )
 
 
@@ -559,7 +559,8 @@ def assert_checkpoint_survives_kubelet_restart(
     key = (pod.container, plugin.resource_name)
     if key not in before or before[key][0] != assigned:
         raise _fail(
-            f"before the restart the checkpoint should hold pod {pod.name}'s {plugin.resource_name} devices {assigned}; "
+            f"before the restart the checkpoint should hold pod {pod.name}'s {plugin.resource_name} "
+            f"devices {assigned}; "
             f"it holds { ({k: v[0] for k, v in before.items()}) }",
             node,
             [pod],
@@ -600,10 +601,14 @@ def assert_checkpoint_survives_kubelet_restart(
 
 def _reregistration_fix(path: str | None) -> str:
     if path == "plugins_registry":
-        return (". The plugin registered through the kubelet's plugin watcher, which registers it again when it starts: "
-                "its socket in plugins_registry/ must stay and answer GetInfo and the DevicePlugin service")  # fmt: skip
-    return (". A plugin must watch its socket (deleted by the kubelet on start) or kubelet.sock (re-created) and register "
-            "again")  # fmt: skip
+        return (
+            ". The plugin registered through the kubelet's plugin watcher, which registers it again when it starts: "
+            "its socket in plugins_registry/ must stay and answer GetInfo and the DevicePlugin service"
+        )
+    return (
+        ". A plugin must watch its socket (deleted by the kubelet on start) or kubelet.sock (re-created) and register "
+        "again"
+    )
 
 
 def assert_reregisters_after_kubelet_restart(

@@ -130,8 +130,9 @@ def _by_injection(
         if len(reached) != 1:
             what = "no answer" if view is None else _describe(view)
             raise UnknownBackingError(
-                f"device ID {device_id!r} names no mock GPU (no GPU or MIG UUID, no nvidia<minor>), and Allocate for it "
-                f"alone injects {what}, which reaches {len(reached)} mock GPUs {reached}, not one; mock GPUs: {known}"
+                f"device ID {device_id!r} names no mock GPU (no GPU or MIG UUID, no nvidia<minor>), and Allocate for "
+                f"it alone injects {what}, which reaches {len(reached)} mock GPUs {reached}, not one; "
+                f"mock GPUs: {known}"
             )
         out[device_id] = reached[0]
     return out

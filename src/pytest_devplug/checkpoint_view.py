@@ -152,7 +152,8 @@ def format_dra_checkpoint(path: str, file: DRACheckpointFile) -> str:
         out.append("    (none)")
     for e in file.entries or []:
         out.append(
-            f"    claim {e.namespace}/{e.claim_name} uid {e.claim_uid} pods {', '.join(sorted(e.pod_uids or [])) or '(none)'}"
+            f"    claim {e.namespace}/{e.claim_name} uid {e.claim_uid} "
+            f"pods {', '.join(sorted(e.pod_uids or [])) or '(none)'}"
         )
         for driver, devices in sorted((e.driver_state or {}).items()):
             out.append(f"      driver {driver}:{'' if devices else ' (no devices)'}")

@@ -105,8 +105,11 @@ def _run_conformance(args: argparse.Namespace) -> int:
     backend = args.backend or option("backend").default
     if args.dra:
         if args.control_plane == "embedded" or (backend != "sim" and args.control_plane):
-            print("devplug conformance: --dra runs DRA drivers on the embedded kubelet with the real control plane "
-                  "(--control-plane real, implied) or on kind (--backend kind); drop --control-plane", file=sys.stderr)  # fmt: skip
+            print(
+                "devplug conformance: --dra runs DRA drivers on the embedded kubelet with the real control plane "
+                "(--control-plane real, implied) or on kind (--backend kind); drop --control-plane",
+                file=sys.stderr,
+            )
             return int(pytest.ExitCode.USAGE_ERROR)
         if backend == "sim":
             args.control_plane = "real"
@@ -125,7 +128,8 @@ def _run_conformance(args: argparse.Namespace) -> int:
         missing = ""
     if backend == "sim" and not custom and not included_plugin_installed():
         what = (
-            f"no {missing}, and the included GPU plugin (its DRA mode) is not installed: pip install 'pytest-devplug[gpu-plugin]'"
+            f"no {missing}, and the included GPU plugin (its DRA mode) is not installed: "
+            "pip install 'pytest-devplug[gpu-plugin]'"
             if args.dra
             else NO_PLUGIN_MESSAGE
         )
@@ -149,14 +153,16 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
     conf = sub.add_parser(
         "conformance",
         help="run the shipped conformance suite against a device plugin (--dra: a DRA driver)",
-        description="Run pytest_devplug.conformance (with --dra: pytest_devplug.dra.conformance). Without plugin (driver) "
-        "options it tests the included GPU plugin on a mock NVML. Arguments after -- go to pytest (e.g. -- -k registration -x).",
+        description="Run pytest_devplug.conformance (with --dra: pytest_devplug.dra.conformance). Without plugin "
+        "(driver) options it tests the included GPU plugin on a mock NVML. Arguments after -- go to pytest "
+        "(e.g. -- -k registration -x).",
     )
     add_cli_flags(conf)
     conf.add_argument(
         "--dra", action="store_true",
         help="judge a DRA driver (--driver-cmd, --driver-name; on kind --driver-manifest, --driver-image; default: the "
-        "included GPU plugin's DRA mode) with the DRA suite, on the embedded kubelet with the real control plane or on kind",
+        "included GPU plugin's DRA mode) with the DRA suite, on the embedded kubelet with the real control plane or "
+        "on kind",
     )  # fmt: skip
     conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for pytest")
     conf.set_defaults(func=_run_conformance)

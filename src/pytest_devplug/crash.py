@@ -4,8 +4,8 @@ A Go plugin that panics prints ``panic: ...`` first and then a goroutine dump of
 ``Fatal`` writes an ``F`` line and a stack; a Python plugin ends with a traceback whose last line is the
 exception; the dynamic loader ends a program that calls a function no loaded library has (``symbol lookup
 error: ... undefined symbol: X``, exit 127) or that lacks a library (``error while loading shared libraries``),
-with one line among the program's own. The last lines of such a log hide the cause, so messages quote the fatal lines found here
-before the tail. A workload pod whose image cannot be pulled never starts, however long a wait.
+with one line among the program's own. The last lines of such a log hide the cause, so messages quote the fatal
+lines found here before the tail. A workload pod whose image cannot be pulled never starts, however long a wait.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ MAX_FATAL = 3
 def fatal_lines(log: str) -> list[str]:
     """The lines of ``log`` that say why the process died, first seen first, repeats dropped: Go's ``panic:``
     and ``fatal error:``, klog ``F`` lines, ``level=fatal`` (logrus, zap), a Python traceback's exception, the
-    dynamic loader's ``symbol lookup error`` (naming the missing symbol) and ``error while loading shared libraries``."""
+    dynamic loader's ``symbol lookup error`` (naming the missing symbol) and
+    ``error while loading shared libraries``."""
     found: list[str] = []
     lines = log.splitlines()
     in_traceback = False

@@ -179,7 +179,8 @@ class NodeHandle:
     def reboot(self) -> str:
         """Reboot the node: containers and plugin processes go, ``/var/run/cdi`` is emptied, the kubelet starts again;
         the plugin does not (``PluginHandle.start`` brings it back, as its DaemonSet would). Returns how the backend
-        rebooted it (``staged: ...`` where it cannot reboot the machine): a check notes it for the report (``pytest_devplug.report.note_check``)."""
+        rebooted it (``staged: ...`` where it cannot reboot the machine): a check notes it for the report
+        (``pytest_devplug.report.note_check``)."""
         return self.backend.reboot_node(self.name)
 
     def kubelet_log(self) -> str:
@@ -713,13 +714,20 @@ class PodHandle:
             return status.get("containerID", old_id) != old_id and "running" in (status.get("state") or {})
 
         try:
-            status = wait_for(probe, replaced, timeout=self.timeout if timeout is None else timeout, retry_on=(ContainerStatusMissingError,),
-                              what=f"container {self.container!r} of pod {self.namespace}/{self.name} running again, not as {old_id}",
-                              give_up=lambda: start_failure(self.obj))  # fmt: skip
+            status = wait_for(
+                probe,
+                replaced,
+                timeout=self.timeout if timeout is None else timeout,
+                retry_on=(ContainerStatusMissingError,),
+                what=f"container {self.container!r} of pod {self.namespace}/{self.name} running again, not as {old_id}",
+                give_up=lambda: start_failure(self.obj),
+            )
         except WaitTimeout as exc:
             stopped = f"; stopped early: {exc.reason}" if exc.reason else ""
-            raise self._failure(f"expected container {self.container!r} of pod {self.namespace}/{self.name} to run again "
-                                f"as a new container{stopped}") from None  # fmt: skip
+            raise self._failure(
+                f"expected container {self.container!r} of pod {self.namespace}/{self.name} to run again "
+                f"as a new container{stopped}"
+            ) from None
         return str(status["containerID"])
 
     def wait_event(self, pattern: str, timeout: float | None = None) -> str:

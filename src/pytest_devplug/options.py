@@ -50,7 +50,8 @@ KIND_GROUP = ("kind", "kind cluster (pytest-devplug; pip install 'pytest-devplug
 #: The included plugin follows all of them, so its run switches them all on.
 CONVENTIONS: dict[str, str] = {
     "ids-visible": "every assigned device ID appears in what Allocate injected, and no other device's ID does",
-    "nvidia-env": "NVIDIA_VISIBLE_DEVICES lists the assigned IDs and /dev/nvidia<minor> is injected (NVIDIA's envvar strategy)",
+    "nvidia-env": "NVIDIA_VISIBLE_DEVICES lists the assigned IDs and /dev/nvidia<minor> is injected "
+    "(NVIDIA's envvar strategy)",
     "numa-packing": "GetPreferredAllocation packs a request onto one NUMA node, filling one node before the next",
     "nvml-xid": "on the mock NVML, a critical Xid makes every device backed by that GPU Unhealthy and the "
     "application-error Xids leave it Healthy (NVML health monitoring)",
@@ -177,7 +178,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "plugin-cmd",
-        "command line of the plugin under test (sim); placeholders {plugin_dir}, {plugins_registry}, {mock_state}, {python}",
+        "command line of the plugin under test (sim); placeholders {plugin_dir}, {plugins_registry}, {mock_state}, "
+        "{python}",
         default_text="the included GPU plugin on a mock NVML (pip install 'pytest-devplug[gpu-plugin]')",
         cli="--plugin-cmd",
     ),
@@ -323,8 +325,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "pci-node",
         "sim: a mock PCI/NIC node file (YAML: PCI functions with vendor/device/class, driver, NUMA node, PF/VF, IOMMU "
-        "group, netdev and MAC, RDMA device), or the name of a shipped example (sriov-iavf, sriov-vfio, sriov-mlx5-rdma, "
-        "rdma-connectx), shown to a plugin started without "
+        "group, netdev and MAC, RDMA device), or the name of a shipped example (sriov-iavf, sriov-vfio, "
+        "sriov-mlx5-rdma, rdma-connectx), shown to a plugin started without "
         "{plugin_dir}: its sysfs, pci.ids, device nodes and a network namespace with its netdevs (needs root)",
         cli="--pci-node",
         metavar="FILE",
@@ -381,18 +383,19 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "driver-cmd",
-        "command line of the DRA driver under test (sim, --devplug-control-plane real); placeholders {plugins_registry}, "
-        "{plugins_dir}, {cdi_root}, {node_name}, {kubeconfig}, {mock_state}, {python}. Without a directory placeholder it "
-        "runs as its DaemonSet would: at the kubelet's standard paths, NODE_NAME set, in-cluster API credentials",
+        "command line of the DRA driver under test (sim, --devplug-control-plane real); placeholders "
+        "{plugins_registry}, {plugins_dir}, {cdi_root}, {node_name}, {kubeconfig}, {mock_state}, {python}. "
+        "Without a directory placeholder it runs as its DaemonSet would: at the kubelet's standard paths, "
+        "NODE_NAME set, in-cluster API credentials",
         default_text="the included GPU plugin's DRA mode (devplug-gpu-plugin --dra)",
         cli="--driver-cmd",
         dra=True,
     ),
     Option(
         "driver-env",
-        "environment of the DRA driver under test, KEY=VALUE pairs, comma-separated (\\, is a comma in a value; sim: its "
-        "process, placeholders as in --devplug-driver-cmd; kind and cluster: every container of its DaemonSet), e.g. the "
-        "variables its Helm chart sets",
+        "environment of the DRA driver under test, KEY=VALUE pairs, comma-separated (\\, is a comma in a value; "
+        "sim: its process, placeholders as in --devplug-driver-cmd; kind and cluster: every container of its "
+        "DaemonSet), e.g. the variables its Helm chart sets",
         cli="--driver-env",
         dra=True,
         metavar="KEY=VALUE,...",
@@ -406,7 +409,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "driver-manifest",
-        "kind, cluster: the DRA driver's manifest (its ServiceAccount, RBAC and DaemonSet, as `helm template` renders them)",
+        "kind, cluster: the DRA driver's manifest (its ServiceAccount, RBAC and DaemonSet, "
+        "as `helm template` renders them)",
         default_text="the included driver's (plugin_under_test/deploy/dra-driver.yaml)",
         cli="--driver-manifest",
         dra=True,
@@ -581,6 +585,7 @@ def options_markdown(options: Iterable[Option] = OPTIONS) -> str:
         choices = ", ".join(o.choices) + (" (comma-separated) or none" if o.several else "") if o.choices else None
         ini = f"`{o.ini}`" if o.ini else None
         rows.append(
-            f"| {flags} | {_cell(ini)} | {_cell(cli)} | {_cell(o.shown_default())} | {_cell(choices)} | {_cell(('DRA: ' if o.dra else '') + o.help)} |"
+            f"| {flags} | {_cell(ini)} | {_cell(cli)} | {_cell(o.shown_default())} | {_cell(choices)} "
+            f"| {_cell(('DRA: ' if o.dra else '') + o.help)} |"
         )
     return "\n".join(rows) + "\n"

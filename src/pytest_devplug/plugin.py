@@ -160,8 +160,15 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if is_dra_run(config):
         return None
     s = get_settings(config)
-    return subject_header(config, s.plugin, _describe(s.backend, s.plugin), what="the plugin", fixture="devplug_plugin_spec",
-                           ours=devplug_plugin_spec, key=_HEADER_SPEC_KEY)  # fmt: skip
+    return subject_header(
+        config,
+        s.plugin,
+        _describe(s.backend, s.plugin),
+        what="the plugin",
+        fixture="devplug_plugin_spec",
+        ours=devplug_plugin_spec,
+        key=_HEADER_SPEC_KEY,
+    )
 
 
 def subject_header(
@@ -183,8 +190,8 @@ def subject_header(
     if overrides:
         config.stash[key] = None
         return (
-            f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; {fixture} is overridden in "
-            f"{', '.join(overrides)}: {what} under test is printed when it is deployed"
+            f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; "
+            f"{fixture} is overridden in {', '.join(overrides)}: {what} under test is printed when it is deployed"
         )
     config.stash[key] = spec
     return f"devplug: backend={s.backend}, {_kubernetes_header(s)}{_control_plane_header(s)}; {description}"

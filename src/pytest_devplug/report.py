@@ -89,7 +89,8 @@ def json_path_for(path: Path) -> Path:
 
 @dataclass
 class CheckResult:
-    """One check's verdict: ``passed``, ``failed``, ``skipped``, ``error`` (set-up or tear-down), ``xfailed``, ``xpassed``."""
+    """One check's verdict: ``passed``, ``failed``, ``skipped``, ``error`` (set-up or tear-down), ``xfailed``,
+    ``xpassed``."""
 
     id: str
     name: str
@@ -131,8 +132,14 @@ def note_run(config: pytest.Config, backend: str, spec: PluginSpec, kubernetes: 
     """Record the run's plugin and cluster for the report (no-op without ``--devplug-report``)."""
     writer = config.stash.get(_KEY, None)
     if writer is not None:
-        writer.info = replace(writer.info, backend=backend, plugin=_describe_plugin(spec, backend), resource=spec.resource_name,
-                              mock=spec.mock, kubernetes=kubernetes)  # fmt: skip
+        writer.info = replace(
+            writer.info,
+            backend=backend,
+            plugin=_describe_plugin(spec, backend),
+            resource=spec.resource_name,
+            mock=spec.mock,
+            kubernetes=kubernetes,
+        )
 
 
 def note_driver(config: pytest.Config, backend: str, spec: DriverSpec, kubernetes: str) -> None:

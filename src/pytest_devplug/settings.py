@@ -126,8 +126,8 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
     pci_node = _pci_node(given(config, "pci-node"))
     if pci_node is not None and backend != "sim":
         raise pytest.UsageError(
-            f"{option('pci-node').named}: a mock PCI node is the embedded kubelet's (--devplug-backend sim); the nodes of "
-            f"{backend} have the NICs they have"
+            f"{option('pci-node').named}: a mock PCI node is the embedded kubelet's (--devplug-backend sim); "
+            f"the nodes of {backend} have the NICs they have"
         )
     allow = given(config, "allow-disruptive")
     allow_disruptive = backend != "cluster" if allow is None else bool(allow)

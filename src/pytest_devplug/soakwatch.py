@@ -109,7 +109,8 @@ class SoakWatch(Watch):
         exited = plugin.exited()
         raise AssertionError(
             f"{res}: the plugin's registration was found lost {held:.1f}s after it registered (soak {self.seconds:g}s, "
-            f"nothing touched it; the kubelet lines below say when it ended): (capacity, allocatable) {want} -> {counts}. "
+            "nothing touched it; the kubelet lines below say when it ended): "
+            f"(capacity, allocatable) {want} -> {counts}. "
             + (
                 f"{exited[0].upper()}{exited[1:]}. "
                 if exited

@@ -278,8 +278,8 @@ def test_a_mock_gpu_node_is_made_only_where_absent_and_removed_as_made() -> None
     assert "/dev/nvidia1" not in script
     assert "if [ ! -e /run/nvidia/driver ]; then" in script, "an existing driver root is left alone"
     assert (
-        "ln -s /var/lib/devplug/lib/libnvidia-ml.so.1 /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
-        in script
+        "ln -s /var/lib/devplug/lib/libnvidia-ml.so.1 "
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15" in script
     )
     assert f"[ -e {gpunode.HOOK_PATH} ] ||" in script
     assert gpunode.remove_script(["/dev/nvidia0", "/run/nvidia/driver"]) == "rm -rf -- /dev/nvidia0 /run/nvidia/driver"

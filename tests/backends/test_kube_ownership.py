@@ -1,6 +1,6 @@
 """Nothing left on a user's cluster: the run's namespace is owned, removed at the end (also after SIGTERM), a
-later run removes what a SIGKILLed one left, and a node pod past its deadline is made again. Against a fake Kubernetes API (no cluster); the kind tier runs the
-SIGTERM case on a real cluster (tests/kind/test_leftovers.py).
+later run removes what a SIGKILLed one left, and a node pod past its deadline is made again. Against a fake
+Kubernetes API (no cluster); the kind tier runs the SIGTERM case on a real cluster (tests/kind/test_leftovers.py).
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ def test_versions_are_the_offline_kind_builds(minor: str) -> None:
     """One build serves both: lib.sh reads the same releases.tsv row as resolve() does for each release."""
     out = subprocess.run(
         ["bash", "-c", '. kind-config/offline/lib.sh && echo "$KUBERNETES_VERSION $ETCD_VERSION $ETCD_IMAGE_TAG"'],
-        cwd=REPO, env={**os.environ, "DEVPLUG_KUBERNETES_VERSION": minor, "DEVPLUG_CACHE_DIR": "/tmp/devplug-pins-test"},
+        cwd=REPO,
+        env={**os.environ, "DEVPLUG_KUBERNETES_VERSION": minor, "DEVPLUG_CACHE_DIR": "/tmp/devplug-pins-test"},
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     pins = pinned(minor)

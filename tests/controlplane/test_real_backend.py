@@ -79,6 +79,7 @@ def test_a_bad_ini_value_is_named(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.stderr.fnmatch_lines(
         [
-            "*--devplug-control-plane (ini devplug_control_plane) = 'remote': invalid choice; choose one of embedded, real*"
+            "*--devplug-control-plane (ini devplug_control_plane) = 'remote': "
+            "invalid choice; choose one of embedded, real*"
         ]
     )

@@ -149,7 +149,8 @@ def test_scheduler_message_for_too_many_gpus(sides: tuple[Side, Side]) -> None:
         msg = _per_node(pod.wait_event(f"FailedScheduling: .*Insufficient {re.escape(res)}", timeout=60))
         # the scheduler records the event before it writes the condition (a separate status update)
         cond = wait_for(lambda pod=pod: next((c for c in pod.conditions if c.get("type") == "PodScheduled"), None),  # type: ignore[misc]
-                        lambda c: c is not None, timeout=30, what=f"{s.name}: the PodScheduled condition of {pod.name}")  # fmt: skip
+                        lambda c: c is not None, timeout=30,
+                        what=f"{s.name}: the PodScheduled condition of {pod.name}")  # fmt: skip
         out[s.name] = (pod.phase, pod.node_name, cond.get("status"), cond.get("reason"), msg)
     _same(out, "unschedulable pod")
 

@@ -136,8 +136,9 @@ def _claimed(side: DRASide) -> _Claimed:
     (device,) = claim.allocated
     attrs = next(s.device(device.device) for s in side.driver.slices() if device.device in s.devices)["attributes"]
     values = {
-        side.driver.node.name: "<node>", claim.namespace: "<ns>", claim.name: "<claim>", prepared.claim_uid: "<claim-uid>",
-        pod.uid: "<pod-uid>", str(attrs["uuid"]["string"]): "<uuid>", device.device: "<device>",
+        side.driver.node.name: "<node>", claim.namespace: "<ns>", claim.name: "<claim>",
+        prepared.claim_uid: "<claim-uid>", pod.uid: "<pod-uid>", str(attrs["uuid"]["string"]): "<uuid>",
+        device.device: "<device>",
         f"nvidia{attrs['minor']['int']}": "nvidia<minor>",
     }  # fmt: skip
     return _Claimed(pod, claim, _entry(side, prepared.claim_uid, values), values)
@@ -199,7 +200,8 @@ def _restart_then_delete(side: DRASide) -> None:
     since = len(node.dra_calls())
     c.pod.delete()
     wait_until(f"{side.name}: the claim unprepared after its pod was deleted",
-               lambda: [x for x in node.dra_calls("NodeUnprepareResources", since=since) if uid in x.claim_uids and not x.error],
+               lambda: [x for x in node.dra_calls("NodeUnprepareResources", since=since)
+                        if uid in x.claim_uids and not x.error],
                timeout=node.timeout, interval=0.5)  # fmt: skip
     wait_until(
         f"{side.name}: the claim gone from dra_manager_state",

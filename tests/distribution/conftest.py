@@ -18,7 +18,10 @@ def uv() -> str:
     if exe is None:
         missing.append("uv")
     if missing:
-        why = f"the distribution tests need {', '.join(missing)} (pip install {' '.join(missing)}; nox -s tests installs them)"
+        why = (
+            f"the distribution tests need {', '.join(missing)} "
+            f"(pip install {' '.join(missing)}; nox -s tests installs them)"
+        )
         if os.environ.get("CI"):
             pytest.fail(why, pytrace=False)
         pytest.skip(why)

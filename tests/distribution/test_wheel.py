@@ -38,7 +38,8 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(n for n in names if "dist-info" in n)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     for line in ("License-Expression: Apache-2.0", "Requires-Python: >=3.10", "Provides-Extra: gpu-plugin",
-                 "Provides-Extra: kind", "Classifier: Programming Language :: Python :: 3.13", "Project-URL: "):  # fmt: skip
+                 "Provides-Extra: kind", "Classifier: Programming Language :: Python :: 3.13",
+                 "Project-URL: "):  # fmt: skip
         assert line in meta, line
     assert any(n.endswith("licenses/LICENSE") for n in zipfile.ZipFile(plugin_wheel).namelist())
 

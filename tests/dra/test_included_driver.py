@@ -82,14 +82,15 @@ def test_dra_suite_passes_on_the_included_driver_on_kind(tmp_path: Path) -> None
     """The same on a kind cluster: the driver from ``plugin_under_test/deploy/dra-driver.yaml`` on the mock NVML
     (the checks named by ``DEVPLUG_DRA_CHECKS`` where it is set)."""
     select, selected = dra_check_selection()
-    _assert_verdicts(["--dra", "--backend", "kind", "--timeout", "60"], [f"--cluster-name={KIND_CLUSTER}", "-rs", *select],
+    _assert_verdicts(["--dra", "--backend", "kind", "--timeout", "60"],
+                     [f"--cluster-name={KIND_CLUSTER}", "-rs", *select],
                      tmp_path, KIND_SUITE_TIMEOUT_S, skips=[ALLOWED_SKIPS, KIND_LIMITS], selected=selected)  # fmt: skip
 
 
 def test_a_check_selection_is_exact_and_a_check_without_verdict_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``DEVPLUG_DRA_CHECKS`` (how `nox -s e2e` splits the kind runs): a ``-k`` of those names, and after the run any of them
-    without a verdict, or any check that ran unselected, is reported: a misspelt name cannot shrink the run unseen,
-    nor a substring match widen it."""
+    """``DEVPLUG_DRA_CHECKS`` (how `nox -s e2e` splits the kind runs): a ``-k`` of those names, and after the run any
+    of them without a verdict, or any check that ran unselected, is reported: a misspelt name cannot shrink the run
+    unseen, nor a substring match widen it."""
     monkeypatch.delenv(DRA_CHECKS_ENV, raising=False)
     assert dra_check_selection() == ([], None)
     monkeypatch.setenv(DRA_CHECKS_ENV, " test_shared_claim\ttest_checkpoint_contents  ")

@@ -77,8 +77,9 @@ def _register_node(api: Api, stop: threading.Event) -> threading.Thread:
     def heartbeat() -> None:
         while True:
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
-                     "lastHeartbeatTime": now, "lastTransitionTime": since}  # fmt: skip
+            ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                     "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
+                     "lastTransitionTime": since}  # fmt: skip
             status = {"capacity": room, "allocatable": room, "conditions": [ready]}
             api.core.replace_node_status(
                 NODE, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": status}
@@ -198,10 +199,14 @@ def test_a_claim_allocated_by_the_scheduler_is_prepared_resolved_and_unprepared(
         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
     })  # fmt: skip
     # the scheduler reads what the slice publishes: the minor and the memory capacity pick gpu-1
-    pick = f'device.attributes["{DRIVER}"].minor == 1 && device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
+    pick = (
+        f'device.attributes["{DRIVER}"].minor == 1 && '
+        f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
+    )
     api.resource.create_namespaced_resource_claim("default", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "gpu-claim"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression": pick}}]}}]}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "selectors": [{"cel": {"expression": pick}}]}}]}},
     })  # fmt: skip
     api.core.create_namespaced_pod("default", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-pod"},

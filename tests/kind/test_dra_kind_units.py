@@ -52,9 +52,8 @@ PREPARED = (
 )
 # 1.34's unprepare "Calling" line carries no driver
 UNPREPARE = (
-    '"Calling NodeUnprepareResource rpc" request="&NodeUnprepareResourcesRequest{Claims:[]*Claim{&Claim{Namespace:default,UID:'
-    + UID
-    + ',Name:c1,},},}"'
+    '"Calling NodeUnprepareResource rpc" '
+    'request="&NodeUnprepareResourcesRequest{Claims:[]*Claim{&Claim{Namespace:default,UID:' + UID + ',Name:c1,},},}"'
 )
 UNPREPARE_FAILED = (
     '"Done calling NodeUnprepareResources rpc" driverName="gpu.example.com" endpoint="' + EP + '" '
@@ -155,8 +154,10 @@ def test_a_grpc_error_of_the_call_is_its_error() -> None:
 
 
 def test_a_refused_registration_names_its_socket() -> None:
-    text = ('"OperationExecutor.RegisterPlugin failed" err="RegisterPlugin error -- plugin registration failed with err: x" '
-            'plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock Timestamp:2026-12-02 UUID:1 Handler:<nil> Name:}"')  # fmt: skip
+    text = ('"OperationExecutor.RegisterPlugin failed" '
+            'err="RegisterPlugin error -- plugin registration failed with err: x" '
+            'plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock '
+            'Timestamp:2026-12-02 UUID:1 Handler:<nil> Name:}"')  # fmt: skip
     state = KubeletDRAState()
     state.feed(parse_line(_line(1.0, 189, text).replace("I1202", "E1202")))  # type: ignore[arg-type]
     (event,) = state.events

@@ -156,8 +156,10 @@ def test_plugin_restarts_are_the_plugin_containers_restart_counts(monkeypatch: p
         backend._plugins["n1"] = object()  # type: ignore[assignment]
         waiting = {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=plugin"}
         pods = [
-            {"metadata": {"name": "dp-a"}, "status": {"containerStatuses": [{"name": "plugin", "restartCount": 2, "state": {"running": {}}}]}},
-            {"metadata": {"name": "dp-b"}, "status": {"containerStatuses": [{"name": "plugin", "restartCount": 3, "state": {"waiting": waiting}}]}},
+            {"metadata": {"name": "dp-a"},
+             "status": {"containerStatuses": [{"name": "plugin", "restartCount": 2, "state": {"running": {}}}]}},
+            {"metadata": {"name": "dp-b"},
+             "status": {"containerStatuses": [{"name": "plugin", "restartCount": 3, "state": {"waiting": waiting}}]}},
         ]  # fmt: skip
         monkeypatch.setattr(backend, "_plugin_pods", lambda node: pods)
         assert backend.plugin_restarts("n1") == PluginRestarts(

@@ -25,12 +25,14 @@ GI_PROFILES = {0: "1g.5gb", 1: "2g.10gb", 2: "3g.20gb", 3: "4g.20gb", 4: "7g.40g
 
 class Attributes(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint) for n in (
-        "sm", "copy", "dec", "enc", "jpeg", "ofa", "gi_slices", "ci_slices")] + [("memory_mb", ctypes.c_ulonglong)]  # fmt: skip
+        "sm", "copy", "dec", "enc", "jpeg", "ofa", "gi_slices", "ci_slices")] + [
+        ("memory_mb", ctypes.c_ulonglong)]  # fmt: skip
 
 
 class GiProfileInfo(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint) for n in (
-        "id", "p2p", "slices", "instances", "sm", "copy", "dec", "enc", "jpeg", "ofa")] + [("memory_mb", ctypes.c_ulonglong)]  # fmt: skip
+        "id", "p2p", "slices", "instances", "sm", "copy", "dec", "enc", "jpeg", "ofa")] + [
+        ("memory_mb", ctypes.c_ulonglong)]  # fmt: skip
 
 
 class GiInfo(ctypes.Structure):
@@ -275,7 +277,8 @@ def test_a_lost_gpu_takes_its_mig_devices_and_handles_survive_rewrites(mig: Nvml
          "gpus[0].mig_devices: needs 8 compute and 9 memory slices; a GPU has 7 and 8"),
         ([{"uuid": "MIG-a", "profile": "1g.5gb", "gi": 3}, {"uuid": "MIG-b", "profile": "1g.5gb", "gi": 3}],
          "gpus[0].mig_devices: GPU instance 3 appears twice"),
-        ([{"uuid": "MIG-a", "profile": "3g.20gb"}] * 1 + [{"uuid": "MIG-b", "profile": "4g.20gb"}, {"uuid": "MIG-c", "profile": "4g.20gb"}],
+        ([{"uuid": "MIG-a", "profile": "3g.20gb"}] * 1
+         + [{"uuid": "MIG-b", "profile": "4g.20gb"}, {"uuid": "MIG-c", "profile": "4g.20gb"}],
          "gpus[0].mig_devices: more than 1 of profile 3"),
         ([{"uuid": mockstate.gpu_uuid(1), "profile": "1g.5gb"}], f"gpus: uuid {mockstate.gpu_uuid(1)} appears twice"),
         ([{"uuid": "MIG-a", "profile": "1g.5gb", "gi": 15}], "gpus[0].mig_devices[0].gi: out of range (0..14)"),

@@ -4,7 +4,9 @@
 ``nvidia-device-plugin``, the DRA peers ``dra-example-kubeletplugin`` (v0.2.1),
 ``dra-example-kubeletplugin-patched`` (v0.2.1 + peers/dra-example/recreate-cdi-spec-on-restored-claim.patch,
 kubernetes/kubernetes#141433) and ``dra-example-kubeletplugin-v040`` (v0.4.0 as released), and ``sriovdp`` and
-``gpu-kubelet-plugin`` and ``compute-domain-kubelet-plugin`` (NVIDIA's DRA driver) from a source tarball: ``peers/build-source.sh``), building it on first use; the build is the script's, so ``nox -s tests``, CI and a developer running ``peers/build.sh``
+``gpu-kubelet-plugin`` and ``compute-domain-kubelet-plugin`` (NVIDIA's DRA driver) from a source tarball:
+``peers/build-source.sh``), building it on first use; the build is the script's, so ``nox -s tests``, CI and a
+developer running ``peers/build.sh``
 (DRA peers: ``peers/build-dra.sh``) share one cache.
 """
 
@@ -24,7 +26,8 @@ BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
 #: Peers built by another script (same cache layout): the DRA kubelet plugins.
 BUILD_SCRIPTS = {
     **{name: BUILD_SCRIPT.with_name("build-dra.sh")
-       for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched", "dra-example-kubeletplugin-v040")},
+       for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched",
+                    "dra-example-kubeletplugin-v040")},
     # from a source tarball or checkout (the Go module proxy refuses the module): DEVPLUG_SRIOV_SOURCE or ../shared
     "sriovdp": BUILD_SCRIPT.with_name("build-source.sh"),
     # NVIDIA's DRA driver, likewise: DEVPLUG_NVIDIA_DRA_SOURCE or ../shared

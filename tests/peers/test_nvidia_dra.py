@@ -52,7 +52,8 @@ CHART_ENV = {
     "NVIDIA_DRIVER_ROOT": "/", "NVIDIA_VISIBLE_DEVICES": "void", "CDI_ROOT": "/var/run/cdi",
     "NVIDIA_MIG_CONFIG_DEVICES": "all", "NAMESPACE": "dra-driver-nvidia-gpu",
     "IMAGE_NAME": "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:v0.4.0", "NVIDIA_CDI_HOOK_PATH": "",
-    "FEATURE_GATES": "NVMLDeviceHealthCheck=true", "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
+    "FEATURE_GATES": "NVMLDeviceHealthCheck=true",
+    "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
     "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins", "HEALTHCHECK_PORT": "51515",
 }  # fmt: skip
 #: The chart values that differ on the embedded kubelet (its nodes share one network namespace; see above).
@@ -62,17 +63,19 @@ ALLOWED_SKIPS = (
     re.compile(r"serves neither v1\.DRAResourceHealth nor v1alpha1\.DRAResourceHealth"),
 )  # fmt: skip
 MUST_PASS = (
-    "test_driver_registers_with_the_kubelet", "test_reregisters_after_kubelet_restart", "test_reregisters_after_driver_restart",
-    "test_abrupt_kill_then_start_registers_again", "test_recovers_after_refused_registration", "test_slices_published",
+    "test_driver_registers_with_the_kubelet", "test_reregisters_after_kubelet_restart",
+    "test_reregisters_after_driver_restart", "test_abrupt_kill_then_start_registers_again",
+    "test_recovers_after_refused_registration", "test_slices_published",
     "test_node_slices_removed_on_kubelet_start_then_published_again", "test_slices_removed_after_driver_stops",
-    "test_slices_kept_when_driver_restarts_quickly", "test_claim_prepared_and_container_sees_it", "test_claim_for_two_devices",
-    "test_claim_with_several_requests", "test_claim_from_template", "test_prepare_is_idempotent",
-    "test_unprepared_when_pod_deleted_and_unprepare_is_idempotent", "test_checkpoint_survives_kubelet_restart",
-    "test_unprepare_for_pod_deleted_while_kubelet_down", "test_pod_created_while_kubelet_down_runs",
-    "test_pod_deleted_while_kubelet_down_is_never_prepared", "test_unprepare_after_a_restart_removes_the_claims_cdi_specs",
-    "test_unsatisfiable_claim_stays_unschedulable", "test_shared_claim", "test_devices_prepared_again_for_a_new_claim_after_cleanup",
-    "test_device_taint_keeps_claims_off_tainted_devices", "test_checkpoint_contents", "test_extended_resource_served_by_the_driver",
-    "test_device_health_reported_as_device_taints",
+    "test_slices_kept_when_driver_restarts_quickly", "test_claim_prepared_and_container_sees_it",
+    "test_claim_for_two_devices", "test_claim_with_several_requests", "test_claim_from_template",
+    "test_prepare_is_idempotent", "test_unprepared_when_pod_deleted_and_unprepare_is_idempotent",
+    "test_checkpoint_survives_kubelet_restart", "test_unprepare_for_pod_deleted_while_kubelet_down",
+    "test_pod_created_while_kubelet_down_runs", "test_pod_deleted_while_kubelet_down_is_never_prepared",
+    "test_unprepare_after_a_restart_removes_the_claims_cdi_specs", "test_unsatisfiable_claim_stays_unschedulable",
+    "test_shared_claim", "test_devices_prepared_again_for_a_new_claim_after_cleanup",
+    "test_device_taint_keeps_claims_off_tainted_devices", "test_checkpoint_contents",
+    "test_extended_resource_served_by_the_driver", "test_device_health_reported_as_device_taints",
 )  # fmt: skip
 SUITE_TIMEOUT_S = 600
 REBOOT_CHECK = "test_pods_come_back_with_their_devices_after_a_node_reboot"
@@ -160,9 +163,10 @@ def _run_own_check(
     __tracebackhide__ = True
     (tmp_path / f"{name}.py").write_text(source)
     junit = tmp_path / "junit.xml"
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}", f"{name}.py",
-            "--devplug-control-plane", "real", "--devplug-mock", *options, "--devplug-driver-cmd", f"{binary} -v 4",
-            "--devplug-driver-name", DRIVER, "--devplug-driver-env", _env({**CHART_ENV, **SIM_VALUES, **env})]  # fmt: skip
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}",
+            f"{name}.py", "--devplug-control-plane", "real", "--devplug-mock", *options,
+            "--devplug-driver-cmd", f"{binary} -v 4", "--devplug-driver-name", DRIVER,
+            "--devplug-driver-env", _env({**CHART_ENV, **SIM_VALUES, **env})]  # fmt: skip
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
     result = parse_junit(junit) if junit.exists() else None
     assert result is not None and result.passed == [name], (done.stdout + done.stderr)[-6000:]
@@ -173,13 +177,13 @@ def test_static_mig_devices_published_and_prepared(peer_binary: Callable[[str], 
     ``mig``, its MIG UUID and profile) and no full GPU, and a claim's MIG device reaches the container with its GPU's
     device node and the ``nvidia-caps`` nodes of its GPU and compute instance (the minors ``mig-minors`` and the
     capability files under ``/proc/driver/nvidia/capabilities`` give)."""
-    _run_own_check(peer_binary("gpu-kubelet-plugin"), tmp_path, "test_static_mig", STATIC_MIG_CHECK.format(mig=STATIC_MIG),
-                   ["--devplug-mig", ",".join(STATIC_MIG)], {})  # fmt: skip
+    _run_own_check(peer_binary("gpu-kubelet-plugin"), tmp_path, "test_static_mig",
+                   STATIC_MIG_CHECK.format(mig=STATIC_MIG), ["--devplug-mig", ",".join(STATIC_MIG)], {})  # fmt: skip
 
 
 #: Time-slicing through a claim's opaque ``GpuConfig`` (chart value ``featureGates.TimeSlicingSettings: true``): the
-#: driver runs its driver root's ``nvidia-smi compute-policy --set-timeslice``, which on the mock GPU node sets the GPU's
-#: ``timeslice`` in the mock state (:mod:`pytest_devplug.nvml.smi`).
+#: driver runs its driver root's ``nvidia-smi compute-policy --set-timeslice``, which on the mock GPU node sets the
+#: GPU's ``timeslice`` in the mock state (:mod:`pytest_devplug.nvml.smi`).
 TIME_SLICING_CHECK = """
 from pytest_devplug.dra.assertions import assert_claim_prepared
 from pytest_devplug.dra.conformance._support import waited
@@ -208,7 +212,8 @@ def test_time_slicing(devplug_driver, devplug_claims):
     gpu = attrs[allocated.device]["uuid"]
     after = timeslices()
     assert after[gpu] == {value}, f"GPU {{gpu}} of the claim has time-slice {{after[gpu]}}, not {value} ({interval})"
-    assert compute_mode(gpu) == "DEFAULT", f"time-slicing needs compute mode DEFAULT; GPU {{gpu}} has {{compute_mode(gpu)}}"
+    assert compute_mode(gpu) == "DEFAULT", (
+        f"time-slicing needs compute mode DEFAULT; GPU {{gpu}} has {{compute_mode(gpu)}}")
     assert {{u: t for u, t in after.items() if u != gpu}} == {{u: t for u, t in before.items() if u != gpu}}, (
         f"time-slices of GPUs outside the claim changed: {{before}} -> {{after}}")
     pod.delete_and_wait_gone()
@@ -238,7 +243,8 @@ def test_pcie_root(devplug_driver):
     want = {g["uuid"]: (gpu_pci_address(g["minor"]), "pci" + gpu_pci_address(g["minor"])[:7]) for g in state["gpus"]}
     attrs = [{k: next(iter(v.values())) for k, v in (s.device(d).get("attributes") or {}).items()}
              for s in devplug_driver.slices() for d in s.devices]
-    got = {a.get("uuid"): (a.get("resource.kubernetes.io/pciBusID"), a.get("resource.kubernetes.io/pcieRoot")) for a in attrs}
+    got = {a.get("uuid"): (a.get("resource.kubernetes.io/pciBusID"), a.get("resource.kubernetes.io/pcieRoot"))
+           for a in attrs}
     assert got == want, f"(pciBusID, pcieRoot) published per GPU: {got}; the mock GPU node's: {want}"
 """
 
@@ -291,10 +297,10 @@ def test_nvidias_dra_driver_on_kind(peer_binary: Callable[[str], Path], tmp_path
     )
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"build-image.sh exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
-    options = ["--dra", "--mock", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER, "--driver-image", image,
-               "--driver-manifest", str(NVIDIA_DRA_DIR / "kubeletplugin.yaml")]  # fmt: skip
-    result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", " or ".join(KIND_CHECKS)], tmp_path,
-                             timeout=KIND_SUITE_TIMEOUT_S)  # fmt: skip
+    options = ["--dra", "--mock", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER,
+               "--driver-image", image, "--driver-manifest", str(NVIDIA_DRA_DIR / "kubeletplugin.yaml")]  # fmt: skip
+    result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", " or ".join(KIND_CHECKS)],
+                             tmp_path, timeout=KIND_SUITE_TIMEOUT_S)  # fmt: skip
     assert not result.failed, (
         f"NVIDIA's DRA driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
     )

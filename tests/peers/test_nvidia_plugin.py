@@ -318,7 +318,8 @@ def test_nvidia_plugin_on_kind(config: str, peer_binary: Callable[[str], Path], 
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"{IMAGE_SCRIPT} exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
     argv = [
-        "--backend", "kind", "--plugin-image", image, "--plugin-manifest", str(cfg.manifest), "--mock", "--timeout", "60",
+        "--backend", "kind", "--plugin-image", image, "--plugin-manifest", str(cfg.manifest),
+        "--mock", "--timeout", "60",
     ]  # fmt: skip
     pytest_args = ["-m", "not devplug_grace_period and not devplug_soak", f"--cluster-name={KIND_CLUSTER}"]
     _assert_suite_verdict(

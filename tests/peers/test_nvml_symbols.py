@@ -2,9 +2,9 @@
 
 Each binary runs a few checks of its suite (registration, devices handed to a container, a health event) with the
 dynamic loader tracing its bindings (``LD_DEBUG=bindings``, to files: ``LD_DEBUG_OUTPUT``); the NVML symbols it bound
-must all be exported by the mock library, and none may be missing (``symbol lookup error``, the process dies with
-exit 127, which fails the checks and is quoted in their report). The trace lists exactly what the binary called, not the ~400 functions go-nvml declares (its executable
-leaves every one undefined, so ``nm`` of its imports would list them all).
+must all be exported by the mock library, and none may be missing (``symbol lookup error``, the process dies with exit
+127, which fails the checks and is quoted in their report). The trace lists exactly what the binary called, not the ~400
+functions go-nvml declares (its executable leaves every one undefined, so ``nm`` of its imports would list them all).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from .test_nvidia_dra import _command as dra_command
 from .test_nvidia_dra import _env as dra_env
 
 SUITE_TIMEOUT_S = 600
-#: ld.so's line for a symbol bound into the NVML library: "binding file X [0] to .../libnvidia-ml.so.1 [0]: normal symbol `nvmlInit_v2'".
+#: ld.so's line for a symbol bound into the NVML library:
+#: "binding file X [0] to .../libnvidia-ml.so.1 [0]: normal symbol `nvmlInit_v2'".
 _BOUND = re.compile(r"binding file .* to \S*libnvidia-ml\.so[.\d]* \[\d+\]: normal symbol `(nvml\w+)'")
 _MISSING = re.compile(r"undefined symbol: (nvml\w+)")
 
@@ -52,7 +53,8 @@ def _judge(what: str, trace_dir: Path, output: str, failed: list[str]) -> set[st
     assert not missing, f"{what} called NVML functions the mock lacks: {sorted(missing)}"
     bound = _bound(trace_dir)
     assert bound, (
-        f"{what}: no NVML binding traced (LD_DEBUG_OUTPUT files: {sorted(p.name for p in trace_dir.iterdir())}):\n{output}"
+        f"{what}: no NVML binding traced (LD_DEBUG_OUTPUT files: {sorted(p.name for p in trace_dir.iterdir())}):\n"
+        f"{output}"
     )
     lacking = bound - _mock_exports()
     assert not lacking, f"{what} bound NVML functions the mock does not export: {sorted(lacking)}"
@@ -71,8 +73,8 @@ def test_nvidias_dra_driver_calls_only_what_the_mock_answers(
     options = [*dra_command(peer_binary("gpu-kubelet-plugin")), "--gpu-model", model]
     at = options.index("--driver-env") + 1
     options[at] += f",LD_DEBUG=bindings,LD_DEBUG_OUTPUT={trace}/trace"
-    result = run_conformance(options, ["-k", "registers_with or claim_prepared_and_container or claim_for_two"], tmp_path,
-                             timeout=SUITE_TIMEOUT_S)  # fmt: skip
+    result = run_conformance(options, ["-k", "registers_with or claim_prepared_and_container or claim_for_two"],
+                             tmp_path, timeout=SUITE_TIMEOUT_S)  # fmt: skip
     bound = _judge("NVIDIA's DRA driver", trace, result.output, result.failed)
     # what it publishes for every GPU: the calls the mock gained for it
     assert {"nvmlDeviceGetArchitecture", "nvmlDeviceGetBrand", "nvmlDeviceGetCudaComputeCapability"} <= bound, sorted(
@@ -101,8 +103,9 @@ def test_nvidias_device_plugin_calls_only_what_the_mock_answers(
 CD_DRIVER = "compute-domain.nvidia.com"
 CD_CHART_ENV = {
     "HTTP_ENDPOINT": ":8081", "METRICS_PATH": "/metrics", "LOG_VERBOSITY": "4", "MASK_NVIDIA_DRIVER_PARAMS": "false",
-    "NVIDIA_DRIVER_ROOT": "/", "NVIDIA_VISIBLE_DEVICES": "void", "CDI_ROOT": "/var/run/cdi", "NVIDIA_MIG_CONFIG_DEVICES": "all",
-    "NAMESPACE": "dra-driver-nvidia-gpu", "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
+    "NVIDIA_DRIVER_ROOT": "/", "NVIDIA_VISIBLE_DEVICES": "void", "CDI_ROOT": "/var/run/cdi",
+    "NVIDIA_MIG_CONFIG_DEVICES": "all", "NAMESPACE": "dra-driver-nvidia-gpu",
+    "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
     "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins", "HEALTHCHECK_PORT": "51515",
 }  # fmt: skip
 #: Chart values that differ on the mock GPU node: the ports, as for the GPU plugin (one network namespace);
@@ -111,7 +114,8 @@ CD_CHART_ENV = {
 #: without NVIDIA's kernel modules: a ``/proc/devices`` naming ``nvidia-caps-imex-channels``, whose major the plugin
 #: puts in its IMEX channels' device nodes (written per test: ALT_PROC_DEVICES_PATH).
 CD_SIM_VALUES = {
-    "HTTP_ENDPOINT": "", "HEALTHCHECK_PORT": "0", "FEATURE_GATES": "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false",
+    "HTTP_ENDPOINT": "", "HEALTHCHECK_PORT": "0",
+    "FEATURE_GATES": "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false",
 }  # fmt: skip
 #: The major the kernel module registers for ``nvidia-caps-imex-channels`` (dynamic; gpunode's nvidia-caps has 511).
 IMEX_CHANNELS_MAJOR = 510
@@ -145,18 +149,22 @@ def test_compute_domain_plugin(devplug_cluster, request):
     rest = KubeRest(config.new_client_from_config(devplug_cluster.kubeconfig), 30)
     for crd in sorted(Path({crds!r}).glob("*.yaml")):
         name = rest.create(CRDS, yaml.safe_load(crd.read_text()))["metadata"]["name"]
-        wait_for(lambda: _established(rest, name), bool, timeout=60, what=f"the CRD {{name}} Established", retry_on=(RestError,))
+        wait_for(lambda: _established(rest, name), bool, timeout=60, what=f"the CRD {{name}} Established",
+                 retry_on=(RestError,))
     driver = request.getfixturevalue("devplug_driver")
-    # without a ComputeDomain it publishes its daemon device and IMEX channel 0 (the other channels are the controller's)
+    # without a ComputeDomain it publishes its daemon device and IMEX channel 0
+    # (the other channels are the controller's)
     assert sorted(d for s in driver.slices() for d in s.devices) == ["channel-0", "daemon-0"], driver.slices()
     log = driver.log()
     cliques = re.findall(r"identified fabric clique UUID/ID \\(device (\\d+)/GPU-[^)]*\\): (\\S+)", log)
     no_fabric = re.findall(r"no-clique fallback: NVLink fabric not supported by driver \\(device (\\d+)/", log)
     want = {fabric!r}
     if want:
-        assert cliques == [(str(i), want) for i in range({gpus})], f"clique IDs {{cliques}}, not {{want}} for each GPU:\\n{{log[-3000:]}}"
+        assert cliques == [(str(i), want) for i in range({gpus})], (
+            f"clique IDs {{cliques}}, not {{want}} for each GPU:\\n{{log[-3000:]}}")
     else:
-        assert (cliques, no_fabric) == ([], [str(i) for i in range({gpus})]), f"fabric on a GPU without NVLink fabric:\\n{{log[-3000:]}}"
+        assert (cliques, no_fabric) == ([], [str(i) for i in range({gpus})]), (
+            f"fabric on a GPU without NVLink fabric:\\n{{log[-3000:]}}")
 """
 
 
@@ -186,9 +194,11 @@ def test_nvidias_compute_domain_plugin_calls_only_what_the_mock_answers(
     env = {**CD_CHART_ENV, **CD_SIM_VALUES, "ALT_PROC_DEVICES_PATH": str(proc_devices), "LD_DEBUG": "bindings",
            "LD_DEBUG_OUTPUT": f"{trace}/trace"}  # fmt: skip
     junit = tmp_path / "junit.xml"
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}", "test_compute_domain.py",
-            "--devplug-control-plane", "real", "--devplug-mock", "--devplug-gpu-model", model, "--devplug-gpus", str(CD_GPUS),
-            "--devplug-driver-cmd", f"{binary} -v 4", "--devplug-driver-name", CD_DRIVER, "--devplug-driver-env", dra_env(env)]  # fmt: skip
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}",
+            "test_compute_domain.py", "--devplug-control-plane", "real", "--devplug-mock",
+            "--devplug-gpu-model", model, "--devplug-gpus", str(CD_GPUS),
+            "--devplug-driver-cmd", f"{binary} -v 4", "--devplug-driver-name", CD_DRIVER,
+            "--devplug-driver-env", dra_env(env)]  # fmt: skip
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
     output = (done.stdout + done.stderr)[-8000:]
     result = parse_junit(junit) if junit.exists() else None

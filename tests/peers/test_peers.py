@@ -136,7 +136,8 @@ def test_one_device_stub_on_kind(peer_binary: Callable[[str], Path], tmp_path: P
     built = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800, check=False)
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"{script} exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
-    options = ["--backend", "kind", "--plugin-image", image, "--plugin-manifest", str(STUB_DIR / "daemonset-one-device.yaml"),
+    options = ["--backend", "kind", "--plugin-image", image,
+               "--plugin-manifest", str(STUB_DIR / "daemonset-one-device.yaml"),
                "--resource-name", "example.com/stub", "--timeout", "60"]  # fmt: skip
     pytest_args = ["-m", "not devplug_grace_period and not devplug_soak", f"--cluster-name={KIND_CLUSTER}",
                    "--devplug-kind-config=multi-node.yaml"]  # fmt: skip
@@ -157,7 +158,8 @@ def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -
         '<testcase classname="a" name="test_ok"/>'
         '<testcase classname="a" name="test_bad"><failure message="boom">tb</failure></testcase>'
         '<testcase classname="a" name="test_err"><error message="fixture broke">tb</error></testcase>'
-        '<testcase classname="a" name="test_skip"><skipped type="pytest.skip" message="needs the mock-NVML fault controls"/></testcase>'
+        '<testcase classname="a" name="test_skip">'
+        '<skipped type="pytest.skip" message="needs the mock-NVML fault controls"/></testcase>'
         "</testsuite></testsuites>"
     )  # fmt: skip
     result = parse_junit(junit)

@@ -1,13 +1,14 @@
 """The SR-IOV network device plugin (k8snetworkplumbingwg, v3.11.0; built from its source tarball by
 ``peers/build-source.sh``) as it ships: its plain command line and config file, its hard-coded paths in the node's
 namespaces, registering through the kubelet's plugin watcher (``plugins_registry/`` exists on the node), on a mock
-PCI/NIC node (``--pci-node``: an E810 PF with 4 VFs on ``iavf`` or on ``vfio-pci``; a ConnectX-6 Dx whose VFs have RDMA devices).
+PCI/NIC node (``--pci-node``: an E810 PF with 4 VFs on ``iavf`` or on ``vfio-pci``; a ConnectX-6 Dx whose VFs have RDMA
+devices).
 
 In netdevice mode (on E810 VFs; with ``-use-cdi`` on ConnectX VFs with RDMA) and vfio-pci mode (with and without
-``-use-cdi``) a correct plugin gets 0 failed; every skip names what it
-lacks (a fault injector, PreStartContainer, topology over 2+ NUMA nodes, several resources, the conventions it does
-not declare). Netdevice mode with ``-use-cdi`` on VFs without RDMA fails at once for an upstream defect (a VF with no device node gets a
-CDI device with no edits, which the CDI library refuses, so the plugin never lists its devices:
+``-use-cdi``) a correct plugin gets 0 failed; every skip names what it lacks (a fault injector, PreStartContainer,
+topology over 2+ NUMA nodes, several resources, the conventions it does not declare). Netdevice mode with ``-use-cdi``
+on VFs without RDMA fails at once for an upstream defect (a VF with no device node gets a CDI device with no edits,
+which the CDI library refuses, so the plugin never lists its devices:
 k8snetworkplumbingwg/sriov-network-device-plugin#546, still on its main branch): a strict xfail naming it.
 """
 
@@ -30,10 +31,13 @@ from ..support import KnownUpstreamDefect, SuiteResult, assert_suite_passed, run
 PREFIX = "intel.com"
 #: mode -> (resource, PCI node, config selectors)
 MODES = {
-    "netdevice": ("intel_sriov_netdevice", "sriov-iavf", {"vendors": ["8086"], "devices": ["1889"], "drivers": ["iavf"]}),
-    "vfio-pci": ("intel_sriov_dpdk", "sriov-vfio", {"vendors": ["8086"], "devices": ["1889"], "drivers": ["vfio-pci"], "pfNames": ["ens1f0"]}),
+    "netdevice": ("intel_sriov_netdevice", "sriov-iavf",
+                  {"vendors": ["8086"], "devices": ["1889"], "drivers": ["iavf"]}),
+    "vfio-pci": ("intel_sriov_dpdk", "sriov-vfio",
+                 {"vendors": ["8086"], "devices": ["1889"], "drivers": ["vfio-pci"], "pfNames": ["ens1f0"]}),
     # netdevice mode on VFs with RDMA devices (ConnectX): the RDMA nodes are the VF's device nodes
-    "netdevice-rdma": ("mlnx_sriov_rdma", "sriov-mlx5-rdma", {"vendors": ["15b3"], "devices": ["101e"], "drivers": ["mlx5_core"], "isRdma": True}),
+    "netdevice-rdma": ("mlnx_sriov_rdma", "sriov-mlx5-rdma",
+                       {"vendors": ["15b3"], "devices": ["101e"], "drivers": ["mlx5_core"], "isRdma": True}),
 }  # fmt: skip
 ALLOWED_SKIPS = (
     re.compile(r"needs a fault injector"), re.compile(r"does not declare it"), re.compile(r"pre_start_required=false"),
@@ -41,8 +45,9 @@ ALLOWED_SKIPS = (
 )  # fmt: skip
 MUST_PASS = (
     "test_registers_its_resource", "test_registration_accepted_without_errors", "test_devices_listed_match_capacity",
-    "test_allocate_injections_reach_the_container", "test_reregisters_after_kubelet_restart", "test_pods_never_share_a_device",
-    "test_checkpoint_survives_kubelet_restart", "test_node_reboot_then_plugin_comes_back", "test_plugin_restart_keeps_assignments",
+    "test_allocate_injections_reach_the_container", "test_reregisters_after_kubelet_restart",
+    "test_pods_never_share_a_device", "test_checkpoint_survives_kubelet_restart",
+    "test_node_reboot_then_plugin_comes_back", "test_plugin_restart_keeps_assignments",
 )  # fmt: skip
 SUITE_TIMEOUT_S = 600
 CDI_BUG = "invalid device, empty device edits"
@@ -100,8 +105,8 @@ def test_suite_passes_on_the_sriov_plugin(
 def test_netdevice_mode_with_cdi_lists_no_devices(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """Passing (the defect fixed) turns this strict xfail into a failure, so its row in
     docs/guides/device-plugins.md gets updated; failing for another reason is a plain failure."""
-    result = run_conformance(_options(peer_binary("sriovdp"), tmp_path, "netdevice", True), ["-k", "test_registers_its_resource"],
-                             tmp_path, timeout=SUITE_TIMEOUT_S)  # fmt: skip
+    result = run_conformance(_options(peer_binary("sriovdp"), tmp_path, "netdevice", True),
+                             ["-k", "test_registers_its_resource"], tmp_path, timeout=SUITE_TIMEOUT_S)  # fmt: skip
     failure = "\n".join(result.failed)
     if list(result.failures) == ["test_registers_its_resource"] and CDI_BUG in failure:
         raise KnownUpstreamDefect(f"{UPSTREAM_BUG}:\n{failure[-2000:]}")

@@ -32,7 +32,8 @@ def test_all_folders_collect_together() -> None:
         *[f for f in FOLDERS if f not in ("differential", "sim", "gpu_plugin")],
     ]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *(f"tests/{f}" for f in folders)],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         *(f"tests/{f}" for f in folders)],
         cwd=TESTS.parent, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     out = proc.stdout + proc.stderr

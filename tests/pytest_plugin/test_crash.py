@@ -48,8 +48,14 @@ def test_python_traceback_gives_its_exception_line() -> None:
 
 #: A library whose function calls one nothing loaded defines, and a program using it: what a plugin on a mock NVML
 #: that lacks a function it calls hits (its call is bound lazily, at the first call).
-CALLER = "int nvmlDeviceGetArchitecture(void *device, unsigned *arch);\nint arch(void) { unsigned a; return nvmlDeviceGetArchitecture(0, &a); }\n"
-PROGRAM = '#include <stdio.h>\nint arch(void);\nint main(void) { puts("I1201 10:00:00.000001 1 main.go:1] listing GPUs"); fflush(stdout); return arch(); }\n'
+CALLER = (
+    "int nvmlDeviceGetArchitecture(void *device, unsigned *arch);\n"
+    "int arch(void) { unsigned a; return nvmlDeviceGetArchitecture(0, &a); }\n"
+)
+PROGRAM = (
+    "#include <stdio.h>\nint arch(void);\n"
+    'int main(void) { puts("I1201 10:00:00.000001 1 main.go:1] listing GPUs"); fflush(stdout); return arch(); }\n'
+)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to make the loader fail for real")
@@ -71,7 +77,10 @@ def test_the_loaders_symbol_lookup_error_names_the_missing_symbol(tmp_path: Path
 
 
 def test_a_library_missing_at_start_is_the_fatal_line() -> None:
-    log = "gpu-kubelet-plugin: error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file: No such file or directory\n"
+    log = (
+        "gpu-kubelet-plugin: error while loading shared libraries: libnvidia-ml.so.1: "
+        "cannot open shared object file: No such file or directory\n"
+    )
     assert fatal_lines(log) == [log.strip()]
 
 

@@ -27,7 +27,8 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb, v1beta1_pb2_grpc 
 p = argparse.ArgumentParser()
 p.add_argument("--plugin-dir", required=True)
 p.add_argument("--count", type=int, default=3)
-p.add_argument("--health-file", help='JSON {"count": N, "removed": [id], "unhealthy": [id], "fail_allocate": [id | "*"]}')
+p.add_argument("--health-file",
+               help='JSON {"count": N, "removed": [id], "unhealthy": [id], "fail_allocate": [id | "*"]}')
 p.add_argument("--fault", choices=["none", "register-before-serve", "inject-nothing"], default="none")
 args = p.parse_args()
 RESOURCE, NAME = "example.com/widget", "widget.sock"
@@ -366,7 +367,9 @@ def test_downstream_fault_injector_runs_the_fault_tests(
     _assert_skips(
         fixed,
         {
-            "test_removed_and_added_devices_change_capacity": "the fault injector cannot remove a device: widgets are soldered on"
+            "test_removed_and_added_devices_change_capacity": (
+                "the fault injector cannot remove a device: widgets are soldered on"
+            )
         },
     )
 

@@ -96,7 +96,8 @@ def _import_trees(paths: list[Path]) -> list[tuple[Path, ast.Module]]:
 
 
 def exceptions_imported_elsewhere(paths: list[Path]) -> list[str]:
-    """``path: from module import Name`` for every exception imported from a module other than ``errors`` or the root."""
+    """``path: from module import Name`` for every exception imported from a module other than ``errors`` or the
+    root."""
     bad = []
     for path, tree in _import_trees(paths):
         for node in ast.walk(tree):
@@ -156,8 +157,10 @@ def test_the_checks_see_a_stray_exception_and_an_old_import_path(tmp_path: Path)
     """The three checks fail on what they are about: a class, an import and an ``__all__`` entry of another module."""
     pkg = tmp_path / "pytest_devplug"
     (pkg / "sim").mkdir(parents=True)
-    (pkg / "waiting.py").write_text("from .errors import WaitTimeout\n__all__ = ['WaitTimeout', 'wait_for']\n"
-                                    "class Late(WaitTimeout):\n    pass\nclass Local(ValueError):\n    pass\n")  # fmt: skip
+    (pkg / "waiting.py").write_text(
+        "from .errors import WaitTimeout\n__all__ = ['WaitTimeout', 'wait_for']\n"
+        "class Late(WaitTimeout):\n    pass\nclass Local(ValueError):\n    pass\n"
+    )
     (pkg / "sim" / "user.py").write_text("from ..waiting import WaitTimeout, wait_for\n")
     assert stray_exceptions(pkg) == {"waiting.py": ["Late", "Local"]}
     assert exceptions_reexported(pkg) == {"waiting.py": ["WaitTimeout"]}

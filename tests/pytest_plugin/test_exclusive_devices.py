@@ -29,11 +29,16 @@ def test_a_plugin_sharing_one_device_by_design_passes_the_suite(tmp_path: Path) 
 def test_exclusive_devices_convention_passes_a_correct_plugin_and_fails_one_device_given_twice(tmp_path: Path) -> None:
     for run in ("good", "bad"):
         (tmp_path / run).mkdir()
-    good = run_conformance([*_widget("--host-nodes"), "--conventions", "exclusive-devices"], ["-k", CHECK], tmp_path / "good",
-                           timeout=600)  # fmt: skip
+    good = run_conformance(
+        [*_widget("--host-nodes"), "--conventions", "exclusive-devices"], ["-k", CHECK], tmp_path / "good", timeout=600
+    )
     assert good.passed == [CHECK], good.verdicts()
-    bad = run_conformance([*_widget("--host-nodes", "--fault", "node-of-another"), "--conventions", "exclusive-devices"],
-                          ["-k", CHECK], tmp_path / "bad", timeout=600)  # fmt: skip
+    bad = run_conformance(
+        [*_widget("--host-nodes", "--fault", "node-of-another"), "--conventions", "exclusive-devices"],
+        ["-k", CHECK],
+        tmp_path / "bad",
+        timeout=600,
+    )
     assert list(bad.failures) == [CHECK], bad.verdicts()
     message = bad.failures[CHECK]
     assert "device nodes given to pods holding different example.com/widget devices: {'/dev/widget-0': [" in message, (

@@ -67,7 +67,8 @@ def test_sim_runs_never_import_the_kind_backend(pytester: pytest.Pytester) -> No
         import sys
         def test_counts(devplug_node):
             assert devplug_node.name
-            assert not [m for m in sys.modules if m.startswith(("pytest_devplug.backends.kind", "kubernetes", "pykube"))]
+            assert not [m for m in sys.modules if m.startswith(
+                ("pytest_devplug.backends.kind", "kubernetes", "pykube"))]
         """
     )
     pytester.runpytest_subprocess("-p", "no:pytest-kind-ng").assert_outcomes(passed=1)

@@ -67,7 +67,8 @@ def test_conformance_tests_the_plugin_on_its_command_line(pytester: pytest.Pytes
     assert result.parseoutcomes().get("passed") == 2, out[-3000:]
     result.stdout.fnmatch_lines(
         [
-            "devplug: backend=sim, kubernetes *; resource=example.com/isolated mock=True plugin: * -m devplug_gpu_plugin *"
+            "devplug: backend=sim, kubernetes *; resource=example.com/isolated mock=True plugin: "
+            "* -m devplug_gpu_plugin *"
         ]
     )
     result.stdout.fnmatch_lines(["configfile: pytest.ini"])
@@ -87,7 +88,8 @@ def test_plain_run_reports_the_overriding_conftests_plugin(pytester: pytest.Pyte
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
         [
-            "devplug: backend=sim, kubernetes *; devplug_plugin_spec is overridden in tests/conftest.py: *printed when it is deployed",
+            "devplug: backend=sim, kubernetes *; devplug_plugin_spec is overridden in tests/conftest.py: "
+            "*printed when it is deployed",
             "devplug: plugin under test (from devplug_plugin_spec): resource=example.com/wrong mock=False plugin: "
             "* -m no_such_plugin_module",
         ]

@@ -30,8 +30,10 @@ from pytest_devplug import PluginSpec
 
 @pytest.fixture(scope="session")
 def devplug_plugin_spec():
-    return PluginSpec(resource_name="example.com/widget",
-                      argv=[{sys.executable!r}, {str(WIDGET)!r}, "--plugin-dir", "{{plugin_dir}}", "--fault", "control-ids"])
+    return PluginSpec(
+        resource_name="example.com/widget",
+        argv=[{sys.executable!r}, {str(WIDGET)!r}, "--plugin-dir", "{{plugin_dir}}", "--fault", "control-ids"],
+    )
 """
     )
     pytester.makepyfile(

@@ -205,7 +205,8 @@ def test_plugin_env_reaches_the_spec_with_its_placeholders(pytester: pytest.Pyte
     pytester.makepyfile(
         """
 def test_env(devplug_settings):
-    assert dict(devplug_settings.plugin.env) == {"DP_REGISTRATION": "plugins_registry", "DP_KUBELET_REGISTRAR_DIR": "{plugins_registry}", "X": "a=b"}
+    assert dict(devplug_settings.plugin.env) == {"DP_REGISTRATION": "plugins_registry",
+                                                 "DP_KUBELET_REGISTRAR_DIR": "{plugins_registry}", "X": "a=b"}
 """
     )
     env = "DP_REGISTRATION=plugins_registry, DP_KUBELET_REGISTRAR_DIR={plugins_registry},X=a=b"
@@ -214,7 +215,8 @@ def test_env(devplug_settings):
 
 
 def test_driver_env_reaches_the_driver_spec_with_escaped_commas(pytester: pytest.Pytester) -> None:
-    """``--devplug-driver-env``: a chart's environment, ``\\,`` a comma inside a value (FEATURE_GATES=A=true,B=false)."""
+    """``--devplug-driver-env``: a chart's environment, ``\\,`` a comma inside a value
+    (FEATURE_GATES=A=true,B=false)."""
     pytester.makepyfile(
         """
 def test_env(devplug_driver_spec):
@@ -241,6 +243,6 @@ def test_model(devplug_settings, devplug_driver_spec):
     assert state["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
 """
     )
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-gpu-model", "h100-80gb", "--devplug-mig", "1g.10gb",
-                                          "--devplug-driver-cmd", "my-driver")  # fmt: skip
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-gpu-model", "h100-80gb",
+                                          "--devplug-mig", "1g.10gb", "--devplug-driver-cmd", "my-driver")  # fmt: skip
     result.assert_outcomes(passed=1)

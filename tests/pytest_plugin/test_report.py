@@ -130,7 +130,8 @@ def test_a_dra_run_describes_its_driver_in_the_header_and_the_report(pytester: p
     )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; driver=widget.example.com mock=False DRA driver: "
-                                 "'{python}' my_driver.py --registry '{plugins_registry}' (with the node's paths as flags)"])  # fmt: skip
+                                 "'{python}' my_driver.py --registry '{plugins_registry}' "
+                                 "(with the node's paths as flags)"])  # fmt: skip
     assert "plugin: " not in result.stdout.str(), "the device plugin is not what a DRA run tests"
     data = json.loads((pytester.path / "r.json").read_text())
     assert data["run"]["subject"] == "dra-driver" and data["run"]["driver"] == "", data["run"]
@@ -145,7 +146,8 @@ def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pyt
     result = pytester.runpytest("--pyargs", "pytest_devplug.dra.conformance", "--collect-only")
     result.stdout.fnmatch_lines(
         [
-            "devplug: backend=sim, kubernetes *; driver=gpu.devplug.io mock=True DRA driver: * -m devplug_gpu_plugin --dra *"
+            "devplug: backend=sim, kubernetes *; driver=gpu.devplug.io mock=True DRA driver: "
+            "* -m devplug_gpu_plugin --dra *"
         ]
     )
     pytester.makeconftest(
@@ -161,8 +163,8 @@ def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pyt
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest()
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; devplug_driver_spec is overridden in conftest.py: the DRA driver under test "
-                                 "is printed when it is deployed"])  # fmt: skip
+    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; devplug_driver_spec is overridden in "
+                                 "conftest.py: the DRA driver under test is printed when it is deployed"])  # fmt: skip
 
 
 def test_report_refuses_a_json_target(pytester: pytest.Pytester) -> None:

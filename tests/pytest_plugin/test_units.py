@@ -91,7 +91,10 @@ def test_parse_checkpoint_of_a_real_kubelet() -> None:
 def test_parse_checkpoint_decodes_as_the_kubelet_does() -> None:
     """Go's json.Unmarshal: keys match field names case-insensitively, unknown keys are ignored, a missing Data
     is an empty one (the kubelet's checksum check then refuses it; reading does not judge the checksum)."""
-    raw = b'{"data":{"podDeviceEntries":[{"poduid":"u","CONTAINERNAME":"c","ResourceName":"r/x","DeviceIDs":{"0":["b"]},"Extra":1}]},"Checksum":7}'
+    raw = (
+        b'{"data":{"podDeviceEntries":[{"poduid":"u","CONTAINERNAME":"c","ResourceName":"r/x",'
+        b'"DeviceIDs":{"0":["b"]},"Extra":1}]},"Checksum":7}'
+    )
     (entry,) = parse_checkpoint(raw).entries
     assert (entry.pod_uid, entry.container_name, entry.device_ids, entry.alloc_resp) == ("u", "c", {"0": ("b",)}, b"")
     assert parse_checkpoint(b"{}").entries == () and parse_checkpoint(b"{}").registered_devices == {}

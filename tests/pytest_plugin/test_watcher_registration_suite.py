@@ -13,7 +13,10 @@ from pytest_devplug.assertions import INFERRED_WATCHER_PATH
 from tests.support import run_conformance
 
 #: The checks about registering and registering again, and the restarts that depend on it.
-SELECTION = "test_registers_its_resource or test_registration_accepted_without_errors or test_reregisters_after_kubelet_restart or test_kubelet_restart_then_plugin_restart"
+SELECTION = (
+    "test_registers_its_resource or test_registration_accepted_without_errors or "
+    "test_reregisters_after_kubelet_restart or test_kubelet_restart_then_plugin_restart"
+)
 NOTED = ("test_registers_its_resource", "test_reregisters_after_kubelet_restart")
 
 

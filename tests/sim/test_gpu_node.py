@@ -133,7 +133,8 @@ def test_a_mig_node_shows_the_plugin_its_mig_capabilities(backend: SimBackend) -
         "gpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n" in log
         and "character special file /dev/nvidia-caps/nvidia-cap13" in log
     ), log
-    # the same minor where NVIDIA's DRA driver reads it, and the major of nvidia-caps (the host's /proc/devices lacks it)
+    # the same minor where NVIDIA's DRA driver reads it, and the major of nvidia-caps (the host's /proc/devices
+    # lacks it)
     assert "DeviceFileMinor: 13\n" in log and "511 nvidia-caps\n" in log, log
     assert " nvidia-caps\n" not in Path("/proc/devices").read_text()
 
@@ -143,7 +144,8 @@ def test_the_plugin_sees_the_mock_gpus_pci_functions_not_the_hosts(backend: SimB
     NVIDIA's IDs and its NUMA node; the host's sysfs gains nothing."""
     cluster = ClusterHandle(backend, timeout=20.0)
     node = cluster.ensure_node(NodeSpec("pci-gpu-node", numa_nodes=2))
-    script = ('cd /sys/bus/pci/devices && for d in *; do echo "$d $(readlink "$d") $(cat "$d/vendor" "$d/device" "$d/class" '
+    script = ('cd /sys/bus/pci/devices && for d in *; do '
+              'echo "$d $(readlink "$d") $(cat "$d/vendor" "$d/device" "$d/class" '
               '"$d/numa_node" | tr "\\n" " ")"; done; echo done; sleep 60')  # fmt: skip
     spec = PluginSpec(argv=["sh", "-c", script], mock=True, gpus=2, numa_nodes=2, standard_paths=True)
     plugin = cluster.deploy(node, spec)

@@ -104,7 +104,8 @@ def test_a_failed_bind_names_the_mount_not_the_permissions(tmp_path: Path) -> No
         pytest.skip(f"this machine allows no private mount namespace: {launcher_problem}")
     (tmp_path / "scratch").mkdir()
     done = subprocess.run([*LAUNCHER, "--scratch", str(tmp_path / "scratch"), "--bind", str(tmp_path / "gone"),
-                           "/var/lib/kubelet/device-plugins", "--", "true"], capture_output=True, text=True, timeout=30)  # fmt: skip
+                           "/var/lib/kubelet/device-plugins", "--", "true"],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
     assert done.returncode == 126
     assert f"mount {tmp_path / 'gone'} on /var/lib/kubelet/device-plugins: No such file or directory" in done.stderr
     assert "user namespaces" not in done.stderr, done.stderr
@@ -133,7 +134,8 @@ def test_unprivileged_user_gets_the_namespace_through_a_user_namespace(shared_tm
     done = subprocess.run(
         [*nobody, python, "-I", "-S", str(script), "--scratch", str(scratch), "--bind", str(node),
          launcher.KUBELET_PATHS["device-plugins"], "--", "sh", "-c",
-         f"id -u; ls {launcher.KUBELET_PATHS['device-plugins']}; touch {launcher.KUBELET_PATHS['device-plugins']}/mine"],
+         f"id -u; ls {launcher.KUBELET_PATHS['device-plugins']}; "
+         f"touch {launcher.KUBELET_PATHS['device-plugins']}/mine"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -300,7 +300,8 @@ import sys, time
 from pytest_devplug.procs import workdir
 from pytest_devplug.procs.process import PluginProcess
 d = workdir.create()
-code = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print('CHILD', c.pid, flush=True); time.sleep(120)"
+code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        "print('CHILD', c.pid, flush=True); time.sleep(120)")
 p = PluginProcess([sys.executable, "-c", code], log_path=d / "plugin.log")
 p.start()
 while "CHILD " not in p.log():

@@ -477,13 +477,19 @@ def test_the_schedulers_extended_resource_claim_follows_dra_extended_resource(
         "spec": {"containers": [{"name": "main"}]},
         "status": {"extendedResourceClaimStatus": {
             "resourceClaimName": "p-extended-resources-x",
-            "requestMappings": [{"containerName": "main", "resourceName": "example.com/gpu", "requestName": "container-0-request-0"}],
+            "requestMappings": [
+                {"containerName": "main", "resourceName": "example.com/gpu", "requestName": "container-0-request-0"}],
         }},
     }  # fmt: skip
     extended = DRAManager.__new__(DRAManager)  # only the gate's reading is judged here, not a started manager
     extended.extended_resources = kube.gate("DRAExtendedResource")
-    state = cp.ClaimInfoState("cu", "p-extended-resources-x", "ns", {"u"},
-                              {"d": [cp.PreparedDevice("pool", "gpu-0", ["container-0-request-0"], ["d.example/gpu=gpu-0"])]})  # fmt: skip
+    state = cp.ClaimInfoState(
+        "cu",
+        "p-extended-resources-x",
+        "ns",
+        {"u"},
+        {"d": [cp.PreparedDevice("pool", "gpu-0", ["container-0-request-0"], ["d.example/gpu=gpu-0"])]},
+    )
     claims = pod_claims(pod_obj, extended=extended.extended_resources)
     assert [c.get("resourceClaimName") for c in claims] == (["p-extended-resources-x"] if prepared else [])
     devices = container_cdi_devices(pod_obj, "main", lambda ns, name: state, extended=extended.extended_resources)

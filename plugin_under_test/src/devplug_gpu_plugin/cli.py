@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt(
         "--replicas",
         "1",
-        "device IDs advertised per GPU, <uuid>::<n> when > 1: containers share the GPU (time-slicing) (default %(default)s)",
+        "device IDs advertised per GPU, <uuid>::<n> when > 1: containers share the GPU (time-slicing) "
+        "(default %(default)s)",
     )
     opt(
         "--second-resource",
@@ -183,11 +184,12 @@ DRA_DEFAULTS = {
 #: Values of ``--registration``.
 REGISTRATIONS = ("kubelet.sock", "plugins_registry")
 DEVICE_PLUGIN_ONLY = (
-    "plugin_dir", "resource_name", "pre_start_required", "device_list_strategy", "cdi_spec_dir", "replicas", "socket_name",
-    "second_resource", "registration",
+    "plugin_dir", "resource_name", "pre_start_required", "device_list_strategy", "cdi_spec_dir", "replicas",
+    "socket_name", "second_resource", "registration",
 )  # fmt: skip
 DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_plugins_dir", "cdi_root")
-#: A DRA driver name: a DNS subdomain of at most 63 characters (the API's limit) starting with a letter (CDI vendor rule).
+#: A DRA driver name: a DNS subdomain of at most 63 characters (the API's limit) starting with a letter
+#: (CDI vendor rule).
 _DRIVER_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -200,7 +202,8 @@ def _check_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     for dest in DRA_ONLY if not args.dra else DEVICE_PLUGIN_ONLY:
         if getattr(args, dest) != parser.get_default(dest):
             parser.error(
-                f"{_flag(dest)} {'needs --dra' if not args.dra else 'is a device-plugin flag; it does nothing with --dra'}"
+                f"{_flag(dest)} "
+                f"{'needs --dra' if not args.dra else 'is a device-plugin flag; it does nothing with --dra'}"
             )
 
 
@@ -355,8 +358,12 @@ class _DevicePlugin:
                 state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
                 pre_start_fault=faults.pre_start if faults else None, member=member if second else None,
             )  # fmt: skip
-            config = ServerConfig(self.socket_dir, name, args.socket_name or instance_socket_name(self.socket_dir, name),
-                                  args.pre_start_required)  # fmt: skip
+            config = ServerConfig(
+                self.socket_dir,
+                name,
+                args.socket_name or instance_socket_name(self.socket_dir, name),
+                args.pre_start_required,
+            )
             self.servers.append(
                 WatchedPluginServer(config, servicer, stopping) if watched else PluginServer(config, servicer, stopping)
             )

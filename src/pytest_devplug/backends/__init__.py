@@ -1,4 +1,5 @@
-"""Backends: the same fixtures on the embedded kubelet (``sim``), a kind cluster (``kind``) or any cluster (``cluster``)."""
+"""Backends: the same fixtures on the embedded kubelet (``sim``), a kind cluster (``kind``) or any cluster
+(``cluster``)."""
 
 from __future__ import annotations
 

@@ -97,8 +97,8 @@ class NodeSpec:
     #: Device nodes the node has (``/dev/ttyS0``, ...), for plugins that scan ``/dev``: sim makes stub files at
     #: these paths in the private mount namespace of a plugin started without ``{plugin_dir}``.
     device_nodes: tuple[str, ...] = ()
-    #: sim: a mock PCI/NIC node file (``--devplug-pci-node``, ``pytest_devplug.pcinodes.spec``): its sysfs, device nodes,
-    #: PCI IDs and netdevs in the namespaces of a plugin started without ``{plugin_dir}``.
+    #: sim: a mock PCI/NIC node file (``--devplug-pci-node``, ``pytest_devplug.pcinodes.spec``): its sysfs, device
+    #: nodes, PCI IDs and netdevs in the namespaces of a plugin started without ``{plugin_dir}``.
     pci_node: str | None = None
     #: A node other than this one (the node under test), for a second copy of the plugin (the soak's): the sim
     #: creates one; kind and cluster take ``--devplug-second-node`` and raise ``UnsupportedOperationError``
@@ -111,8 +111,8 @@ class PluginSpec:
     """How to deploy the plugin under test on a node.
 
     ``argv`` and ``env`` values (sim) may hold the placeholders ``{plugin_dir}``, ``{plugins_registry}``,
-    ``{mock_state}`` and ``{python}``, filled by :meth:`command` when the plugin is started; ``image`` and ``manifest`` are what
-    kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
+    ``{mock_state}`` and ``{python}``, filled by :meth:`command` when the plugin is started; ``image`` and
+    ``manifest`` are what kind deploys. ``mock`` says the plugin reads the mock-NVML state file, so
     the fault controls (Xid, lost, add/remove, fail_allocate) work; ``gpus``/``numa_nodes`` shape the
     initial mock state.
     """
@@ -170,8 +170,15 @@ class PluginSpec:
         """``argv`` and ``env`` as the plugin is started on a node: ``{plugin_dir}`` is the node's device-plugin
         directory, ``{plugins_registry}`` its plugin watcher's directory, ``{mock_state}`` the mock-NVML state file
         (empty without one), ``{python}`` this interpreter. The one place the placeholders are filled."""
-        return fill_placeholders(self.argv, self.env, {"plugin_dir": os.fspath(plugin_dir), "mock_state": os.fspath(mock_state or ""),
-                                                       "plugins_registry": os.fspath(plugins_registry)})  # fmt: skip
+        return fill_placeholders(
+            self.argv,
+            self.env,
+            {
+                "plugin_dir": os.fspath(plugin_dir),
+                "mock_state": os.fspath(mock_state or ""),
+                "plugins_registry": os.fspath(plugins_registry),
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -414,7 +421,8 @@ class BackendOptions:
     kind_bin: str | None = None
     kind_image: str | None = None
     kubeconfig: str | None = None
-    #: kind cluster config: a path or a file name in kind-config/ (``None``: ``$DEVPLUG_KIND_CONFIG``, else single-node).
+    #: kind cluster config: a path or a file name in kind-config/ (``None``: ``$DEVPLUG_KIND_CONFIG``, else
+    #: single-node).
     kind_config: str | None = None
     # cluster (any cluster, through its kubeconfig; kind and cluster also take workload_image):
     #: kubeconfig context (``None``: the current one).

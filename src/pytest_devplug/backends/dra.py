@@ -105,7 +105,8 @@ class RegistrationRecord:
 @dataclass(frozen=True)
 class DRACallRecord:
     """One NodePrepareResources / NodeUnprepareResources the kubelet made: ``error`` is the call's gRPC error, else
-    the claims the driver answered with an error (``claim <uid>: <error>``, "; " between); "" when every claim succeeded."""
+    the claims the driver answered with an error (``claim <uid>: <error>``, "; " between); "" when every claim
+    succeeded."""
 
     driver: str
     method: str
@@ -192,7 +193,8 @@ class DRABackend(Protocol):
 
     # -- knobs -----------------------------------------------------------------------------------
     def set_dra_timings(self, **seconds: float) -> None:
-        """``wiping_delay``, ``retry_period``, ``reconcile_period`` (sim; real kubelets raise UnsupportedOperationError)."""
+        """``wiping_delay``, ``retry_period``, ``reconcile_period`` (sim; real kubelets raise
+        UnsupportedOperationError)."""
 
     def dra_timings(self) -> dict[str, float]: ...
 
@@ -218,10 +220,11 @@ def dra_of(backend: HasDRA) -> DRABackend:
     if dra is None:
         why = (
             "a DRA driver reads its claims from the API server and publishes ResourceSlices through it, which the "
-            "embedded control plane does not serve: run with --devplug-control-plane real (devplug conformance --dra does)"
+            "embedded control plane does not serve: run with --devplug-control-plane real "
+            "(devplug conformance --dra does)"
             if backend.name == "sim"
-            else f"the {backend.name} backend has no DRA side (not started, or not a backend with one: sim with the real "
-            "control plane, kind, cluster)"
+            else f"the {backend.name} backend has no DRA side (not started, or not a backend with one: "
+            "sim with the real control plane, kind, cluster)"
         )
         raise UnsupportedOperationError(why)
     return dra

@@ -21,7 +21,8 @@ State = dict[str, Any]
 #: for a model (PCI device ID, architecture, compute capability, SMs) is the mock library's (``mock_nvml.c``).
 GPU_MODELS = {
     "a100-40gb": ("NVIDIA A100-SXM4-40GB", 40960), "a100-80gb": ("NVIDIA A100-SXM4-80GB", 81920),
-    "h100-80gb": ("NVIDIA H100 80GB HBM3", 81559), "h200-141gb": ("NVIDIA H200", 143771), "b200": ("NVIDIA B200", 183359),
+    "h100-80gb": ("NVIDIA H100 80GB HBM3", 81559), "h200-141gb": ("NVIDIA H200", 143771),
+    "b200": ("NVIDIA B200", 183359),
 }  # fmt: skip
 DEFAULT_GPU_MODEL = "a100-40gb"
 #: MIG geometry, the same on every model: (compute slices, memory slices, instances that fit on one GPU, suffix) of

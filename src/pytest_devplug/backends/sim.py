@@ -140,8 +140,11 @@ class SimBackend:
             kube = self.options.kube
             binaries = resolve(self.options.k8s_bin_dir, version=kube.release.minor)
             self.control_plane = ControlPlane(
-                binaries, timeout=max(self.options.timeout, 30.0), keep=self.options.keep_cluster, feature_gates=kube.gate_flag(),
-            )  # fmt: skip
+                binaries,
+                timeout=max(self.options.timeout, 30.0),
+                keep=self.options.keep_cluster,
+                feature_gates=kube.gate_flag(),
+            )
             self.control_plane.start()
         except ControlPlaneError as exc:
             raise BackendUnavailableError(f"the real control plane did not start: {exc}") from None
@@ -277,9 +280,13 @@ class SimBackend:
             return pci_binds
         try:
             return pci_binds + node_file_binds(
-                Path(self.sim_node(node).node_dir) / "node-files", nodes, driver_version=version, nvml=nvml, mig_gpus=mig_gpus,
+                Path(self.sim_node(node).node_dir) / "node-files",
+                nodes,
+                driver_version=version,
+                nvml=nvml,
+                mig_gpus=mig_gpus,
                 pci_gpus=gpus if pci is None else (),
-            )  # fmt: skip
+            )
         except ValueError as exc:
             raise BackendError(f"node {node}: {exc}") from None
 
@@ -434,7 +441,10 @@ class SimBackend:
 
     def reboot_node(self, node: str) -> str:
         self.sim_node(node).reboot()
-        return "rebooted (embedded kubelet): every container, sandbox and plugin process gone, /var/run/cdi emptied, /var/lib/kubelet kept"
+        return (
+            "rebooted (embedded kubelet): every container, sandbox and plugin process gone, /var/run/cdi emptied, "
+            "/var/lib/kubelet kept"
+        )
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         return list(range(int(self.sim_node(node).numa_nodes)))
@@ -554,7 +564,8 @@ class SimBackend:
                 ) from None
         if len(resp.container_responses) != len(ids):
             raise BackendError(
-                f"Allocate of {resource} answered {len(resp.container_responses)} container responses to {len(ids)} requests"
+                f"Allocate of {resource} answered {len(resp.container_responses)} container responses "
+                f"to {len(ids)} requests"
             )
         out: dict[str, ContainerView] = {}
         for device_id, answer in zip(ids, resp.container_responses, strict=True):

@@ -144,8 +144,12 @@ class SimDRA:
         standard = spec.uses_standard_paths()
         binds = [(creds.directory, SERVICE_ACCOUNT_DIR)] if standard else []
         # the mock GPU node's files, as for a device plugin on the mock NVML
-        binds += self._backend.node_files(node, PluginSpec(mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes, mig=spec.mig,
-                                                            gpu_model=spec.gpu_model))  # fmt: skip
+        binds += self._backend.node_files(
+            node,
+            PluginSpec(
+                mock=spec.mock, gpus=spec.gpus, numa_nodes=spec.numa_nodes, mig=spec.mig, gpu_model=spec.gpu_model
+            ),
+        )
         self._serial += 1
         proc = n.start_plugin(argv, name=f"dra-driver-{self._serial}", env=env,
                               standard_paths=standard, extra_binds=binds)  # fmt: skip

@@ -136,12 +136,13 @@ def test_device_health_reported_for_a_pod_that_never_started(
         marked = wait_marked_unhealthy(devplug_plugin, domain, capacity=n)
     except AssertionError as exc:
         raise AssertionError(
-            f"{dev}, allocated to {pod.name} whose container never started ({waiting.get('reason')}), was made Unhealthy "
-            f"and the plugin did not report it: {exc}"
+            f"{dev}, allocated to {pod.name} whose container never started ({waiting.get('reason')}), "
+            f"was made Unhealthy and the plugin did not report it: {exc}"
         ) from None
     if dev not in marked:
         pytest.skip(
-            f"the fault of {dev}'s hardware left {dev} Healthy (the plugin marked {marked}): the nvml-xid checks judge a fault's reach"
+            f"the fault of {dev}'s hardware left {dev} Healthy (the plugin marked {marked}): "
+            "the nvml-xid checks judge a fault's reach"
         )
     want = {dev: "Unhealthy"}
     wait_for(

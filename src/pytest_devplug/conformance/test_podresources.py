@@ -25,8 +25,8 @@ def _assert_topology_as_sent(
             sent = tuple(numa[d])
             bad = [n for n in sent if n < 0]
             assert not bad, (
-                f"device {d} is reported on NUMA node {bad}: NUMA node IDs count from 0; a device whose node is unknown "
-                "(sysfs numa_node -1) must be sent without topology"
+                f"device {d} is reported on NUMA node {bad}: NUMA node IDs count from 0; "
+                "a device whose node is unknown (sysfs numa_node -1) must be sent without topology"
             )
             assert tuple(devs.numa_nodes) == sent, f"{d}: {api} lists topology {devs.numa_nodes}, allocatable {sent}"
 

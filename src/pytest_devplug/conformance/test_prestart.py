@@ -61,7 +61,8 @@ def test_prestart_container_called_before_start(devplug_pod: PodFactory, devplug
     pod = devplug_pod(gpus=1, wait=True)
     (dev,) = pod.allocated_devices
     kubelet_rx = re.compile(
-        rf"PreStartContainer call for container\W+(?:containerName=\W?)?{re.escape(pod.container)}\b.*{re.escape(pod.uid)}"
+        rf"PreStartContainer call for container\W+(?:containerName=\W?)?{re.escape(pod.container)}\b.*"
+        rf"{re.escape(pod.uid)}"
     )
     plugin_needle = f"PreStartContainer: devices {dev}"
     what = f"/{kubelet_rx.pattern}/ in the kubelet's log or {plugin_needle!r} in the plugin's"

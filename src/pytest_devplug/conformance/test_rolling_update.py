@@ -25,7 +25,8 @@ from pytest_devplug import NodeHandle, PluginHandle, PodFactory
 from pytest_devplug.waiting import wait_for
 from pytest_devplug.errors import WaitTimeout
 
-#: The kubelet's line for every Register call (embedded: ``... with resource X``; real: ``... resource name" resourceName="X"``).
+#: The kubelet's line for every Register call (embedded: ``... with resource X``;
+#: real: ``... resource name" resourceName="X"``).
 REGISTRATION = "Got registration request from device plugin with resource"
 #: Seconds the node is watched after the first instance's process exited (``retire`` returns then): whatever its
 #: exit did to the socket or the stream shows at once.

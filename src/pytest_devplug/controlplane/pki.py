@@ -69,7 +69,8 @@ def make_pki(d: Path) -> Pki:
     _key("ca.key", d)
     _openssl(
         ["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=devplug-ca", "-days", _DAYS, "-sha256",
-         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.crt"],
+         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+         "-out", "ca.crt"],
         d,
     )  # fmt: skip
     usage = "keyUsage=critical,digitalSignature,keyEncipherment"

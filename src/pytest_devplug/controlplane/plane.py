@@ -1,8 +1,8 @@
 """``ControlPlane``: a real Kubernetes control plane for one test run, in seconds, without Docker.
 
 etcd, kube-apiserver, kube-scheduler and kube-controller-manager (only the controllers a node's life
-needs: service accounts and their tokens, node lifecycle, and DRA's resource claims) run as children of the test run on loopback
-ports, with their own certificates and data under one directory that :meth:`ControlPlane.stop` removes.
+needs: service accounts and their tokens, node lifecycle, and DRA's resource claims) run as children of the test run
+on loopback ports, with their own certificates and data under one directory that :meth:`ControlPlane.stop` removes.
 The ``resource.k8s.io/v1`` API (DRA) is on, and so is the scheduler's DRA plugin (both default since 1.34); every
 other feature gate is at the release's default unless ``feature_gates`` sets it (all three components get it).
 

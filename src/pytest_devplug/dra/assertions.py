@@ -49,13 +49,29 @@ def dra_evidence(driver: DriverHandle, pods: Iterable[tuple[str, str]] = ()) -> 
     ev = [
         safe_evidence("driver log", lambda: tail(driver.log())),
         safe_evidence("kubelet log", lambda: window_kubelet_log(backend, node.name)),
-        safe_evidence("registrations", lambda: "\n".join(f"{e.kind} {e.name} {e.socket} {e.detail}".rstrip() for e in node.registration_events()[-20:]) or "<none>"),
-        safe_evidence("kubelet DRA calls", lambda: "\n".join(
-            f"{time.strftime('%H:%M:%S', time.localtime(c.at))} {c.method} {c.driver} {list(c.claim_uids)} {c.error or 'ok'}"
-            for c in node.dra_calls()[-30:]) or "<none>"),
-        safe_evidence("resource slices", lambda: "\n".join(s.describe() for s in node.slices()) or "<none on this node>"),
+        safe_evidence(
+            "registrations",
+            lambda: (
+                "\n".join(f"{e.kind} {e.name} {e.socket} {e.detail}".rstrip() for e in node.registration_events()[-20:])
+                or "<none>"
+            ),
+        ),
+        safe_evidence(
+            "kubelet DRA calls",
+            lambda: (
+                "\n".join(
+                    f"{time.strftime('%H:%M:%S', time.localtime(c.at))} {c.method} {c.driver} "
+                    f"{list(c.claim_uids)} {c.error or 'ok'}"
+                    for c in node.dra_calls()[-30:]
+                )
+                or "<none>"
+            ),
+        ),
+        safe_evidence(
+            "resource slices", lambda: "\n".join(s.describe() for s in node.slices()) or "<none on this node>"
+        ),
         safe_evidence("dra_manager_state", lambda: _checkpoint_text(driver)),
-    ]  # fmt: skip
+    ]
     if pods:
         ev.append(safe_evidence("pods", lambda: pod_statuses(backend, pods)))
         ev.append(safe_evidence("pod events", lambda: pod_events(backend, pods)))
@@ -86,7 +102,10 @@ def _refused(driver: DriverHandle) -> str | None:
 def _registration_seen(driver: DriverHandle) -> str:
     events = driver.node.registration_events()[-5:]
     seen = "; ".join(f"{e.kind} {e.name or '?'} at {e.socket}" + (f": {e.detail}" if e.detail else "") for e in events)
-    return f"registered drivers {driver.node.registered_drivers()}; watcher outcomes: {seen or 'none (no socket in plugins_registry)'}"
+    return (
+        f"registered drivers {driver.node.registered_drivers()}; "
+        f"watcher outcomes: {seen or 'none (no socket in plugins_registry)'}"
+    )
 
 
 def assert_driver_registered(driver: DriverHandle, timeout: float | None = None) -> None:
@@ -134,14 +153,20 @@ def assert_slices_published(driver: DriverHandle, min_devices: int = 1, timeout:
         return len(devices) >= min_devices and not _pool_problems(driver)
 
     try:
-        devices = wait_for(driver.devices, ok, timeout=driver.node.timeout if timeout is None else timeout,
-                           what=f"ResourceSlices of {driver.name} on {driver.node.name}", give_up=driver.crashed)  # fmt: skip
+        devices = wait_for(
+            driver.devices,
+            ok,
+            timeout=driver.node.timeout if timeout is None else timeout,
+            what=f"ResourceSlices of {driver.name} on {driver.node.name}",
+            give_up=driver.crashed,
+        )
     except WaitTimeout as exc:
         why = f"; stopped early: {exc.reason}" if exc.reason else ""
         everything = [s.describe() for s in driver.node.slices()]
         raise _fail(
-            f"expected ResourceSlices with spec.driver={driver.name} and spec.nodeName={driver.node.name} holding at least "
-            f"{min_devices} devices in complete pools{why}; saw {len(exc.last or [])} devices {exc.last}, "
+            f"expected ResourceSlices with spec.driver={driver.name} and spec.nodeName={driver.node.name} "
+            f"holding at least {min_devices} devices in complete pools{why}; "
+            f"saw {len(exc.last or [])} devices {exc.last}, "
             f"pool problems {_pool_problems(driver)}; all slices of the node: {everything or 'none'}",
             driver,
         ) from None
@@ -175,8 +200,8 @@ def _prepared_problems(claim: ClaimHandle, prepared: PreparedClaim | None, pod_u
 def assert_claim_prepared(
     pod: ClaimPodHandle, driver: DriverHandle, timeout: float | None = None
 ) -> list[PreparedClaim]:
-    """``pod`` runs with its claims prepared by ``driver``: each claim is in the kubelet's ``dra_manager_state`` with the
-    pod's UID and exactly the devices the scheduler allocated to the driver, and the default container got the CDI
+    """``pod`` runs with its claims prepared by ``driver``: each claim is in the kubelet's ``dra_manager_state`` with
+    the pod's UID and exactly the devices the scheduler allocated to the driver, and the default container got the CDI
     device IDs the driver returned (resolved from the spec files it wrote; unresolvable ones fail the container).
     Returns what the kubelet checkpointed for each claim."""
     __tracebackhide__ = True
@@ -185,8 +210,12 @@ def assert_claim_prepared(
         pod.wait_running(timeout)
     except AssertionError as exc:
         pending = driver.node.pending_prepares()
-        raise _fail(f"expected pod {pod.namespace}/{pod.name} to run with its claims prepared: {exc}; "
-                    f"prepares the kubelet retries: {pending or 'none'}{nested_spec_hint(pod, driver)}", driver, pods) from None  # fmt: skip
+        raise _fail(
+            f"expected pod {pod.namespace}/{pod.name} to run with its claims prepared: {exc}; "
+            f"prepares the kubelet retries: {pending or 'none'}{nested_spec_hint(pod, driver)}",
+            driver,
+            pods,
+        ) from None
     uid = pod.uid
     claims = pod.claims
     if not claims:
@@ -214,8 +243,15 @@ def assert_claim_prepared(
 def _entries(cp: DRACheckpoint | None) -> dict[str, tuple[str, str, frozenset[str], str]]:
     if cp is None:
         return {}
-    return {c.claim_uid: (c.namespace, c.claim_name, c.pod_uids, json.dumps({k: [vars(d) for d in v] for k, v in sorted(c.devices.items())}, default=list))
-            for c in cp.claims}  # fmt: skip
+    return {
+        c.claim_uid: (
+            c.namespace,
+            c.claim_name,
+            c.pod_uids,
+            json.dumps({k: [vars(d) for d in v] for k, v in sorted(c.devices.items())}, default=list),
+        )
+        for c in cp.claims
+    }
 
 
 def assert_driver_reregisters_after_kubelet_restart(driver: DriverHandle, timeout: float | None = None) -> None:

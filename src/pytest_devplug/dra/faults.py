@@ -129,7 +129,8 @@ class DRANvmlXidFaults(_OnMockState):
 
     def set_healthy(self, pool: str, device: str) -> None:
         raise FaultNotSupportedError(
-            "NVML has no event for a GPU that recovered: after a critical Xid the GPU stays Unhealthy until the driver restarts"
+            "NVML has no event for a GPU that recovered: after a critical Xid the GPU stays Unhealthy "
+            "until the driver restarts"
         )
 
     def fail_prepare(self, fail: bool = True) -> None:

@@ -195,8 +195,13 @@ class DriverHandle:
 
     def wait_usable(self, timeout: float | None = None) -> None:
         """Wait until the kubelet has the driver registered and connected; stops at once when it exited."""
-        wait_for(lambda: self.usable, bool, timeout=self.node.timeout if timeout is None else timeout,
-                 what=f"DRA driver {self.name} registered and connected on {self.node.name}", give_up=self.crashed)  # fmt: skip
+        wait_for(
+            lambda: self.usable,
+            bool,
+            timeout=self.node.timeout if timeout is None else timeout,
+            what=f"DRA driver {self.name} registered and connected on {self.node.name}",
+            give_up=self.crashed,
+        )
 
 
 class ClaimHandle:
@@ -322,8 +327,10 @@ def nested_spec_hint(pod: ClaimPodHandle, driver: DriverHandle) -> str:
         for path, raw in sorted(files.items()):
             if kind.encode() in raw and name.encode() in raw:
                 top = next(d for d in SPEC_DIRS if path.startswith(d + "/"))
-                hints.append(f"CDI device {cdi_id} is defined in {path}, a subdirectory of {top}: a runtime reads only the "
-                             f"spec files directly in {' and '.join(SPEC_DIRS)}")  # fmt: skip
+                hints.append(
+                    f"CDI device {cdi_id} is defined in {path}, a subdirectory of {top}: a runtime reads only the "
+                    f"spec files directly in {' and '.join(SPEC_DIRS)}"
+                )
                 break
     return "; " + "; ".join(hints) if hints else ""
 
@@ -467,10 +474,16 @@ class ClaimFactory:
         }
 
     def pod(
-        self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, manifest: Mapping[str, Any] | None = None,
-        wait: bool = False, **kwargs: Any,
-    ) -> ClaimPodHandle:  # fmt: skip
-        """Create a pod using ``claims`` / ``templates`` (none given: a new claim for one device); ``wait``: until it runs."""
+        self,
+        claims: Sequence[ClaimHandle | str] = (),
+        templates: Sequence[str] = (),
+        *,
+        manifest: Mapping[str, Any] | None = None,
+        wait: bool = False,
+        **kwargs: Any,
+    ) -> ClaimPodHandle:
+        """Create a pod using ``claims`` / ``templates`` (none given: a new claim for one device); ``wait``: until it
+        runs."""
         if manifest is None and not claims and not templates:
             claims = [self.claim()]
         body = dict(manifest) if manifest is not None else self.manifest(claims, templates, **kwargs)

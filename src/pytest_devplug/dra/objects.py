@@ -72,7 +72,10 @@ class SliceView:
         raise KeyError(f"ResourceSlice {self.name} has no device {name!r}")
 
     def describe(self) -> str:
-        return f"{self.name} (driver {self.driver}, node {self.node}, pool {self.pool} gen {self.generation}: {', '.join(self.devices) or 'no devices'})"
+        return (
+            f"{self.name} (driver {self.driver}, node {self.node}, pool {self.pool} gen {self.generation}: "
+            f"{', '.join(self.devices) or 'no devices'})"
+        )
 
 
 def list_slices(rest: KubeRest, *, node: str | None = None, driver: str | None = None) -> list[SliceView]:
@@ -144,21 +147,27 @@ class DRACheckpoint:
 
 
 def parse_dra_checkpoint(raw: bytes) -> DRACheckpoint:
-    """Decode ``dra_manager_state`` bytes (Go's JSON rules); raises ``CheckpointError`` when the kubelet could not read it."""
+    """Decode ``dra_manager_state`` bytes (Go's JSON rules); raises ``CheckpointError`` when the kubelet could not
+    read it."""
     file = cp.decode(raw)
     claims = tuple(
         PreparedClaim(
-            e.claim_uid, e.claim_name, e.namespace, frozenset(e.pod_uids or ()),
+            e.claim_uid,
+            e.claim_name,
+            e.namespace,
+            frozenset(e.pod_uids or ()),
             {
                 driver: tuple(
-                    PreparedDevice(d.pool_name, d.device_name, tuple(d.request_names or ()), tuple(d.cdi_device_ids or ()))
+                    PreparedDevice(
+                        d.pool_name, d.device_name, tuple(d.request_names or ()), tuple(d.cdi_device_ids or ())
+                    )
                     for d in devs or []
                 )
                 for driver, devs in (e.driver_state or {}).items()
             },
         )
         for e in file.entries or []
-    )  # fmt: skip
+    )
     return DRACheckpoint(claims, file.stored, file.computed, raw)
 
 
@@ -197,9 +206,13 @@ def device_taint_rule_manifest(name: str, driver: str, pool: str, taint: Mapping
 
 
 def _claim_spec(
-    device_class: str, count: int, requests: Sequence[Mapping[str, Any]] | None, selectors: Sequence[Mapping[str, Any]] | None,
-    tolerations: Sequence[Mapping[str, str]] | None = None, config: Mapping[str, Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    device_class: str,
+    count: int,
+    requests: Sequence[Mapping[str, Any]] | None,
+    selectors: Sequence[Mapping[str, Any]] | None,
+    tolerations: Sequence[Mapping[str, str]] | None = None,
+    config: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     if requests is None:
         exact: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
         if selectors:

@@ -96,9 +96,18 @@ def dra_settings_from_config(config: pytest.Config, base: DevplugSettings) -> DR
         argv = default_driver_argv(name)
     explicit_mock = given(config, "mock")
     mock = included if explicit_mock is None else bool(explicit_mock)
-    spec = DriverSpec(driver_name=name, argv=tuple(argv), image=str(image) if image else None, manifest=str(manifest) if manifest else None,
-                      env=env, mock=mock, gpus=base.plugin.gpus, numa_nodes=base.plugin.numa_nodes, gpu_model=base.plugin.gpu_model,
-                      mig=base.plugin.mig)  # fmt: skip
+    spec = DriverSpec(
+        driver_name=name,
+        argv=tuple(argv),
+        image=str(image) if image else None,
+        manifest=str(manifest) if manifest else None,
+        env=env,
+        mock=mock,
+        gpus=base.plugin.gpus,
+        numa_nodes=base.plugin.numa_nodes,
+        gpu_model=base.plugin.gpu_model,
+        mig=base.plugin.mig,
+    )
     return DRASettings(spec, included=included)
 
 
@@ -137,8 +146,8 @@ def pytest_configure(config: pytest.Config) -> None:
         mark_dra_run(config)
     config.addinivalue_line(
         "markers",
-        f"{RESYNC_MARKER}: the verdict on a driver's slices after a kubelet start; runs last, its node's kubelet restarts "
-        "when the first DRA check begins (overlapped with the suite)",
+        f"{RESYNC_MARKER}: the verdict on a driver's slices after a kubelet start; runs last, "
+        "its node's kubelet restarts when the first DRA check begins (overlapped with the suite)",
     )
 
 
@@ -158,8 +167,15 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if not is_dra_run(config):
         return None
     spec = get_dra_settings(config).driver
-    return subject_header(config, spec, _describe_driver(spec, get_settings(config).backend), what="the DRA driver", fixture="devplug_driver_spec",
-                           ours=devplug_driver_spec, key=_HEADER_DRIVER_KEY)  # fmt: skip
+    return subject_header(
+        config,
+        spec,
+        _describe_driver(spec, get_settings(config).backend),
+        what="the DRA driver",
+        fixture="devplug_driver_spec",
+        ours=devplug_driver_spec,
+        key=_HEADER_DRIVER_KEY,
+    )
 
 
 @pytest.hookimpl(trylast=True)
@@ -179,8 +195,8 @@ def devplug_driver_spec(pytestconfig: pytest.Config) -> DriverSpec:
     settings = get_dra_settings(pytestconfig)
     if settings.included and not included_plugin_installed():
         pytest.exit(
-            "devplug: no DRA driver to test: no --devplug-driver-cmd (devplug conformance --dra: --driver-cmd) was given "
-            "and the included GPU plugin is not installed: pip install 'pytest-devplug[gpu-plugin]', or "
+            "devplug: no DRA driver to test: no --devplug-driver-cmd (devplug conformance --dra: --driver-cmd) "
+            "was given and the included GPU plugin is not installed: pip install 'pytest-devplug[gpu-plugin]', or "
             '--devplug-driver-cmd "my-kubelet-plugin" --devplug-driver-name example.com/widget',
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
@@ -315,7 +331,10 @@ def devplug_dra_faults(pytestconfig: pytest.Config, devplug_driver: DriverHandle
         return kind(
             devplug_driver, lambda: dra.read_driver_mock_state(node), lambda s: dra.write_driver_mock_state(node, s)
         )
-    reason = f"needs a fault injector: the DRA driver under test ({devplug_driver.name}) does not read the mock-NVML state and no conftest overrides the devplug_dra_faults fixture to return a {DRA_CONTRACT}"
+    reason = (
+        f"needs a fault injector: the DRA driver under test ({devplug_driver.name}) does not read the mock-NVML state "
+        f"and no conftest overrides the devplug_dra_faults fixture to return a {DRA_CONTRACT}"
+    )
     if get_settings(pytestconfig).missing_faults == "fail":
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)

@@ -41,9 +41,13 @@ def _slice(name: str, node: str) -> dict[str, object]:
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
-        "spec": {"driver": STALE_DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": "stale-0"}]},
-    }  # fmt: skip
+        "spec": {
+            "driver": STALE_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "stale-0"}],
+        },
+    }
 
 
 class ResyncWatch(Watch):
@@ -159,18 +163,26 @@ class ResyncWatch(Watch):
         stale = sorted(s.name for s in list_slices(driver.dra.rest, driver=STALE_DRIVER))
         if stale != [self.other_node]:
             raise DevplugAssertionError(
-                f"expected the starting kubelet of {driver.node.name} to delete exactly its node's slices: of the two slices "
-                f"planted while it was down (driver {STALE_DRIVER}), {self.other_node} (another node) must be left; "
-                f"left now: {stale}", dra_evidence(driver),
-            )  # fmt: skip
+                f"expected the starting kubelet of {driver.node.name} to delete exactly its node's slices: "
+                f"of the two slices planted while it was down (driver {STALE_DRIVER}), {self.other_node} "
+                f"(another node) must be left; left now: {stale}",
+                dra_evidence(driver),
+            )
         left = max(self.republish_s - (time.monotonic() - self.wiped_at), 0.0) + driver.node.timeout
         try:
-            wait_for(driver.devices, lambda now: now == self.devices, timeout=left, interval=0.5, give_up=driver.crashed,
-                     what=f"{driver.name}'s devices on {driver.node.name} published again")  # fmt: skip
+            wait_for(
+                driver.devices,
+                lambda now: now == self.devices,
+                timeout=left,
+                interval=0.5,
+                give_up=driver.crashed,
+                what=f"{driver.name}'s devices on {driver.node.name} published again",
+            )
         except WaitTimeout as exc:
             since = time.monotonic() - self.wiped_at
             raise DevplugAssertionError(
-                f"the kubelet of {driver.node.name} deleted the node's ResourceSlices when it started, {since:.0f} s ago; "
+                f"the kubelet of {driver.node.name} deleted the node's ResourceSlices when it started, "
+                f"{since:.0f} s ago; "
                 f"expected {driver.name} to publish its devices again ({self.devices}) within {self.republish_s:g} s, "
                 f"saw {exc.last}" + (f"; {exc.reason}" if exc.reason else "") + ": the scheduler allocates nothing "
                 "on the node until it does", dra_evidence(driver),

@@ -250,7 +250,8 @@ class KubeVersion:
                 problems.append(f"unrecognized feature gate: {name}")
             elif spec[2] and value != spec[0]:
                 problems.append(
-                    f"cannot set feature gate {name} to {str(value).lower()}, feature is locked to {str(spec[0]).lower()}"
+                    f"cannot set feature gate {name} to {str(value).lower()}, "
+                    f"feature is locked to {str(spec[0]).lower()}"
                 )
         if not problems:  # as component-base does: the dependencies of every enabled gate, once all are set
             for name, needs in sorted(DEPENDENCIES.get(self.release.number, {}).items()):

@@ -1,6 +1,7 @@
 """Example mock PCI/NIC node files (``--devplug-pci-node NAME`` takes their names): ``sriov-iavf`` (an E810 PF with 4
 VFs on iavf, netdevice mode), ``sriov-vfio`` (the same VFs on vfio-pci), ``sriov-mlx5-rdma`` (a ConnectX-6 Dx PF with
-4 VFs on mlx5_core, each with its RDMA device), ``rdma-connectx`` (a ConnectX-6 Dx PF with its RDMA device). The format: :mod:`pytest_devplug.pcinodes.spec`."""
+4 VFs on mlx5_core, each with its RDMA device), ``rdma-connectx`` (a ConnectX-6 Dx PF with its RDMA device).
+The format: :mod:`pytest_devplug.pcinodes.spec`."""
 
 from __future__ import annotations
 

@@ -64,8 +64,8 @@ _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 #: A Linux interface name: at most 15 bytes, no '/', ':' or whitespace.
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_KEYS = frozenset({"address", "vendor", "device", "class", "driver", "numa_node", "iommu_group", "netdev", "mac", "rdma",
-                   "physfn", "names"})  # fmt: skip
+_KEYS = frozenset({"address", "vendor", "device", "class", "driver", "numa_node", "iommu_group", "netdev", "mac",
+                   "rdma", "physfn", "names"})  # fmt: skip
 
 
 @dataclass(frozen=True)

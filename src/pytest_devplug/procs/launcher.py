@@ -6,7 +6,8 @@ so that starting a plugin imports nothing but the standard library); it replaces
 * ``--parent PID``: the plugin gets SIGKILL when the thread that started it dies, so a killed test
   run leaves no plugin behind; if ``PID`` is already gone the launcher exits instead of starting it.
 * ``--bind SRC DST``: before the exec, the process enters a private mount namespace in which each
-  ``SRC`` directory (or file: a stub device node such as ``/dev/nvidia0``) is bind-mounted at ``DST``; nobody outside sees these mounts, so each node's
+  ``SRC`` directory (or file: a stub device node such as ``/dev/nvidia0``) is bind-mounted at ``DST``; nobody
+  outside sees these mounts, so each node's
   plugin finds *its* node's directories at the kubelet's standard paths
   (:data:`KUBELET_PATHS`). Root unshares the mount namespace directly; anyone else goes through an
   unprivileged user namespace (uid and gid mapped to themselves). ``/var/lib/kubelet`` is covered by
@@ -334,8 +335,11 @@ def main(args: Sequence[str]) -> int:
         try:
             enter_network_namespace(netdevs)
         except (NamespaceError, OSError) as exc:
-            print(f"devplug launcher: cannot make the node's network namespace with links {[n for n, _ in netdevs]} ({exc}); "
-                  "it needs root (CAP_NET_ADMIN and /dev/net/tun)", file=sys.stderr)  # fmt: skip
+            print(
+                "devplug launcher: cannot make the node's network namespace with links "
+                f"{[n for n, _ in netdevs]} ({exc}); it needs root (CAP_NET_ADMIN and /dev/net/tun)",
+                file=sys.stderr,
+            )
             return 126
     if parent is not None:
         _set_parent_death_signal(parent)

@@ -5,7 +5,8 @@ when that leaves room for the sockets below it, else under ``/tmp``. Each dir re
 start time of the process that made it; a run killed with SIGKILL cannot remove its dir, so the next
 :func:`create` removes the dirs whose owner is *provably* gone (no such pid, or that pid now belongs to
 a process started at another time), and kills what that run's plugins left running (their own children,
-which the parent-death signal does not reach; they carry the owner in ``DEVPLUG_RUN_OWNER``). A dir of a live run, of another user, or without a readable
+which the parent-death signal does not reach; they carry the owner in ``DEVPLUG_RUN_OWNER``). A dir of a live run,
+of another user, or without a readable
 owner record is never touched: other test runs may share this temp dir.
 """
 

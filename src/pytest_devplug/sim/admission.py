@@ -70,11 +70,13 @@ def predicate_admit(
     if len(others) + 1 > alloc.get("pods", 0):
         raise AdmissionError(
             "OutOfpods",
-            f"Node didn't have enough resource: pods, requested: 1, used: {len(others)}, capacity: {alloc.get('pods', 0)}",
+            f"Node didn't have enough resource: pods, requested: 1, used: {len(others)}, "
+            f"capacity: {alloc.get('pods', 0)}",
         )
     for k in [n for n in _NAMED if n in want] + sorted(n for n in want if n not in (*_NAMED, "pods")):
         if want[k] > 0 and want[k] > alloc.get(k, 0) - used.get(k, 0):
             raise AdmissionError(
                 f"OutOf{k}",
-                f"Node didn't have enough resource: {k}, requested: {want[k]}, used: {used.get(k, 0)}, capacity: {alloc.get(k, 0)}",
+                f"Node didn't have enough resource: {k}, requested: {want[k]}, used: {used.get(k, 0)}, "
+                f"capacity: {alloc.get(k, 0)}",
             )

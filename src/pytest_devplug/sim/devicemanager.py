@@ -1,7 +1,8 @@
 """The kubelet's device manager, faithful to upstream ``pkg/kubelet/cm/devicemanager``.
 
 It owns the Registration server, the plugins' :class:`~pytest_devplug.sim.endpoint.Endpoint` s (one client per
-resource before 1.37, one per plugin socket from 1.37: ``KubeVersion.has("endpoint-per-socket")``), the device sets reported over ListAndWatch (healthy / unhealthy), the allocation of devices to
+resource before 1.37, one per plugin socket from 1.37: ``KubeVersion.has("endpoint-per-socket")``), the device sets
+reported over ListAndWatch (healthy / unhealthy), the allocation of devices to
 containers (``devicesToAllocate``, NUMA-aware, with ``GetPreferredAllocation`` and one
 ``Allocate`` per resource per container) and the checkpoint that survives a kubelet restart.
 
@@ -112,7 +113,8 @@ class DeviceManager:
         self._healthy: dict[str, set[str]] = {}
         #: resource -> unhealthy device IDs (``unhealthyDevices``).
         self._unhealthy: dict[str, set[str]] = {}
-        #: resource -> device IDs in use: allocated to pods or reserved by an allocation in flight (``allocatedDevices``).
+        #: resource -> device IDs in use: allocated to pods or reserved by an allocation in flight
+        #: (``allocatedDevices``).
         self._allocated: dict[str, set[str]] = {}
         #: The allocations of every known pod (``podDevices``).
         self._pod_devices = PodDevices()
@@ -223,8 +225,9 @@ class DeviceManager:
         )
 
     def disconnect_plugin(self, resource: str, socket: Path) -> None:
-        """``DeRegisterPlugin`` (the plugin's socket left ``plugins_registry/``): the client of ``resource`` on ``socket``
-        (before 1.37: the resource's one client, whichever socket) is disconnected as when its stream ends."""
+        """``DeRegisterPlugin`` (the plugin's socket left ``plugins_registry/``): the client of ``resource`` on
+        ``socket`` (before 1.37: the resource's one client, whichever socket) is disconnected as when its stream
+        ends."""
         with self._lock:
             connected = self._connected.get(resource, {})
             ep = connected.get(socket) if self.kube.has("endpoint-per-socket") else next(iter(connected.values()), None)

@@ -408,5 +408,6 @@ class SimCluster(ClusterBase):
                 _log.exception("scheduling pass failed; retrying on the next change")
 
 
-#: Checked by mypy: ``SimCluster`` is a :class:`~.controlplanes.ClusterApi`, like the real control plane's ``ApiCluster``.
+#: Checked by mypy: ``SimCluster`` is a :class:`~.controlplanes.ClusterApi`, like the real control plane's
+#: ``ApiCluster``.
 _IS_CLUSTER_API: type[ClusterApi] = SimCluster

@@ -212,8 +212,15 @@ class PluginWatcher:
             known.in_flight = False
             if registered is not None:
                 known.registered, known.backoff = registered, 0.0
-                self.events.append(RegistrationEvent("failed" if detail else "registered", path, registered[1], detail=detail,
-                                                     plugin_type=plugin_type))  # fmt: skip
+                self.events.append(
+                    RegistrationEvent(
+                        "failed" if detail else "registered",
+                        path,
+                        registered[1],
+                        detail=detail,
+                        plugin_type=plugin_type,
+                    )
+                )
             else:
                 known.backoff = min(_BACKOFF_MAX_S, known.backoff * 2 or _BACKOFF_START_S)
                 known.next_attempt = time.monotonic() + known.backoff
@@ -233,12 +240,16 @@ class PluginWatcher:
                 info: rpb.PluginInfo = stub.GetInfo(rpb.InfoRequest(), timeout=GET_INFO_TIMEOUT_S)
             except grpc.RpcError as err:
                 raise _RegistrationFailed(
-                    f"RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {path}, err: {go_rpc_error(err)}"
+                    f"RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket {path}, "
+                    f"err: {go_rpc_error(err)}"
                 ) from None
             handler = self._handlers.get(info.type)
             if handler is None:
-                self._refuse(stub, f"RegisterPlugin error -- no handler registered for plugin type: {info.type} at socket {path}",
-                             plugin_type=info.type)  # fmt: skip
+                self._refuse(
+                    stub,
+                    f"RegisterPlugin error -- no handler registered for plugin type: {info.type} at socket {path}",
+                    plugin_type=info.type,
+                )
             endpoint = info.endpoint or path
             versions = list(info.supported_versions)
             try:
@@ -257,7 +268,10 @@ class PluginWatcher:
             try:
                 stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=True), timeout=NOTIFY_TIMEOUT_S)
             except grpc.RpcError as err:
-                error = f"RegisterPlugin error -- failed to send registration status at socket {path}, err: {go_rpc_error(err)}"
+                error = (
+                    f"RegisterPlugin error -- failed to send registration status at socket {path}, "
+                    f"err: {go_rpc_error(err)}"
+                )
                 if self._retry:  # 1.36+: out of the actual state, deregistered, tried again
                     handler.deregister_plugin(info.name, endpoint)
                     raise _RegistrationFailed(error, plugin_type=info.type) from None

@@ -232,7 +232,8 @@ class ApiCluster(ClusterBase):
 
         wait_for(
             taints, lambda keys: NOT_READY_TAINT not in keys, timeout=self.timeout,
-            what=f"kube-controller-manager's node lifecycle controller to lift the {NOT_READY_TAINT} taint of node {name}",
+            what=f"kube-controller-manager's node lifecycle controller to lift the {NOT_READY_TAINT} taint "
+            f"of node {name}",
         )  # fmt: skip
 
     def _deregister(self, name: str) -> None:
@@ -642,7 +643,8 @@ class ApiCluster(ClusterBase):
         self._kick.set()
 
     def record_event(self, node_name: str, pod: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """ControlPlaneLink: a kubelet event (core/v1, ``source: {component: kubelet, host: <node>}``); a repeat raises ``count``."""
+        """ControlPlaneLink: a kubelet event (core/v1, ``source: {component: kubelet, host: <node>}``); a repeat
+        raises ``count``."""
         meta = pod["metadata"]
         ns = meta.get("namespace", "default")
         now = now_rfc3339()

@@ -1,6 +1,7 @@
-"""The kubelet's DRA side wired into the embedded kubelet (``sim/dra/kubeletside.py`` + SimNode's hooks), against fake drivers
-and a fake API: pods with claims start only once prepared, get the CDI edits, failed prepares are retried with
-upstream's event, claims are unprepared when pods go (also while the kubelet was down), restarts prepare again."""
+"""The kubelet's DRA side wired into the embedded kubelet (``sim/dra/kubeletside.py`` + SimNode's hooks), against
+fake drivers and a fake API: pods with claims start only once prepared, get the CDI edits, failed prepares are
+retried with upstream's event, claims are unprepared when pods go (also while the kubelet was down), restarts
+prepare again."""
 
 from __future__ import annotations
 
@@ -122,8 +123,8 @@ def test_failed_prepare_keeps_the_pod_pending_and_is_retried(world: World, drive
     assert status is not None and status["phase"] == "Pending"
     assert status["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
     assert ("p", "FailedPrepareDynamicResources",
-            "Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources failed for ResourceClaim c1: "
-            "no GPU today") in world.events  # fmt: skip
+            "Failed to prepare dynamic resources: prepare dynamic resources: "
+            "NodePrepareResources failed for ResourceClaim c1: no GPU today") in world.events  # fmt: skip
     assert world.dra.pending() == {
         "pod-uid-1": "prepare dynamic resources: NodePrepareResources failed for ResourceClaim c1: no GPU today"
     }

@@ -55,7 +55,8 @@ def test_unsupported_versions_are_refused_with_upstreams_text(
     ok, error = d.calls.statuses[0]
     assert not ok
     assert error == (
-        "RegisterPlugin error -- plugin validation failed with err: invalid supported gRPC versions of DRA driver plugin "
+        "RegisterPlugin error -- plugin validation failed with err: "
+        "invalid supported gRPC versions of DRA driver plugin "
         f'{d.name} at endpoint {d.dra_socket}: none of services supported by the plugin (["v1alpha3.DRAPlugin"]) '
         'are supported by the kubelet (["v1.DRAPlugin" "v1beta1.DRAPlugin"])'
     )

@@ -187,7 +187,10 @@ class SlicePublisher:
                 "spec": self._desired_spec(devices, top + 1),
             }
             created = self.api.create_slice(body)
-            done = f"ResourceSlice {created.get('metadata', {}).get('name')} created for pool {self.node} ({len(devices)} devices: {names})"
+            done = (
+                f"ResourceSlice {created.get('metadata', {}).get('name')} created for pool {self.node} "
+                f"({len(devices)} devices: {names})"
+            )
         else:
             current = pooled[0]
             meta = current.get("metadata") or {}

@@ -1,4 +1,5 @@
-"""The real-cluster backend (``kind`` and ``cluster``): one :class:`~.backend.KubeBackend`, its provider decides the rest.
+"""The real-cluster backend (``kind`` and ``cluster``): one :class:`~.backend.KubeBackend`, its provider decides
+the rest.
 
 - ``backend``: :class:`KubeBackend` (the protocol on the Kubernetes API) and the :class:`ClusterProvider` seam.
 - ``api``: the Kubernetes API calls, JSON in and out.

@@ -473,8 +473,8 @@ class KubeBackend:
         labels = (self.get_node(node).get("metadata") or {}).get("labels") or {}
         if CONTROL_PLANE_ROLE in labels:
             raise UnsupportedOperationError(
-                f"node {node} runs the cluster's control plane ({CONTROL_PLANE_ROLE}): rebooting it, even staged, takes "
-                "the API server down with its pods; run the reboot checks on a worker node (--devplug-node)"
+                f"node {node} runs the cluster's control plane ({CONTROL_PLANE_ROLE}): rebooting it, even staged, "
+                "takes the API server down with its pods; run the reboot checks on a worker node (--devplug-node)"
             )
         dep = self._plugins.get(node)
         if dep is not None:
@@ -737,7 +737,8 @@ class KubeBackend:
         return self.api.exec(name, namespace, container, argv)
 
     def container_view(self, name: str, container: str, namespace: str = "default") -> ContainerView:
-        """The Allocate responses the kubelet recorded for the container (checkpoint), i.e. what it handed the runtime."""
+        """The Allocate responses the kubelet recorded for the container (checkpoint), i.e. what it handed the
+        runtime."""
         pod = self.get_pod(name, namespace)
         node = pod.get("spec", {}).get("nodeName")
         if not node:
@@ -754,7 +755,8 @@ class KubeBackend:
     def _with_claim_devices(self, node: str, pod: JSONDict, container: str, view: ContainerView) -> ContainerView:
         """The view plus the CDI device IDs of the container's ResourceClaims, from the kubelet's ``dra_manager_state``
         (upstream's ``GetResources``: the devices of each claim, or of the request, the container names, then those of
-        the scheduler's claim for its DRA-backed extended resources where the node's release has DRAExtendedResource)."""
+        the scheduler's claim for its DRA-backed extended resources where the node's release has
+        DRAExtendedResource)."""
         raw = self.nodeops.read_file(node, DRA_CHECKPOINT_PATH)
         states = {(e.namespace, e.claim_name): e for e in (dra_cp.decode(raw).entries or [])} if raw else {}
         try:
@@ -819,5 +821,6 @@ class KubeBackend:
 
     def set_grace_period(self, seconds: float) -> None:
         raise UnsupportedOperationError(
-            "a real kubelet's device-plugin grace period is a constant (endpointStopGracePeriod, 5 min); no flag changes it"
+            "a real kubelet's device-plugin grace period is a constant (endpointStopGracePeriod, 5 min); "
+            "no flag changes it"
         )

@@ -2,8 +2,9 @@
 the driver as a DaemonSet of the run, the kubelet's view from its journal and files.
 
 - **The driver** is deployed from its manifest (:mod:`.dramanifests`: ServiceAccount, RBAC, DaemonSet), pinned to
-  the node (tolerating its taints, as the checks' pods do), and stopped, killed and started as the device plugin is (:mod:`.daemonsets`: the DaemonSet stops
-  selecting the node; a kill force-deletes the pod, SIGKILL, sockets left behind). Its log is its pods' logs.
+  the node (tolerating its taints, as the checks' pods do), and stopped, killed and started as the device plugin
+  is (:mod:`.daemonsets`: the DaemonSet stops selecting the node; a kill force-deletes the pod, SIGKILL, sockets
+  left behind). Its log is its pods' logs.
 - **The kubelet's view**: what it registered, its connections and its NodePrepareResources /
   NodeUnprepareResources calls from its journal (:mod:`.dralog`; the kubelet must log ``dra_plugin.go`` and
   ``dra_plugin_manager.go`` at level 4: set here through ``logging.vmodule`` where the node's kubelet config lacks
@@ -82,7 +83,9 @@ _SERVICES = {
 }
 #: The kubelet's name of a health service -> the method of its stream (the messages are the same in both).
 _HEALTH_METHODS = {
-    f"{m.DESCRIPTOR.package}.DRAResourceHealth": f"/{m.DESCRIPTOR.services_by_name['DRAResourceHealth'].full_name}/NodeWatchResources"
+    f"{m.DESCRIPTOR.package}.DRAResourceHealth": (
+        f"/{m.DESCRIPTOR.services_by_name['DRAResourceHealth'].full_name}/NodeWatchResources"
+    )
     for m in (hpb, hpb1)
 }
 _GET_INFO = f"/{rpb.DESCRIPTOR.services_by_name['Registration'].full_name}/GetInfo"
@@ -266,8 +269,11 @@ class KubeDRA:
         d.workload.wait_no_pods(f"DRA driver pods on {node} gone after deleting the DaemonSet")
 
     def _wait_gone(self, node: str, driver: str) -> None:
-        self._b.wait_until(lambda: self.driver_usable(node, driver), lambda usable: not usable,
-                      f"the kubelet on {node} seeing DRA driver {driver} go (its journal: connection or registration ended)")  # fmt: skip
+        self._b.wait_until(
+            lambda: self.driver_usable(node, driver),
+            lambda usable: not usable,
+            f"the kubelet on {node} seeing DRA driver {driver} go (its journal: connection or registration ended)",
+        )
 
     def stop_driver(self, node: str) -> None:
         d = self._driver(node)
@@ -311,7 +317,8 @@ class KubeDRA:
 
     # -- the kubelet's view --------------------------------------------------------------------------
     def _ensure_dra_logging(self, node: str) -> None:
-        """The kubelet logs ``dra_plugin.go`` and ``dra_plugin_manager.go`` at level 4 (``logging.vmodule``), in text."""
+        """The kubelet logs ``dra_plugin.go`` and ``dra_plugin_manager.go`` at level 4 (``logging.vmodule``), in
+        text."""
         if node in self._sync_s:
             return
         try:
@@ -415,8 +422,12 @@ class KubeDRA:
         )
         try:
             raw = self._b.nodeops.transport.grpc_call(
-                node, endpoint, f"/{full}/{method}", request.SerializeToString(), timeout=max(self._b.options.timeout, 10.0)
-            )  # fmt: skip
+                node,
+                endpoint,
+                f"/{full}/{method}",
+                request.SerializeToString(),
+                timeout=max(self._b.options.timeout, 10.0),
+            )
         except NodeGrpcError as exc:
             raise BackendError(f"{method} on {driver}: {exc}") from None
         # v1beta1 messages are field for field v1's: read the answer as v1, as the kubelet converts it
@@ -463,7 +474,8 @@ class KubeDRA:
     # -- knobs ---------------------------------------------------------------------------------------
     def set_dra_timings(self, **seconds: float) -> None:
         raise UnsupportedOperationError(
-            f"a real kubelet's DRA periods are constants of its code ({KUBELET_DRA_TIMINGS}); no flag or config field changes them"
+            f"a real kubelet's DRA periods are constants of its code ({KUBELET_DRA_TIMINGS}); "
+            "no flag or config field changes them"
         )
 
     def dra_timings(self) -> dict[str, float]:

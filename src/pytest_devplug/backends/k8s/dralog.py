@@ -32,7 +32,8 @@ VMODULE = (("dra_plugin", 4), ("dra_plugin_manager", 4))
 GREP = 'DRA plugin"|"Connection changed"|NodePrepareResources rpc"|NodeUnprepareResources? rpc"|RegisterPlugin failed"'
 
 _LINE = re.compile(
-    r'^(?P<ts>\d+(?:\.\d+)?) \S+ kubelet\[(?P<pid>\d+)\]: [IWEF]\d{4} \S+\s+\d+ \S+\] "(?P<msg>(?:[^"\\]|\\.)*)"(?P<rest>.*)$'
+    r"^(?P<ts>\d+(?:\.\d+)?) \S+ kubelet\[(?P<pid>\d+)\]: [IWEF]\d{4} \S+\s+\d+ \S+\] "
+    r'"(?P<msg>(?:[^"\\]|\\.)*)"(?P<rest>.*)$'
 )
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 #: How a logged request or response names claims: 1.34's gogo-protobuf ``String()`` (``&Claim{...UID:u,...}``,
@@ -43,7 +44,8 @@ _CLAIM_ANSWER = re.compile(
     r'([0-9A-Za-z-]+): &Node(?:Un)?[Pp]repareResourceResponse\{|\bkey:\s*"([^"]*)"\s*value:\s*\{'
 )
 _ERROR = re.compile(r'Error:(.*?),\}|\berror:\s*"((?:[^"\\]|\\.)*)"', re.S)
-#: A Unix socket path in a plugin's description (``plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/x.sock ...}"``).
+#: A Unix socket path in a plugin's description
+#: (``plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/x.sock ...}"``).
 _SOCKET = re.compile(r"(/[^\s\"{}]+\.sock)")
 
 
@@ -76,11 +78,17 @@ def parse_line(text: str) -> KubeletLine | None:
 
 
 def read_script(cursor: str | None, since: str) -> str:
-    """The node script printing the kubelet's ``MainPID`` (``PID <n>``), then the matching journal lines after ``cursor``
-    (else since ``since``, a ``journalctl --since`` value or ``unit-start``) and the new cursor."""
-    where = f"--after-cursor {shlex.quote(cursor)}" if cursor else (
-        '--since "$(systemctl show -p ExecMainStartTimestamp --value kubelet)"' if since == "unit-start" else f"--since {shlex.quote(since)}"
-    )  # fmt: skip
+    """The node script printing the kubelet's ``MainPID`` (``PID <n>``), then the matching journal lines after
+    ``cursor`` (else since ``since``, a ``journalctl --since`` value or ``unit-start``) and the new cursor."""
+    where = (
+        f"--after-cursor {shlex.quote(cursor)}"
+        if cursor
+        else (
+            '--since "$(systemctl show -p ExecMainStartTimestamp --value kubelet)"'
+            if since == "unit-start"
+            else f"--since {shlex.quote(since)}"
+        )
+    )
     return (
         'echo "PID $(systemctl show -p MainPID --value kubelet)"; '
         f"journalctl -u kubelet --no-pager -o short-unix --show-cursor {where} --grep {shlex.quote(GREP)} || true"

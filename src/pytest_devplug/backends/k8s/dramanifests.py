@@ -54,7 +54,8 @@ def _load(spec: DriverSpec) -> tuple[Path, list[JSONDict]]:
     if path is None or not path.is_file():
         raise BackendUnavailableError(
             f"no DRA driver manifest: {path or 'the included one needs a pytest-devplug checkout'} (pass "
-            "--devplug-driver-manifest: the driver's ServiceAccount, RBAC and DaemonSet, as `helm template` renders them)"
+            "--devplug-driver-manifest: the driver's ServiceAccount, RBAC and DaemonSet, "
+            "as `helm template` renders them)"
         )
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     kinds = [str(d.get("kind")) for d in docs]
@@ -77,8 +78,9 @@ def render_driver(
 ) -> DriverObjects:  # fmt: skip
     """The driver's objects for ``node``, owned by the run (``namespace``, its UID) and labelled ``labels``.
 
-    Every container runs ``image`` (``None``: the manifest's own); the included driver's manifest gets ``spec.driver_name`` (``DP_DRIVER_NAME``);
-    with ``spec.mock`` every container gets the mock NVML and its state at :data:`DRA_MOCK_STATE_PATH`;
+    Every container runs ``image`` (``None``: the manifest's own); the included driver's manifest gets
+    ``spec.driver_name`` (``DP_DRIVER_NAME``); with ``spec.mock`` every container gets the mock NVML and its state
+    at :data:`DRA_MOCK_STATE_PATH`;
     ``spec.env`` is set last. ``api_endpoint``: where pods reach the API server when the cluster routes no Service
     IPs (its containers get ``KUBERNETES_SERVICE_HOST``/``_PORT``, which the in-cluster config reads first)."""
     _, docs = _load(spec)

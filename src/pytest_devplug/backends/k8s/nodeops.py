@@ -53,11 +53,13 @@ GRPC_CALL = (
     "ch=grpc.insecure_channel('unix://'+sock,options=[('grpc.default_authority','localhost')])\n"
     "try:\n"
     " if kind=='stream':\n"
-    "  it=ch.unary_stream(method,request_serializer=None,response_deserializer=None)(base64.b64decode(req),timeout=float(timeout))\n"
+    "  it=ch.unary_stream(method,request_serializer=None,response_deserializer=None)"
+    "(base64.b64decode(req),timeout=float(timeout))\n"
     "  out=next(iter(it))\n"
     "  it.cancel()\n"
     " else:\n"
-    "  out=ch.unary_unary(method,request_serializer=None,response_deserializer=None)(base64.b64decode(req),timeout=float(timeout))\n"
+    "  out=ch.unary_unary(method,request_serializer=None,response_deserializer=None)"
+    "(base64.b64decode(req),timeout=float(timeout))\n"
     "except grpc.RpcError as e:\n"
     " sys.stderr.write('RPCERROR %s %s' % (e.code().name, e.details()))\n"
     " sys.exit(4)\n"
@@ -164,7 +166,8 @@ class NodeOps:
         tests stage a reboot (``crictl rmp --force --all``: containers are killed, not stopped gracefully)."""
         self.exec(
             node,
-            "command -v crictl >/dev/null || { echo 'crictl (cri-tools) is not installed on the node' >&2; exit 127; }; "
+            "command -v crictl >/dev/null || "
+            "{ echo 'crictl (cri-tools) is not installed on the node' >&2; exit 127; }; "
             'crictl rmp --force --all >/dev/null && test -z "$(crictl pods -q)"',
         )
 
@@ -285,8 +288,12 @@ class NodeOps:
 
         try:
             wait_for(
-                probe, lambda why: not why, timeout=timeout, interval=0.5,
-                what=f"the kubelet on {node} serving pod-resources after a restart", retry_on=(BackendError, grpc.RpcError),
-            )  # fmt: skip
+                probe,
+                lambda why: not why,
+                timeout=timeout,
+                interval=0.5,
+                what=f"the kubelet on {node} serving pod-resources after a restart",
+                retry_on=(BackendError, grpc.RpcError),
+            )
         except WaitTimeout as exc:
             raise BackendError(str(exc)) from None

@@ -109,7 +109,8 @@ def sweep_orphans(api: KubeApi, timeout: float) -> list[str]:
         if owner is None or not owner.gone() or meta.get("deletionTimestamp"):
             continue
         print(
-            f"\ndevplug: removing namespace {meta['name']} left by run {owner.host} pid {owner.pid} (no longer running)",
+            f"\ndevplug: removing namespace {meta['name']} left by run {owner.host} pid {owner.pid} "
+            "(no longer running)",
             file=sys.stderr,
         )
         delete_namespace(api, str(meta["name"]), timeout)

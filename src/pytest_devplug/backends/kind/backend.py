@@ -31,7 +31,8 @@ class KindProvider:
     nodes_are_containers = True
 
     def __init__(self, options: BackendOptions, *, config: str | None = None) -> None:
-        """``config``: a kind config (path or file name in kind-config/); default ``$DEVPLUG_KIND_CONFIG`` or single-node."""
+        """``config``: a kind config (path or file name in kind-config/); default ``$DEVPLUG_KIND_CONFIG`` or
+        single-node."""
         self.options = options
         self.cluster = ClusterManager(options, config=config)
         self.workdir = Path(tempfile.mkdtemp(prefix="devplug-kindb-", dir="/tmp"))

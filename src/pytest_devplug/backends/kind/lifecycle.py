@@ -8,8 +8,8 @@ hand it a ``kind_path`` (so it never downloads) and talk to the API with the ``k
 
 Choices, in order (each documented in docs/guides/backends.md):
 
-- kind binary: ``--kind-bin``, ``$KIND_BIN`` (or build-all.sh's ``$DEVPLUG_KIND_BIN``), ``kind`` on PATH, else ``kind-config/offline/ensure-kind.sh``
-  (repo checkouts: builds the pinned kind with ``go install``).
+- kind binary: ``--kind-bin``, ``$KIND_BIN`` (or build-all.sh's ``$DEVPLUG_KIND_BIN``), ``kind`` on PATH, else
+  ``kind-config/offline/ensure-kind.sh`` (repo checkouts: builds the pinned kind with ``go install``).
 - node image: ``--kind-image`` or ``$DEVPLUG_KIND_NODE_IMAGE``; ``DEVPLUG_KIND_OFFLINE=1`` builds and uses
   the offline image; ``DEVPLUG_KIND_OFFLINE=0`` forces kind's default; otherwise the offline image is used
   only when it is already present locally (machines with no registry built it), else kind's default.
@@ -250,7 +250,8 @@ class ClusterManager:
             return str(path), dict(yaml.safe_load(path.read_text()))
         if choice != "single-node.yaml":
             raise BackendUnavailableError(
-                f"kind config {choice!r} (--devplug-kind-config / DEVPLUG_KIND_CONFIG): no such file (nor in kind-config/)"
+                f"kind config {choice!r} (--devplug-kind-config / DEVPLUG_KIND_CONFIG): no such file "
+                "(nor in kind-config/)"
             )
         return "<built-in single-node>", json.loads(json.dumps(_FALLBACK_CONFIG))
 

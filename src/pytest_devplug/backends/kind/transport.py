@@ -101,7 +101,8 @@ class DockerExecTransport:
             )
         proc = run(
             ["docker", "run", "--rm", "--volumes-from", node, "--entrypoint", "python3", helper,
-             "-c", GRPC_CALL, socket, method, base64.b64encode(request).decode(), str(timeout), "stream" if stream else "unary"],
+             "-c", GRPC_CALL, socket, method, base64.b64encode(request).decode(), str(timeout),
+             "stream" if stream else "unary"],
             timeout=timeout + 60, check=False,
         )  # fmt: skip
         if proc.returncode != 0:

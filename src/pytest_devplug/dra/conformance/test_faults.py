@@ -5,8 +5,8 @@ taints the GPU ``gpu.nvidia.com/xid=79:NoSchedule``); where the release keeps su
 
 These need the driver's cooperation to fail on purpose (the ``devplug_dra_faults`` fixture, or health the driver
 reports itself); without an injector they skip naming the contract. The kubelet retries a failed prepare after
-its pod worker's back-off (10 s; 0.5 s where the backend can shorten it) while the pod stays Pending with ``FailedPrepareDynamicResources``;
-a failed unprepare is retried until it succeeds, also across a kubelet restart.
+its pod worker's back-off (10 s; 0.5 s where the backend can shorten it) while the pod stays Pending with
+``FailedPrepareDynamicResources``; a failed unprepare is retried until it succeeds, also across a kubelet restart.
 """
 
 from __future__ import annotations
@@ -91,8 +91,12 @@ def _failing_unprepare(claims: ClaimFactory, driver: DriverHandle, faults: DRAFa
         faults.fail_unprepare()
     uid, since = claim.uid, len(driver.node.dra_calls())
     pod.delete()
-    failed = waited(lambda: [c for c in driver.node.dra_calls("NodeUnprepareResources", since=since) if uid in c.claim_uids], bool,
-                    "a NodeUnprepareResources call for the deleted pod's claim", driver=driver)  # fmt: skip
+    failed = waited(
+        lambda: [c for c in driver.node.dra_calls("NodeUnprepareResources", since=since) if uid in c.claim_uids],
+        bool,
+        "a NodeUnprepareResources call for the deleted pod's claim",
+        driver=driver,
+    )
     assert claim.prepared() is not None, f"the claim left dra_manager_state though its unprepare failed ({failed})"
     return uid, since
 
@@ -142,7 +146,8 @@ def _health_service(driver: DriverHandle) -> None:
     served = [s for s in HEALTH_SERVICES if driver.health(s) is not None]
     if not served:
         pytest.skip(
-            f"{driver.name} serves neither {' nor '.join(HEALTH_SERVICES)} (NodeWatchResources is unimplemented): it reports no device health"
+            f"{driver.name} serves neither {' nor '.join(HEALTH_SERVICES)} (NodeWatchResources is unimplemented): "
+            "it reports no device health"
         )
     if kube.has("dra-health-v1"):
         listed = driver.listed_services() or ()
@@ -169,8 +174,12 @@ def test_device_health_reaches_pod_status(
            "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
     with fault("report a device Unhealthy"):
         devplug_dra_faults.set_unhealthy(allocated.pool, allocated.device)
-    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Unhealthy"},
-           f"device {allocated.pool}/{allocated.device} Unhealthy in the pod status", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: pod.claim_health,
+        lambda h: set(h.values()) == {"Unhealthy"},
+        f"device {allocated.pool}/{allocated.device} Unhealthy in the pod status",
+        driver=devplug_driver,
+    )
     try:
         devplug_dra_faults.set_healthy(allocated.pool, allocated.device)
     except FaultNotSupportedError:
@@ -188,12 +197,20 @@ def test_device_health_unknown_after_driver_stops(devplug_claims: ClaimFactory, 
     waited(lambda: pod.claim_health, lambda h: bool(h) and set(h.values()) == {"Healthy"},
            "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
     devplug_driver.stop()
-    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Unknown"}, "the device Unknown once the driver stopped",
-           driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: pod.claim_health,
+        lambda h: set(h.values()) == {"Unknown"},
+        "the device Unknown once the driver stopped",
+        driver=devplug_driver,
+    )
     devplug_driver.start()
     assert_driver_registered(devplug_driver)
-    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Healthy"}, "the device Healthy again after the driver restarted",
-           driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: pod.claim_health,
+        lambda h: set(h.values()) == {"Healthy"},
+        "the device Healthy again after the driver restarted",
+        driver=devplug_driver,
+    )
 
 
 #: Taint effects that keep new claims off a device.
@@ -237,7 +254,8 @@ def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, d
     driver = devplug_driver
     if any(driver.health(s) is not None for s in HEALTH_SERVICES):
         pytest.skip(
-            f"{driver.name} reports device health through its health stream (judged by test_device_health_reaches_pod_status)"
+            f"{driver.name} reports device health through its health stream "
+            "(judged by test_device_health_reaches_pod_status)"
         )
     driver.node.require_gate("DRADeviceTaints", "device taints in ResourceSlices; an API server without it drops them")
     devices = driver.devices()
@@ -262,8 +280,8 @@ def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, d
     tainted = waited(added, lambda t: target in t, f"device {target[0]}/{target[1]} tainted", driver=driver)
     effects = {t["effect"] for t in tainted[target]}
     assert effects & set(KEEPS_CLAIMS_OFF), (
-        f"{driver.name} tainted the Unhealthy device {target[0]}/{target[1]} with {tainted[target]}: no effect keeps new "
-        f"claims off it ({' or '.join(KEEPS_CLAIMS_OFF)})"
+        f"{driver.name} tainted the Unhealthy device {target[0]}/{target[1]} with {tainted[target]}: "
+        f"no effect keeps new claims off it ({' or '.join(KEEPS_CLAIMS_OFF)})"
     )
     bus = _pci_bus_ids(driver)
     same = {k for k, b in bus.items() if target in bus and b == bus[target]}
@@ -279,8 +297,9 @@ def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, d
     blocked = devplug_claims.pod([every])
     cond = scheduled_condition(blocked, driver)
     assert not every.allocated and cond.get("reason") == "Unschedulable", (
-        f"the scheduler allocated {[f'{d.pool}/{d.device}' for d in every.allocated]} to a claim for all {len(pool)} devices of "
-        f"pool {allocated.pool}, one of them tainted {tainted[target]} (PodScheduled {cond})"
+        f"the scheduler allocated {[f'{d.pool}/{d.device}' for d in every.allocated]} to a claim "
+        f"for all {len(pool)} devices of pool {allocated.pool}, one of them tainted {tainted[target]} "
+        f"(PodScheduled {cond})"
     )
     assert UNSCHEDULABLE_TEXT in str(cond.get("message")), f"the scheduler says {cond.get('message')!r}"
     consistently(lambda: (blocked.phase, every.allocation), lambda s: s == ("Pending", None),

@@ -63,7 +63,8 @@ def test_claim_with_several_requests(devplug_claims: ClaimFactory, devplug_drive
         got = sorted((d.pool, d.device) for d in answered)
         want = sorted(d for devs in allocated.values() for d in devs)
         assert got == want, (
-            f"claim {claim.name} with requests {dict(zip(names, counts, strict=True))}: the driver prepared {got}; the scheduler allocated {allocated}"
+            f"claim {claim.name} with requests {dict(zip(names, counts, strict=True))}: the driver prepared {got}; "
+            f"the scheduler allocated {allocated}"
         )
         for container, name in zip(containers, names, strict=True):
             cdi = sorted(
@@ -71,8 +72,9 @@ def test_claim_with_several_requests(devplug_claims: ClaimFactory, devplug_drive
             )  # an ID shared by devices: once
             seen = sorted(set(pod.view(container["name"]).cdi_devices))
             assert cdi and seen == cdi, (
-                f"container {container['name']} uses request {name} of claim {claim.name} (devices {allocated[name]}): it got the "
-                f"CDI devices {seen}, want {cdi or 'some'}; the driver named the requests {[(d.device, list(d.requests)) for d in answered]}"
+                f"container {container['name']} uses request {name} of claim {claim.name} (devices {allocated[name]}): "
+                f"it got the CDI devices {seen}, want {cdi or 'some'}; "
+                f"the driver named the requests {[(d.device, list(d.requests)) for d in answered]}"
             )
         pod.delete_and_wait_gone()
         claim.delete()

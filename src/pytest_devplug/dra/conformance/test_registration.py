@@ -39,7 +39,8 @@ def test_driver_registers_with_the_kubelet(devplug_driver_started: DriverHandle)
 @pytest.mark.devplug_disruptive
 def test_reregisters_after_kubelet_restart(devplug_driver: DriverHandle) -> None:
     """Upstream "must register after Kubelet restart": the new kubelet's watcher registers the driver again from its
-    socket and connects to it (the slices the new kubelet deletes: ``test_node_slices_removed_on_kubelet_start_...``)."""
+    socket and connects to it (the slices the new kubelet deletes:
+    ``test_node_slices_removed_on_kubelet_start_...``)."""
     assert_driver_reregisters_after_kubelet_restart(devplug_driver)
 
 
@@ -85,5 +86,6 @@ def test_recovers_after_refused_registration(devplug_driver: DriverHandle) -> No
            "the kubelet refusing the driver's registration once", driver=driver)  # fmt: skip
     assert_driver_registered(driver, node.reregistration_timeout)
     assert driver.running and driver.restarts == restarts, (
-        f"the driver exited after the refused registration (restarted {driver.restarts - restarts} times since): {driver.log()[-2000:]}"
+        f"the driver exited after the refused registration (restarted {driver.restarts - restarts} times since): "
+        f"{driver.log()[-2000:]}"
     )

@@ -97,8 +97,11 @@ def test_pod_deleted_while_kubelet_down_is_never_prepared(
         node.start_kubelet()
     assert_driver_registered(devplug_driver, node.reregistration_timeout)
     uid = claim.uid
-    consistently(lambda: [c for c in node.dra_calls("NodePrepareResources", driver=devplug_driver.name) if uid in c.claim_uids],
-                 lambda calls: not calls, f"no NodePrepareResources of claim {uid} (its pod was deleted before the kubelet saw it)")  # fmt: skip
+    consistently(
+        lambda: [c for c in node.dra_calls("NodePrepareResources", driver=devplug_driver.name) if uid in c.claim_uids],
+        lambda calls: not calls,
+        f"no NodePrepareResources of claim {uid} (its pod was deleted before the kubelet saw it)",
+    )
     assert claim.prepared() is None, (
         f"the claim of a pod deleted before it was admitted is in dra_manager_state: {claim.prepared()}"
     )
@@ -175,12 +178,15 @@ def test_pods_come_back_with_their_devices_after_a_node_reboot(
     except AssertionError as exc:
         raise AssertionError(
             f"after a node reboot emptied /var/run/cdi, {devplug_driver.name} prepared claim {claim.name} again but "
-            f"the pod's container did not come back: {exc}; CDI spec files on the node now: {sorted(node.cdi_spec_files())}"
+            f"the pod's container did not come back: {exc}; "
+            f"CDI spec files on the node now: {sorted(node.cdi_spec_files())}"
             f"{nested_spec_hint(pod, devplug_driver)}"
         ) from None
     (again,) = assert_claim_prepared(pod, devplug_driver)
-    # a kubelet before 1.37 appends a re-prepare's devices to the checkpointed ones: compare what was prepared, not how often
+    # a kubelet before 1.37 appends a re-prepare's devices to the checkpointed ones: compare what was prepared, not
+    # how often
     answered = {d: set(devs) for d, devs in again.devices.items()}
     assert answered == {d: set(devs) for d, devs in first.devices.items()}, (
-        f"after the reboot the kubelet checkpointed {again.devices} for claim {claim.name}; the first prepare gave {first.devices}"
+        f"after the reboot the kubelet checkpointed {again.devices} for claim {claim.name}; "
+        f"the first prepare gave {first.devices}"
     )

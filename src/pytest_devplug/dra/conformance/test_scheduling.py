@@ -91,8 +91,12 @@ def test_devices_prepared_again_for_a_new_claim_after_cleanup(
     used = sorted(f"{d.pool}/{d.device}" for d in first.allocated)
     uid, since = first.uid, len(devplug_driver.node.dra_calls())
     pod.delete_and_wait_gone()
-    waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-           f"claim {first.name} for all {n} devices unprepared after its pod was deleted", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+        bool,
+        f"claim {first.name} for all {n} devices unprepared after its pod was deleted",
+        driver=devplug_driver,
+    )
     first.delete()
     second = devplug_claims.claim(count=n)
     again = devplug_claims.pod([second], wait=True)

@@ -62,7 +62,8 @@ def test_slices_kept_when_driver_restarts_quickly(devplug_driver: DriverHandle) 
     """Upstream "must not be removed if plugin restarts quickly enough": a driver stopped and started again within the
     wiping delay (30 s) finds its slices in place and keeps them: the same objects (name, UID) with the same pools and
     devices, never deleted and made again, or every restart makes the scheduler see its devices vanish and come back.
-    (Upstream compares whole objects; an update in place, e.g. its devices listed in another order, is not a removal.)"""
+    (Upstream compares whole objects; an update in place, e.g. its devices listed in another order, is not a
+    removal.)"""
 
     def kept() -> list[tuple[str, str, str, frozenset[str]]]:
         return [(s.name, s.uid, s.pool, frozenset(s.devices)) for s in devplug_driver.slices()]

@@ -1,4 +1,5 @@
-"""What a DRA driver's DaemonSet pod gets to reach the API server, for a driver run as a process on the embedded kubelet.
+"""What a DRA driver's DaemonSet pod gets to reach the API server, for a driver run as a process on the embedded
+kubelet.
 
 client-go's in-cluster configuration reads ``KUBERNETES_SERVICE_HOST`` / ``KUBERNETES_SERVICE_PORT`` and the
 files ``token``, ``ca.crt`` and ``namespace`` under ``/var/run/secrets/kubernetes.io/serviceaccount``. The

@@ -182,11 +182,13 @@ class DRAManager:
                 raise DRAPrepareError(f"fetch ResourceClaim {name}: {exc}") from None
             if must_own and not _owned_by(claim, pod):
                 raise DRAPrepareError(
-                    f"ResourceClaim {name} was not created for pod {meta.get('namespace', '')}/{meta.get('name', '')} (pod is not owner)"
+                    f"ResourceClaim {name} was not created for pod {meta.get('namespace', '')}/{meta.get('name', '')} "
+                    "(pod is not owner)"
                 )
             if not _reserved_for(claim, pod):
                 raise DRAPrepareError(
-                    f"pod {meta.get('name', '')} ({pod_uid}) is not allowed to use ResourceClaim {name} ({_meta(claim).get('uid', '')})"
+                    f"pod {meta.get('name', '')} ({pod_uid}) is not allowed to use ResourceClaim {name} "
+                    f"({_meta(claim).get('uid', '')})"
                 )
             info = _claim_info_from_claim(claim)
             plugins = {driver: self.plugins.get_plugin(driver) for driver in info.state.driver_state or {}}
@@ -337,8 +339,12 @@ class DRAManager:
         """``GetResources``: the CDI device IDs the runtime must give the container, in claim order."""
         with self._lock:
             try:
-                return container_cdi_devices(pod, container_name, lambda ns, name: None if (i := self._cache.get((ns, name))) is None else i.state,
-                                             extended=self.extended_resources)  # fmt: skip
+                return container_cdi_devices(
+                    pod,
+                    container_name,
+                    lambda ns, name: None if (i := self._cache.get((ns, name))) is None else i.state,
+                    extended=self.extended_resources,
+                )
             except ClaimError as exc:
                 raise DRAPrepareError(str(exc)) from None
 
