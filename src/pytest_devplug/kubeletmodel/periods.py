@@ -1,4 +1,8 @@
-"""The kubelet's fixed periods that plugins see, declared once for every layer that models or waits on them."""
+"""The kubelet's fixed periods that plugins see, declared once for every layer that models or waits on them.
+
+Each is a constant in ``pkg/kubelet`` with the same value in every release the harness pins (1.34 to
+1.38.0-beta.0, read from each release's source), so none of them is a per-release rule of :mod:`.releases`.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,10 @@ ENDPOINT_STOP_GRACE_PERIOD_S = 300.0
 #: (``defaultWipingDelay``, ``cm/dra/manager.go``: 30 s).
 DRA_WIPING_DELAY_S = 30.0
 
-#: How often the DRA manager's loop unprepares the claims of pods no longer active (``reconcilePeriod``:
-#: one minute).
+#: How often the DRA manager's loop unprepares the claims of pods no longer active (``defaultReconcilePeriod``,
+#: ``cm/dra/manager.go``: one minute).
 DRA_RECONCILE_PERIOD_S = 60.0
 
-#: How long after a failed sync the pod worker syncs the pod again (``backOffPeriod``, ``pod_workers.go``: 10 s);
+#: How long after a failed sync the pod worker syncs the pod again (``backOffPeriod``, ``kubelet.go``: 10 s);
 #: a failed unprepare is such a failure.
 POD_BACKOFF_PERIOD_S = 10.0
