@@ -4,8 +4,6 @@ two pods, every admitted pod holds what it asked for, and nothing leaks once all
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +20,7 @@ from pytest_devplug.errors import NotFoundError
 from pytest_devplug.sim.kubelet import SimNode
 from pytest_devplug.waiting import wait_for
 
+from ..sim._helpers import gpu, plugin_argv, write_state
 from ..support import RESOURCE
 
 GPU = RESOURCE
@@ -44,37 +43,10 @@ def _assignments(node: SimNode) -> dict[str, list[str]]:
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimCluster, SimNode]]:
     state = tmp_path_factory.mktemp("admission") / "state.json"
-    gpus = [
-        {
-            "uuid": f"GPU-{i:04d}",
-            "name": "A100",
-            "memory_mib": 40960,
-            "numa_node": i % 2,
-            "minor": i,
-            "lost": False,
-            "fail_allocate": False,
-        }
-        for i in range(GPUS)
-    ]
-    state.write_text(json.dumps({"gpus": gpus, "events": []}))
+    write_state(state, [gpu(i, i % 2, name="A100") for i in range(GPUS)])
     with SimCluster() as cluster:
         node = cluster.add_node("node-1")
-        node.start_plugin(
-            [
-                sys.executable,
-                "-m",
-                "devplug_gpu_plugin",
-                "--plugin-dir",
-                str(node.plugin_dir),
-                "--resource-name",
-                GPU,
-                "--nvml",
-                "mock",
-                "--mock-state",
-                str(state),
-            ],
-            env=mock_env(str(state)),
-        )
+        node.start_plugin(plugin_argv(node.plugin_dir, state, resource=GPU), env=mock_env(str(state)))
         wait_for(
             lambda: node.allocatable().get(GPU), lambda v: v == str(GPUS), what=f"{GPUS} GPUs allocatable", timeout=30
         )

@@ -4,7 +4,6 @@ device managers whose ``on_change`` drives bounded waits."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.procs.process import PluginProcess
 
 from ..support import short_dir
+from ._helpers import plugin_argv
 from .dm_helpers import GPU, DmMockState, DmWaiter, FakePlugin, dm_gpu
 
 
@@ -57,20 +57,7 @@ def dm_plugin(dm_dir: Path, dm_state: DmMockState) -> Iterator[Callable[..., Plu
     procs: list[PluginProcess] = []
 
     def start(*extra: str) -> PluginProcess:
-        argv = [
-            sys.executable,
-            "-m",
-            "devplug_gpu_plugin",
-            "--plugin-dir",
-            str(dm_dir),
-            "--resource-name",
-            GPU,
-            "--nvml",
-            "mock",
-            "--mock-state",
-            str(dm_state.path),
-            *extra,
-        ]
+        argv = plugin_argv(dm_dir, dm_state.path, *extra, resource=GPU)
         p = PluginProcess(argv, log_path=dm_dir.parent / f"plugin{len(procs)}.log", env=mock_env(str(dm_state.path)))
         p.start()
         procs.append(p)
