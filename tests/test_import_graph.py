@@ -204,7 +204,9 @@ def sim_importers(graph: Graph) -> dict[str, list[str]]:
 def test_only_the_sim_backend_imports_the_embedded_kubelet() -> None:
     found = sim_importers(import_graph(package_sources()))
     stray = {m: t for m, t in found.items() if m not in SIM_IMPORTERS}
-    assert not stray, f"modules outside sim/ importing it (take the rules from kubeletmodel): {stray}"
+    assert not stray, (
+        f"modules outside sim/ importing it (the kubelet's rules are in kubeletmodel, processes in procs): {stray}"
+    )
     gone = SIM_IMPORTERS - set(found) - {f"{PACKAGE}.backends"}
     assert not gone, f"no longer import sim: {sorted(gone)}; drop them from SIM_IMPORTERS"
 
