@@ -180,6 +180,8 @@ def test_a_gone_driver_fails_unprepare_and_the_claim_stays_tracked(
     wait_for(
         lambda: dra_kubelet.plugins.registered(), lambda r: DRIVER not in r, timeout=T, what="the driver deregistered"
     )
+    # the store forgets the plugin before it closes the plugin's connection: wait for both
+    wait_for(lambda: plugin.closed, bool, timeout=T, what="the gone driver's connection closed")
     with pytest.raises(
         DRAPrepareError, match="unprepare dynamic resources: DRA driver gpu.example.com is not registered"
     ):

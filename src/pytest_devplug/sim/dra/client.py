@@ -102,6 +102,12 @@ class DRAPluginClient:
         with self._lock:
             return self._connected
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran: the plugin's deregistration is complete only then."""
+        with self._lock:
+            return self._closed
+
     def _connectivity(self, state: grpc.ChannelConnectivity) -> None:
         connected = state == grpc.ChannelConnectivity.READY
         with self._lock:
