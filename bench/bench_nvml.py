@@ -26,7 +26,7 @@ from typing import Any
 
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.kubelet import SimNode
 
 from bench_sim import wait  # same folder: the benchmarks share one spin-wait
@@ -41,7 +41,7 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def alloc(c: SimCluster, node: str) -> int | None:
+def alloc(c: EmbeddedPlane, node: str) -> int | None:
     value = c.get_node(node)["status"]["allocatable"].get(GPU)
     return None if value is None else int(value)
 
@@ -76,7 +76,7 @@ def bench_latency(kind: str, runs: int, tmp: Path) -> list[float]:
     state = mockstate.initial_state(runs + 1, 1)
     write_state(state_path, state)
     out = []
-    with SimCluster(grace_period=300.0) as c:
+    with EmbeddedPlane(grace_period=300.0) as c:
         node = c.add_node("node-1")
         argv, standard = plugin_argv(kind, state_path, node)
         node.start_plugin(argv, env=mock_env(str(state_path)), standard_paths=standard)
@@ -100,7 +100,7 @@ def bench_idle(gpus: int, seconds: float, tmp: Path) -> tuple[float, float]:
     """(share of a core while idle, seconds until all GPUs were allocatable)."""
     state_path = tmp / "state.json"
     write_state(state_path, mockstate.initial_state(gpus, 2))
-    with SimCluster(grace_period=300.0) as c:
+    with EmbeddedPlane(grace_period=300.0) as c:
         node = c.add_node("node-1")
         argv, standard = plugin_argv("included", state_path, node)
         t0 = time.monotonic()

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 
 ROOT = Path(__file__).resolve().parents[1]
 #: peer -> (resource, device count)
@@ -29,7 +29,7 @@ def build(name: str) -> str:
     return out.stdout.split()[-1]
 
 
-def wait_allocatable(c: SimCluster, resource: str, want: int, timeout: float) -> float:
+def wait_allocatable(c: EmbeddedPlane, resource: str, want: int, timeout: float) -> float:
     """Polls (1 ms) until the node's allocatable for ``resource`` is ``want``; the monotonic time it was."""
     deadline = time.monotonic() + timeout
     while c.get_node("node-1")["status"]["allocatable"].get(resource) != str(want):
@@ -43,7 +43,7 @@ def measure(name: str, runs: int) -> list[float]:
     resource, count = PEERS[name]
     binary = build(name)
     times = []
-    with SimCluster(grace_period=300.0) as c:
+    with EmbeddedPlane(grace_period=300.0) as c:
         node = c.add_node("node-1")
         node.start_plugin([binary], standard_paths=True)
         wait_allocatable(c, resource, count, 30.0)

@@ -55,7 +55,7 @@ from pytest_devplug.cli import main as devplug  # noqa: E402
 from pytest_devplug.nvml import mock_env  # noqa: E402
 from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, decode, encode  # noqa: E402
 from pytest_devplug.errors import CheckpointFormatError, NotFoundError  # noqa: E402
-from pytest_devplug.sim.embeddedplane import SimCluster  # noqa: E402
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane  # noqa: E402
 from pytest_devplug.sim.devicemanager import DeviceManager  # noqa: E402
 from pytest_devplug.sim.kubelet import SimNode  # noqa: E402
 
@@ -365,7 +365,7 @@ def bench_admission(ops: int, work: Path) -> Row:
     state.write_text(json.dumps({"gpus": gpus, "events": []}))
     rng = random.Random(5)
     double = leaks = 0
-    with SimCluster() as cluster:
+    with EmbeddedPlane() as cluster:
         node = cluster.add_node("node-1")
         node.start_plugin(
             [

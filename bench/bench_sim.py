@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.kubelet import SimNode
 
 GPU = "nvidia.com/gpu"
@@ -74,7 +74,7 @@ def wait(fn: Callable[[], bool], what: str, timeout: float = 15.0) -> float:
     return time.monotonic()
 
 
-def alloc(c: SimCluster, node: str) -> str | None:
+def alloc(c: EmbeddedPlane, node: str) -> str | None:
     value = c.get_node(node)["status"]["allocatable"].get(GPU)
     return None if value is None else str(value)
 
@@ -96,7 +96,7 @@ def bench_latencies(runs: int, tmp: Path) -> dict[str, list[float]]:
     for r in range(runs):
         state = tmp / f"lat{r}.json"
         write_state(state, 4)
-        with SimCluster(grace_period=300.0) as c:
+        with EmbeddedPlane(grace_period=300.0) as c:
             node = c.add_node("node-1")
             clock = _RegistrationClock()
             node.logger.addHandler(clock)
@@ -116,7 +116,7 @@ def bench_latencies(runs: int, tmp: Path) -> dict[str, list[float]]:
 
 
 def bench_cycles(cycles: int, n_nodes: int, gpus: int, n_threads: int, tmp: Path) -> dict[str, Any]:
-    with SimCluster() as c:
+    with EmbeddedPlane() as c:
         nodes: list[SimNode] = []
         for i in range(n_nodes):
             state = tmp / f"n{i}.json"

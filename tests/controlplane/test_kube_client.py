@@ -5,7 +5,7 @@ The extras allow 30 and later, and the releases differ where it hurts: up to 36 
 goes out as ``...05+00:00`` (the API server answers 400) and an integer quantity is refused before the API server
 sees it. ``nox -s tests`` runs this with the newest client, ``nox -s tests_lowest`` at the floors (the harness's
 own, then the included driver's ``dra`` extra): one control plane, each kind of request the embedded kubelets
-(``ApiCluster``), the DRA side (``KubeRest``) and the kube backend (``KubeApi``) make.
+(``RealPlane``), the DRA side (``KubeRest``) and the kube backend (``KubeApi``) make.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pytest_devplug.dra.objects import device_class_manifest, list_slices
 from pytest_devplug.kuberest import KubeRest
 from pytest_devplug.errors import RestError
 from pytest_devplug.sim import realplane
-from pytest_devplug.sim.realplane import ApiCluster
+from pytest_devplug.sim.realplane import RealPlane
 from pytest_devplug.sim.dra.apiseams import RESOURCE_API, KubeletDRAApi
 
 from ..sim._helpers import GPU, phase, pod, start_gpu_node, wait_for
@@ -55,7 +55,7 @@ def test_every_kind_of_request_at_this_client_release(
         client = cp.client()
         rest = KubeRest(client, 20)
         try:
-            with ApiCluster(client, timeout=20) as cluster:
+            with RealPlane(client, timeout=20) as cluster:
                 # The kubelet's side: Node created, status posted (strategic merge), Lease created, then patched.
                 start_gpu_node(cluster, "node-1", tmp_path / "state.json", 2)
                 lease = rest.get(f"{LEASES}/node-1")["spec"]

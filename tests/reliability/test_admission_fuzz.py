@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from .reliability_support import RELIABILITY, examples
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc
 from pytest_devplug.nvml import mock_env
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.errors import NotFoundError
 from pytest_devplug.sim.kubelet import SimNode
 from pytest_devplug.waiting import wait_for
@@ -41,10 +41,10 @@ def _assignments(node: SimNode) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimCluster, SimNode]]:
+def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedPlane, SimNode]]:
     state = tmp_path_factory.mktemp("admission") / "state.json"
     write_state(state, [gpu(i, i % 2, name="A100") for i in range(GPUS)])
-    with SimCluster() as cluster:
+    with EmbeddedPlane() as cluster:
         node = cluster.add_node("node-1")
         node.start_plugin(plugin_argv(node.plugin_dir, state, resource=GPU), env=mock_env(str(state)))
         wait_for(
@@ -67,7 +67,7 @@ _ops = st.lists(
 @settings(RELIABILITY, max_examples=examples(12))
 @given(ops=_ops)
 def test_no_double_allocation_no_lost_or_leaked_devices(
-    gpu_cluster: tuple[SimCluster, SimNode], monkeypatch: pytest.MonkeyPatch, ops: list[tuple[str, int, int, bool]]
+    gpu_cluster: tuple[EmbeddedPlane, SimNode], monkeypatch: pytest.MonkeyPatch, ops: list[tuple[str, int, int, bool]]
 ) -> None:
     cluster, node = gpu_cluster
     admit = node.admit

@@ -1,4 +1,4 @@
-"""SimCluster: the API surface, pending-pod retries, events, concurrency and clean-up."""
+"""EmbeddedPlane: the API surface, pending-pod retries, events, concurrency and clean-up."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.errors import ApiError, NotFoundError
 
 from ._helpers import GPU, phase, pod, pod_resources, start_gpu_node, wait_for
 
 
 @pytest.fixture
-def cluster() -> Iterator[SimCluster]:
-    with SimCluster() as c:
+def cluster() -> Iterator[EmbeddedPlane]:
+    with EmbeddedPlane() as c:
         yield c
 
 
-def test_crud_and_api_errors(cluster: SimCluster) -> None:
+def test_crud_and_api_errors(cluster: EmbeddedPlane) -> None:
     cluster.add_node("node-1")
     cluster.create_pod(pod("a", None))
     with pytest.raises(ApiError) as ei:
@@ -47,7 +47,7 @@ def test_crud_and_api_errors(cluster: SimCluster) -> None:
     assert [n["metadata"]["name"] for n in cluster.list_nodes()] == ["node-1"]
 
 
-def test_pending_pod_is_retried_when_devices_free_up(cluster: SimCluster, tmp_path: Path) -> None:
+def test_pending_pod_is_retried_when_devices_free_up(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     cluster.create_pod(pod("a", 1))
     b = cluster.create_pod(pod("b", 1))
@@ -75,7 +75,7 @@ def test_pending_pod_is_retried_when_devices_free_up(cluster: SimCluster, tmp_pa
     assert cluster.get_pod("b")["status"]["conditions"][0]["status"] == "True"
 
 
-def test_taint_change_retries_and_nodes_are_chosen_by_labels(cluster: SimCluster, tmp_path: Path) -> None:
+def test_taint_change_retries_and_nodes_are_chosen_by_labels(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     start_gpu_node(
         cluster, "gpu-1", tmp_path / "a.json", 1, taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}]
     )
@@ -87,7 +87,7 @@ def test_taint_change_retries_and_nodes_are_chosen_by_labels(cluster: SimCluster
     wait_for(lambda: cluster.get_pod("x")["spec"].get("nodeName"), lambda v: v == "gpu-1", "x bound to gpu-1")
 
 
-def test_concurrent_creates_and_deletes_never_share_a_device(cluster: SimCluster, tmp_path: Path) -> None:
+def test_concurrent_creates_and_deletes_never_share_a_device(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     nodes = [start_gpu_node(cluster, f"n{i}", tmp_path / f"{i}.json", 4) for i in range(2)]
     errors: list[BaseException] = []
 
@@ -118,7 +118,7 @@ def test_concurrent_creates_and_deletes_never_share_a_device(cluster: SimCluster
 
 
 def test_close_stops_plugins_and_removes_the_workdir(tmp_path: Path) -> None:
-    c = SimCluster()
+    c = EmbeddedPlane()
     node = start_gpu_node(c, "node-1", tmp_path / "s.json", 1)
     proc = node.plugin()
     workdir = c.workdir
@@ -129,7 +129,7 @@ def test_close_stops_plugins_and_removes_the_workdir(tmp_path: Path) -> None:
     assert not workdir.exists()
     given = Path(tempfile.mkdtemp(prefix="dpg-", dir="/tmp"))  # short: the node's sockets go under it
     try:
-        with SimCluster(given) as c2:
+        with EmbeddedPlane(given) as c2:
             c2.add_node("n")
         assert given.exists()  # a caller's dir is left in place
     finally:
@@ -138,7 +138,7 @@ def test_close_stops_plugins_and_removes_the_workdir(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bound_by", ["scheduler", "nodeName"])
 def test_pod_deleted_between_binding_and_admission_is_not_admitted(
-    cluster: SimCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound_by: str
+    cluster: EmbeddedPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound_by: str
 ) -> None:
     """Issue 11: the pod was admitted anyway and held its device, so the next pod failed with
     UnexpectedAdmissionError. The deletion now lands exactly between bind and admit."""
@@ -164,7 +164,7 @@ def test_pod_deleted_between_binding_and_admission_is_not_admitted(
 
 
 @pytest.mark.parametrize("name", ["../devplug-escaped-node", "/abs", "a/b", "Node-1", "n" * 254, "node\n"])
-def test_node_names_are_validated_before_any_path_is_made(cluster: SimCluster, name: str) -> None:
+def test_node_names_are_validated_before_any_path_is_made(cluster: EmbeddedPlane, name: str) -> None:
     would_be = os.path.normpath(f"{cluster.workdir}/{name}") if "\n" not in name else None
     with pytest.raises(ApiError) as ei:
         cluster.add_node(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 
 from ._helpers import GPU, allocatable, gpu, phase, pod, pod_resources, start_gpu_node, wait_for, write_state
 
@@ -17,17 +17,17 @@ GRACE = 0.8
 
 
 @pytest.fixture
-def cluster() -> Iterator[SimCluster]:
-    with SimCluster(grace_period=GRACE) as c:
+def cluster() -> Iterator[EmbeddedPlane]:
+    with EmbeddedPlane(grace_period=GRACE) as c:
         yield c
 
 
-def devices_of(cluster: SimCluster, name: str) -> list[str]:
+def devices_of(cluster: EmbeddedPlane, name: str) -> list[str]:
     cs = cluster.get_pod(name)["status"]["containerStatuses"][0]
     return sorted(r["resourceID"] for r in cs["allocatedResourcesStatus"][0]["resources"])
 
 
-def test_registration_then_pod_sees_device_and_pod_resources_lists_it(cluster: SimCluster, tmp_path: Path) -> None:
+def test_registration_then_pod_sees_device_and_pod_resources_lists_it(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
     assert allocatable(cluster, "node-1") == ("2", "2")
     cluster.create_pod(pod("x", 1))
@@ -39,7 +39,7 @@ def test_registration_then_pod_sees_device_and_pod_resources_lists_it(cluster: S
     assert pod_resources(node) == {("x", "main"): {GPU: devs}}
 
 
-def test_assignment_kept_across_container_kubelet_and_plugin_restarts(cluster: SimCluster, tmp_path: Path) -> None:
+def test_assignment_kept_across_container_kubelet_and_plugin_restarts(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
     cluster.create_pod(pod("x", 1))
     devs = devices_of(cluster, "x")
@@ -62,7 +62,7 @@ def test_assignment_kept_across_container_kubelet_and_plugin_restarts(cluster: S
     assert devices_of(cluster, "y") != devs
 
 
-def test_succeeded_pod_is_not_readmitted_after_restart_without_plugin(cluster: SimCluster, tmp_path: Path) -> None:
+def test_succeeded_pod_is_not_readmitted_after_restart_without_plugin(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     cluster.create_pod(pod("done", 1, restart_policy="Never"))
     cluster.finish_container("done", "main", 0)
@@ -72,7 +72,7 @@ def test_succeeded_pod_is_not_readmitted_after_restart_without_plugin(cluster: S
     assert st["phase"] == "Succeeded" and "reason" not in st
 
 
-def test_pods_deleted_while_kubelet_down_are_cleaned_up(cluster: SimCluster, tmp_path: Path) -> None:
+def test_pods_deleted_while_kubelet_down_are_cleaned_up(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     p = cluster.create_pod(pod("x", 1))
     node.stop_kubelet()
@@ -85,7 +85,7 @@ def test_pods_deleted_while_kubelet_down_are_cleaned_up(cluster: SimCluster, tmp
     assert pod_resources(node) == {("y", "main"): {GPU: devices_of(cluster, "y")}}
 
 
-def test_reboot_without_reregistration_fails_the_pod(cluster: SimCluster, tmp_path: Path) -> None:
+def test_reboot_without_reregistration_fails_the_pod(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     cluster.create_pod(pod("x", 1))
     node.reboot()  # sandboxes and the plugin are gone; the kubelet re-admits from its checkpoint
@@ -97,7 +97,7 @@ def test_reboot_without_reregistration_fails_the_pod(cluster: SimCluster, tmp_pa
     )
 
 
-def test_device_unhealthy_then_healthy(cluster: SimCluster, tmp_path: Path) -> None:
+def test_device_unhealthy_then_healthy(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     state = tmp_path / "s.json"
     start_gpu_node(cluster, "node-1", state, 1)
     write_state(state, [gpu(0, lost=True)])
@@ -106,7 +106,7 @@ def test_device_unhealthy_then_healthy(cluster: SimCluster, tmp_path: Path) -> N
     wait_for(lambda: allocatable(cluster, "node-1"), lambda v: v == ("1", "1"), "1/1 with the GPU back")
 
 
-def test_list_and_watch_failure_zeroes_without_retry_then_grace_removes(cluster: SimCluster, tmp_path: Path) -> None:
+def test_list_and_watch_failure_zeroes_without_retry_then_grace_removes(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
     node.plugin().kill(signal.SIGKILL)  # the stream breaks: capacity kept, allocatable 0, no re-dial
     wait_for(lambda: allocatable(cluster, "node-1"), lambda v: v == ("2", "0"), "2/0 after the stream ended")

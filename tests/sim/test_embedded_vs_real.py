@@ -1,4 +1,4 @@
-"""The embedded control plane (``SimCluster``) against the real one (``ApiCluster`` on kube-apiserver, kube-scheduler
+"""The embedded control plane (``EmbeddedPlane``) against the real one (``RealPlane`` on kube-apiserver, kube-scheduler
 and kube-controller-manager v1.34): the same steps on both, and what a user sees must be the same.
 
 The API-facing scenarios: pod validation and the extended-resource limits table, scheduling and its messages,
@@ -17,15 +17,15 @@ import kubernetes
 import pytest
 
 from pytest_devplug.controlplane import ControlPlane
-from pytest_devplug.sim.realplane import ApiCluster
-from pytest_devplug.sim.embeddedplane import SimCluster
-from pytest_devplug.sim.controlplanes import ClusterApi
+from pytest_devplug.sim.realplane import RealPlane
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
+from pytest_devplug.sim.controlplanes import SimControlPlane
 from pytest_devplug.errors import ApiError
 
 from ..support import control_plane_binaries
 from ._helpers import GPU, allocatable, phase, pod, start_gpu_node, wait_for
 
-Sides = dict[str, ClusterApi]
+Sides = dict[str, SimControlPlane]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def control_plane() -> Iterator[ControlPlane]:
 def sides(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Sides]:
     client = control_plane.client()
     try:
-        with SimCluster() as embedded, ApiCluster(client, timeout=20) as real:
+        with EmbeddedPlane() as embedded, RealPlane(client, timeout=20) as real:
             yield {"embedded": embedded, "real": real}
     finally:
         core = kubernetes.client.CoreV1Api(client)
@@ -47,13 +47,13 @@ def sides(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Sides]:
         client.close()
 
 
-def _same(sides: Sides, what: str, observe: Callable[[ClusterApi], Any]) -> Any:
+def _same(sides: Sides, what: str, observe: Callable[[SimControlPlane], Any]) -> Any:
     seen = {name: observe(c) for name, c in sides.items()}
     assert seen["embedded"] == seen["real"], f"{what} differs: embedded {seen['embedded']!r}, real {seen['real']!r}"
     return seen["real"]
 
 
-def _outcome(c: ClusterApi, manifest: dict[str, Any]) -> tuple[Any, ...]:
+def _outcome(c: SimControlPlane, manifest: dict[str, Any]) -> tuple[Any, ...]:
     try:
         created = c.create_pod(manifest)
     except ApiError as exc:
@@ -81,7 +81,7 @@ def test_pod_validation_and_the_limits_table(sides: Sides) -> None:
 
 
 def test_node_names_are_validated(sides: Sides) -> None:
-    def add(c: ClusterApi) -> tuple[Any, ...]:
+    def add(c: SimControlPlane) -> tuple[Any, ...]:
         try:
             c.add_node("Bad_Name")
         except ApiError as exc:
@@ -91,12 +91,12 @@ def test_node_names_are_validated(sides: Sides) -> None:
     _same(sides, "the refusal of an invalid node name", add)
 
 
-def _scheduled(c: ClusterApi, name: str) -> tuple[str, str, str, str]:
+def _scheduled(c: SimControlPlane, name: str) -> tuple[str, str, str, str]:
     cond = next(x for x in c.get_pod(name)["status"].get("conditions", []) if x["type"] == "PodScheduled")
     return (c.get_pod(name)["status"]["phase"], cond["status"], cond.get("reason", ""), cond.get("message", ""))
 
 
-def _event(c: ClusterApi, pod_name: str, reason: str) -> tuple[str, str, str]:
+def _event(c: SimControlPlane, pod_name: str, reason: str) -> tuple[str, str, str]:
     ev = wait_for(
         lambda: [e for e in c.events(namespace="default", involved_name=pod_name) if e["reason"] == reason],
         bool, f"a {reason} event of {pod_name}",
@@ -166,7 +166,7 @@ def test_kubelet_events_and_admission_failures(sides: Sides, tmp_path: Path) -> 
         sides, "the kubelet's events of a started pod", lambda c: [_event(c, "ok", r) for r in ("Created", "Started")]
     )
 
-    def rejection(c: ClusterApi) -> tuple[Any, ...]:
+    def rejection(c: SimControlPlane) -> tuple[Any, ...]:
         st = c.get_pod("pinned")["status"]
         return (st["phase"], st.get("reason"), st.get("message"), _event(c, "pinned", st.get("reason", "")))
 

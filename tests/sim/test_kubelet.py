@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 
 from ._helpers import GPU, allocatable, gpu, phase, pod, start_gpu_node, wait_for, write_state
 
 
 @pytest.fixture
-def cluster() -> Iterator[SimCluster]:
-    with SimCluster(grace_period=0.6) as c:
+def cluster() -> Iterator[EmbeddedPlane]:
+    with EmbeddedPlane(grace_period=0.6) as c:
         yield c
 
 
-def test_admitted_container_gets_what_allocate_returned(cluster: SimCluster, tmp_path: Path) -> None:
+def test_admitted_container_gets_what_allocate_returned(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
     p = cluster.create_pod(pod("x", 1))
     assert p["spec"]["nodeName"] == "node-1" and p["status"]["phase"] == "Running"
@@ -38,7 +38,7 @@ def test_admitted_container_gets_what_allocate_returned(cluster: SimCluster, tmp
 
 
 def test_node_name_bypass_with_too_few_devices_is_rejected_by_the_device_manager(
-    cluster: SimCluster, tmp_path: Path
+    cluster: EmbeddedPlane, tmp_path: Path
 ) -> None:
     start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     p = cluster.create_pod(pod("big", 2, node_name="node-1"))
@@ -58,7 +58,7 @@ def test_node_name_bypass_with_too_few_devices_is_rejected_by_the_device_manager
     assert not any(e["reason"] == "Scheduled" for e in cluster.events(involved_name="big"))
 
 
-def test_predicate_handler_out_of_cpu_and_node_affinity(cluster: SimCluster) -> None:
+def test_predicate_handler_out_of_cpu_and_node_affinity(cluster: EmbeddedPlane) -> None:
     cluster.add_node("node-1")
     cpu_hog = pod("hog", None, node_name="node-1")
     cpu_hog["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "16"}}
@@ -72,7 +72,7 @@ def test_predicate_handler_out_of_cpu_and_node_affinity(cluster: SimCluster) -> 
     assert (st["reason"], st["message"]) == ("NodeAffinity", "Pod was rejected: Predicate NodeAffinity failed")
 
 
-def test_node_status_and_health_changes(cluster: SimCluster, tmp_path: Path) -> None:
+def test_node_status_and_health_changes(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     state = tmp_path / "s.json"
     start_gpu_node(cluster, "node-1", state, 2)
     n = cluster.get_node("node-1")
@@ -93,7 +93,7 @@ def test_node_status_and_health_changes(cluster: SimCluster, tmp_path: Path) -> 
     assert phase(cluster, "x") == "Running"  # an unhealthy device does not evict its pod
 
 
-def test_init_containers_are_admitted_first_and_complete(cluster: SimCluster, tmp_path: Path) -> None:
+def test_init_containers_are_admitted_first_and_complete(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
     init = [{"name": "setup", "image": "busybox", "resources": {"limits": {GPU: 2}}}]
     p = cluster.create_pod(pod("x", 1, init=init))
@@ -105,7 +105,7 @@ def test_init_containers_are_admitted_first_and_complete(cluster: SimCluster, tm
     assert len(setup) == 2 and len(main) == 1 and set(main) <= set(setup)  # init devices are reused
 
 
-def test_container_restart_keeps_devices_and_finish_frees_them(cluster: SimCluster, tmp_path: Path) -> None:
+def test_container_restart_keeps_devices_and_finish_frees_them(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     p = cluster.create_pod(pod("x", 1, restart_policy="Never"))
     uid = p["metadata"]["uid"]
@@ -121,21 +121,21 @@ def test_container_restart_keeps_devices_and_finish_frees_them(cluster: SimClust
     assert node.container(cluster.get_pod("y")["metadata"]["uid"], "main").devices == before
 
 
-def test_restart_policy_always_restarts_a_finished_container(cluster: SimCluster, tmp_path: Path) -> None:
+def test_restart_policy_always_restarts_a_finished_container(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
     cluster.create_pod(pod("x", 1))
     st = cluster.finish_container("x", "main", 1)["status"]
     assert st["phase"] == "Running" and st["containerStatuses"][0]["restartCount"] == 1
 
 
-def test_pre_start_container_is_called_when_required(cluster: SimCluster, tmp_path: Path) -> None:
+def test_pre_start_container_is_called_when_required(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1, "--pre-start-required")
     cluster.create_pod(pod("x", 1))
     assert phase(cluster, "x") == "Running"
     assert "PreStartContainer" in node.kubelet_log()
 
 
-def test_failing_pre_start_container_keeps_the_container_from_starting(cluster: SimCluster, tmp_path: Path) -> None:
+def test_failing_pre_start_container_keeps_the_container_from_starting(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     """``GetDeviceRunContainerOptions`` fails: kuberuntime reports ``CreateContainerConfigError`` with the device
     manager's error, the container never runs, the pod (admitted, devices held) stays Pending."""
     state = tmp_path / "s.json"
@@ -159,7 +159,7 @@ def test_failing_pre_start_container_keeps_the_container_from_starting(cluster: 
 
 @pytest.mark.parametrize("image", ["devplug.invalid/none:1", "invalid.registry.k8s.io/invalid/alpine:3.1"])
 def test_unpullable_image_never_starts_yet_reports_its_device_health(
-    cluster: SimCluster, tmp_path: Path, image: str
+    cluster: EmbeddedPlane, tmp_path: Path, image: str
 ) -> None:
     """Upstream's "Device Status for the failed pod": an image from a registry that cannot exist is never pulled
     (``ImagePullBackOff``, PreStartContainer never called), the container holds its device from admission on, and
@@ -213,7 +213,7 @@ def test_images_of_real_registries_are_pulled() -> None:
     assert image_pull_error("devplug.invalid:5000/x") is not None
 
 
-def test_kubelet_log_is_klog_formatted(cluster: SimCluster) -> None:
+def test_kubelet_log_is_klog_formatted(cluster: EmbeddedPlane) -> None:
     node = cluster.add_node("node-1")
     lines = node.kubelet_log().splitlines()
     assert lines and all(re.match(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \w+\.py:\d+\] ", ln) for ln in lines)
@@ -223,7 +223,7 @@ def test_kubelet_log_is_klog_formatted(cluster: SimCluster) -> None:
 def test_stopped_plugin_goes_unhealthy_then_removed_after_grace(tmp_path: Path) -> None:
     # The grace period starts long, so 2/0 is seen however slow the poll, then is cut short: a 0.6 s grace
     # period could end before a busy machine's first look, and 2/0 would never be seen.
-    with SimCluster(grace_period=300.0) as cluster:
+    with EmbeddedPlane(grace_period=300.0) as cluster:
         node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
         node.plugin().stop()
         wait_for(lambda: allocatable(cluster, "node-1"), lambda v: v == ("2", "0"), "capacity kept, allocatable 0")

@@ -17,7 +17,7 @@ import pytest
 from pytest_devplug.backends.base import BackendOptions, PluginSpec
 from pytest_devplug.backends.sim import SimBackend
 from pytest_devplug.procs import launcher
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 
 from ._helpers import allocatable, wait_for
 
@@ -195,7 +195,7 @@ def test_two_nodes_run_the_hard_coded_plugin_in_isolation(tmp_path: Path) -> Non
     if problem := _problem():
         pytest.skip(f"this machine allows no private mount namespace: {problem}")
     before = host_view()
-    with SimCluster(Path(tempfile.mkdtemp(prefix="devplug-ns-", dir="/tmp"))) as cluster:
+    with EmbeddedPlane(Path(tempfile.mkdtemp(prefix="devplug-ns-", dir="/tmp"))) as cluster:
         try:
             nodes = [cluster.add_node(n) for n in ("node-a", "node-b")]
             for i, node in enumerate(nodes):

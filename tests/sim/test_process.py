@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_devplug.procs import workdir
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.errors import PluginProcessError, SocketPathTooLongError
 from pytest_devplug.procs.process import PluginProcess, live_processes
@@ -338,7 +338,7 @@ def test_long_temp_dir_still_gives_working_sockets(monkeypatch: pytest.MonkeyPat
     long_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
     assert workdir.base_dir() == Path("/tmp")
-    with SimCluster() as cluster:
+    with EmbeddedPlane() as cluster:
         assert len(str(cluster.workdir)) < 40
         node = cluster.add_node("n1")
         assert (node.plugin_dir / "kubelet.sock").is_socket()

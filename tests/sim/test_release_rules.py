@@ -23,7 +23,7 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.podresources import v1_pb2 as pr
 from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
 from pytest_devplug.kubeletmodel.releases import RULES, KubeVersion
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
@@ -215,7 +215,7 @@ def test_fit_error_of_a_pod_without_claims(kube: KubeVersion, has: bool) -> None
 def test_podresources_get_of_a_terminated_pod(tmp_path: Path, kube: KubeVersion, has: bool) -> None:
     """A pod whose containers all ended (restartPolicy Never): from 1.35 Get answers "not found" like for a pod
     the kubelet never had; before, it answers with the pod (its devices freed)."""
-    with SimCluster(kube=kube) as cluster:
+    with EmbeddedPlane(kube=kube) as cluster:
         node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
         cluster.create_pod(pod("done", 1, restart_policy="Never"))
         assert cluster.finish_container("done", "main", 0)["status"]["phase"] == "Succeeded"
@@ -435,7 +435,7 @@ def test_allocated_resources_status_follows_resource_health_status(
     tmp_path: Path, kube: KubeVersion, reported: bool
 ) -> None:
     """The kubelet fills ``allocatedResourcesStatus`` only with ResourceHealthStatus on (default from 1.36)."""
-    with SimCluster(kube=kube) as cluster:
+    with EmbeddedPlane(kube=kube) as cluster:
         start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
         status = cluster.create_pod(pod("p", 1))["status"]["containerStatuses"][0]
         assert ("allocatedResourcesStatus" in status) is reported, status
@@ -444,7 +444,7 @@ def test_allocated_resources_status_follows_resource_health_status(
 def test_device_health_in_pod_status_is_the_plugins_last_list(tmp_path: Path) -> None:
     """``UpdateAllocatedResourcesStatus`` reads the devices as the plugin last listed them: its exit (every device
     unhealthy for allocation) leaves the running pod's device Healthy in its status (every release)."""
-    with SimCluster() as cluster:
+    with EmbeddedPlane() as cluster:
         node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 1)
         created = cluster.create_pod(pod("p", 1))
         (entry,) = created["status"]["containerStatuses"][0]["allocatedResourcesStatus"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim.embeddedplane import SimCluster
+from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.devicemanager import DeviceManager
 
 from ._helpers import GPU, allocatable, pod, pod_resources, start_gpu_node, wait_for
@@ -22,8 +22,8 @@ Make = Callable[..., tuple[DeviceManager, DmWaiter]]
 
 
 @pytest.fixture
-def cluster() -> Iterator[SimCluster]:
-    with SimCluster(grace_period=30.0) as c:
+def cluster() -> Iterator[EmbeddedPlane]:
+    with EmbeddedPlane(grace_period=30.0) as c:
         yield c
 
 
@@ -34,7 +34,7 @@ def _one(name: str, *, sidecar: bool = False) -> dict[str, object]:
     return c
 
 
-def test_restartable_init_container_reuses_the_init_device_and_keeps_it(cluster: SimCluster, tmp_path: Path) -> None:
+def test_restartable_init_container_reuses_the_init_device_and_keeps_it(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     """Upstream: init-1 and restartable-init-2 share one device, regular-1 gets another; pod-resources lists
     the restartable init container and the regular one, not the plain init container."""
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
@@ -69,7 +69,7 @@ def test_stream_ended_by_the_server_is_logged_with_eof_and_never_redialled(
     assert f.law_calls == 1
 
 
-def test_sigkilled_plugin_leaves_its_socket_and_registers_again_on_it(cluster: SimCluster, tmp_path: Path) -> None:
+def test_sigkilled_plugin_leaves_its_socket_and_registers_again_on_it(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     """A running kubelet removes no socket (only its own start cleans the directory): the killed plugin's socket
     stays, and the plugin started again must serve on that path before it registers."""
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
@@ -84,7 +84,7 @@ def test_sigkilled_plugin_leaves_its_socket_and_registers_again_on_it(cluster: S
     assert cluster.create_pod(pod("x", 2))["status"]["phase"] == "Running"
 
 
-def test_reboot_then_plugin_back_keeps_the_checkpointed_ids(cluster: SimCluster, tmp_path: Path) -> None:
+def test_reboot_then_plugin_back_keeps_the_checkpointed_ids(cluster: EmbeddedPlane, tmp_path: Path) -> None:
     node = start_gpu_node(cluster, "node-1", tmp_path / "s.json", 2)
     uid = cluster.create_pod(pod("x", 1))["metadata"]["uid"]
     held = node.container(uid, "main").devices[GPU]

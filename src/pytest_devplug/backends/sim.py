@@ -1,4 +1,5 @@
-"""The ``sim`` backend: the protocol on the embedded kubelet (``pytest_devplug.sim.SimCluster``).
+"""The ``sim`` backend: the protocol on the embedded kubelet (``pytest_devplug.sim.embeddedplane.EmbeddedPlane``, or
+``sim.realplane.RealPlane`` with a real API server).
 
 Everything lives under one short work dir (:mod:`pytest_devplug.procs.workdir`: Unix socket paths are
 limited to 107 bytes), removed by :meth:`SimBackend.close`, which also stops every plugin process, or
@@ -59,7 +60,7 @@ from .sim_dra import SimDRA
 
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
-    from ..sim.controlplanes import ClusterApi
+    from ..sim.controlplanes import SimControlPlane
     from ..sim.daemon import PluginDaemon
     from ..sim.kubelet import SimNode
 
@@ -92,7 +93,7 @@ class SimBackend:
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
         self.workdir: Path | None = None
-        self.cluster: ClusterApi | None = None
+        self.cluster: SimControlPlane | None = None
         #: The real control plane (``--devplug-control-plane real``), else ``None``.
         self.control_plane: ControlPlane | None = None
         self._api_client: Any = None
@@ -113,14 +114,14 @@ class SimBackend:
         return str(self.control_plane.kubeconfig) if self.control_plane is not None else None
 
     def start(self) -> None:
-        from ..sim.embeddedplane import SimCluster  # type: ignore[import-not-found,unused-ignore]
+        from ..sim.embeddedplane import EmbeddedPlane  # type: ignore[import-not-found,unused-ignore]
 
         self.workdir = workdir.create()
         try:
             if self.options.control_plane == "real":
                 self.cluster = self._start_real()
             else:
-                self.cluster = SimCluster(
+                self.cluster = EmbeddedPlane(
                     self.workdir / "c", grace_period=self.options.grace_period, kube=self.options.kube
                 )
         except BaseException:
@@ -129,12 +130,12 @@ class SimBackend:
             self.workdir = None
             raise
 
-    def _start_real(self) -> ClusterApi:
+    def _start_real(self) -> SimControlPlane:
         """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, the embedded kubelets as its Nodes."""
         require_extra("sim backend with --devplug-control-plane real", "cluster", CLUSTER_MODULES)
         from ..controlplane import ControlPlane, resolve
         from ..errors import ControlPlaneError
-        from ..sim.realplane import ApiCluster
+        from ..sim.realplane import RealPlane
 
         try:
             kube = self.options.kube
@@ -151,7 +152,7 @@ class SimBackend:
         self._api_client = self.control_plane.client()
         self.dra = SimDRA(self, self._api_client)
         assert self.workdir is not None
-        return ApiCluster(
+        return RealPlane(
             self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
             remove_nodes=not self.options.keep_cluster, kube=self.options.kube,
         )  # fmt: skip
@@ -189,7 +190,7 @@ class SimBackend:
         if errors:
             raise BackendError(f"sim teardown: {'; '.join(map(repr, errors))}")
 
-    def _c(self) -> ClusterApi:
+    def _c(self) -> SimControlPlane:
         if self.cluster is None:
             raise BackendError("sim backend not started")
         return self.cluster

@@ -42,8 +42,8 @@ from .mocknvml import mock_nvml_env
 
 if TYPE_CHECKING:
     from ..controlplane import ControlPlane
-    from ..sim.realplane import ApiCluster
-    from ..sim.controlplanes import ClusterApi
+    from ..sim.realplane import RealPlane
+    from ..sim.controlplanes import SimControlPlane
     from ..sim.daemon import PluginDaemon
     from ..sim.kubelet import SimNode
 
@@ -62,7 +62,7 @@ class SimDRAHost(Protocol):
         """The real control plane (its server and CA go into the drivers' credentials)."""
 
     @property
-    def cluster(self) -> ClusterApi | None: ...
+    def cluster(self) -> SimControlPlane | None: ...
 
     def sim_node(self, name: str) -> SimNode:
         """The node's embedded kubelet; ``ObjectNotFoundError`` when there is none."""
@@ -316,13 +316,13 @@ class SimDRA:
     def dra_timings(self) -> dict[str, float]:
         return dict(vars(self._api_cluster().dra_timings))
 
-    def _api_cluster(self) -> ApiCluster:
-        from ..sim.realplane import ApiCluster  # the kubernetes client: only with the real control plane
+    def _api_cluster(self) -> RealPlane:
+        from ..sim.realplane import RealPlane  # the kubernetes client: only with the real control plane
 
         cluster = self._backend.cluster
         if cluster is None:
             raise BackendError("sim backend not started")
-        if not isinstance(cluster, ApiCluster):
+        if not isinstance(cluster, RealPlane):
             raise UnsupportedOperationError("DRA timings need the real control plane (--devplug-control-plane real)")
         return cluster
 

@@ -37,7 +37,7 @@ def check_socket_path(path: Path, what: str) -> None:
     if size > SUN_PATH_MAX:
         raise SocketPathTooLongError(
             f"{what} socket path is {size} bytes, over the {SUN_PATH_MAX}-byte limit of Unix socket paths: {path} "
-            "(use a shorter work dir; SimCluster() and the sim backend pick one themselves)"
+            "(use a shorter work dir; EmbeddedPlane() and the sim backend pick one themselves)"
         )
 
 

@@ -1,13 +1,13 @@
 """The seam between the sim backend and "the control plane": what the backend asks of a cluster of embedded kubelets.
 
-Two implementations: :class:`~pytest_devplug.sim.embeddedplane.SimCluster` (the embedded control plane: its own
-validation, scheduler and event store) and :class:`~pytest_devplug.sim.realplane.ApiCluster` (a real
+Two implementations: :class:`~pytest_devplug.sim.embeddedplane.EmbeddedPlane` (the embedded control plane: its own
+validation, scheduler and event store) and :class:`~pytest_devplug.sim.realplane.RealPlane` (a real
 kube-apiserver and kube-scheduler; the kubelets are its Nodes). Pods and nodes are JSON-shaped dicts as
 the API server returns them; refusals raise :class:`~pytest_devplug.errors.ApiError` (404:
 ``NotFoundError``-compatible status), so the backend maps one error type for both.
 
-Both inherit :class:`ClusterBase`: what they do alike (the work dir, the context manager, the container
-operations on a bound pod's node) is written once there; :class:`ClusterApi` stays what the backend types against.
+Both inherit :class:`PlaneBase`: what they do alike (the work dir, the context manager, the container
+operations on a bound pod's node) is written once there; :class:`SimControlPlane` stays what the backend types against.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from .kubelet import SimNode
 from ..procs.workdir import create as create_workdir
 from ..procs.workdir import remove as remove_workdir
 
-__all__ = ["ClusterApi", "ClusterBase"]
+__all__ = ["SimControlPlane", "PlaneBase"]
 
-_C = TypeVar("_C", bound="ClusterBase")
+_C = TypeVar("_C", bound="PlaneBase")
 
 
-class ClusterApi(Protocol):
-    """A cluster of :class:`SimNode` kubelets behind a control plane."""
+class SimControlPlane(Protocol):
+    """What the sim backend needs of either control plane: :class:`SimNode` kubelets behind it, pods, events."""
 
     workdir: Path
     grace_period: float
@@ -84,8 +84,8 @@ class ClusterApi(Protocol):
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[dict[str, Any]]: ...
 
 
-class ClusterBase(ABC):
-    """What both clusters share; each gives ``close``, ``get_pod`` and ``_bound`` (where a pod runs) its own way."""
+class PlaneBase(ABC):
+    """What both planes share; each gives ``close``, ``get_pod`` and ``_bound`` (where a pod runs) its own way."""
 
     def __init__(self, workdir: Path | None, grace_period: float, kube: KubeVersion | None = None) -> None:
         """Use ``workdir`` (made if missing) or a fresh one that ``close()`` removes, since no one else will.
@@ -136,7 +136,7 @@ class ClusterBase(ABC):
         return self.get_pod(name, namespace)
 
     def _container_finished(self) -> None:  # noqa: B027 - a hook, a no-op unless the cluster schedules pods itself
-        """Called after a container exits, before the pod is read back (``SimCluster`` retries pending pods)."""
+        """Called after a container exits, before the pod is read back (``EmbeddedPlane`` retries pending pods)."""
 
     def pod_node(self, name: str, namespace: str = "default") -> SimNode:
         return self._bound(name, namespace)[0]

@@ -1,4 +1,4 @@
-"""``SimCluster``: the embedded control plane (API server, scheduler, events) around ``SimNode``s.
+"""``EmbeddedPlane``: the embedded control plane (API server, scheduler, events) around ``SimNode``s.
 
 Pods go through the same steps as on a real cluster, synchronously where possible: validation and
 defaulting, scheduling (or the ``spec.nodeName`` bypass), then the node's kubelet admits them.
@@ -23,12 +23,12 @@ from ..kubeletmodel.releases import KubeVersion
 from ..kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
 from .. import errors
 from . import apiserver
-from .controlplanes import ClusterApi, ClusterBase
+from .controlplanes import SimControlPlane, PlaneBase
 from .kubelet import SimNode
 from .names import dns1123_subdomain_errors, go_quote
 from .scheduler import NodeView, pod_requests, schedule
 
-__all__ = ["SimCluster", "BETA_LABELS"]
+__all__ = ["EmbeddedPlane", "BETA_LABELS"]
 
 #: What kube-controller-manager's node lifecycle controller adds to every Node (its reconcileNodeLabels: the
 #: deprecated beta twins of the kubelet's os/arch labels), seen on a real 1.34 control plane.
@@ -70,8 +70,12 @@ class _Pod:
         return out
 
 
-class SimCluster(ClusterBase):
-    """A small cluster of embedded kubelets; use as a context manager (``close()`` cleans up)."""
+class EmbeddedPlane(PlaneBase):
+    """Embedded kubelets behind the embedded control plane (API objects, scheduling, events in-process).
+
+    Use as a context manager (``close()`` cleans up); :class:`~.realplane.RealPlane` is the same behind a real
+    API server.
+    """
 
     def __init__(
         self,
@@ -408,6 +412,6 @@ class SimCluster(ClusterBase):
                 _log.exception("scheduling pass failed; retrying on the next change")
 
 
-#: Checked by mypy: ``SimCluster`` is a :class:`~.controlplanes.ClusterApi`, like the real control plane's
-#: ``ApiCluster``.
-_IS_CLUSTER_API: type[ClusterApi] = SimCluster
+#: Checked by mypy: ``EmbeddedPlane`` is a :class:`~.controlplanes.SimControlPlane`, like the real control plane's
+#: ``RealPlane``.
+_IS_CLUSTER_API: type[SimControlPlane] = EmbeddedPlane

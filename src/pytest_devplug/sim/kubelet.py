@@ -57,7 +57,7 @@ __all__ = ["SimNode", "ControlPlaneLink", "ContainerRecord", "pod_spec_view", "K
 
 
 class ControlPlaneLink(Protocol):
-    """What a node's kubelet needs from the control plane it is a node of (``SimCluster``, ``ApiCluster``): its
+    """What a node's kubelet needs from the control plane it is a node of (``EmbeddedPlane``, ``RealPlane``): its
     pod source, its status manager, its event recorder and the node-status update. ``node`` is the asking node."""
 
     def pods_bound_to(self, node: str) -> list[dict[str, Any]]:

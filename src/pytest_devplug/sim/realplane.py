@@ -1,7 +1,7 @@
-"""``ApiCluster``: embedded kubelets as real Nodes of a real API server (``--devplug-control-plane real``).
+"""``RealPlane``: embedded kubelets as real Nodes of a real API server (``--devplug-control-plane real``).
 
-The same surface as :class:`~pytest_devplug.sim.embeddedplane.SimCluster` (see :mod:`.controlplanes`), so the
-backend, handles and the conformance suite run unchanged; what ``SimCluster`` does itself, the real
+The same surface as :class:`~pytest_devplug.sim.embeddedplane.EmbeddedPlane` (see :mod:`.controlplanes`), so the
+backend, handles and the conformance suite run unchanged; what ``EmbeddedPlane`` does itself, the real
 control plane does here: validation and defaulting (kube-apiserver), scheduling (kube-scheduler), the
 not-ready taint (kube-controller-manager). Each ``SimNode`` acts as its node's kubelet through the API:
 
@@ -44,14 +44,14 @@ from ..errors import RestError, WaitTimeout
 from ..waiting import wait_for
 from .. import errors
 from .apiserver import now_rfc3339
-from .controlplanes import ClusterApi, ClusterBase
+from .controlplanes import SimControlPlane, PlaneBase
 from .dra.apiseams import KubeletDRAApi
 from .dra.kubeletside import DRATimings, NodeDRA
 from .kubelet import SimNode
 from ..procs.launcher import KUBELET_PATHS
 from .nodestatus import node_labels
 
-__all__ = ["ApiCluster", "LEASE_SECONDS", "NOT_READY_TAINT", "RENEW_SECONDS"]
+__all__ = ["RealPlane", "LEASE_SECONDS", "NOT_READY_TAINT", "RENEW_SECONDS"]
 
 _log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class _NodeAgent:
         self.ready_since = now_rfc3339()
 
 
-class ApiCluster(ClusterBase):
+class RealPlane(PlaneBase):
     """Embedded kubelets registered with the API server that ``client`` (a ``kubernetes.client.ApiClient``) talks to.
 
     ``timeout``: how long :meth:`create_pod` waits for the scheduler and the node to act on a new pod
@@ -404,7 +404,7 @@ class ApiCluster(ClusterBase):
         return self._settled(meta["name"], ns, meta["uid"])
 
     def _settled(self, name: str, namespace: str, uid: str) -> dict[str, Any]:
-        """Poll (bounded by ``timeout``) until the pod's fate is decided, as ``SimCluster.create_pod`` returns it."""
+        """Poll (bounded by ``timeout``) until the pod's fate is decided, as ``EmbeddedPlane.create_pod`` returns it."""
 
         def decided(pod: dict[str, Any]) -> bool:
             node_name = pod["spec"].get("nodeName")
@@ -689,5 +689,5 @@ class ApiCluster(ClusterBase):
                 agent.events[key] = [name, 1]
 
 
-#: Checked by mypy: ``ApiCluster`` is a :class:`ClusterApi` (as ``SimCluster`` is), so the backend takes either.
-_IS_CLUSTER_API: type[ClusterApi] = ApiCluster
+#: Checked by mypy: ``RealPlane`` is a :class:`SimControlPlane` (as ``EmbeddedPlane`` is), so the backend takes either.
+_IS_CLUSTER_API: type[SimControlPlane] = RealPlane
