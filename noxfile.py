@@ -141,10 +141,18 @@ def tests_lowest(session: nox.Session) -> None:
     # judges other programs rather than our floors: the peers' suite runs and the real control plane's tests
     # (about 20 minutes, the same verdicts as in `nox -s tests`; the requests they make are the cheap test's above).
     session.run(
-        "pytest", "-m", "not kind", "--ignore=tests/test_proto_stubs.py", "--ignore=tests/distribution",
-        "--ignore=tests/peers", "--ignore=tests/controlplane", "--ignore=tests/sim/test_embedded_vs_real.py",
-        "--ignore=tests/dra", *XDIST[1:], *session.posargs,
-    )  # fmt: skip
+        "pytest",
+        "-m",
+        "not kind",
+        "--ignore=tests/test_proto_stubs.py",
+        "--ignore=tests/distribution",
+        "--ignore=tests/peers",
+        "--ignore=tests/controlplane",
+        "--ignore=tests/sim/test_embedded_vs_real.py",
+        "--ignore=tests/dra",
+        *XDIST[1:],
+        *session.posargs,
+    )
 
 
 @nox.session(python=PYTHON[0])
@@ -159,8 +167,11 @@ def conformance(session: nox.Session) -> None:
 
 def _releases() -> tuple[list[str], str]:
     """The supported Kubernetes releases (kubeletmodel/releases.tsv) and the default one."""
-    rows = [r.split("\t") for r in (ROOT / "src/pytest_devplug/kubeletmodel/releases.tsv").read_text().splitlines()
-            if r.strip() and not r.startswith("#")]  # fmt: skip
+    rows = [
+        r.split("\t")
+        for r in (ROOT / "src/pytest_devplug/kubeletmodel/releases.tsv").read_text().splitlines()
+        if r.strip() and not r.startswith("#")
+    ]
     return [r[0] for r in rows], next(r[0] for r in rows if r[7] == "default")
 
 
@@ -189,8 +200,15 @@ def versions(session: nox.Session) -> None:
                 cwd = Path(work) / minor
                 cwd.mkdir()
                 log = (cwd / "conformance.log").open("w")
-                runs[minor] = (subprocess.Popen([devplug, "conformance", "--kubernetes-version", minor], cwd=cwd,
-                                                stdout=log, stderr=subprocess.STDOUT), log)  # fmt: skip
+                runs[minor] = (
+                    subprocess.Popen(
+                        [devplug, "conformance", "--kubernetes-version", minor],
+                        cwd=cwd,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    ),
+                    log,
+                )
             for minor, (proc, log) in runs.items():
                 rc = proc.wait()
                 log.close()
@@ -373,7 +391,18 @@ def _create_kind_cluster(session: nox.Session, kind: str, name: str, tmp: Path, 
         config, image = patched, ["--image", node_image]
     kubeconfig = str(tmp / "kubeconfig")
     session.run(
-        kind, "create", "cluster", "--name", name, "--config", str(config), "--kubeconfig", kubeconfig, *image,
-        "--wait", "5m", external=True,
-    )  # fmt: skip
+        kind,
+        "create",
+        "cluster",
+        "--name",
+        name,
+        "--config",
+        str(config),
+        "--kubeconfig",
+        kubeconfig,
+        *image,
+        "--wait",
+        "5m",
+        external=True,
+    )
     return kubeconfig

@@ -38,8 +38,10 @@ def conformance(control_plane: str) -> tuple[float, str]:
     t0 = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "pytest_devplug.cli", "conformance", "--control-plane", control_plane, "--", "-q"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     summary = (out.stdout.strip().splitlines() or ["(no output)"])[-1]
     return time.monotonic() - t0, summary
 

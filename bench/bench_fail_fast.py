@@ -25,8 +25,18 @@ CASES = {"allocate-empty": 60.0, "exit-at-start": 15.0}
 
 def run(fault: str) -> tuple[float, str]:
     devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
-    cmd = [devplug, "conformance", "--plugin-cmd", f"{{python}} {WIDGET} --plugin-dir {{plugin_dir}} --fault {fault}",
-           "--resource-name", "example.com/widget", "--", "-q", "-p", "no:randomly"]  # fmt: skip
+    cmd = [
+        devplug,
+        "conformance",
+        "--plugin-cmd",
+        f"{{python}} {WIDGET} --plugin-dir {{plugin_dir}} --fault {fault}",
+        "--resource-name",
+        "example.com/widget",
+        "--",
+        "-q",
+        "-p",
+        "no:randomly",
+    ]
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     elapsed = time.monotonic() - start
@@ -44,8 +54,11 @@ def main() -> int:
     for fault, target in CASES.items():
         results = [run(fault) for _ in range(args.runs)]
         times = [t for t, _ in results]
-        print(f"| `{fault}` | {statistics.median(times):.1f} s | {', '.join(f'{t:.1f}' for t in times)} | "
-              f"{results[-1][1]} | < {target:g} s |", flush=True)  # fmt: skip
+        print(
+            f"| `{fault}` | {statistics.median(times):.1f} s | {', '.join(f'{t:.1f}' for t in times)} | "
+            f"{results[-1][1]} | < {target:g} s |",
+            flush=True,
+        )
     return 0
 
 

@@ -34,10 +34,20 @@ CACHE = Path(
 RUN_TIMEOUT_S = 900
 
 PY_BUGS = [
-    "law-ends", "no-reregister", "ids-change", "sticky-unhealthy", "init-reuse", "first-stream-only", "register-first",
-    "single-instance", "prestart-swallows", "health-after-prestart", "numa-minus-one", "reregister-first-only",
+    "law-ends",
+    "no-reregister",
+    "ids-change",
+    "sticky-unhealthy",
+    "init-reuse",
+    "first-stream-only",
+    "register-first",
+    "single-instance",
+    "prestart-swallows",
+    "health-after-prestart",
+    "numa-minus-one",
+    "reregister-first-only",
     "allocate-first-table",
-]  # fmt: skip
+]
 #: Go mutants of the stub peer: name -> (what, original line, buggy line) in main.go.
 GO_BUGS = {
     "stub-ids-change": (
@@ -73,8 +83,22 @@ def _junit(path: Path) -> tuple[list[str], int, int]:
 def run_gadget(bug: str, stop_first: bool) -> Verdict:
     with tempfile.TemporaryDirectory(prefix="devplug-mutant-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:pytest-kind-ng", "-p", "no:cacheprovider",
-                f"--junitxml={junit}", "--rootdir", str(MUTANTS), "-c", os.devnull, str(MUTANTS)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:pytest-kind-ng",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            "--rootdir",
+            str(MUTANTS),
+            "-c",
+            os.devnull,
+            str(MUTANTS),
+        ]
         if stop_first:
             argv.append("-x")
         started = time.monotonic()
@@ -135,9 +159,21 @@ def run_stub(binary: Path, label: str, stop_first: bool) -> Verdict:
     with tempfile.TemporaryDirectory(prefix="devplug-mutant-") as tmp:
         junit = Path(tmp) / "junit.xml"
         devplug = Path(sys.executable).parent / "devplug"
-        argv = [str(devplug), "conformance", "--plugin-cmd", str(binary), "--resource-name", "example.com/stub",
-                "--pre-start-required", "--conventions", "ids-visible,numa-packing", "--",
-                "-p", "no:pytest-kind-ng", f"--junitxml={junit}"] + (["-x"] if stop_first else [])  # fmt: skip
+        argv = [
+            str(devplug),
+            "conformance",
+            "--plugin-cmd",
+            str(binary),
+            "--resource-name",
+            "example.com/stub",
+            "--pre-start-required",
+            "--conventions",
+            "ids-visible,numa-packing",
+            "--",
+            "-p",
+            "no:pytest-kind-ng",
+            f"--junitxml={junit}",
+        ] + (["-x"] if stop_first else [])
         started = time.monotonic()
         done = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         if not junit.exists():
@@ -173,8 +209,11 @@ def main() -> int:
     print(f"caught {len(caught)}/{len(bugs)}, clean {clean_failed} failed\n")
     print("| variant | verdict | caught by (first failure) | wall s |\n|---|---|---|--:|")
     for kind, v in verdicts:
-        verdict = (f"{v.passed} passed, {v.skipped} skipped, {len(v.failed)} failed" if kind == "clean"
-                   else ("caught" if v.failed else "**escaped**"))  # fmt: skip
+        verdict = (
+            f"{v.passed} passed, {v.skipped} skipped, {len(v.failed)} failed"
+            if kind == "clean"
+            else ("caught" if v.failed else "**escaped**")
+        )
         print(f"| {v.variant} | {verdict} | {v.failed[0] if v.failed else ''} | {v.seconds:.1f} |")
     return 0 if len(caught) == len(bugs) and clean_failed == 0 else 1
 

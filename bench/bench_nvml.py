@@ -47,8 +47,9 @@ def alloc(c: EmbeddedPlane, node: str) -> int | None:
 
 
 def nvidia_binary() -> str:
-    out = subprocess.run(["bash", str(ROOT / "peers" / "build.sh"), "nvidia-device-plugin"], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(ROOT / "peers" / "build.sh"), "nvidia-device-plugin"], capture_output=True, text=True, check=True
+    ).stdout
     return out.split()[-1]
 
 
@@ -129,12 +130,16 @@ def main() -> int:
             runs = bench_latency(args.plugin, args.runs, Path(tmp))
             target = 0.1 if args.plugin == "included" else 1.0
             ms = [round(x * 1000, 1) for x in runs]
-            print(f"{args.plugin}: Xid 79 -> allocatable drops: median {statistics.median(ms)} ms, max {max(ms)} ms; "
-                  f"runs (ms) {ms}; target < {target * 1000:.0f} ms")  # fmt: skip
+            print(
+                f"{args.plugin}: Xid 79 -> allocatable drops: median {statistics.median(ms)} ms, max {max(ms)} ms; "
+                f"runs (ms) {ms}; target < {target * 1000:.0f} ms"
+            )
             return 0 if max(runs) < target else 1
         share, ready = bench_idle(args.gpus, args.seconds, Path(tmp))
-        print(f"included plugin, {args.gpus} idle mock GPUs: {share * 100:.2f} % of a core over {args.seconds:.0f} s "
-              f"(all allocatable after {ready:.1f} s); target < 2 %")  # fmt: skip
+        print(
+            f"included plugin, {args.gpus} idle mock GPUs: {share * 100:.2f} % of a core over {args.seconds:.0f} s "
+            f"(all allocatable after {ready:.1f} s); target < 2 %"
+        )
         return 0 if share < 0.02 else 1
 
 

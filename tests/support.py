@@ -29,10 +29,24 @@ if TYPE_CHECKING:
     from pytest_devplug.handles import ClusterHandle
 
 __all__ = [
-    "DRA_CHECKS_ENV", "RESOURCE", "WAIT", "KnownUpstreamDefect", "SuiteResult", "assert_suite_passed",
-    "control_plane_bin_dir", "control_plane_binaries", "default_sigint", "dra_check_selection", "in_ci", "parse_junit",
-    "run_conformance", "selection_mismatch", "short_dir", "upstream_defect_verdict", "wait_until",
-]  # fmt: skip
+    "DRA_CHECKS_ENV",
+    "RESOURCE",
+    "WAIT",
+    "KnownUpstreamDefect",
+    "SuiteResult",
+    "assert_suite_passed",
+    "control_plane_bin_dir",
+    "control_plane_binaries",
+    "default_sigint",
+    "dra_check_selection",
+    "in_ci",
+    "parse_junit",
+    "run_conformance",
+    "selection_mismatch",
+    "short_dir",
+    "upstream_defect_verdict",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -124,9 +138,11 @@ class SuiteResult:
     def verdicts(self) -> dict[str, str]:
         """test -> ``passed`` | ``skipped`` | ``failed`` | ``error``."""
         return {
-            **{t: "passed" for t in self.passed}, **{t: "skipped" for t in self.skipped},
-            **{t: "failed" for t in self.failures}, **{t: "error" for t in self.errors},
-        }  # fmt: skip
+            **{t: "passed" for t in self.passed},
+            **{t: "skipped" for t in self.skipped},
+            **{t: "failed" for t in self.failures},
+            **{t: "error" for t in self.errors},
+        }
 
 
 def parse_junit(path: Path) -> SuiteResult:

@@ -45,9 +45,13 @@ def _source(module: str, version: str, path: str, workdir: Path) -> str:
     a release whose go.mod needs a newer Go, 1.38's 1.27, is read with the Go installed here)."""
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": ""}
     out = subprocess.run(
-        ["go", "mod", "download", "-json", f"{module}@{version}"], cwd=workdir, capture_output=True, text=True,
-        env=env, check=False,
-    )  # fmt: skip
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     try:
         zip_path = json.loads(out.stdout)["Zip"]
         with zipfile.ZipFile(zip_path) as zf:

@@ -124,8 +124,11 @@ def _refusal_watch(node: NodeHandle, resource: str) -> Callable[[], str | None]:
         if isinstance(log, Exception):
             return None  # then the wait simply runs to its timeout
         lines = [ln for ln in log.splitlines() if resource in ln]
-        relevant = [ln for ln in lines if "Got registration request" in ln or "Device plugin connected" in ln
-                    or any(r in ln for r in _REFUSALS)]  # fmt: skip
+        relevant = [
+            ln
+            for ln in lines
+            if "Got registration request" in ln or "Device plugin connected" in ln or any(r in ln for r in _REFUSALS)
+        ]
         if not relevant or not any(r in relevant[-1] for r in _REFUSALS):
             since.clear()
             return None
@@ -302,8 +305,13 @@ def assert_devices_unhealthy(
         return cap == capacity and alloc == want and not set(gone) & set(ids) and set(kept) <= set(ids)
 
     try:
-        wait_for(probe, ok, timeout=node.timeout if timeout is None else timeout, what=f"{gone} Unhealthy",
-                 give_up=plugin.crashed)  # fmt: skip
+        wait_for(
+            probe,
+            ok,
+            timeout=node.timeout if timeout is None else timeout,
+            what=f"{gone} Unhealthy",
+            give_up=plugin.crashed,
+        )
     except WaitTimeout as exc:
         counts, ids = exc.last if exc.last is not None else ((None, None), [])
         healthy = [d for d in gone if d in ids]
@@ -584,8 +592,10 @@ def assert_checkpoint_survives_kubelet_restart(
     now = after.get(key, (None, b""))
     if now[0] != before[key][0] or not _same_response(now[1], before[key][1]):
         what = "device IDs" if now[0] != before[key][0] else "Allocate response (the kubelet allocated again)"
-        problems.append(f"checkpoint entry {key}: its {what} changed: before {before[key][0]} {before[key][1]!r}, "
-                        f"after {now[0]} {now[1]!r}")  # fmt: skip
+        problems.append(
+            f"checkpoint entry {key}: its {what} changed: before {before[key][0]} {before[key][1]!r}, "
+            f"after {now[0]} {now[1]!r}"
+        )
     if pod.phase != "Running":
         problems.append(f"pod phase {pod.phase} ({pod.reason}: {pod.message}) after the restart")
     elif pod.restart_count != restarts:

@@ -64,9 +64,11 @@ def injected_gpus(view: ContainerView, gpus: Sequence[Mapping[str, Any]]) -> lis
     """The mock GPUs (UUIDs, in state order) a container set up as ``view`` says reaches; see the module doc."""
     found: set[str] = set()
     texts = [
-        *view.envs.values(), *view.annotations.values(), *view.cdi_devices,
+        *view.envs.values(),
+        *view.annotations.values(),
+        *view.cdi_devices,
         *(p for m in view.mounts for p in (m.host_path, m.container_path)),
-    ]  # fmt: skip
+    ]
     for text in texts:
         found.update(_named_in(text, gpus))
     for d in view.devices:

@@ -138,10 +138,20 @@ def _run_conformance(args: argparse.Namespace) -> int:
 
     suite = Path(str((dra_conformance if args.dra else conformance).__file__)).parent
     pytest_args = [
-        "-c", str(suite / "pytest.ini"), "--rootdir", str(suite), "--confcutdir", str(suite),
-        "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning", "-rfEs", "-v",
+        "-c",
+        str(suite / "pytest.ini"),
+        "--rootdir",
         str(suite),
-    ]  # fmt: skip
+        "--confcutdir",
+        str(suite),
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        "-rfEs",
+        "-v",
+        str(suite),
+    ]
     pytest_args += cli_pytest_args(args)
     extra = list(args.pytest_args)
     if extra[:1] == ["--"]:
@@ -159,11 +169,12 @@ def _add_conformance_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
     )
     add_cli_flags(conf)
     conf.add_argument(
-        "--dra", action="store_true",
+        "--dra",
+        action="store_true",
         help="judge a DRA driver (--driver-cmd, --driver-name; on kind --driver-manifest, --driver-image; default: the "
         "included GPU plugin's DRA mode) with the DRA suite, on the embedded kubelet with the real control plane or "
         "on kind",
-    )  # fmt: skip
+    )
     conf.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: arguments for pytest")
     conf.set_defaults(func=_run_conformance)
 

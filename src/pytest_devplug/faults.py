@@ -19,8 +19,13 @@ if TYPE_CHECKING:
     from .handles import PluginHandle
 
 __all__ = [
-    "FaultInjector", "MockNvmlFaults", "NvmlXidFaults", "CONTRACT", "fault_domain", "fail_pre_start",
-]  # fmt: skip
+    "FaultInjector",
+    "MockNvmlFaults",
+    "NvmlXidFaults",
+    "CONTRACT",
+    "fault_domain",
+    "fail_pre_start",
+]
 
 #: What a ``devplug_faults`` fixture must return, in one line (quoted by skips and errors).
 CONTRACT = (

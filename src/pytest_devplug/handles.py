@@ -471,8 +471,13 @@ class PluginHandle:
             return [uuid for uuid, ids in backed.items() if not ids and uuid not in lost]
 
         try:
-            wait_for(unlisted, lambda missing: not missing, timeout=self.node.timeout if timeout is None else timeout,
-                     what=f"a {self.resource_name} device for every mock GPU", give_up=self.crashed)  # fmt: skip
+            wait_for(
+                unlisted,
+                lambda missing: not missing,
+                timeout=self.node.timeout if timeout is None else timeout,
+                what=f"a {self.resource_name} device for every mock GPU",
+                give_up=self.crashed,
+            )
         except WaitTimeout as exc:
             raise self._not_ready(
                 f"plugin for {self.resource_name} on node {self.node.name} lists no allocatable device backed by the "
@@ -667,8 +672,12 @@ class PodHandle:
                 where.append(f"node {node}'s pod-resources")
             return where
 
-        wait_for(left, lambda w: not w, timeout=self.timeout if timeout is None else timeout,
-                 what=f"pod {self.namespace}/{self.name} gone, its devices free")  # fmt: skip
+        wait_for(
+            left,
+            lambda w: not w,
+            timeout=self.timeout if timeout is None else timeout,
+            what=f"pod {self.namespace}/{self.name} gone, its devices free",
+        )
 
     # -- waits -------------------------------------------------------------------------------------
     def wait_phase(self, *phases: str, timeout: float | None = None) -> str:

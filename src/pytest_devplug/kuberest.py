@@ -62,9 +62,13 @@ class KubeRest:
             headers["Content-Type"] = content_type
         try:
             resp = self.client.rest_client.pool_manager.urlopen(
-                method, config.host.rstrip("/") + path, body=data, headers=headers,
-                timeout=urllib3.Timeout(total=self.timeout), preload_content=True,
-            )  # fmt: skip
+                method,
+                config.host.rstrip("/") + path,
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(total=self.timeout),
+                preload_content=True,
+            )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise RestError(0, "ConnectionError", f"{method} {path}: {exc}") from None
         return int(resp.status), str(resp.reason or ""), bytes(resp.data or b"")

@@ -307,9 +307,12 @@ def devplug_node_spec(devplug_plugin_spec: PluginSpec, devplug_settings: Devplug
     """The node under test as the run wants it (a NodeSpec): every node the suite adds for a copy of the plugin (the
     soak's, a single-numa-node one) is made like it (``dataclasses.replace``), its device nodes and PCI node too."""
     return NodeSpec(
-        NODE_NAME, numa_nodes=max(devplug_plugin_spec.numa_nodes, 1), resource_name=devplug_plugin_spec.resource_name,
-        device_nodes=devplug_settings.device_nodes, pci_node=devplug_settings.pci_node,
-    )  # fmt: skip
+        NODE_NAME,
+        numa_nodes=max(devplug_plugin_spec.numa_nodes, 1),
+        resource_name=devplug_plugin_spec.resource_name,
+        device_nodes=devplug_settings.device_nodes,
+        pci_node=devplug_settings.pci_node,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -146,8 +146,14 @@ def note_driver(config: pytest.Config, backend: str, spec: DriverSpec, kubernete
     """Record the run's DRA driver and cluster for the report (no-op without ``--devplug-report``)."""
     writer = config.stash.get(_KEY, None)
     if writer is not None:
-        writer.info = replace(writer.info, backend=backend, driver=shlex.join(spec.argv), driver_name=spec.driver_name,
-                              mock=spec.mock, kubernetes=kubernetes)  # fmt: skip
+        writer.info = replace(
+            writer.info,
+            backend=backend,
+            driver=shlex.join(spec.argv),
+            driver_name=spec.driver_name,
+            mock=spec.mock,
+            kubernetes=kubernetes,
+        )
 
 
 def note_plugin(config: pytest.Config, nodeid: str, backend: Backend, node: str) -> None:
@@ -286,8 +292,14 @@ class ReportWriter:
         }
 
 
-_VERDICT = {"passed": "passed", "failed": "**FAILED**", "error": "**ERROR**", "skipped": "skipped",
-            "xfailed": "xfailed", "xpassed": "**XPASSED**"}  # fmt: skip
+_VERDICT = {
+    "passed": "passed",
+    "failed": "**FAILED**",
+    "error": "**ERROR**",
+    "skipped": "skipped",
+    "xfailed": "xfailed",
+    "xpassed": "**XPASSED**",
+}
 
 
 _BACKENDS = {
@@ -369,9 +381,12 @@ def render_markdown(data: dict[str, Any]) -> str:
         ("Kubernetes", run["kubernetes"]),
         ("pytest-devplug / pytest", f"{data['pytest_devplug']} / {data['pytest']}"),
         ("started (UTC)", data["started"].replace("T", " ").rstrip("Z")),
-        ("result", f"{_summary(data['summary'])} in {data['duration_s']:.1f} s"
-         + (" (interrupted)" if data["interrupted"] else "")),
-    ]  # fmt: skip
+        (
+            "result",
+            f"{_summary(data['summary'])} in {data['duration_s']:.1f} s"
+            + (" (interrupted)" if data["interrupted"] else ""),
+        ),
+    ]
     lines = [f"# {title}", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in header if v]
     titles = {g: title for g, title, _ in GROUPS}

@@ -48,10 +48,18 @@ def default_plugin_argv(
     """The included GPU plugin on the mock NVML, with the harness's placeholders; ``second_resource``
     (name, GPUs) has it advertise that many of its GPUs as a second resource from the same process."""
     argv = [
-        sys.executable, "-m", "devplug_gpu_plugin",
-        "--plugin-dir", "{plugin_dir}", "--resource-name", resource_name,
-        "--nvml", "mock", "--mock-state", "{mock_state}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "devplug_gpu_plugin",
+        "--plugin-dir",
+        "{plugin_dir}",
+        "--resource-name",
+        resource_name,
+        "--nvml",
+        "mock",
+        "--mock-state",
+        "{mock_state}",
+    ]
     if pre_start_required:
         argv.append("--pre-start-required")
     if second_resource is not None:

@@ -79,8 +79,11 @@ class _GetOnly(v1_pb2_grpc.PodResourcesListerServicer):
         if self.disabled:
             context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
         devices = [v1_pb2.ContainerDevices(resource_name="example.com/x", device_ids=["x-1"])]
-        pod = v1_pb2.PodResources(name=request.pod_name, namespace=request.pod_namespace,
-                                  containers=[v1_pb2.ContainerResources(name="main", devices=devices)])  # fmt: skip
+        pod = v1_pb2.PodResources(
+            name=request.pod_name,
+            namespace=request.pod_namespace,
+            containers=[v1_pb2.ContainerResources(name="main", devices=devices)],
+        )
         return v1_pb2.GetPodResourcesResponse(pod_resources=pod)
 
 

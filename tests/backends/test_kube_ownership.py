@@ -169,12 +169,14 @@ def test_sweep_removes_only_namespaces_whose_owner_process_is_gone() -> None:
     me = Owner.current()
     dead = Owner(me.host, _dead_pid(), "")
     other_host = Owner("another-host.example", 1, "")
-    api = FakeApi([
-        _namespace("devplug-dead", dead.annotations()),
-        _namespace("devplug-alive", me.annotations()),
-        _namespace("devplug-elsewhere", other_host.annotations()),
-        _namespace("devplug-unowned", {}),
-    ])  # fmt: skip
+    api = FakeApi(
+        [
+            _namespace("devplug-dead", dead.annotations()),
+            _namespace("devplug-alive", me.annotations()),
+            _namespace("devplug-elsewhere", other_host.annotations()),
+            _namespace("devplug-unowned", {}),
+        ]
+    )
     api.namespaces["somebody-elses"] = {"metadata": {"name": "somebody-elses", "labels": {}}}
     assert sweep_orphans(api, timeout=5) == ["devplug-dead"]  # type: ignore[arg-type]
     assert sorted(api.namespaces) == ["devplug-alive", "devplug-elsewhere", "devplug-unowned", "somebody-elses"]

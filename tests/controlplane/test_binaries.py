@@ -46,8 +46,10 @@ def test_versions_are_the_offline_kind_builds(minor: str) -> None:
         ["bash", "-c", '. kind-config/offline/lib.sh && echo "$KUBERNETES_VERSION $ETCD_VERSION $ETCD_IMAGE_TAG"'],
         cwd=REPO,
         env={**os.environ, "DEVPLUG_KUBERNETES_VERSION": minor, "DEVPLUG_CACHE_DIR": "/tmp/devplug-pins-test"},
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pins = pinned(minor)
     assert out.stdout.split() == [pins.kubernetes, pins.etcd, pins.etcd_image]
 

@@ -33,8 +33,12 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 
 
 def _slice(node: str) -> dict[str, object]:
-    spec = {"driver": "compat.devplug.example", "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": [{"name": "d0"}]}  # fmt: skip
+    spec = {
+        "driver": "compat.devplug.example",
+        "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "d0"}],
+    }
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",

@@ -148,9 +148,12 @@ def test_scheduler_message_for_too_many_gpus(sides: tuple[Side, Side]) -> None:
         pod = s.pods(gpus=5, name="diff-too-many")
         msg = _per_node(pod.wait_event(f"FailedScheduling: .*Insufficient {re.escape(res)}", timeout=60))
         # the scheduler records the event before it writes the condition (a separate status update)
-        cond = wait_for(lambda pod=pod: next((c for c in pod.conditions if c.get("type") == "PodScheduled"), None),  # type: ignore[misc]
-                        lambda c: c is not None, timeout=30,
-                        what=f"{s.name}: the PodScheduled condition of {pod.name}")  # fmt: skip
+        cond = wait_for(
+            lambda pod=pod: next((c for c in pod.conditions if c.get("type") == "PodScheduled"), None),  # type: ignore[misc]
+            lambda c: c is not None,
+            timeout=30,
+            what=f"{s.name}: the PodScheduled condition of {pod.name}",
+        )
         out[s.name] = (pod.phase, pod.node_name, cond.get("status"), cond.get("reason"), msg)
     _same(out, "unschedulable pod")
 
@@ -215,9 +218,12 @@ def test_init_and_restartable_init_containers_share_devices_the_same_way(sides: 
         res = s.plugin.resource_name
 
         def init(name: str, sidecar: bool) -> dict[str, Any]:
-            c: dict[str, Any] = {"name": name, "image": body["spec"]["containers"][0]["image"],
-                                 "command": ["sleep", "3600"] if sidecar else ["sh", "-c", "true"],
-                                 "resources": {"limits": {res: "1"}}}  # fmt: skip
+            c: dict[str, Any] = {
+                "name": name,
+                "image": body["spec"]["containers"][0]["image"],
+                "command": ["sleep", "3600"] if sidecar else ["sh", "-c", "true"],
+                "resources": {"limits": {res: "1"}},
+            }
             if sidecar:
                 c["restartPolicy"] = "Always"
             return c

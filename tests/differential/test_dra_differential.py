@@ -71,8 +71,12 @@ def _sim_driver(pytestconfig: pytest.Config, devplug_settings: DevplugSettings) 
 
 
 @pytest.fixture
-def dra_sides(_sim_driver: DriverHandle, devplug_driver: DriverHandle, devplug_claims: ClaimFactory,
-              request: pytest.FixtureRequest) -> Iterator[tuple[DRASide, DRASide]]:  # fmt: skip
+def dra_sides(
+    _sim_driver: DriverHandle,
+    devplug_driver: DriverHandle,
+    devplug_claims: ClaimFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[DRASide, DRASide]]:
     """(sim, kind) for one scenario; what the sim side made is deleted after it, as devplug_claims does on kind."""
     sim_claims = ClaimFactory(
         _sim_driver.node.backend, _sim_driver, timeout=_sim_driver.node.timeout, prefix=request.node.name
@@ -136,11 +140,15 @@ def _claimed(side: DRASide) -> _Claimed:
     (device,) = claim.allocated
     attrs = next(s.device(device.device) for s in side.driver.slices() if device.device in s.devices)["attributes"]
     values = {
-        side.driver.node.name: "<node>", claim.namespace: "<ns>", claim.name: "<claim>",
-        prepared.claim_uid: "<claim-uid>", pod.uid: "<pod-uid>", str(attrs["uuid"]["string"]): "<uuid>",
+        side.driver.node.name: "<node>",
+        claim.namespace: "<ns>",
+        claim.name: "<claim>",
+        prepared.claim_uid: "<claim-uid>",
+        pod.uid: "<pod-uid>",
+        str(attrs["uuid"]["string"]): "<uuid>",
         device.device: "<device>",
         f"nvidia{attrs['minor']['int']}": "nvidia<minor>",
-    }  # fmt: skip
+    }
     return _Claimed(pod, claim, _entry(side, prepared.claim_uid, values), values)
 
 
@@ -199,10 +207,14 @@ def _restart_then_delete(side: DRASide) -> None:
     assert c.pod.phase == "Running", f"{side.name}: the pod is {c.pod.phase} after the kubelet restart"
     since = len(node.dra_calls())
     c.pod.delete()
-    wait_until(f"{side.name}: the claim unprepared after its pod was deleted",
-               lambda: [x for x in node.dra_calls("NodeUnprepareResources", since=since)
-                        if uid in x.claim_uids and not x.error],
-               timeout=node.timeout, interval=0.5)  # fmt: skip
+    wait_until(
+        f"{side.name}: the claim unprepared after its pod was deleted",
+        lambda: [
+            x for x in node.dra_calls("NodeUnprepareResources", since=since) if uid in x.claim_uids and not x.error
+        ],
+        timeout=node.timeout,
+        interval=0.5,
+    )
     wait_until(
         f"{side.name}: the claim gone from dra_manager_state",
         c.claim.prepared,

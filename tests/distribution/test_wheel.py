@@ -37,9 +37,14 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
     assert not package - names, f"missing from {wheel.name}: {sorted(package - names)}"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(n for n in names if "dist-info" in n)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    for line in ("License-Expression: Apache-2.0", "Requires-Python: >=3.10", "Provides-Extra: gpu-plugin",
-                 "Provides-Extra: kind", "Classifier: Programming Language :: Python :: 3.13",
-                 "Project-URL: "):  # fmt: skip
+    for line in (
+        "License-Expression: Apache-2.0",
+        "Requires-Python: >=3.10",
+        "Provides-Extra: gpu-plugin",
+        "Provides-Extra: kind",
+        "Classifier: Programming Language :: Python :: 3.13",
+        "Project-URL: ",
+    ):
         assert line in meta, line
     assert any(n.endswith("licenses/LICENSE") for n in zipfile.ZipFile(plugin_wheel).namelist())
 
@@ -69,8 +74,14 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
         "--devplug-report",
     ):
         assert option in help_text, option
-    kind = subprocess.run([str(bin_ / "devplug"), "conformance", "--backend", "kind", "--", "-q"], cwd=empty,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    kind = subprocess.run(
+        [str(bin_ / "devplug"), "conformance", "--backend", "kind", "--", "-q"],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert kind.returncode == pytest.ExitCode.USAGE_ERROR, kind.stdout + kind.stderr
     assert "pip install 'pytest-devplug[kind]'" in kind.stdout + kind.stderr
 
@@ -83,8 +94,16 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
     assert "pip install 'pytest-devplug[gpu-plugin]'" in bare.stderr and "--plugin-cmd" in bare.stderr
 
     # The plain install reads CDI specs in YAML, as NIC plugins write them (no extra needed).
-    (empty / "widget.yaml").write_text("cdiVersion: 0.6.0\nkind: example.com/widget\ndevices:\n- name: w0\n"
-                                       "  containerEdits:\n    env: [WIDGET=0]\n")  # fmt: skip
-    edits = run([py, "-c", "import pathlib; from pytest_devplug.kubeletmodel import cdi; "
-                 "print(cdi.resolve(['example.com/widget=w0'], [pathlib.Path('.')]).env)"], cwd=empty)  # fmt: skip
+    (empty / "widget.yaml").write_text(
+        "cdiVersion: 0.6.0\nkind: example.com/widget\ndevices:\n- name: w0\n  containerEdits:\n    env: [WIDGET=0]\n"
+    )
+    edits = run(
+        [
+            py,
+            "-c",
+            "import pathlib; from pytest_devplug.kubeletmodel import cdi; "
+            "print(cdi.resolve(['example.com/widget=w0'], [pathlib.Path('.')]).env)",
+        ],
+        cwd=empty,
+    )
     assert edits.strip() == "{'WIDGET': '0'}", edits

@@ -45,15 +45,37 @@ def test_a_command_with_a_directory_placeholder_runs_with_flags_not_standard_pat
 
 def test_driver_spec_fills_its_placeholders_in_one_pass() -> None:
     spec = DriverSpec(
-        argv=["{python}", "d.py", "--registry={plugins_registry}", "{plugins_dir}", "{cdi_root}", "{node_name}",
-              "--kubeconfig", "{kubeconfig}", "--state", "{mock_state}", "{other}"],
+        argv=[
+            "{python}",
+            "d.py",
+            "--registry={plugins_registry}",
+            "{plugins_dir}",
+            "{cdi_root}",
+            "{node_name}",
+            "--kubeconfig",
+            "{kubeconfig}",
+            "--state",
+            "{mock_state}",
+            "{other}",
+        ],
         env={"CDI_ROOT": "{cdi_root}/x", "KEEP": "plain"},
-    )  # fmt: skip
+    )
     dirs = {"plugins_registry": "/n/{node_name}/reg", "plugins_dir": Path("/n/p"), "cdi_root": "/n/cdi"}
     argv, env = spec.command(**dirs, node_name="n1", kubeconfig=Path("/n/kc"), mock_state=Path("/m/state.json"))
     # a value holding a placeholder's text is not filled again; an unknown placeholder is left as it is
-    assert argv == [sys.executable, "d.py", "--registry=/n/{node_name}/reg", "/n/p", "/n/cdi", "n1",
-                    "--kubeconfig", "/n/kc", "--state", "/m/state.json", "{other}"]  # fmt: skip
+    assert argv == [
+        sys.executable,
+        "d.py",
+        "--registry=/n/{node_name}/reg",
+        "/n/p",
+        "/n/cdi",
+        "n1",
+        "--kubeconfig",
+        "/n/kc",
+        "--state",
+        "/m/state.json",
+        "{other}",
+    ]
     assert env == {"CDI_ROOT": "/n/cdi/x", "KEEP": "plain"}
     assert spec.command(**dirs, node_name="n1", kubeconfig="/kc", mock_state=None)[0][9] == ""  # no mock: empty
     assert spec.argv[0] == "{python}"  # the spec itself keeps them

@@ -28,9 +28,11 @@ SUITE_TIMEOUT_S = 600
 
 #: The checks that need the driver's faults: they run and pass on the included driver.
 FAULT_CHECKS = {
-    "test_device_health_reaches_pod_status", "test_device_health_unknown_after_driver_stops",
-    "test_failed_prepare_keeps_pod_pending_then_runs", "test_prepare_retried_after_kubelet_restart",
-}  # fmt: skip
+    "test_device_health_reaches_pod_status",
+    "test_device_health_unknown_after_driver_stops",
+    "test_failed_prepare_keeps_pod_pending_then_runs",
+    "test_prepare_retried_after_kubelet_restart",
+}
 #: What a real kubelet cannot be made to do (the check skips saying so): refuse a registration on purpose; reboot the
 #: node of a single-node cluster (the control plane goes with it: the e2e lanes run on workers).
 KIND_LIMITS = re.compile(
@@ -45,9 +47,14 @@ KIND_SUITE_TIMEOUT_S = 1800
 
 
 def _assert_verdicts(
-    options: list[str], pytest_args: list[str], tmp_path: Path, timeout: float, *, skips: list[re.Pattern[str]],
+    options: list[str],
+    pytest_args: list[str],
+    tmp_path: Path,
+    timeout: float,
+    *,
+    skips: list[re.Pattern[str]],
     selected: frozenset[str] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """The suite passed (every fault check too), every skip explained by ``skips``, and the report judged the driver;
     ``selected``: only those checks ran (``pytest_args`` selects them), each with a verdict."""
     __tracebackhide__ = True
@@ -82,9 +89,14 @@ def test_dra_suite_passes_on_the_included_driver_on_kind(tmp_path: Path) -> None
     """The same on a kind cluster: the driver from ``plugin_under_test/deploy/dra-driver.yaml`` on the mock NVML
     (the checks named by ``DEVPLUG_DRA_CHECKS`` where it is set)."""
     select, selected = dra_check_selection()
-    _assert_verdicts(["--dra", "--backend", "kind", "--timeout", "60"],
-                     [f"--cluster-name={KIND_CLUSTER}", "-rs", *select],
-                     tmp_path, KIND_SUITE_TIMEOUT_S, skips=[ALLOWED_SKIPS, KIND_LIMITS], selected=selected)  # fmt: skip
+    _assert_verdicts(
+        ["--dra", "--backend", "kind", "--timeout", "60"],
+        [f"--cluster-name={KIND_CLUSTER}", "-rs", *select],
+        tmp_path,
+        KIND_SUITE_TIMEOUT_S,
+        skips=[ALLOWED_SKIPS, KIND_LIMITS],
+        selected=selected,
+    )
 
 
 def test_a_check_selection_is_exact_and_a_check_without_verdict_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,8 +126,10 @@ def test_the_e2e_lanes_run_every_dra_check_on_kind() -> None:
     from pytest_devplug.dra import conformance
 
     lanes = (Path(__file__).parents[2] / "tools" / "e2e-lanes.sh").read_text()
-    lists = {var: set(re.search(rf'^{var}="([^"]*)"', lanes, re.M).group(1).split())  # type: ignore[union-attr]
-             for var in ("dra_shared", "dra_included", "dra_example")}  # fmt: skip
+    lists = {
+        var: set(re.search(rf'^{var}="([^"]*)"', lanes, re.M).group(1).split())  # type: ignore[union-attr]
+        for var in ("dra_shared", "dra_included", "dra_example")
+    }
     suite = {
         node.name
         for module in Path(conformance.__file__).parent.glob("test_*.py")

@@ -117,18 +117,25 @@ def test_downstream_project_runs_the_suite_with_its_driver_and_injector(
     )
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--devplug-control-plane", "real", f"--devplug-k8s-bin-dir={k8s_bin_dir}",
-        f"--junitxml={junit}", "-rfEs", "-k",
+        "-p",
+        "no:cacheprovider",
+        "--devplug-control-plane",
+        "real",
+        f"--devplug-k8s-bin-dir={k8s_bin_dir}",
+        f"--junitxml={junit}",
+        "-rfEs",
+        "-k",
         "test_driver_registers_with_the_kubelet or test_failed_prepare_keeps_pod_pending or test_own_check_fails",
         timeout=SUITE_TIMEOUT_S,
-    )  # fmt: skip
+    )
     output = "\n".join(result.outlines[-80:])
     assert junit.exists(), output
     verdicts = parse_junit(junit).verdicts()
     assert verdicts == {
-        "test_driver_registers_with_the_kubelet": "passed", "test_failed_prepare_keeps_pod_pending_then_runs": "passed",
+        "test_driver_registers_with_the_kubelet": "passed",
+        "test_failed_prepare_keeps_pod_pending_then_runs": "passed",
         "test_own_check_fails": "failed",
-    }, f"{json.dumps(verdicts, indent=1)}\n{output}"  # fmt: skip
+    }, f"{json.dumps(verdicts, indent=1)}\n{output}"
     # a check of its own that fails with a plain assert gets the driver's evidence in its report
     text = result.stdout.str()
     for section in (
@@ -165,9 +172,20 @@ def broken_driver(
         node = DRANodeHandle(real_backend, dra, node_name, timeout=20.0, reregistration_timeout=40.0)
         control = tmp_path / f"control-{len(made)}.json"
         control.write_text("{}")
-        spec = DriverSpec(driver_name=f"{variant}.devplug.example",
-                          argv=[sys.executable, str(WIDGET), "--break", variant, "--driver-name",
-                                f"{variant}.devplug.example", "--control", str(control), *extra])  # fmt: skip
+        spec = DriverSpec(
+            driver_name=f"{variant}.devplug.example",
+            argv=[
+                sys.executable,
+                str(WIDGET),
+                "--break",
+                variant,
+                "--driver-name",
+                f"{variant}.devplug.example",
+                "--control",
+                str(control),
+                *extra,
+            ],
+        )
         dra.deploy_driver(node_name, spec)
         made.append(node_name)
         driver = DriverHandle(node, spec)
@@ -296,36 +314,54 @@ class _NoteSink:
 
 #: variant -> (how to run the check it must fail, a text its failure must contain)
 BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None], str]] = {
-    "prepare-not-idempotent": (lambda b, d, f: test_prepare.test_prepare_is_idempotent(f, d),
-                               "preparing the claim again answered"),
-    "wrong-device": (lambda b, d, f: test_prepare.test_claim_prepared_and_container_sees_it(f, d),
-                     "the scheduler allocated"),
-    "unprepare-unknown-fails": (lambda b, d, f:
-                                test_prepare.test_unprepared_when_pod_deleted_and_unprepare_is_idempotent(f, d),
-                                "unpreparing the claim a second time failed"),
+    "prepare-not-idempotent": (
+        lambda b, d, f: test_prepare.test_prepare_is_idempotent(f, d),
+        "preparing the claim again answered",
+    ),
+    "wrong-device": (
+        lambda b, d, f: test_prepare.test_claim_prepared_and_container_sees_it(f, d),
+        "the scheduler allocated",
+    ),
+    "unprepare-unknown-fails": (
+        lambda b, d, f: test_prepare.test_unprepared_when_pod_deleted_and_unprepare_is_idempotent(f, d),
+        "unpreparing the claim a second time failed",
+    ),
     "no-republish": (_resync, "expected no-republish.devplug.example to publish its devices again"),
     "exit-on-refusal": (lambda b, d, f: test_registration.test_recovers_after_refused_registration(d), "exited"),
     "first-request-only": (lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d), "the driver prepared"),
-    "no-request-names": (lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d),
-                         "the driver named the requests"),
-    "forget-on-restart": (lambda b, d, f:
-                          test_restarts.test_unprepare_after_a_restart_removes_the_claims_cdi_specs(f, d),
-                          "left the CDI spec file(s) its prepare wrote"),
-    "spec-in-subdir": (lambda b, d, f: test_prepare.test_claim_prepared_and_container_sees_it(f, d),
-                       "a subdirectory of /var/run/cdi: a runtime reads only the spec files directly in"),
-    "reboot-loses-spec": (lambda b, d, f:
-                          test_restarts.test_pods_come_back_with_their_devices_after_a_node_reboot(f, d, _NoteSink()),
-                          "CDI device injection failed: unresolvable CDI devices"),
-    "no-reuse": (lambda b, d, f: test_scheduling.test_devices_prepared_again_for_a_new_claim_after_cleanup(f, d),
-                 "is in use by claim"),
-    "health-unlisted": (lambda b, d, f:
-                        test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
-                        "lists no health service in GetInfo"),
-    "taint-effect-none": (lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
-                          "no effect keeps new claims off it"),
-    "taint-every-device": (lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
-                           "tainted devices other than the Unhealthy"),
-}  # fmt: skip
+    "no-request-names": (
+        lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d),
+        "the driver named the requests",
+    ),
+    "forget-on-restart": (
+        lambda b, d, f: test_restarts.test_unprepare_after_a_restart_removes_the_claims_cdi_specs(f, d),
+        "left the CDI spec file(s) its prepare wrote",
+    ),
+    "spec-in-subdir": (
+        lambda b, d, f: test_prepare.test_claim_prepared_and_container_sees_it(f, d),
+        "a subdirectory of /var/run/cdi: a runtime reads only the spec files directly in",
+    ),
+    "reboot-loses-spec": (
+        lambda b, d, f: test_restarts.test_pods_come_back_with_their_devices_after_a_node_reboot(f, d, _NoteSink()),
+        "CDI device injection failed: unresolvable CDI devices",
+    ),
+    "no-reuse": (
+        lambda b, d, f: test_scheduling.test_devices_prepared_again_for_a_new_claim_after_cleanup(f, d),
+        "is in use by claim",
+    ),
+    "health-unlisted": (
+        lambda b, d, f: test_faults.test_device_health_reaches_pod_status(f, d, WidgetFaults(d, Path("/nonexistent"))),
+        "lists no health service in GetInfo",
+    ),
+    "taint-effect-none": (
+        lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
+        "no effect keeps new claims off it",
+    ),
+    "taint-every-device": (
+        lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
+        "tainted devices other than the Unhealthy",
+    ),
+}
 
 
 @pytest.mark.parametrize("variant", sorted(BROKEN))

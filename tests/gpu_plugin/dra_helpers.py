@@ -62,10 +62,20 @@ class DriverDirs:
 
     def args(self, kubeconfig: Path) -> list[str]:
         return [
-            "--dra", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-            "--kubelet-registrar-dir", str(self.registrar), "--kubelet-plugins-dir", str(self.plugins),
-            "--cdi-root", str(self.cdi), "--log-level", "debug",
-        ]  # fmt: skip
+            "--dra",
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--kubelet-registrar-dir",
+            str(self.registrar),
+            "--kubelet-plugins-dir",
+            str(self.plugins),
+            "--cdi-root",
+            str(self.cdi),
+            "--log-level",
+            "debug",
+        ]
 
 
 @contextmanager

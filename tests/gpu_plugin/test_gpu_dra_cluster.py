@@ -77,9 +77,14 @@ def _register_node(api: Api, stop: threading.Event) -> threading.Thread:
     def heartbeat() -> None:
         while True:
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                     "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
-                     "lastTransitionTime": since}  # fmt: skip
+            ready = {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": since,
+            }
             status = {"capacity": room, "allocatable": room, "conditions": [ready]}
             api.core.replace_node_status(
                 NODE, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}, "status": status}
@@ -162,9 +167,12 @@ def _one_slice(
     """The node's one slice of the driver once ``ok`` holds for it (given up at once should the driver exit)."""
     __tracebackhide__ = True
     found = wait_for(
-        api.slices, lambda items: len(items) == 1 and ok(items[0]), timeout=WAIT, what=what,
+        api.slices,
+        lambda items: len(items) == 1 and ok(items[0]),
+        timeout=WAIT,
+        what=what,
         give_up=lambda: None if driver.proc.poll() is None else f"the driver exited:\n{driver.log()[-3000:]}",
-    )  # fmt: skip
+    )
     return dict(found[0])
 
 
@@ -194,25 +202,49 @@ def test_a_claim_allocated_by_the_scheduler_is_prepared_resolved_and_unprepared(
     api: Api, driver: PluginProcess, kubelet: KubeletSide, dirs: DriverDirs, mock_gpus: MockStateFile
 ) -> None:
     _one_slice(api, driver)
-    api.resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-    })  # fmt: skip
+    api.resource.create_device_class(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+    )
     # the scheduler reads what the slice publishes: the minor and the memory capacity pick gpu-1
     pick = (
         f'device.attributes["{DRIVER}"].minor == 1 && '
         f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
     )
-    api.resource.create_namespaced_resource_claim("default", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "gpu-claim"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DRIVER, "selectors": [{"cel": {"expression": pick}}]}}]}},
-    })  # fmt: skip
-    api.core.create_namespaced_pod("default", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-pod"},
-        "spec": {"containers": [{"name": "ctr", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
-                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu-claim"}]},
-    })  # fmt: skip
+    api.resource.create_namespaced_resource_claim(
+        "default",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "gpu-claim"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression": pick}}]},
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    api.core.create_namespaced_pod(
+        "default",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "gpu-pod"},
+            "spec": {
+                "containers": [{"name": "ctr", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu-claim"}],
+            },
+        },
+    )
     pod = wait_until(
         "gpu-pod bound to the node by the scheduler",
         lambda: api.pod("gpu-pod"),

@@ -35,10 +35,14 @@ def _claim(*results: tuple[str, str, str, str], uid: str = UID) -> dict[str, Any
     """A claim allocated with (request, driver, pool, device) results, as the API server returns it."""
     return {
         "metadata": {"name": "c", "namespace": "ns", "uid": uid},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": r, "driver": d, "pool": p, "device": dev} for r, d, p, dev in results
-        ]}}},
-    }  # fmt: skip
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": r, "driver": d, "pool": p, "device": dev} for r, d, p, dev in results]
+                }
+            }
+        },
+    }
 
 
 def test_check_claim_uses_the_go_helpers_texts() -> None:
@@ -52,9 +56,11 @@ def test_check_claim_uses_the_go_helpers_texts() -> None:
 def test_prepare_claim_only_this_drivers_results_and_cdi_ids(tmp_path: Path) -> None:
     layout = CdiLayout(DRIVER, str(tmp_path / "cdi"), "/host/dev", "/usr/lib/nvidia")
     claim = _claim(
-        ("gpus", DRIVER, NODE, "gpu-2"), ("gpus", DRIVER, NODE, "gpu-0"),
-        ("nic", "nic.example.com", NODE, "eth-0"), ("one/small", DRIVER, NODE, "gpu-1"),
-    )  # fmt: skip
+        ("gpus", DRIVER, NODE, "gpu-2"),
+        ("gpus", DRIVER, NODE, "gpu-0"),
+        ("nic", "nic.example.com", NODE, "eth-0"),
+        ("one/small", DRIVER, NODE, "gpu-1"),
+    )
     prepared = prepare_claim(claim, _state().snapshot(), layout, NODE)
     kind = f"{DRIVER}/gpu"
     assert [(d.request, d.pool, d.device) for d in prepared.devices] == [
@@ -70,9 +76,11 @@ def test_prepare_claim_only_this_drivers_results_and_cdi_ids(tmp_path: Path) -> 
     edits = resolve([i for d in prepared.devices[:2] for i in d.cdi_ids], [tmp_path / "cdi"])
     assert edits.env == {"NVIDIA_VISIBLE_DEVICES": "GPU-2aaa-0000,GPU-0aaa-0000"}
     assert sorted((n.container_path, n.host_path, n.permissions) for n in edits.device_nodes) == [
-        ("/dev/nvidia-uvm", "/host/dev/nvidia-uvm", "rw"), ("/dev/nvidia0", "/host/dev/nvidia0", "rw"),
-        ("/dev/nvidia2", "/host/dev/nvidia2", "rw"), ("/dev/nvidiactl", "/host/dev/nvidiactl", "rw"),
-    ]  # fmt: skip
+        ("/dev/nvidia-uvm", "/host/dev/nvidia-uvm", "rw"),
+        ("/dev/nvidia0", "/host/dev/nvidia0", "rw"),
+        ("/dev/nvidia2", "/host/dev/nvidia2", "rw"),
+        ("/dev/nvidiactl", "/host/dev/nvidiactl", "rw"),
+    ]
     assert [(m.container_path, m.host_path, m.read_only) for m in edits.mounts] == [
         ("/usr/lib/nvidia", "/usr/lib/nvidia", True)
     ]
@@ -175,8 +183,10 @@ def test_cli_dra_defaults_and_env_equivalents(monkeypatch: pytest.MonkeyPatch) -
         args.dra is True and args.driver_name == "gpu.devplug.io" and args.node_name == "n1" and args.kubeconfig is None
     )
     assert (args.kubelet_registrar_dir, args.kubelet_plugins_dir, args.cdi_root) == (
-        "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi",
-    )  # fmt: skip
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
+    )
     monkeypatch.setenv("DP_DRA", "true")
     monkeypatch.setenv("NODE_NAME", "from-env")
     monkeypatch.setenv("KUBECONFIG", "/k/config")
@@ -184,8 +194,12 @@ def test_cli_dra_defaults_and_env_equivalents(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("DP_CDI_ROOT", "/etc/cdi")
     args = cli.parse_args([])
     assert (args.dra, args.node_name, args.kubeconfig, args.driver_name, args.cdi_root) == (
-        True, "from-env", "/k/config", "gpu.example.com", "/etc/cdi",
-    )  # fmt: skip
+        True,
+        "from-env",
+        "/k/config",
+        "gpu.example.com",
+        "/etc/cdi",
+    )
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,12 @@ def test_calls_are_paired_with_their_answers_and_claim_errors_count() -> None:
         state.feed(parse_line(_line(at, 189, text)))  # type: ignore[arg-type]
     (prepare, unprepare) = state.calls
     assert (prepare.driver, prepare.method, prepare.claim_uids, prepare.error, prepare.at) == (
-        "gpu.example.com", "NodePrepareResources", (UID,), "", 1.0)  # fmt: skip
+        "gpu.example.com",
+        "NodePrepareResources",
+        (UID,),
+        "",
+        1.0,
+    )
     assert (unprepare.driver, unprepare.method, unprepare.claim_uids) == (
         "gpu.example.com",
         "NodeUnprepareResources",
@@ -154,10 +159,12 @@ def test_a_grpc_error_of_the_call_is_its_error() -> None:
 
 
 def test_a_refused_registration_names_its_socket() -> None:
-    text = ('"OperationExecutor.RegisterPlugin failed" '
-            'err="RegisterPlugin error -- plugin registration failed with err: x" '
-            'plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock '
-            'Timestamp:2026-12-02 UUID:1 Handler:<nil> Name:}"')  # fmt: skip
+    text = (
+        '"OperationExecutor.RegisterPlugin failed" '
+        'err="RegisterPlugin error -- plugin registration failed with err: x" '
+        'plugin="&{SocketPath:/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock '
+        'Timestamp:2026-12-02 UUID:1 Handler:<nil> Name:}"'
+    )
     state = KubeletDRAState()
     state.feed(parse_line(_line(1.0, 189, text).replace("I1202", "E1202")))  # type: ignore[arg-type]
     (event,) = state.events

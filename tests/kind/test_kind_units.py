@@ -60,10 +60,15 @@ def test_included_manifest_gets_image_resource_and_prestart() -> None:
 def test_mock_spec_hands_any_plugin_the_mock_nvml(tmp_path: Path) -> None:
     """A user's DaemonSet gets the node's /var/lib/devplug (library + state) and the loader's path."""
     m = tmp_path / "m.yaml"
-    m.write_text(yaml.safe_dump({
-        "kind": "DaemonSet", "metadata": {"name": "nvidia"},
-        "spec": {"template": {"spec": {"containers": [{"name": "p", "image": "x"}]}}},
-    }))  # fmt: skip
+    m.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "DaemonSet",
+                "metadata": {"name": "nvidia"},
+                "spec": {"template": {"spec": {"containers": [{"name": "p", "image": "x"}]}}},
+            }
+        )
+    )
     (ds,) = render_daemonsets(PluginSpec(manifest=str(m), mock=True), "img")
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -156,11 +161,15 @@ def test_plugin_restarts_are_the_plugin_containers_restart_counts(monkeypatch: p
         backend._plugins["n1"] = object()  # type: ignore[assignment]
         waiting = {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=plugin"}
         pods = [
-            {"metadata": {"name": "dp-a"},
-             "status": {"containerStatuses": [{"name": "plugin", "restartCount": 2, "state": {"running": {}}}]}},
-            {"metadata": {"name": "dp-b"},
-             "status": {"containerStatuses": [{"name": "plugin", "restartCount": 3, "state": {"waiting": waiting}}]}},
-        ]  # fmt: skip
+            {
+                "metadata": {"name": "dp-a"},
+                "status": {"containerStatuses": [{"name": "plugin", "restartCount": 2, "state": {"running": {}}}]},
+            },
+            {
+                "metadata": {"name": "dp-b"},
+                "status": {"containerStatuses": [{"name": "plugin", "restartCount": 3, "state": {"waiting": waiting}}]},
+            },
+        ]
         monkeypatch.setattr(backend, "_plugin_pods", lambda node: pods)
         assert backend.plugin_restarts("n1") == PluginRestarts(
             5, "container plugin of pod dp-b is crash-looping: back-off 40s restarting failed container=plugin"

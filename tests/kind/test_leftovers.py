@@ -46,19 +46,35 @@ def test_sigterm_leaves_nothing_behind(kind_cluster: KindCluster, tmp_path: Path
     (tmp_path / "test_hold.py").write_text(HOLDING_TEST)
     node = kind_cluster.node_container("devplug.io/gpu=true")
     argv = [
-        sys.executable, "-m", "pytest", "test_hold.py", "-p", "no:cacheprovider", "-q",
-        "--devplug-backend", "kind", f"--cluster-name={kind_cluster.name}", "--devplug-timeout", "60",
-        "--devplug-node", node, "--devplug-resource-name", KIND_RESOURCE,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        "test_hold.py",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--devplug-backend",
+        "kind",
+        f"--cluster-name={kind_cluster.name}",
+        "--devplug-timeout",
+        "60",
+        "--devplug-node",
+        node,
+        "--devplug-resource-name",
+        KIND_RESOURCE,
+    ]
     env = {**os.environ, "DEVPLUG_KIND_CLUSTER": kind_cluster.name}
     with open(tmp_path / "run.log", "w") as log:
         run = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             marker = tmp_path / "namespace"
             wait_for(
-                lambda: marker.exists() or run.poll() is not None, bool, timeout=DEPLOY_TIMEOUT_S, interval=1.0,
+                lambda: marker.exists() or run.poll() is not None,
+                bool,
+                timeout=DEPLOY_TIMEOUT_S,
+                interval=1.0,
                 what="the held run to deploy its plugin and see it registered",
-            )  # fmt: skip
+            )
             assert run.poll() is None, (
                 f"the held run ended by itself ({run.returncode}):\n{(tmp_path / 'run.log').read_text()[-4000:]}"
             )

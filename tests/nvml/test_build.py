@@ -28,8 +28,13 @@ def test_built_once_into_the_cache_keyed_by_source(cache: Path) -> None:
     assert build.mock_library() == lib and lib.stat().st_mtime_ns == mtime, "a cached build was rebuilt"
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
     exported = {line.split()[-1] for line in symbols.splitlines() if " T " in line}
-    assert {"nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2", "nvmlEventSetWait_v2",
-            "nvmlDeviceGetPciInfo_v3"} <= exported  # fmt: skip
+    assert {
+        "nvmlInit_v2",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlEventSetWait_v2",
+        "nvmlDeviceGetPciInfo_v3",
+    } <= exported
     assert all(name.startswith("nvml") for name in exported), f"internal symbols leak out: {exported}"
 
 
@@ -60,8 +65,10 @@ def test_probe_command_reports_the_mock(tmp_path: Path) -> None:
     state.write_text(json.dumps(mockstate.initial_state(2, 2)))
     out = subprocess.run(
         [sys.executable, "-m", "pytest_devplug.cli", "nvml", "probe", "--mock", str(state), "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["system"]["driver version"] == "550.54.15"
@@ -76,7 +83,9 @@ def test_probe_command_reports_the_mock(tmp_path: Path) -> None:
 def test_probe_command_on_a_missing_library_says_so(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pytest_devplug.cli", "nvml", "probe", "--lib", str(tmp_path / "libnvidia-ml.so.1")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "cannot load" in out.stderr and "libnvidia-ml.so.1" in out.stderr

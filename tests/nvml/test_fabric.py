@@ -34,13 +34,23 @@ FABRIC = {"a100-40gb": False, "a100-80gb": False, "h100-80gb": True, "h200-141gb
 
 
 class FabricInfo(ctypes.Structure):
-    _fields_ = [("cluster_uuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("clique_id", ctypes.c_uint),
-                ("state", ctypes.c_ubyte)]  # fmt: skip
+    _fields_ = [
+        ("cluster_uuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("clique_id", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),
+    ]
 
 
 class FabricInfoV2(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint), ("cluster_uuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int),
-                ("clique_id", ctypes.c_uint), ("state", ctypes.c_ubyte), ("health_mask", ctypes.c_uint)]  # fmt: skip
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("cluster_uuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("clique_id", ctypes.c_uint),
+        ("state", ctypes.c_ubyte),
+        ("health_mask", ctypes.c_uint),
+    ]
 
 
 class FabricInfoV3(ctypes.Structure):

@@ -23,13 +23,57 @@ from pytest_devplug.errors import CompilerNotFoundError
 
 CASES = 12_000
 TOKENS = [
-    b"{", b"}", b"[", b"]", b",", b":", b'"', b"\\", b"\\u0000", b"\\ud800", b"\\udc00\\ud800", b"-", b"-0",
-    b"1e999", b"0.5", b"18446744073709551629", b"18446744073709551615", b"4294967296", b"2147483648",
-    b"-1", b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"null", b"true", b"false",
-    b'"uuid"', b'"minor"', b'"xid"', b'"gpus"', b'"events"', b'"numa_node"', b'"lost"', b"[" * 40, b"{" * 40,
-    b"G" * 200, b"\x00", b"\t\n ", b'"mig_enabled"', b'"mig_devices"', b'"profile"', b'"gi"', b'"7g.40gb"',
-    b'"1g.5gb+me"', b'"1g.10gb"', b"15", b"14", b'"ecc"', b'"uncorrected"',
-]  # fmt: skip
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b'"',
+    b"\\",
+    b"\\u0000",
+    b"\\ud800",
+    b"\\udc00\\ud800",
+    b"-",
+    b"-0",
+    b"1e999",
+    b"0.5",
+    b"18446744073709551629",
+    b"18446744073709551615",
+    b"4294967296",
+    b"2147483648",
+    b"-1",
+    b"\xff",
+    b"\xc0\x80",
+    b"\xed\xa0\x80",
+    b"\xf4\x90\x80\x80",
+    b"null",
+    b"true",
+    b"false",
+    b'"uuid"',
+    b'"minor"',
+    b'"xid"',
+    b'"gpus"',
+    b'"events"',
+    b'"numa_node"',
+    b'"lost"',
+    b"[" * 40,
+    b"{" * 40,
+    b"G" * 200,
+    b"\x00",
+    b"\t\n ",
+    b'"mig_enabled"',
+    b'"mig_devices"',
+    b'"profile"',
+    b'"gi"',
+    b'"7g.40gb"',
+    b'"1g.5gb+me"',
+    b'"1g.10gb"',
+    b"15",
+    b"14",
+    b'"ecc"',
+    b'"uncorrected"',
+]
 
 
 def _seeds(rng: random.Random) -> list[bytes]:
@@ -93,8 +137,9 @@ def fuzz_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     flags = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
     proc = subprocess.run(
         [*cc, *flags, "-Wall", "-Wextra", "-Werror", "-pthread", f"-I{SOURCE.parent}", "-o", str(out), str(driver)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode and "sanitize" in proc.stderr and "cannot find" in proc.stderr:
         pytest.skip(f"the C compiler has no sanitizer runtime (libasan/libubsan): {proc.stderr.strip()[-300:]}")
     assert proc.returncode == 0, proc.stderr

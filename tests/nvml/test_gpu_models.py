@@ -38,9 +38,15 @@ GI_PROFILE_ORDER = (0, 7, 9, 1, 2, 3, 4)
 
 
 class PciInfo(ctypes.Structure):
-    _fields_ = [("bus_id_legacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
-                ("device", ctypes.c_uint), ("pci_device_id", ctypes.c_uint), ("pci_subsystem_id", ctypes.c_uint),
-                ("bus_id", ctypes.c_char * 32)]  # fmt: skip
+    _fields_ = [
+        ("bus_id_legacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pci_device_id", ctypes.c_uint),
+        ("pci_subsystem_id", ctypes.c_uint),
+        ("bus_id", ctypes.c_char * 32),
+    ]
 
 
 class Attributes(ctypes.Structure):

@@ -24,20 +24,25 @@ GI_PROFILES = {0: "1g.5gb", 1: "2g.10gb", 2: "3g.20gb", 3: "4g.20gb", 4: "7g.40g
 
 
 class Attributes(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint) for n in (
-        "sm", "copy", "dec", "enc", "jpeg", "ofa", "gi_slices", "ci_slices")] + [
-        ("memory_mb", ctypes.c_ulonglong)]  # fmt: skip
+    _fields_ = [(n, ctypes.c_uint) for n in ("sm", "copy", "dec", "enc", "jpeg", "ofa", "gi_slices", "ci_slices")] + [
+        ("memory_mb", ctypes.c_ulonglong)
+    ]
 
 
 class GiProfileInfo(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint) for n in (
-        "id", "p2p", "slices", "instances", "sm", "copy", "dec", "enc", "jpeg", "ofa")] + [
-        ("memory_mb", ctypes.c_ulonglong)]  # fmt: skip
+    _fields_ = [
+        (n, ctypes.c_uint) for n in ("id", "p2p", "slices", "instances", "sm", "copy", "dec", "enc", "jpeg", "ofa")
+    ] + [("memory_mb", ctypes.c_ulonglong)]
 
 
 class GiInfo(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_void_p), ("id", ctypes.c_uint), ("profile_id", ctypes.c_uint),
-                ("start", ctypes.c_uint), ("size", ctypes.c_uint)]  # fmt: skip
+    _fields_ = [
+        ("device", ctypes.c_void_p),
+        ("id", ctypes.c_uint),
+        ("profile_id", ctypes.c_uint),
+        ("start", ctypes.c_uint),
+        ("size", ctypes.c_uint),
+    ]
 
 
 class CiProfileInfo(ctypes.Structure):
@@ -45,8 +50,14 @@ class CiProfileInfo(ctypes.Structure):
 
 
 class CiInfo(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_void_p), ("gpu_instance", ctypes.c_void_p), ("id", ctypes.c_uint),
-                ("profile_id", ctypes.c_uint), ("start", ctypes.c_uint), ("size", ctypes.c_uint)]  # fmt: skip
+    _fields_ = [
+        ("device", ctypes.c_void_p),
+        ("gpu_instance", ctypes.c_void_p),
+        ("id", ctypes.c_uint),
+        ("profile_id", ctypes.c_uint),
+        ("start", ctypes.c_uint),
+        ("size", ctypes.c_uint),
+    ]
 
 
 def _code(fn: object, *args: object) -> int:
@@ -271,19 +282,28 @@ def test_a_lost_gpu_takes_its_mig_devices_and_handles_survive_rewrites(mig: Nvml
 @pytest.mark.parametrize(
     ("migs", "problem"),
     [
-        ([{"uuid": "MIG-a", "profile": "1g.6gb"}], "gpus[0].mig_devices[0].profile: '1g.6gb' is not one of this GPU's "
-         "(40960 MiB): 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb"),
-        ([{"uuid": "MIG-a", "profile": "7g.40gb"}, {"uuid": "MIG-b", "profile": "1g.5gb"}],
-         "gpus[0].mig_devices: needs 8 compute and 9 memory slices; a GPU has 7 and 8"),
-        ([{"uuid": "MIG-a", "profile": "1g.5gb", "gi": 3}, {"uuid": "MIG-b", "profile": "1g.5gb", "gi": 3}],
-         "gpus[0].mig_devices: GPU instance 3 appears twice"),
-        ([{"uuid": "MIG-a", "profile": "3g.20gb"}] * 1
-         + [{"uuid": "MIG-b", "profile": "4g.20gb"}, {"uuid": "MIG-c", "profile": "4g.20gb"}],
-         "gpus[0].mig_devices: more than 1 of profile 3"),
+        (
+            [{"uuid": "MIG-a", "profile": "1g.6gb"}],
+            "gpus[0].mig_devices[0].profile: '1g.6gb' is not one of this GPU's "
+            "(40960 MiB): 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb",
+        ),
+        (
+            [{"uuid": "MIG-a", "profile": "7g.40gb"}, {"uuid": "MIG-b", "profile": "1g.5gb"}],
+            "gpus[0].mig_devices: needs 8 compute and 9 memory slices; a GPU has 7 and 8",
+        ),
+        (
+            [{"uuid": "MIG-a", "profile": "1g.5gb", "gi": 3}, {"uuid": "MIG-b", "profile": "1g.5gb", "gi": 3}],
+            "gpus[0].mig_devices: GPU instance 3 appears twice",
+        ),
+        (
+            [{"uuid": "MIG-a", "profile": "3g.20gb"}] * 1
+            + [{"uuid": "MIG-b", "profile": "4g.20gb"}, {"uuid": "MIG-c", "profile": "4g.20gb"}],
+            "gpus[0].mig_devices: more than 1 of profile 3",
+        ),
         ([{"uuid": mockstate.gpu_uuid(1), "profile": "1g.5gb"}], f"gpus: uuid {mockstate.gpu_uuid(1)} appears twice"),
         ([{"uuid": "MIG-a", "profile": "1g.5gb", "gi": 15}], "gpus[0].mig_devices[0].gi: out of range (0..14)"),
     ],
-)  # fmt: skip
+)
 def test_mig_devices_that_cannot_exist_are_refused_naming_the_problem(
     mock_lib_path: Path,
     state: StateFile,
@@ -313,9 +333,14 @@ class Placement(ctypes.Structure):
 
 #: An A100's possible GPU instance placements (start, size in memory slices), NVIDIA's MIG user guide.
 A100_PLACEMENTS = {
-    0: [(s, 1) for s in range(7)], 7: [(s, 1) for s in range(7)], 9: [(0, 2), (2, 2), (4, 2), (6, 2)],
-    1: [(0, 2), (2, 2), (4, 2)], 2: [(0, 4), (4, 4)], 3: [(0, 4)], 4: [(0, 8)],
-}  # fmt: skip
+    0: [(s, 1) for s in range(7)],
+    7: [(s, 1) for s in range(7)],
+    9: [(0, 2), (2, 2), (4, 2), (6, 2)],
+    1: [(0, 2), (2, 2), (4, 2)],
+    2: [(0, 4), (4, 4)],
+    3: [(0, 4)],
+    4: [(0, 8)],
+}
 
 
 @pytest.mark.parametrize(

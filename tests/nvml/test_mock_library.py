@@ -283,6 +283,10 @@ def test_changes_are_seen_without_inotify(mock_lib_path: Path, state: StateFile,
     env = {**os.environ, "LD_PRELOAD": str(shim), STATE_ENV: str(state.path)}
     done = subprocess.run(
         [sys.executable, "-c", EVENT_WITHOUT_INOTIFY, str(mock_lib_path), str(state.path)],
-        capture_output=True, text=True, env=env, timeout=60, cwd=Path(__file__).parents[2],
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+    )
     assert done.returncode == 0 and "xid 79" in done.stdout, done.stdout + done.stderr

@@ -25,16 +25,17 @@ from ..support import in_ci
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
 #: Peers built by another script (same cache layout): the DRA kubelet plugins.
 BUILD_SCRIPTS = {
-    **{name: BUILD_SCRIPT.with_name("build-dra.sh")
-       for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched",
-                    "dra-example-kubeletplugin-v040")},
+    **{
+        name: BUILD_SCRIPT.with_name("build-dra.sh")
+        for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched", "dra-example-kubeletplugin-v040")
+    },
     # from a source tarball or checkout (the Go module proxy refuses the module): DEVPLUG_SRIOV_SOURCE or ../shared
     "sriovdp": BUILD_SCRIPT.with_name("build-source.sh"),
     # NVIDIA's DRA driver, likewise: DEVPLUG_NVIDIA_DRA_SOURCE or ../shared
     "gpu-kubelet-plugin": BUILD_SCRIPT.with_name("build-source.sh"),
     # its ComputeDomain kubelet plugin (same source), the chart's CRDs kept beside it: <binary>/../../crds
     "compute-domain-kubelet-plugin": BUILD_SCRIPT.with_name("build-source.sh"),
-}  # fmt: skip
+}
 #: A cold build downloads k8s.io/kubernetes' dependencies and compiles them: minutes on 2 cores.
 BUILD_TIMEOUT_S = 1800.0
 

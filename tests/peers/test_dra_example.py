@@ -40,19 +40,32 @@ ALLOWED_SKIPS = (
 )
 #: The checks it is here to exercise: everything that needs no fault.
 MUST_PASS = (
-    "test_driver_registers_with_the_kubelet", "test_reregisters_after_kubelet_restart",
-    "test_reregisters_after_driver_restart", "test_abrupt_kill_then_start_registers_again",
-    "test_recovers_after_refused_registration", "test_slices_published",
-    "test_node_slices_removed_on_kubelet_start_then_published_again", "test_slices_removed_after_driver_stops",
-    "test_slices_kept_when_driver_restarts_quickly", "test_claim_prepared_and_container_sees_it",
-    "test_claim_for_two_devices", "test_claim_from_template", "test_prepare_is_idempotent",
-    "test_unprepared_when_pod_deleted_and_unprepare_is_idempotent", "test_checkpoint_survives_kubelet_restart",
-    "test_unprepare_for_pod_deleted_while_kubelet_down", "test_pod_created_while_kubelet_down_runs",
-    "test_pod_deleted_while_kubelet_down_is_never_prepared", "test_unsatisfiable_claim_stays_unschedulable",
-    "test_shared_claim", "test_checkpoint_contents", "test_device_taint_keeps_claims_off_tainted_devices",
-    "test_claim_with_several_requests", "test_unprepare_after_a_restart_removes_the_claims_cdi_specs",
+    "test_driver_registers_with_the_kubelet",
+    "test_reregisters_after_kubelet_restart",
+    "test_reregisters_after_driver_restart",
+    "test_abrupt_kill_then_start_registers_again",
+    "test_recovers_after_refused_registration",
+    "test_slices_published",
+    "test_node_slices_removed_on_kubelet_start_then_published_again",
+    "test_slices_removed_after_driver_stops",
+    "test_slices_kept_when_driver_restarts_quickly",
+    "test_claim_prepared_and_container_sees_it",
+    "test_claim_for_two_devices",
+    "test_claim_from_template",
+    "test_prepare_is_idempotent",
+    "test_unprepared_when_pod_deleted_and_unprepare_is_idempotent",
+    "test_checkpoint_survives_kubelet_restart",
+    "test_unprepare_for_pod_deleted_while_kubelet_down",
+    "test_pod_created_while_kubelet_down_runs",
+    "test_pod_deleted_while_kubelet_down_is_never_prepared",
+    "test_unsatisfiable_claim_stays_unschedulable",
+    "test_shared_claim",
+    "test_checkpoint_contents",
+    "test_device_taint_keeps_claims_off_tainted_devices",
+    "test_claim_with_several_requests",
+    "test_unprepare_after_a_restart_removes_the_claims_cdi_specs",
     "test_devices_prepared_again_for_a_new_claim_after_cleanup",
-)  # fmt: skip
+)
 SUITE_TIMEOUT_S = 600
 #: Where its chart has it write CDI specs (``CDI_ROOT``): on the node's ``/run`` tmpfs.
 CHART_CDI_ROOT = "/var/run/cdi"
@@ -98,8 +111,12 @@ def test_patched_example_driver_passes_the_reboot_check(peer_binary: Callable[[s
     """v0.2.1 with peers/dra-example/recreate-cdi-spec-on-restored-claim.patch (a prepare answered from the checkpoint
     writes the spec again, as PR #259 does): the reboot check passes, and so do the prepare and restart checks."""
     binary = peer_binary("dra-example-kubeletplugin-patched")
-    result = run_conformance(_command(binary), ["-k", f"{REBOOT_CHECK} or prepared_and_container or restarts"],
-                             tmp_path, timeout=SUITE_TIMEOUT_S)  # fmt: skip
+    result = run_conformance(
+        _command(binary),
+        ["-k", f"{REBOOT_CHECK} or prepared_and_container or restarts"],
+        tmp_path,
+        timeout=SUITE_TIMEOUT_S,
+    )
     assert not result.failed, "patched dra-example-driver:\n" + "\n".join(result.failed) + result.output
     assert REBOOT_CHECK in result.passed, (
         f"patched dra-example-driver: {REBOOT_CHECK} did not pass; skips: {result.skipped}"
@@ -132,8 +149,19 @@ def _kind_options(peer_binary: Callable[[str], Path]) -> list[str]:
     )
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"build-image.sh exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
-    return ["--dra", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER, "--driver-image", image,
-            "--driver-manifest", str(EXAMPLE_DIR / "kubeletplugin.yaml")]  # fmt: skip
+    return [
+        "--dra",
+        "--backend",
+        "kind",
+        "--timeout",
+        "60",
+        "--driver-name",
+        DRIVER,
+        "--driver-image",
+        image,
+        "--driver-manifest",
+        str(EXAMPLE_DIR / "kubeletplugin.yaml"),
+    ]
 
 
 @pytest.mark.kind
@@ -178,6 +206,10 @@ def test_dra_suite_passes_on_the_example_driver_on_kind(peer_binary: Callable[[s
 def test_example_driver_fails_the_reboot_check_on_kind(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """v0.2.1 as its chart deploys it, on a real kubelet and containerd: the staged reboot (sandboxes removed,
     /var/run/cdi emptied) leaves its pod refused by containerd for the CDI devices, as on the embedded kubelet."""
-    result = run_conformance(_kind_options(peer_binary), [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", REBOOT_CHECK],
-                             tmp_path, timeout=KIND_SUITE_TIMEOUT_S)  # fmt: skip
+    result = run_conformance(
+        _kind_options(peer_binary),
+        [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", REBOOT_CHECK],
+        tmp_path,
+        timeout=KIND_SUITE_TIMEOUT_S,
+    )
     _reboot_verdict(result, "dra-example-driver v0.2.1 on kind")

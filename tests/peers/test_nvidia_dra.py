@@ -48,35 +48,57 @@ DRIVER = "gpu.nvidia.com"
 #: ``featureGates: {NVMLDeviceHealthCheck: true}`` (its health monitor: an Xid taints the GPU in its slice); NODE_NAME
 #: is the harness's.
 CHART_ENV = {
-    "HTTP_ENDPOINT": ":8080", "METRICS_PATH": "/metrics", "LOG_VERBOSITY": "4", "MASK_NVIDIA_DRIVER_PARAMS": "false",
-    "NVIDIA_DRIVER_ROOT": "/", "NVIDIA_VISIBLE_DEVICES": "void", "CDI_ROOT": "/var/run/cdi",
-    "NVIDIA_MIG_CONFIG_DEVICES": "all", "NAMESPACE": "dra-driver-nvidia-gpu",
-    "IMAGE_NAME": "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:v0.4.0", "NVIDIA_CDI_HOOK_PATH": "",
+    "HTTP_ENDPOINT": ":8080",
+    "METRICS_PATH": "/metrics",
+    "LOG_VERBOSITY": "4",
+    "MASK_NVIDIA_DRIVER_PARAMS": "false",
+    "NVIDIA_DRIVER_ROOT": "/",
+    "NVIDIA_VISIBLE_DEVICES": "void",
+    "CDI_ROOT": "/var/run/cdi",
+    "NVIDIA_MIG_CONFIG_DEVICES": "all",
+    "NAMESPACE": "dra-driver-nvidia-gpu",
+    "IMAGE_NAME": "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:v0.4.0",
+    "NVIDIA_CDI_HOOK_PATH": "",
     "FEATURE_GATES": "NVMLDeviceHealthCheck=true",
     "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
-    "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins", "HEALTHCHECK_PORT": "51515",
-}  # fmt: skip
+    "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins",
+    "HEALTHCHECK_PORT": "51515",
+}
 #: The chart values that differ on the embedded kubelet (its nodes share one network namespace; see above).
 SIM_VALUES = {"HTTP_ENDPOINT": "", "HEALTHCHECK_PORT": "0"}
 ALLOWED_SKIPS = (
     re.compile(r"the DRA fault injector cannot fail Node(Un)?[Pp]repareResources"),
     re.compile(r"serves neither v1\.DRAResourceHealth nor v1alpha1\.DRAResourceHealth"),
-)  # fmt: skip
+)
 MUST_PASS = (
-    "test_driver_registers_with_the_kubelet", "test_reregisters_after_kubelet_restart",
-    "test_reregisters_after_driver_restart", "test_abrupt_kill_then_start_registers_again",
-    "test_recovers_after_refused_registration", "test_slices_published",
-    "test_node_slices_removed_on_kubelet_start_then_published_again", "test_slices_removed_after_driver_stops",
-    "test_slices_kept_when_driver_restarts_quickly", "test_claim_prepared_and_container_sees_it",
-    "test_claim_for_two_devices", "test_claim_with_several_requests", "test_claim_from_template",
-    "test_prepare_is_idempotent", "test_unprepared_when_pod_deleted_and_unprepare_is_idempotent",
-    "test_checkpoint_survives_kubelet_restart", "test_unprepare_for_pod_deleted_while_kubelet_down",
-    "test_pod_created_while_kubelet_down_runs", "test_pod_deleted_while_kubelet_down_is_never_prepared",
-    "test_unprepare_after_a_restart_removes_the_claims_cdi_specs", "test_unsatisfiable_claim_stays_unschedulable",
-    "test_shared_claim", "test_devices_prepared_again_for_a_new_claim_after_cleanup",
-    "test_device_taint_keeps_claims_off_tainted_devices", "test_checkpoint_contents",
-    "test_extended_resource_served_by_the_driver", "test_device_health_reported_as_device_taints",
-)  # fmt: skip
+    "test_driver_registers_with_the_kubelet",
+    "test_reregisters_after_kubelet_restart",
+    "test_reregisters_after_driver_restart",
+    "test_abrupt_kill_then_start_registers_again",
+    "test_recovers_after_refused_registration",
+    "test_slices_published",
+    "test_node_slices_removed_on_kubelet_start_then_published_again",
+    "test_slices_removed_after_driver_stops",
+    "test_slices_kept_when_driver_restarts_quickly",
+    "test_claim_prepared_and_container_sees_it",
+    "test_claim_for_two_devices",
+    "test_claim_with_several_requests",
+    "test_claim_from_template",
+    "test_prepare_is_idempotent",
+    "test_unprepared_when_pod_deleted_and_unprepare_is_idempotent",
+    "test_checkpoint_survives_kubelet_restart",
+    "test_unprepare_for_pod_deleted_while_kubelet_down",
+    "test_pod_created_while_kubelet_down_runs",
+    "test_pod_deleted_while_kubelet_down_is_never_prepared",
+    "test_unprepare_after_a_restart_removes_the_claims_cdi_specs",
+    "test_unsatisfiable_claim_stays_unschedulable",
+    "test_shared_claim",
+    "test_devices_prepared_again_for_a_new_claim_after_cleanup",
+    "test_device_taint_keeps_claims_off_tainted_devices",
+    "test_checkpoint_contents",
+    "test_extended_resource_served_by_the_driver",
+    "test_device_health_reported_as_device_taints",
+)
 SUITE_TIMEOUT_S = 600
 REBOOT_CHECK = "test_pods_come_back_with_their_devices_after_a_node_reboot"
 REBOOT_BUG = "CDI device injection failed: unresolvable CDI devices"
@@ -92,8 +114,16 @@ def _env(values: dict[str, str]) -> str:
 
 
 def _command(binary: Path) -> list[str]:
-    return ["--dra", "--mock", "--driver-cmd", f"{binary} -v 4", "--driver-name", DRIVER,
-            "--driver-env", _env({**CHART_ENV, **SIM_VALUES})]  # fmt: skip
+    return [
+        "--dra",
+        "--mock",
+        "--driver-cmd",
+        f"{binary} -v 4",
+        "--driver-name",
+        DRIVER,
+        "--driver-env",
+        _env({**CHART_ENV, **SIM_VALUES}),
+    ]
 
 
 def test_dra_suite_passes_on_nvidias_dra_driver(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
@@ -163,10 +193,27 @@ def _run_own_check(
     __tracebackhide__ = True
     (tmp_path / f"{name}.py").write_text(source)
     junit = tmp_path / "junit.xml"
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}",
-            f"{name}.py", "--devplug-control-plane", "real", "--devplug-mock", *options,
-            "--devplug-driver-cmd", f"{binary} -v 4", "--devplug-driver-name", DRIVER,
-            "--devplug-driver-env", _env({**CHART_ENV, **SIM_VALUES, **env})]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        f"--junitxml={junit}",
+        f"{name}.py",
+        "--devplug-control-plane",
+        "real",
+        "--devplug-mock",
+        *options,
+        "--devplug-driver-cmd",
+        f"{binary} -v 4",
+        "--devplug-driver-name",
+        DRIVER,
+        "--devplug-driver-env",
+        _env({**CHART_ENV, **SIM_VALUES, **env}),
+    ]
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
     result = parse_junit(junit) if junit.exists() else None
     assert result is not None and result.passed == [name], (done.stdout + done.stderr)[-6000:]
@@ -177,8 +224,14 @@ def test_static_mig_devices_published_and_prepared(peer_binary: Callable[[str], 
     ``mig``, its MIG UUID and profile) and no full GPU, and a claim's MIG device reaches the container with its GPU's
     device node and the ``nvidia-caps`` nodes of its GPU and compute instance (the minors ``mig-minors`` and the
     capability files under ``/proc/driver/nvidia/capabilities`` give)."""
-    _run_own_check(peer_binary("gpu-kubelet-plugin"), tmp_path, "test_static_mig",
-                   STATIC_MIG_CHECK.format(mig=STATIC_MIG), ["--devplug-mig", ",".join(STATIC_MIG)], {})  # fmt: skip
+    _run_own_check(
+        peer_binary("gpu-kubelet-plugin"),
+        tmp_path,
+        "test_static_mig",
+        STATIC_MIG_CHECK.format(mig=STATIC_MIG),
+        ["--devplug-mig", ",".join(STATIC_MIG)],
+        {},
+    )
 
 
 #: Time-slicing through a claim's opaque ``GpuConfig`` (chart value ``featureGates.TimeSlicingSettings: true``): the
@@ -225,9 +278,14 @@ def test_time_slicing(devplug_driver, devplug_claims):
 def test_time_slicing_through_gpu_config(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """A claim whose ``GpuConfig`` asks for time-slicing with the ``Long`` interval: its GPU gets time-slice 3 while the
     claim is prepared and the default (0) again after unprepare; no other GPU's setting changes."""
-    _run_own_check(peer_binary("gpu-kubelet-plugin"), tmp_path, "test_time_slicing",
-                   TIME_SLICING_CHECK.format(interval="Long", value=3), [],
-                   {"FEATURE_GATES": "NVMLDeviceHealthCheck=true,TimeSlicingSettings=true"})  # fmt: skip
+    _run_own_check(
+        peer_binary("gpu-kubelet-plugin"),
+        tmp_path,
+        "test_time_slicing",
+        TIME_SLICING_CHECK.format(interval="Long", value=3),
+        [],
+        {"FEATURE_GATES": "NVMLDeviceHealthCheck=true,TimeSlicingSettings=true"},
+    )
 
 
 #: What NVIDIA's DRA driver publishes of a GPU's PCI function (``resource.kubernetes.io/pciBusID`` from NVML,
@@ -278,9 +336,12 @@ def test_an_xid_on_a_mig_gpu_taints_its_mig_devices(peer_binary: Callable[[str],
 NVIDIA_DRA_DIR = Path(__file__).resolve().parents[2] / "peers" / "nvidia-dra"
 #: What it runs on kind: registration and slices, devices handed to containers, health reported as device taints.
 KIND_CHECKS = (
-    "test_driver_registers_with_the_kubelet", "test_slices_published", "test_claim_prepared_and_container_sees_it",
-    "test_claim_for_two_devices", "test_device_health_reported_as_device_taints",
-)  # fmt: skip
+    "test_driver_registers_with_the_kubelet",
+    "test_slices_published",
+    "test_claim_prepared_and_container_sees_it",
+    "test_claim_for_two_devices",
+    "test_device_health_reported_as_device_taints",
+)
 #: Its own cluster when run alone; `nox -s e2e` points it at the shared one (DEVPLUG_KIND_CLUSTER) and a node of its
 #: own (--devplug-node through PYTEST_ADDOPTS, tools/e2e-lanes.sh).
 KIND_CLUSTER = "devplug-nvidia-dra"
@@ -297,10 +358,26 @@ def test_nvidias_dra_driver_on_kind(peer_binary: Callable[[str], Path], tmp_path
     )
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"build-image.sh exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
-    options = ["--dra", "--mock", "--backend", "kind", "--timeout", "60", "--driver-name", DRIVER,
-               "--driver-image", image, "--driver-manifest", str(NVIDIA_DRA_DIR / "kubeletplugin.yaml")]  # fmt: skip
-    result = run_conformance(options, [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", " or ".join(KIND_CHECKS)],
-                             tmp_path, timeout=KIND_SUITE_TIMEOUT_S)  # fmt: skip
+    options = [
+        "--dra",
+        "--mock",
+        "--backend",
+        "kind",
+        "--timeout",
+        "60",
+        "--driver-name",
+        DRIVER,
+        "--driver-image",
+        image,
+        "--driver-manifest",
+        str(NVIDIA_DRA_DIR / "kubeletplugin.yaml"),
+    ]
+    result = run_conformance(
+        options,
+        [f"--cluster-name={KIND_CLUSTER}", "-rs", "-k", " or ".join(KIND_CHECKS)],
+        tmp_path,
+        timeout=KIND_SUITE_TIMEOUT_S,
+    )
     assert not result.failed, (
         f"NVIDIA's DRA driver on kind: {len(result.failed)} failed/errors:\n" + "\n".join(result.failed) + result.output
     )

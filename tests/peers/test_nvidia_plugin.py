@@ -76,9 +76,11 @@ def test_nvidia_plugin_passes_the_suite_on_the_mock_nvml(
 ) -> None:
     binary = peer_binary("nvidia-device-plugin")
     verdicts = _assert_suite_verdict(
-        ["--control-plane", control_plane, "--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock"], [],
-        tmp_path, SUITE_TIMEOUT_S,
-    )  # fmt: skip
+        ["--control-plane", control_plane, "--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock"],
+        [],
+        tmp_path,
+        SUITE_TIMEOUT_S,
+    )
     same_verdicts("nvidia-device-plugin", control_plane, verdicts)
 
 
@@ -110,9 +112,14 @@ def test_nvidia_plugin_time_slicing_fails_exactly_the_replica_check(
     config.write_text(TIME_SLICING)
     cmd = f"{binary} --device-discovery-strategy nvml --config-file {config}"
     _assert_suite_verdict(
-        ["--plugin-cmd", cmd, "--mock"], [], tmp_path, SUITE_TIMEOUT_S,
-        conventions="nvml-xid", must_fail={REPLICA_CHECK: REPLICA_LEFT_HEALTHY}, must_pass=TIME_SLICING_MUST_PASS,
-    )  # fmt: skip
+        ["--plugin-cmd", cmd, "--mock"],
+        [],
+        tmp_path,
+        SUITE_TIMEOUT_S,
+        conventions="nvml-xid",
+        must_fail={REPLICA_CHECK: REPLICA_LEFT_HEALTHY},
+        must_pass=TIME_SLICING_MUST_PASS,
+    )
 
 
 #: MIG on the mock (``--mig``): every mock GPU MIG-enabled with these MIG devices, two of one profile per GPU so that
@@ -141,9 +148,13 @@ def test_nvidia_plugin_mig_mixed_fails_exactly_the_mig_reach_check(
     binary = peer_binary("nvidia-device-plugin")
     cmd = f"{binary} --device-discovery-strategy nvml --mig-strategy mixed"
     _assert_suite_verdict(
-        ["--plugin-cmd", cmd, "--mock", "--mig", MIG_MIXED, "--resource-name", "nvidia.com/mig-1g.5gb"], [], tmp_path,
-        SUITE_TIMEOUT_S, must_fail={REPLICA_CHECK: MIG_LEFT_HEALTHY}, must_pass=MIG_MUST_PASS,
-    )  # fmt: skip
+        ["--plugin-cmd", cmd, "--mock", "--mig", MIG_MIXED, "--resource-name", "nvidia.com/mig-1g.5gb"],
+        [],
+        tmp_path,
+        SUITE_TIMEOUT_S,
+        must_fail={REPLICA_CHECK: MIG_LEFT_HEALTHY},
+        must_pass=MIG_MUST_PASS,
+    )
 
 
 def test_nvidia_plugin_mig_single_advertises_mig_devices_as_gpus(
@@ -156,9 +167,13 @@ def test_nvidia_plugin_mig_single_advertises_mig_devices_as_gpus(
     # what BACKING_CHECKS selects (-k matches module names too: test_registration.py's checks run)
     must_pass = tuple(t for t in MIG_MUST_PASS if not any(w in t for w in ("restart", "checkpoint", "numa")))
     _assert_suite_verdict(
-        ["--plugin-cmd", cmd, "--mock", "--mig", MIG_SINGLE], ["-k", BACKING_CHECKS], tmp_path, SUITE_TIMEOUT_S,
-        must_fail={REPLICA_CHECK: MIG_LEFT_HEALTHY}, must_pass=must_pass,
-    )  # fmt: skip
+        ["--plugin-cmd", cmd, "--mock", "--mig", MIG_SINGLE],
+        ["-k", BACKING_CHECKS],
+        tmp_path,
+        SUITE_TIMEOUT_S,
+        must_fail={REPLICA_CHECK: MIG_LEFT_HEALTHY},
+        must_pass=must_pass,
+    )
 
 
 def test_nvidia_plugin_index_ids_are_judged_by_what_allocate_injects(
@@ -175,9 +190,13 @@ def test_nvidia_plugin_index_ids_are_judged_by_what_allocate_injects(
         "test_device_turning_unhealthy_under_running_pod",
     )
     _assert_suite_verdict(
-        ["--plugin-cmd", cmd, "--mock"], ["-k", "nvml or health"], tmp_path, SUITE_TIMEOUT_S, conventions="nvml-xid",
+        ["--plugin-cmd", cmd, "--mock"],
+        ["-k", "nvml or health"],
+        tmp_path,
+        SUITE_TIMEOUT_S,
+        conventions="nvml-xid",
         must_pass=must_pass,
-    )  # fmt: skip
+    )
 
 
 def test_nvidia_plugin_mig_mixed_registers_a_resource_per_profile(peer_binary: Callable[[str], Path]) -> None:
@@ -250,8 +269,9 @@ def test_nvidia_plugin_marks_a_gpu_with_an_uncorrectable_ecc_error_unhealthy(
 #: On kind the mock GPUs have no sysfs entries, so NVIDIA's plugin reports no NUMA node there and that check skips.
 KIND_MUST_PASS = (
     *(t for t in MUST_PASS if t != "test_single_numa_node_policy_rejects_cross_numa_request"),
-    "test_pods_deleted_while_kubelet_down_free_their_devices", "test_node_reboot_then_plugin_comes_back",
-)  # fmt: skip
+    "test_pods_deleted_while_kubelet_down_free_their_devices",
+    "test_node_reboot_then_plugin_comes_back",
+)
 
 
 class KindConfig(NamedTuple):
@@ -283,7 +303,7 @@ KIND_CONFIGS = {
             "test_freed_devices_are_reused",
         ),
         select="registration or nvml or health or sharing",
-    ),  # fmt: skip
+    ),
     # CDI names in CRI's CDIDevices, resolved by the node's containerd (>= 1.7, CDI on) from the spec the plugin
     # writes: the injection checks find the spec's device nodes and mounts in the container (exec); the checks of
     # allocation, the checkpoint and restarts (a container restarted gets its CDI devices again)
@@ -300,7 +320,7 @@ KIND_CONFIGS = {
             "test_reregisters_after_kubelet_restart",
         ),
         select="allocate or checkpoint or lifecycle",
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -318,14 +338,26 @@ def test_nvidia_plugin_on_kind(config: str, peer_binary: Callable[[str], Path], 
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"{IMAGE_SCRIPT} exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
     argv = [
-        "--backend", "kind", "--plugin-image", image, "--plugin-manifest", str(cfg.manifest),
-        "--mock", "--timeout", "60",
-    ]  # fmt: skip
+        "--backend",
+        "kind",
+        "--plugin-image",
+        image,
+        "--plugin-manifest",
+        str(cfg.manifest),
+        "--mock",
+        "--timeout",
+        "60",
+    ]
     pytest_args = ["-m", "not devplug_grace_period and not devplug_soak", f"--cluster-name={KIND_CLUSTER}"]
     _assert_suite_verdict(
-        argv, [*pytest_args, *(["-k", cfg.select] if cfg.select else [])], tmp_path, KIND_SUITE_TIMEOUT_S,
-        conventions=cfg.conventions, must_fail=cfg.must_fail, must_pass=cfg.must_pass,
-    )  # fmt: skip
+        argv,
+        [*pytest_args, *(["-k", cfg.select] if cfg.select else [])],
+        tmp_path,
+        KIND_SUITE_TIMEOUT_S,
+        conventions=cfg.conventions,
+        must_fail=cfg.must_fail,
+        must_pass=cfg.must_pass,
+    )
 
 
 def _assert_suite_verdict(

@@ -73,8 +73,12 @@ def test_nvidias_dra_driver_calls_only_what_the_mock_answers(
     options = [*dra_command(peer_binary("gpu-kubelet-plugin")), "--gpu-model", model]
     at = options.index("--driver-env") + 1
     options[at] += f",LD_DEBUG=bindings,LD_DEBUG_OUTPUT={trace}/trace"
-    result = run_conformance(options, ["-k", "registers_with or claim_prepared_and_container or claim_for_two"],
-                             tmp_path, timeout=SUITE_TIMEOUT_S)  # fmt: skip
+    result = run_conformance(
+        options,
+        ["-k", "registers_with or claim_prepared_and_container or claim_for_two"],
+        tmp_path,
+        timeout=SUITE_TIMEOUT_S,
+    )
     bound = _judge("NVIDIA's DRA driver", trace, result.output, result.failed)
     # what it publishes for every GPU: the calls the mock gained for it
     assert {"nvmlDeviceGetArchitecture", "nvmlDeviceGetBrand", "nvmlDeviceGetCudaComputeCapability"} <= bound, sorted(
@@ -89,10 +93,21 @@ def test_nvidias_device_plugin_calls_only_what_the_mock_answers(
     trace = tmp_path / "ld-trace"
     trace.mkdir()
     binary = peer_binary("nvidia-device-plugin")
-    options = ["--plugin-cmd", f"{binary} --device-discovery-strategy nvml", "--mock", "--gpu-model", model,
-               "--plugin-env", f"LD_DEBUG=bindings,LD_DEBUG_OUTPUT={trace}/trace"]  # fmt: skip
-    result = run_conformance(options, ["-k", "registers_its_resource or allocate_injections or critical_xid"], tmp_path,
-                             timeout=SUITE_TIMEOUT_S)  # fmt: skip
+    options = [
+        "--plugin-cmd",
+        f"{binary} --device-discovery-strategy nvml",
+        "--mock",
+        "--gpu-model",
+        model,
+        "--plugin-env",
+        f"LD_DEBUG=bindings,LD_DEBUG_OUTPUT={trace}/trace",
+    ]
+    result = run_conformance(
+        options,
+        ["-k", "registers_its_resource or allocate_injections or critical_xid"],
+        tmp_path,
+        timeout=SUITE_TIMEOUT_S,
+    )
     bound = _judge("NVIDIA's device plugin", trace, result.output, result.failed)
     assert {"nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2"} <= bound, sorted(bound)  # its health checks
 
@@ -102,21 +117,29 @@ def test_nvidias_device_plugin_calls_only_what_the_mock_answers(
 #: environment (NODE_NAME is the harness's).
 CD_DRIVER = "compute-domain.nvidia.com"
 CD_CHART_ENV = {
-    "HTTP_ENDPOINT": ":8081", "METRICS_PATH": "/metrics", "LOG_VERBOSITY": "4", "MASK_NVIDIA_DRIVER_PARAMS": "false",
-    "NVIDIA_DRIVER_ROOT": "/", "NVIDIA_VISIBLE_DEVICES": "void", "CDI_ROOT": "/var/run/cdi",
-    "NVIDIA_MIG_CONFIG_DEVICES": "all", "NAMESPACE": "dra-driver-nvidia-gpu",
+    "HTTP_ENDPOINT": ":8081",
+    "METRICS_PATH": "/metrics",
+    "LOG_VERBOSITY": "4",
+    "MASK_NVIDIA_DRIVER_PARAMS": "false",
+    "NVIDIA_DRIVER_ROOT": "/",
+    "NVIDIA_VISIBLE_DEVICES": "void",
+    "CDI_ROOT": "/var/run/cdi",
+    "NVIDIA_MIG_CONFIG_DEVICES": "all",
+    "NAMESPACE": "dra-driver-nvidia-gpu",
     "KUBELET_REGISTRAR_DIRECTORY_PATH": "/var/lib/kubelet/plugins_registry",
-    "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins", "HEALTHCHECK_PORT": "51515",
-}  # fmt: skip
+    "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins",
+    "HEALTHCHECK_PORT": "51515",
+}
 #: Chart values that differ on the mock GPU node: the ports, as for the GPU plugin (one network namespace);
 #: ``featureGates`` IMEXDaemonsWithDNSNames and ComputeDomainCliques off, as the plugin itself advises for a driver
 #: older than 570.158.01 (the mock's is 550.54.15); and ``altProcDevices``, the chart's value for mock NVML on a node
 #: without NVIDIA's kernel modules: a ``/proc/devices`` naming ``nvidia-caps-imex-channels``, whose major the plugin
 #: puts in its IMEX channels' device nodes (written per test: ALT_PROC_DEVICES_PATH).
 CD_SIM_VALUES = {
-    "HTTP_ENDPOINT": "", "HEALTHCHECK_PORT": "0",
+    "HTTP_ENDPOINT": "",
+    "HEALTHCHECK_PORT": "0",
     "FEATURE_GATES": "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false",
-}  # fmt: skip
+}
 #: The major the kernel module registers for ``nvidia-caps-imex-channels`` (dynamic; gpunode's nvidia-caps has 511).
 IMEX_CHANNELS_MAJOR = 510
 #: What the mock NVML's fabric answers (mock_nvml.c): the Hopper and newer models are on an NVLink fabric, one
@@ -191,14 +214,38 @@ def test_nvidias_compute_domain_plugin_calls_only_what_the_mock_answers(
     fabric = f"{FABRIC_CLUSTER}/{FABRIC_CLIQUE}" if model in FABRIC_MODELS else ""  # as it logs each GPU's
     check = COMPUTE_DOMAIN_CHECK.format(crds=str(binary.parents[1] / "crds"), fabric=fabric, gpus=CD_GPUS)
     (tmp_path / "test_compute_domain.py").write_text(check)
-    env = {**CD_CHART_ENV, **CD_SIM_VALUES, "ALT_PROC_DEVICES_PATH": str(proc_devices), "LD_DEBUG": "bindings",
-           "LD_DEBUG_OUTPUT": f"{trace}/trace"}  # fmt: skip
+    env = {
+        **CD_CHART_ENV,
+        **CD_SIM_VALUES,
+        "ALT_PROC_DEVICES_PATH": str(proc_devices),
+        "LD_DEBUG": "bindings",
+        "LD_DEBUG_OUTPUT": f"{trace}/trace",
+    }
     junit = tmp_path / "junit.xml"
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={junit}",
-            "test_compute_domain.py", "--devplug-control-plane", "real", "--devplug-mock",
-            "--devplug-gpu-model", model, "--devplug-gpus", str(CD_GPUS),
-            "--devplug-driver-cmd", f"{binary} -v 4", "--devplug-driver-name", CD_DRIVER,
-            "--devplug-driver-env", dra_env(env)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        f"--junitxml={junit}",
+        "test_compute_domain.py",
+        "--devplug-control-plane",
+        "real",
+        "--devplug-mock",
+        "--devplug-gpu-model",
+        model,
+        "--devplug-gpus",
+        str(CD_GPUS),
+        "--devplug-driver-cmd",
+        f"{binary} -v 4",
+        "--devplug-driver-name",
+        CD_DRIVER,
+        "--devplug-driver-env",
+        dra_env(env),
+    ]
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, check=False)
     output = (done.stdout + done.stderr)[-8000:]
     result = parse_junit(junit) if junit.exists() else None

@@ -49,21 +49,33 @@ PEERS = [
     # The sample plugin serves on a socket named after its start time (dp.<unix seconds>), so a second instance
     # beside a running one never shares its socket: it is run with the rolling-update convention on.
     Peer(
-        "sample-device-plugin", "example.com/resource", ("--conventions", "rolling-update"),
+        "sample-device-plugin",
+        "example.com/resource",
+        ("--conventions", "rolling-update"),
         (NO_MOCK, CONVENTION_OFF, NO_PRE_START, NO_TOPOLOGY, ONE_RESOURCE),
-        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
-         "test_convention_rolling_update_without_downtime"),
+        (
+            "test_reregisters_after_kubelet_restart",
+            "test_checkpoint_survives_kubelet_restart",
+            "test_convention_rolling_update_without_downtime",
+        ),
     ),
     # The stub's Allocate lists the IDs it hands in and its GetPreferredAllocation packs NUMA nodes, so
     # it is run with those two conventions on.
     Peer(
-        "stub-plugin", "example.com/stub", ("--pre-start-required", "--conventions", "ids-visible,numa-packing"),
+        "stub-plugin",
+        "example.com/stub",
+        ("--pre-start-required", "--conventions", "ids-visible,numa-packing"),
         (NO_MOCK, CONVENTION_OFF, ONE_RESOURCE),
-        ("test_reregisters_after_kubelet_restart", "test_checkpoint_survives_kubelet_restart",
-         "test_prestart_container_called_before_start", "test_single_numa_node_policy_rejects_cross_numa_request",
-         "test_convention_ids_visible_in_injections", "test_convention_numa_packing_fills_one_node_first"),
+        (
+            "test_reregisters_after_kubelet_restart",
+            "test_checkpoint_survives_kubelet_restart",
+            "test_prestart_container_called_before_start",
+            "test_single_numa_node_policy_rejects_cross_numa_request",
+            "test_convention_ids_visible_in_injections",
+            "test_convention_numa_packing_fills_one_node_first",
+        ),
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("control_plane", ["embedded", "real"])
@@ -116,10 +128,13 @@ ONE_DEVICE_SKIPS = (
 )
 #: The checks that hand a device out again after a restart: on one device they must free it first, and pass.
 ONE_DEVICE_MUST_PASS = (
-    "test_abrupt_kill_then_restart_serves_again", "test_kubelet_restart_then_plugin_restart",
-    "test_plugin_restart_keeps_assignments", "test_checkpoint_survives_kubelet_restart",
-    "test_pods_deleted_while_kubelet_down_free_their_devices", "test_node_reboot_then_plugin_comes_back",
-)  # fmt: skip
+    "test_abrupt_kill_then_restart_serves_again",
+    "test_kubelet_restart_then_plugin_restart",
+    "test_plugin_restart_keeps_assignments",
+    "test_checkpoint_survives_kubelet_restart",
+    "test_pods_deleted_while_kubelet_down_free_their_devices",
+    "test_node_reboot_then_plugin_comes_back",
+)
 
 
 @pytest.mark.kind
@@ -136,11 +151,24 @@ def test_one_device_stub_on_kind(peer_binary: Callable[[str], Path], tmp_path: P
     built = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=1800, check=False)
     image = built.stdout.strip().splitlines()[-1] if built.returncode == 0 and built.stdout.strip() else ""
     assert image, f"{script} exited {built.returncode} without an image tag:\n{built.stderr[-4000:]}"
-    options = ["--backend", "kind", "--plugin-image", image,
-               "--plugin-manifest", str(STUB_DIR / "daemonset-one-device.yaml"),
-               "--resource-name", "example.com/stub", "--timeout", "60"]  # fmt: skip
-    pytest_args = ["-m", "not devplug_grace_period and not devplug_soak", f"--cluster-name={KIND_CLUSTER}",
-                   "--devplug-kind-config=multi-node.yaml"]  # fmt: skip
+    options = [
+        "--backend",
+        "kind",
+        "--plugin-image",
+        image,
+        "--plugin-manifest",
+        str(STUB_DIR / "daemonset-one-device.yaml"),
+        "--resource-name",
+        "example.com/stub",
+        "--timeout",
+        "60",
+    ]
+    pytest_args = [
+        "-m",
+        "not devplug_grace_period and not devplug_soak",
+        f"--cluster-name={KIND_CLUSTER}",
+        "--devplug-kind-config=multi-node.yaml",
+    ]
     result = run_conformance(options, pytest_args, tmp_path, timeout=KIND_SUITE_TIMEOUT_S)
     assert not result.failed, "one-device stub on kind:\n" + "\n".join(result.failed) + "\n" + result.output
     assert result.returncode == 0, f"devplug conformance exited {result.returncode}:\n{result.output}"
@@ -161,7 +189,7 @@ def test_junit_reading_counts_failures_errors_and_skip_reasons(tmp_path: Path) -
         '<testcase classname="a" name="test_skip">'
         '<skipped type="pytest.skip" message="needs the mock-NVML fault controls"/></testcase>'
         "</testsuite></testsuites>"
-    )  # fmt: skip
+    )
     result = parse_junit(junit)
     assert result.passed == ["test_ok"]
     assert result.failed == ["test_bad: boom\ntb", "test_err: fixture broke\ntb"]  # the message, then the text

@@ -31,24 +31,41 @@ from ..support import KnownUpstreamDefect, SuiteResult, assert_suite_passed, run
 PREFIX = "intel.com"
 #: mode -> (resource, PCI node, config selectors)
 MODES = {
-    "netdevice": ("intel_sriov_netdevice", "sriov-iavf",
-                  {"vendors": ["8086"], "devices": ["1889"], "drivers": ["iavf"]}),
-    "vfio-pci": ("intel_sriov_dpdk", "sriov-vfio",
-                 {"vendors": ["8086"], "devices": ["1889"], "drivers": ["vfio-pci"], "pfNames": ["ens1f0"]}),
+    "netdevice": (
+        "intel_sriov_netdevice",
+        "sriov-iavf",
+        {"vendors": ["8086"], "devices": ["1889"], "drivers": ["iavf"]},
+    ),
+    "vfio-pci": (
+        "intel_sriov_dpdk",
+        "sriov-vfio",
+        {"vendors": ["8086"], "devices": ["1889"], "drivers": ["vfio-pci"], "pfNames": ["ens1f0"]},
+    ),
     # netdevice mode on VFs with RDMA devices (ConnectX): the RDMA nodes are the VF's device nodes
-    "netdevice-rdma": ("mlnx_sriov_rdma", "sriov-mlx5-rdma",
-                       {"vendors": ["15b3"], "devices": ["101e"], "drivers": ["mlx5_core"], "isRdma": True}),
-}  # fmt: skip
+    "netdevice-rdma": (
+        "mlnx_sriov_rdma",
+        "sriov-mlx5-rdma",
+        {"vendors": ["15b3"], "devices": ["101e"], "drivers": ["mlx5_core"], "isRdma": True},
+    ),
+}
 ALLOWED_SKIPS = (
-    re.compile(r"needs a fault injector"), re.compile(r"does not declare it"), re.compile(r"pre_start_required=false"),
-    re.compile(r"serves one resource"), re.compile(r"report no topology over 2\+ NUMA nodes"),
-)  # fmt: skip
+    re.compile(r"needs a fault injector"),
+    re.compile(r"does not declare it"),
+    re.compile(r"pre_start_required=false"),
+    re.compile(r"serves one resource"),
+    re.compile(r"report no topology over 2\+ NUMA nodes"),
+)
 MUST_PASS = (
-    "test_registers_its_resource", "test_registration_accepted_without_errors", "test_devices_listed_match_capacity",
-    "test_allocate_injections_reach_the_container", "test_reregisters_after_kubelet_restart",
-    "test_pods_never_share_a_device", "test_checkpoint_survives_kubelet_restart",
-    "test_node_reboot_then_plugin_comes_back", "test_plugin_restart_keeps_assignments",
-)  # fmt: skip
+    "test_registers_its_resource",
+    "test_registration_accepted_without_errors",
+    "test_devices_listed_match_capacity",
+    "test_allocate_injections_reach_the_container",
+    "test_reregisters_after_kubelet_restart",
+    "test_pods_never_share_a_device",
+    "test_checkpoint_survives_kubelet_restart",
+    "test_node_reboot_then_plugin_comes_back",
+    "test_plugin_restart_keeps_assignments",
+)
 SUITE_TIMEOUT_S = 600
 CDI_BUG = "invalid device, empty device edits"
 UPSTREAM_BUG = (
@@ -105,8 +122,12 @@ def test_suite_passes_on_the_sriov_plugin(
 def test_netdevice_mode_with_cdi_lists_no_devices(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
     """Passing (the defect fixed) turns this strict xfail into a failure, so its row in
     docs/guides/device-plugins.md gets updated; failing for another reason is a plain failure."""
-    result = run_conformance(_options(peer_binary("sriovdp"), tmp_path, "netdevice", True),
-                             ["-k", "test_registers_its_resource"], tmp_path, timeout=SUITE_TIMEOUT_S)  # fmt: skip
+    result = run_conformance(
+        _options(peer_binary("sriovdp"), tmp_path, "netdevice", True),
+        ["-k", "test_registers_its_resource"],
+        tmp_path,
+        timeout=SUITE_TIMEOUT_S,
+    )
     failure = "\n".join(result.failed)
     if list(result.failures) == ["test_registers_its_resource"] and CDI_BUG in failure:
         raise KnownUpstreamDefect(f"{UPSTREAM_BUG}:\n{failure[-2000:]}")

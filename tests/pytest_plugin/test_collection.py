@@ -32,10 +32,22 @@ def test_all_folders_collect_together() -> None:
         *[f for f in FOLDERS if f not in ("differential", "sim", "gpu_plugin")],
     ]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         *(f"tests/{f}" for f in folders)],
-        cwd=TESTS.parent, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *(f"tests/{f}" for f in folders),
+        ],
+        cwd=TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"^\d+ tests? collected", out, re.M), out[-2000:]

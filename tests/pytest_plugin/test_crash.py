@@ -67,8 +67,19 @@ def test_the_loaders_symbol_lookup_error_names_the_missing_symbol(tmp_path: Path
     subprocess.run(
         ["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libcaller.so"), str(tmp_path / "caller.c")], check=True
     )
-    subprocess.run(["cc", "-o", str(tmp_path / "prog"), str(tmp_path / "prog.c"), f"-L{tmp_path}", "-lcaller",
-                    f"-Wl,-rpath,{tmp_path}", "-Wl,--allow-shlib-undefined"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            "cc",
+            "-o",
+            str(tmp_path / "prog"),
+            str(tmp_path / "prog.c"),
+            f"-L{tmp_path}",
+            "-lcaller",
+            f"-Wl,-rpath,{tmp_path}",
+            "-Wl,--allow-shlib-undefined",
+        ],
+        check=True,
+    )
     done = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, env={})
     assert done.returncode == 127, done
     log = done.stdout + done.stderr + "--- exited: status 127\n"
@@ -94,9 +105,19 @@ def test_ordinary_logs_have_no_fatal_line_and_repeats_are_dropped() -> None:
 def test_start_failure_names_the_image_the_node_and_the_option() -> None:
     pod = {
         "spec": {"nodeName": "kind-worker"},
-        "status": {"phase": "Pending", "containerStatuses": [{"name": "main", "image": "busybox:1.36", "state": {
-            "waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"busybox:1.36\""}}}]},
-    }  # fmt: skip
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "state": {
+                        "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "busybox:1.36"'}
+                    },
+                }
+            ],
+        },
+    }
     why = start_failure(pod)
     assert why is not None
     assert "'busybox:1.36'" in why and "kind-worker" in why and "ImagePullBackOff" in why, why

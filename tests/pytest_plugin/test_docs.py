@@ -82,14 +82,22 @@ def test_report_example_has_the_rows_the_report_writes() -> None:
     guide = (DOCS / "guides" / "device-plugins.md").read_text()
     example = [line.removeprefix("> ") for line in guide.splitlines() if line.startswith("> |")]
     labels = {line.split("|")[1].strip() for line in example if line.count("|") == 3} - {""}
-    data = {"run": {"plugin": "p", "resource": "r", "mock": False, "backend": "sim", "kubernetes": "k"},
-            "pytest_devplug": "0", "pytest": "0", "started": "2026-12-01T00:00:00Z", "duration_s": 1.0,
-            "interrupted": False, "summary": {"passed": 1}, "checks": []}  # fmt: skip
+    data = {
+        "run": {"plugin": "p", "resource": "r", "mock": False, "backend": "sim", "kubernetes": "k"},
+        "pytest_devplug": "0",
+        "pytest": "0",
+        "started": "2026-12-01T00:00:00Z",
+        "duration_s": 1.0,
+        "interrupted": False,
+        "summary": {"passed": 1},
+        "checks": [],
+    }
     written = {line.split("|")[1].strip() for line in render_markdown(data).splitlines() if line.count("|") == 3} - {""}
     assert labels and labels <= written, labels - written
     header = next(line for line in example if line.startswith("| check |"))
-    assert header in render_markdown(dict(data, checks=[{"name": "a: t", "group": "core", "outcome": "passed",
-                                                         "duration_s": 0.0, "reason": ""}]))  # fmt: skip
+    assert header in render_markdown(
+        dict(data, checks=[{"name": "a: t", "group": "core", "outcome": "passed", "duration_s": 0.0, "reason": ""}])
+    )
 
 
 def test_readme_is_a_front_page_whose_links_reach_files() -> None:

@@ -379,9 +379,20 @@ def test_devplug_conformance_cli_against_downstream_plugin(project: pytest.Pytes
     cmd = f"{{python}} {project.path / 'widget_plugin.py'} --plugin-dir {{plugin_dir}}"
     devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
     result = project.run(
-        devplug, "conformance", "--backend", "sim", "--plugin-cmd", cmd, "--resource-name", "example.com/widget",
-        "--timeout", "30", "--", "-q", timeout=400,
-    )  # fmt: skip
+        devplug,
+        "conformance",
+        "--backend",
+        "sim",
+        "--plugin-cmd",
+        cmd,
+        "--resource-name",
+        "example.com/widget",
+        "--timeout",
+        "30",
+        "--",
+        "-q",
+        timeout=400,
+    )
     assert result.ret == 0, result.stdout.str()[-6000:]
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped") == len(EXPECTED_SKIPS) and "failed" not in outcomes, outcomes

@@ -193,6 +193,10 @@ def test_a_container_without_status_yet_is_a_type_with_a_plain_message() -> None
 
 def test_no_code_tells_not_found_by_its_message() -> None:
     pattern = re.compile(r"""["']not found["']\s+(not\s+)?in\b""", re.I)
-    hits = [f"{p.relative_to(SRC)}:{n}" for p in SRC.rglob("*.py") for n, line in
-            enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]  # fmt: skip
+    hits = [
+        f"{p.relative_to(SRC)}:{n}"
+        for p in SRC.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []

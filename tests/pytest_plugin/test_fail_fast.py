@@ -184,8 +184,12 @@ def test_a_plugin_that_exits_on_a_failed_register_is_restarted_once_the_kubelet_
     assert_registered(plugin, count=3)
     plugin.node.stop_kubelet()
     plugin.restart()
-    wait_for(lambda: plugin.running or "register failed" not in plugin.log(), lambda busy: not busy, timeout=TIMEOUT,
-             what="the plugin exiting on its failed Register")  # fmt: skip
+    wait_for(
+        lambda: plugin.running or "register failed" not in plugin.log(),
+        lambda busy: not busy,
+        timeout=TIMEOUT,
+        what="the plugin exiting on its failed Register",
+    )
     assert plugin.crashed() is None, plugin.crashed()
     plugin.node.start_kubelet()
     assert_registered(plugin, count=3)
@@ -205,13 +209,21 @@ def test_a_second_instance_is_kept_running_like_the_first_and_retired_for_good(c
     crashed = second.pid
     assert crashed is not None
     os.kill(crashed, signal.SIGKILL)  # not the harness's hand: a crash
-    wait_for(lambda: (second.running, second.pid), lambda s: s[0] and s[1] != crashed, timeout=TIMEOUT,
-             what="the kubelet restarting the crashed second instance")  # fmt: skip
+    wait_for(
+        lambda: (second.running, second.pid),
+        lambda s: s[0] and s[1] != crashed,
+        timeout=TIMEOUT,
+        what="the kubelet restarting the crashed second instance",
+    )
     assert backend.plugin_restarts(node).count == 1, backend.plugin_restarts(node)
     assert plugin.crashed() is None, plugin.crashed()
     second.proc.kill(signal.SIGKILL)  # crashed again: in back-off now, retired before the kubelet restarts it
-    how = wait_for(lambda: backend.plugin_exit(node), lambda h: h is not None, timeout=TIMEOUT,
-                   what="the second instance's crash loop reported")  # fmt: skip
+    how = wait_for(
+        lambda: backend.plugin_exit(node),
+        lambda h: h is not None,
+        timeout=TIMEOUT,
+        what="the second instance's crash loop reported",
+    )
     assert how is not None and how.startswith("the second instance killed by signal 9 and is crash-looping"), how
     backend.retire_plugin(node, newest=True)
     time.sleep(1.0)  # ten relists of its supervisor

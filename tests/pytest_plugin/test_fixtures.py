@@ -107,9 +107,12 @@ def test_ctrl_c_leaves_no_process_socket_or_temp_dir(tmp_path: Path) -> None:
     devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
     proc = subprocess.Popen(
         default_sigint([devplug, "conformance", "--", "-v", "-p", "no:randomly"]),
-        cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None
     seen, deadline = b"", time.monotonic() + 60
     try:

@@ -59,9 +59,12 @@ def test_a_mig_device_is_backed_by_its_gpu() -> None:
 
 def view(envs: dict[str, str] | None = None, devices: tuple[str, ...] = (), cdi: tuple[str, ...] = ()) -> ContainerView:
     return ContainerView(
-        envs=envs or {}, mounts=(), devices=tuple(DeviceNodeView(d, d, "rw") for d in devices), annotations={},
+        envs=envs or {},
+        mounts=(),
+        devices=tuple(DeviceNodeView(d, d, "rw") for d in devices),
+        annotations={},
         cdi_devices=cdi,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(
@@ -97,8 +100,11 @@ def test_opaque_ids_that_nothing_maps_keep_their_reason() -> None:
     def widgets(ids: list[str]) -> dict[str, ContainerView]:
         return {i: view({"WIDGET_IDS": i}, devices=(f"/dev/{i}",)) for i in ids}
 
-    with pytest.raises(UnknownBackingError, match=r"Allocate for it alone injects env \{'WIDGET_IDS': 'widget-0'\}; "
-                       r"devices \['/dev/widget-0'\], which reaches 0 mock GPUs"):  # fmt: skip
+    with pytest.raises(
+        UnknownBackingError,
+        match=r"Allocate for it alone injects env \{'WIDGET_IDS': 'widget-0'\}; "
+        r"devices \['/dev/widget-0'\], which reaches 0 mock GPUs",
+    ):
         backed_devices(["widget-0"], GPUS, widgets)
 
     def unsupported(ids: list[str]) -> dict[str, ContainerView]:

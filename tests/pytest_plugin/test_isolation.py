@@ -58,10 +58,20 @@ def test_conformance_tests_the_plugin_on_its_command_line(pytester: pytest.Pytes
     pytester.makefile("", **{"pytest.ini": INI_FILES["pytest.ini"]})
     pytester.mkdir("tests").joinpath("conftest.py").write_text(OVERRIDING_CONFTEST)
     result = pytester.run(
-        DEVPLUG, "conformance", "--plugin-cmd", PLUGIN_CMD, "--resource-name", "example.com/isolated", "--mock",
-        "--timeout", "15", "--", "-k", "test_registers_its_resource or test_registration_accepted_without_errors",
+        DEVPLUG,
+        "conformance",
+        "--plugin-cmd",
+        PLUGIN_CMD,
+        "--resource-name",
+        "example.com/isolated",
+        "--mock",
+        "--timeout",
+        "15",
+        "--",
+        "-k",
+        "test_registers_its_resource or test_registration_accepted_without_errors",
         timeout=180,
-    )  # fmt: skip
+    )
     out = result.stdout.str()
     assert result.ret == 0, out[-6000:]
     assert result.parseoutcomes().get("passed") == 2, out[-3000:]

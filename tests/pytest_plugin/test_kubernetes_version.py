@@ -80,9 +80,13 @@ def test_header_names_the_release(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-resource-name", "example.com/x")
     result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes 1.37.2; *"])
     result = pytester.runpytest_inprocess(
-        "-p", "no:cacheprovider", "--devplug-kubernetes-version", "1.35",
-        "--devplug-feature-gates", "ResourceHealthStatus=true",
-    )  # fmt: skip
+        "-p",
+        "no:cacheprovider",
+        "--devplug-kubernetes-version",
+        "1.35",
+        "--devplug-feature-gates",
+        "ResourceHealthStatus=true",
+    )
     result.stdout.fnmatch_lines(
         ["devplug: backend=sim, kubernetes 1.35.4 (feature gates ResourceHealthStatus=true); *"]
     )

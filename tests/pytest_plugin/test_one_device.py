@@ -10,12 +10,24 @@ from ..support import run_conformance
 
 WIDGET = Path(__file__).resolve().parents[1] / "fixture_plugins" / "widget.py"
 #: The checks that once asked for a second device while the only one was held; they must run, not skip.
-MUST_PASS = ("test_abrupt_kill_then_restart_serves_again", "test_kubelet_restart_then_plugin_restart",
-             "test_plugin_restart_keeps_assignments", "test_checkpoint_survives_kubelet_restart")  # fmt: skip
+MUST_PASS = (
+    "test_abrupt_kill_then_restart_serves_again",
+    "test_kubelet_restart_then_plugin_restart",
+    "test_plugin_restart_keeps_assignments",
+    "test_checkpoint_survives_kubelet_restart",
+)
 #: Skips a one-device widget may get: no fault injector, conventions it does not declare, what needs two devices
 #: or several resources or a topology, PreStart it does not ask for.
-ALLOWED_SKIP_WORDS = ("fault injector", "convention check", "needs 2 devices", "plugin lists 1", "serves one resource",
-                      "topology", "pre_start_required=false", "rolling-update")  # fmt: skip
+ALLOWED_SKIP_WORDS = (
+    "fault injector",
+    "convention check",
+    "needs 2 devices",
+    "plugin lists 1",
+    "serves one resource",
+    "topology",
+    "pre_start_required=false",
+    "rolling-update",
+)
 SUITE_TIMEOUT_S = 600
 
 

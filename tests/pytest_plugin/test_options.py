@@ -243,6 +243,14 @@ def test_model(devplug_settings, devplug_driver_spec):
     assert state["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
 """
     )
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--devplug-gpu-model", "h100-80gb",
-                                          "--devplug-mig", "1g.10gb", "--devplug-driver-cmd", "my-driver")  # fmt: skip
+    result = pytester.runpytest_inprocess(
+        "-p",
+        "no:cacheprovider",
+        "--devplug-gpu-model",
+        "h100-80gb",
+        "--devplug-mig",
+        "1g.10gb",
+        "--devplug-driver-cmd",
+        "my-driver",
+    )
     result.assert_outcomes(passed=1)

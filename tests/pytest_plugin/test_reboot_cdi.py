@@ -20,8 +20,9 @@ SUITE_TIMEOUT_S = 300
 
 def _run(tmp_path: Path, *extra: str) -> tuple[list[str], str, str]:
     cmd = f"{sys.executable} {WIDGET} --retry --cdi-root /var/run/cdi {' '.join(extra)}"
-    result = run_conformance(["--plugin-cmd", cmd, "--resource-name", "example.com/widget"], ["-k", CHECK], tmp_path,
-                             timeout=SUITE_TIMEOUT_S)  # fmt: skip
+    result = run_conformance(
+        ["--plugin-cmd", cmd, "--resource-name", "example.com/widget"], ["-k", CHECK], tmp_path, timeout=SUITE_TIMEOUT_S
+    )
     return sorted(result.passed), "\n".join(result.failed), result.output
 
 

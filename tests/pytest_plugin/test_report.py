@@ -129,9 +129,13 @@ def test_a_dra_run_describes_its_driver_in_the_header_and_the_report(pytester: p
         f"--devplug-driver-cmd={cmd}", "--devplug-driver-name=widget.example.com", "--devplug-report=r.md"
     )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; driver=widget.example.com mock=False DRA driver: "
-                                 "'{python}' my_driver.py --registry '{plugins_registry}' "
-                                 "(with the node's paths as flags)"])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            "devplug: backend=sim, kubernetes *; driver=widget.example.com mock=False DRA driver: "
+            "'{python}' my_driver.py --registry '{plugins_registry}' "
+            "(with the node's paths as flags)"
+        ]
+    )
     assert "plugin: " not in result.stdout.str(), "the device plugin is not what a DRA run tests"
     data = json.loads((pytester.path / "r.json").read_text())
     assert data["run"]["subject"] == "dra-driver" and data["run"]["driver"] == "", data["run"]
@@ -163,8 +167,12 @@ def test_the_dra_suite_and_a_conftest_driver_make_a_dra_run(pytester: pytest.Pyt
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest()
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["devplug: backend=sim, kubernetes *; devplug_driver_spec is overridden in "
-                                 "conftest.py: the DRA driver under test is printed when it is deployed"])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            "devplug: backend=sim, kubernetes *; devplug_driver_spec is overridden in "
+            "conftest.py: the DRA driver under test is printed when it is deployed"
+        ]
+    )
 
 
 def test_report_refuses_a_json_target(pytester: pytest.Pytester) -> None:

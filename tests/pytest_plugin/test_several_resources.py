@@ -22,8 +22,10 @@ CHECKS = (
 def test_two_resources_of_the_included_plugin_pass_the_new_checks(tmp_path: Path) -> None:
     result = run_conformance(
         ["--backend", "sim", "--resource-name", "nvidia.com/gpu,example.com/gpu-half"],
-        ["-k", " or ".join(CHECKS), "--devplug-soak=0"], tmp_path, timeout=600,
-    )  # fmt: skip
+        ["-k", " or ".join(CHECKS), "--devplug-soak=0"],
+        tmp_path,
+        timeout=600,
+    )
     assert result.verdicts() == dict.fromkeys(CHECKS, "passed"), (
         f"{result.verdicts()}\n{result.failed}\n{result.output}"
     )

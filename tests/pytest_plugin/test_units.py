@@ -78,8 +78,13 @@ def test_parse_checkpoint_of_a_real_kubelet() -> None:
     assert cp.entries == () and cp.registered_devices == {
         "nvidia.com/gpu": ("GPU-0650a168-e770-3ea8-8ac3-8a1d419763e0",)
     }
-    entry = {"PodUID": "u", "ContainerName": "c", "ResourceName": "r/x", "DeviceIDs": {"-1": ["a"], "0": ["b"]},
-             "AllocResp": base64.b64encode(b"\x0a\x00").decode()}  # fmt: skip
+    entry = {
+        "PodUID": "u",
+        "ContainerName": "c",
+        "ResourceName": "r/x",
+        "DeviceIDs": {"-1": ["a"], "0": ["b"]},
+        "AllocResp": base64.b64encode(b"\x0a\x00").decode(),
+    }
     cp2 = parse_checkpoint(
         json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": None}, "Checksum": 1}).encode()
     )
@@ -183,9 +188,21 @@ def test_options_group_and_ini_keys(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["device-plugin end-to-end tests (pytest-devplug):", "*--devplug-backend=*", "*devplug_resource_name (string)*"]
     )
-    for opt in ("--devplug-plugin-cmd", "--devplug-plugin-image", "--devplug-plugin-manifest", "--devplug-gpus",
-                "--devplug-numa-nodes", "--devplug-timeout", "--devplug-grace-period", "--devplug-no-mock",
-                "--cluster-name", "--keep-cluster", "--kind-bin", "--kind-image", "--kubeconfig"):  # fmt: skip
+    for opt in (
+        "--devplug-plugin-cmd",
+        "--devplug-plugin-image",
+        "--devplug-plugin-manifest",
+        "--devplug-gpus",
+        "--devplug-numa-nodes",
+        "--devplug-timeout",
+        "--devplug-grace-period",
+        "--devplug-no-mock",
+        "--cluster-name",
+        "--keep-cluster",
+        "--kind-bin",
+        "--kind-image",
+        "--kubeconfig",
+    ):
         assert opt in result.stdout.str(), opt
     pytester.makeini(
         "[pytest]\ndevplug_resource_name = example.com/ini\ndevplug_plugin_cmd = {python} p.py {plugin_dir}\n"

@@ -11,10 +11,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "explanation" / "upstream-scenarios.md"
 CONFORMANCE = ROOT / "src" / "pytest_devplug" / "conformance"
 UPSTREAM_FILES = {
-    "device_plugin_test.go", "device_plugin_failures_test.go", "device_plugin_failures_pod_status_test.go",
-    "device_plugin_allocation_test.go", "device_plugin_multiple_test.go", "device_manager_test.go",
-    "podresources_test.go", "topology_manager_test.go",
-}  # fmt: skip
+    "device_plugin_test.go",
+    "device_plugin_failures_test.go",
+    "device_plugin_failures_pod_status_test.go",
+    "device_plugin_allocation_test.go",
+    "device_plugin_multiple_test.go",
+    "device_manager_test.go",
+    "podresources_test.go",
+    "topology_manager_test.go",
+}
 
 
 def _tests_in(path: Path) -> set[str]:

@@ -62,10 +62,15 @@ def run_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 def pytest_run(project: Path, tmp: Path, test_file: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TMPDIR": str(tmp), "DEVPLUG_KILL_MARKER": str(project / "running")}
     return subprocess.Popen(
-        default_sigint([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q",
-                        test_file]),
-        cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        default_sigint(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", test_file]
+        ),
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "double SIGINT"])

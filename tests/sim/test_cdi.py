@@ -24,12 +24,19 @@ SPEC: dict[str, Any] = {
     "kind": "example.com/gpu",
     "containerEdits": {"env": ["SHARED=1"], "deviceNodes": [{"path": "/dev/examplectl"}]},
     "devices": [
-        {"name": "gpu0", "containerEdits": {
-            "deviceNodes": [{"path": "/dev/ex0", "hostPath": "/host/ex0", "permissions": "rw"}]}},
-        {"name": "gpu1", "containerEdits": {
-            "env": ["WHICH=1"], "mounts": [{"hostPath": "/lib/x", "containerPath": "/usr/lib/x", "options": ["ro"]}]}},
+        {
+            "name": "gpu0",
+            "containerEdits": {"deviceNodes": [{"path": "/dev/ex0", "hostPath": "/host/ex0", "permissions": "rw"}]},
+        },
+        {
+            "name": "gpu1",
+            "containerEdits": {
+                "env": ["WHICH=1"],
+                "mounts": [{"hostPath": "/lib/x", "containerPath": "/usr/lib/x", "options": ["ro"]}],
+            },
+        },
     ],
-}  # fmt: skip
+}
 
 
 def write(directory: Path, name: str, spec: Any) -> Path:

@@ -184,8 +184,9 @@ def test_show_into_a_closed_pipe_exits_quietly(tmp_path: Path, fmt: list[str]) -
     code = "import sys; from pytest_devplug.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "checkpoint", "show", *fmt, str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.read(1)
     proc.stdout.close()  # what `| head -c1` does

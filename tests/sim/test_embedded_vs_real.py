@@ -99,8 +99,9 @@ def _scheduled(c: SimControlPlane, name: str) -> tuple[str, str, str, str]:
 def _event(c: SimControlPlane, pod_name: str, reason: str) -> tuple[str, str, str]:
     ev = wait_for(
         lambda: [e for e in c.events(namespace="default", involved_name=pod_name) if e["reason"] == reason],
-        bool, f"a {reason} event of {pod_name}",
-    )  # fmt: skip
+        bool,
+        f"a {reason} event of {pod_name}",
+    )
     return (ev[-1]["type"], ev[-1]["reason"], ev[-1]["message"])
 
 

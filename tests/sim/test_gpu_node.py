@@ -16,8 +16,12 @@ from pytest_devplug.nvml import MOCK_DRIVER_VERSION
 from pytest_devplug.backends.mockstate import initial_state
 from pytest_devplug.nvml.driverroot import DRIVER_ROOT, gpu_device_nodes
 from pytest_devplug.sim.gpunode import (
-    PCI_DEVICES_DIR, gpu_pci_address, mig_cap_device_nodes, mig_minors, node_file_binds,
-)  # fmt: skip
+    PCI_DEVICES_DIR,
+    gpu_pci_address,
+    mig_cap_device_nodes,
+    mig_minors,
+    node_file_binds,
+)
 from pytest_devplug.waiting import wait_for
 
 MOCK_C = Path(__file__).resolve().parents[2] / "src" / "pytest_devplug" / "nvml" / "mock_nvml.c"
@@ -117,9 +121,11 @@ def test_mig_capabilities_are_numbered_as_the_driver_numbers_them() -> None:
 def test_a_mig_node_shows_the_plugin_its_mig_capabilities(backend: SimBackend) -> None:
     cluster = ClusterHandle(backend, timeout=20.0)
     node = cluster.ensure_node(NodeSpec("mig-node", numa_nodes=1))
-    script = ("grep 'gpu0/gi1/' /proc/driver/nvidia-caps/mig-minors; stat -c '%F %n' /dev/nvidia-caps/nvidia-cap13; "
-              "head -1 /proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access; grep ' nvidia-caps$' /proc/devices; "
-              "echo done; sleep 60")  # fmt: skip
+    script = (
+        "grep 'gpu0/gi1/' /proc/driver/nvidia-caps/mig-minors; stat -c '%F %n' /dev/nvidia-caps/nvidia-cap13; "
+        "head -1 /proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access; grep ' nvidia-caps$' /proc/devices; "
+        "echo done; sleep 60"
+    )
     spec = PluginSpec(argv=["sh", "-c", script], mock=True, gpus=1, numa_nodes=1, mig=("1g.5gb",), standard_paths=True)
     plugin = cluster.deploy(node, spec)
     log = wait_for(
@@ -144,9 +150,11 @@ def test_the_plugin_sees_the_mock_gpus_pci_functions_not_the_hosts(backend: SimB
     NVIDIA's IDs and its NUMA node; the host's sysfs gains nothing."""
     cluster = ClusterHandle(backend, timeout=20.0)
     node = cluster.ensure_node(NodeSpec("pci-gpu-node", numa_nodes=2))
-    script = ('cd /sys/bus/pci/devices && for d in *; do '
-              'echo "$d $(readlink "$d") $(cat "$d/vendor" "$d/device" "$d/class" '
-              '"$d/numa_node" | tr "\\n" " ")"; done; echo done; sleep 60')  # fmt: skip
+    script = (
+        "cd /sys/bus/pci/devices && for d in *; do "
+        'echo "$d $(readlink "$d") $(cat "$d/vendor" "$d/device" "$d/class" '
+        '"$d/numa_node" | tr "\\n" " ")"; done; echo done; sleep 60'
+    )
     spec = PluginSpec(argv=["sh", "-c", script], mock=True, gpus=2, numa_nodes=2, standard_paths=True)
     plugin = cluster.deploy(node, spec)
     log = wait_for(plugin.log, lambda t: "\ndone\n" in t, timeout=20.0, what="its listing", give_up=plugin.crashed)

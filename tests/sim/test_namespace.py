@@ -30,8 +30,12 @@ def host_view() -> dict[str, bool]:
     """Whether the host has what a namespace would make at the standard paths (it must make none of it).
 
     Only these paths: other jobs on this machine may change the rest of ``/var/lib/kubelet``."""
-    paths = [*launcher.KUBELET_PATHS.values(), "/run/cdi", f"{KUBELET_DIR}/device-plugins/made-inside",
-             f"{KUBELET_DIR}/device-plugins/widget.sock"]  # fmt: skip
+    paths = [
+        *launcher.KUBELET_PATHS.values(),
+        "/run/cdi",
+        f"{KUBELET_DIR}/device-plugins/made-inside",
+        f"{KUBELET_DIR}/device-plugins/widget.sock",
+    ]
     return {p: os.path.lexists(p) for p in paths}
 
 
@@ -87,11 +91,24 @@ def test_a_new_top_level_directory_and_a_file_in_a_host_directory(tmp_path: Path
     (tmp_path / "tool").chmod(0o755)
     (tmp_path / "dp").mkdir()
     (tmp_path / "scratch").mkdir()
-    binds = ["--bind", str(tmp_path / "dp"), f"{KUBELET_DIR}/device-plugins", "--bind", str(tmp_path / "root"), top,
-             "--bind", str(tmp_path / "tool"), tool]  # fmt: skip
+    binds = [
+        "--bind",
+        str(tmp_path / "dp"),
+        f"{KUBELET_DIR}/device-plugins",
+        "--bind",
+        str(tmp_path / "root"),
+        top,
+        "--bind",
+        str(tmp_path / "tool"),
+        tool,
+    ]
     script = f"cat {top}/marker; echo; {tool}; test -x /bin/sh && ls {KUBELET_DIR} && cat {tmp_path}/root/marker"
-    done = subprocess.run([*LAUNCHER, "--scratch", str(tmp_path / "scratch"), *binds, "--", "sh", "-c", script],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [*LAUNCHER, "--scratch", str(tmp_path / "scratch"), *binds, "--", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:4] == ["driver root", "tool ran", "device-plugins", "driver root"], done.stdout
     assert not os.path.lexists(top) and not os.path.lexists(tool)
@@ -103,9 +120,21 @@ def test_a_failed_bind_names_the_mount_not_the_permissions(tmp_path: Path) -> No
     if launcher_problem := _problem():
         pytest.skip(f"this machine allows no private mount namespace: {launcher_problem}")
     (tmp_path / "scratch").mkdir()
-    done = subprocess.run([*LAUNCHER, "--scratch", str(tmp_path / "scratch"), "--bind", str(tmp_path / "gone"),
-                           "/var/lib/kubelet/device-plugins", "--", "true"],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [
+            *LAUNCHER,
+            "--scratch",
+            str(tmp_path / "scratch"),
+            "--bind",
+            str(tmp_path / "gone"),
+            "/var/lib/kubelet/device-plugins",
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 126
     assert f"mount {tmp_path / 'gone'} on /var/lib/kubelet/device-plugins: No such file or directory" in done.stderr
     assert "user namespaces" not in done.stderr, done.stderr
@@ -132,12 +161,27 @@ def test_unprivileged_user_gets_the_namespace_through_a_user_namespace(shared_tm
     if subprocess.run(cmd, capture_output=True).returncode != 0:
         pytest.skip("unprivileged user namespaces are disabled on this machine (the error path is tested below)")
     done = subprocess.run(
-        [*nobody, python, "-I", "-S", str(script), "--scratch", str(scratch), "--bind", str(node),
-         launcher.KUBELET_PATHS["device-plugins"], "--", "sh", "-c",
-         f"id -u; ls {launcher.KUBELET_PATHS['device-plugins']}; "
-         f"touch {launcher.KUBELET_PATHS['device-plugins']}/mine"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [
+            *nobody,
+            python,
+            "-I",
+            "-S",
+            str(script),
+            "--scratch",
+            str(scratch),
+            "--bind",
+            str(node),
+            launcher.KUBELET_PATHS["device-plugins"],
+            "--",
+            "sh",
+            "-c",
+            f"id -u; ls {launcher.KUBELET_PATHS['device-plugins']}; "
+            f"touch {launcher.KUBELET_PATHS['device-plugins']}/mine",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["65534", "kubelet.sock.stand-in"]
     assert (node / "mine").stat().st_uid == 65534  # the plugin keeps its own identity
@@ -264,10 +308,25 @@ def test_conformance_suite_passes_a_plugin_with_the_hard_coded_path(tmp_path: Pa
         pytest.skip(f"this machine allows no private mount namespace: {problem}")
     devplug = os.path.join(os.path.dirname(sys.executable), "devplug")
     done = subprocess.run(
-        [devplug, "conformance", "--plugin-cmd", f"{{python}} {WIDGET}", "--resource-name", "example.com/widget",
-         "--timeout", "10", "--", "-q", "-p", "no:randomly"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            devplug,
+            "conformance",
+            "--plugin-cmd",
+            f"{{python}} {WIDGET}",
+            "--resource-name",
+            "example.com/widget",
+            "--timeout",
+            "10",
+            "--",
+            "-q",
+            "-p",
+            "no:randomly",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = [ln for ln in done.stdout.splitlines() if " passed" in ln][-1]
     assert "failed" not in summary and "error" not in summary, summary

@@ -22,10 +22,25 @@ from pytest_devplug.waiting import wait_for
 
 from ..support import sim_cluster
 
-PF = {"address": "0000:3b:00.0", "vendor": "8086", "device": "1592", "class": "020000", "driver": "ice", "numa_node": 1,
-      "netdev": "ens1f0", "mac": "3c:fd:fe:a0:00:00"}  # fmt: skip
-VF = {"address": "0000:3b:01.0", "physfn": "0000:3b:00.0", "vendor": "8086", "device": "1889", "class": "020000",
-      "driver": "vfio-pci", "iommu_group": 41}  # fmt: skip
+PF = {
+    "address": "0000:3b:00.0",
+    "vendor": "8086",
+    "device": "1592",
+    "class": "020000",
+    "driver": "ice",
+    "numa_node": 1,
+    "netdev": "ens1f0",
+    "mac": "3c:fd:fe:a0:00:00",
+}
+VF = {
+    "address": "0000:3b:01.0",
+    "physfn": "0000:3b:00.0",
+    "vendor": "8086",
+    "device": "1889",
+    "class": "020000",
+    "driver": "vfio-pci",
+    "iommu_group": 41,
+}
 
 
 @pytest.mark.parametrize(

@@ -367,9 +367,15 @@ def health_plugins(registry: Path) -> Iterator[Callable[[KubeVersion], tuple[DRA
     ],
 )
 def test_health_service_watched(
-    registry: Path, health_plugins: Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]], kube: KubeVersion,
-    has: bool, serves: tuple[str, ...], lists: bool, want_from: str | None, want_before: str,
-) -> None:  # fmt: skip
+    registry: Path,
+    health_plugins: Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]],
+    kube: KubeVersion,
+    has: bool,
+    serves: tuple[str, ...],
+    lists: bool,
+    want_from: str | None,
+    want_before: str,
+) -> None:
     """1.37 watches the first of v1, v1alpha1 that the driver lists in GetInfo, and none where it lists none;
     before, v1alpha1 on every driver."""
     health_plugins(kube)
@@ -475,12 +481,15 @@ def test_the_schedulers_extended_resource_claim_follows_dra_extended_resource(
     pod_obj = {
         "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
         "spec": {"containers": [{"name": "main"}]},
-        "status": {"extendedResourceClaimStatus": {
-            "resourceClaimName": "p-extended-resources-x",
-            "requestMappings": [
-                {"containerName": "main", "resourceName": "example.com/gpu", "requestName": "container-0-request-0"}],
-        }},
-    }  # fmt: skip
+        "status": {
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": "p-extended-resources-x",
+                "requestMappings": [
+                    {"containerName": "main", "resourceName": "example.com/gpu", "requestName": "container-0-request-0"}
+                ],
+            }
+        },
+    }
     extended = DRAManager.__new__(DRAManager)  # only the gate's reading is judged here, not a started manager
     extended.extended_resources = kube.gate("DRAExtendedResource")
     state = cp.ClaimInfoState(

@@ -47,9 +47,12 @@ def test_registered_through_the_watcher_and_again_after_a_kubelet_restart(cluste
     assert assert_registered(plugin) == (2, 2)
     node = sim_node(plugin)
     # The watcher records the outcome once the plugin heard it (after the device manager connected).
-    wait_for(lambda: [(e.kind, e.plugin_type, e.name) for e in node.registration_events()],
-             lambda events: events == [("registered", DEVICE_PLUGIN_TYPE, RESOURCE)],
-             timeout=TIMEOUT, what="the registration")  # fmt: skip
+    wait_for(
+        lambda: [(e.kind, e.plugin_type, e.name) for e in node.registration_events()],
+        lambda events: events == [("registered", DEVICE_PLUGIN_TYPE, RESOURCE)],
+        timeout=TIMEOUT,
+        what="the registration",
+    )
     assert registration_path(plugin.node, RESOURCE) == "plugins_registry"
     # no DEPRECATION file: upstream's stub would skip Register (the kubelet never calls GetPluginHandler, which
     # makes it)
@@ -61,8 +64,12 @@ def test_registered_through_the_watcher_and_again_after_a_kubelet_restart(cluste
         what="the verdict told",
     )
     assert_reregisters_after_kubelet_restart(plugin, count=2)  # the plugin does nothing: the new watcher finds it
-    wait_for(lambda: [e.kind for e in node.registration_events()], lambda k: k == ["registered", "registered"],
-             timeout=TIMEOUT, what="a second registration, by the restarted kubelet's watcher")  # fmt: skip
+    wait_for(
+        lambda: [e.kind for e in node.registration_events()],
+        lambda k: k == ["registered", "registered"],
+        timeout=TIMEOUT,
+        what="a second registration, by the restarted kubelet's watcher",
+    )
 
 
 def test_the_endpoint_is_a_path_in_the_plugins_namespace(cluster: ClusterHandle) -> None:
@@ -87,9 +94,12 @@ def test_socket_removed_deregisters_the_plugin(cluster: ClusterHandle) -> None:
         what="devices unhealthy after deregistration",
     )
     # the stream's end comes first; the watcher sees the socket gone on its next scan
-    wait_for(lambda: [e.kind for e in sim_node(plugin).registration_events()],
-             lambda kinds: kinds == ["registered", "deregistered"],
-             timeout=TIMEOUT, what="the plugin deregistered")  # fmt: skip
+    wait_for(
+        lambda: [e.kind for e in sim_node(plugin).registration_events()],
+        lambda kinds: kinds == ["registered", "deregistered"],
+        timeout=TIMEOUT,
+        what="the plugin deregistered",
+    )
 
 
 @pytest.mark.parametrize(
@@ -108,7 +118,11 @@ def test_a_plugin_the_watcher_refuses_is_told_why_and_the_check_says_so(
     text = str(info.value)
     assert "the kubelet's plugin watcher did not register it from plugins_registry/" in text, text
     assert reason in text, text
-    wait_for(plugin.log,
-             lambda log: f"the plugin watcher says RegisterPlugin error -- plugin validation failed with err: {reason}"
-             in log,
-             timeout=TIMEOUT, what="the plugin told the reason")  # fmt: skip
+    wait_for(
+        plugin.log,
+        lambda log: (
+            f"the plugin watcher says RegisterPlugin error -- plugin validation failed with err: {reason}" in log
+        ),
+        timeout=TIMEOUT,
+        what="the plugin told the reason",
+    )

@@ -145,9 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=REGISTRATIONS,
     )
     opt(
-        "--kubelet-registrar-dir", DRA_DEFAULTS["kubelet_registrar_dir"],
+        "--kubelet-registrar-dir",
+        DRA_DEFAULTS["kubelet_registrar_dir"],
         "where the kubelet's plugin watcher looks for registration sockets (default %(default)s)",
-    )  # fmt: skip
+    )
     opt("--log-level", "info", "debug, info, warning or error (default %(default)s)")
     dra = p.add_argument_group("DRA driver (--dra)")
 
@@ -163,9 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig", None, "kubeconfig of the API server (default: the in-cluster config of a pod)", env="KUBECONFIG"
     )
     dra_opt(
-        "--kubelet-plugins-dir", DRA_DEFAULTS["kubelet_plugins_dir"],
+        "--kubelet-plugins-dir",
+        DRA_DEFAULTS["kubelet_plugins_dir"],
         "parent of the driver's own dir holding dra.sock (default %(default)s)",
-    )  # fmt: skip
+    )
     dra_opt(
         "--cdi-root",
         DRA_DEFAULTS["cdi_root"],
@@ -184,9 +186,16 @@ DRA_DEFAULTS = {
 #: Values of ``--registration``.
 REGISTRATIONS = ("kubelet.sock", "plugins_registry")
 DEVICE_PLUGIN_ONLY = (
-    "plugin_dir", "resource_name", "pre_start_required", "device_list_strategy", "cdi_spec_dir", "replicas",
-    "socket_name", "second_resource", "registration",
-)  # fmt: skip
+    "plugin_dir",
+    "resource_name",
+    "pre_start_required",
+    "device_list_strategy",
+    "cdi_spec_dir",
+    "replicas",
+    "socket_name",
+    "second_resource",
+    "registration",
+)
 DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_plugins_dir", "cdi_root")
 #: A DRA driver name: a DNS subdomain of at most 63 characters (the API's limit) starting with a letter
 #: (CDI vendor rule).
@@ -355,9 +364,14 @@ class _DevicePlugin:
         self.socket_dir = args.kubelet_registrar_dir if watched else args.plugin_dir
         for alloc, (name, member) in zip(self.allocs, self.resources, strict=True):
             servicer = DevicePluginServicer(
-                state, alloc, args.pre_start_required, faults.allocate if faults else None, stopping,
-                pre_start_fault=faults.pre_start if faults else None, member=member if second else None,
-            )  # fmt: skip
+                state,
+                alloc,
+                args.pre_start_required,
+                faults.allocate if faults else None,
+                stopping,
+                pre_start_fault=faults.pre_start if faults else None,
+                member=member if second else None,
+            )
             config = ServerConfig(
                 self.socket_dir,
                 name,

@@ -87,8 +87,14 @@ class DriverSpec:
         ``{node_name}`` its name, ``{kubeconfig}`` a kubeconfig with the driver's service-account credentials,
         ``{mock_state}`` the mock-NVML state file (empty without one), ``{python}`` this interpreter. The one place
         the placeholders are filled."""
-        values = {"plugins_registry": plugins_registry, "plugins_dir": plugins_dir, "cdi_root": cdi_root,
-                  "node_name": node_name, "kubeconfig": kubeconfig, "mock_state": mock_state or ""}  # fmt: skip
+        values = {
+            "plugins_registry": plugins_registry,
+            "plugins_dir": plugins_dir,
+            "cdi_root": cdi_root,
+            "node_name": node_name,
+            "kubeconfig": kubeconfig,
+            "mock_state": mock_state or "",
+        }
         return fill_placeholders(self.argv, self.env, {k: os.fspath(v) for k, v in values.items()})
 
 

@@ -10,20 +10,35 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
-    "DEFAULT_GPU_MODEL", "GPU_MODELS", "MIG_PROFILES", "initial_state", "mig_profiles", "gpu_uuid", "mig_uuid",
-    "check_gpu_model", "check_mig_profiles", "with_xid", "with_ecc_error", "with_lost", "with_fail_allocate",
-    "with_fail_pre_start", "with_gpu_added", "with_gpu_removed",
-]  # fmt: skip
+    "DEFAULT_GPU_MODEL",
+    "GPU_MODELS",
+    "MIG_PROFILES",
+    "initial_state",
+    "mig_profiles",
+    "gpu_uuid",
+    "mig_uuid",
+    "check_gpu_model",
+    "check_mig_profiles",
+    "with_xid",
+    "with_ecc_error",
+    "with_lost",
+    "with_fail_allocate",
+    "with_fail_pre_start",
+    "with_gpu_added",
+    "with_gpu_removed",
+]
 
 State = dict[str, Any]
 
 #: The mock's GPU models: key -> (the name NVML gives, memory in MiB as NVML reports it). What else NVML answers
 #: for a model (PCI device ID, architecture, compute capability, SMs) is the mock library's (``mock_nvml.c``).
 GPU_MODELS = {
-    "a100-40gb": ("NVIDIA A100-SXM4-40GB", 40960), "a100-80gb": ("NVIDIA A100-SXM4-80GB", 81920),
-    "h100-80gb": ("NVIDIA H100 80GB HBM3", 81559), "h200-141gb": ("NVIDIA H200", 143771),
+    "a100-40gb": ("NVIDIA A100-SXM4-40GB", 40960),
+    "a100-80gb": ("NVIDIA A100-SXM4-80GB", 81920),
+    "h100-80gb": ("NVIDIA H100 80GB HBM3", 81559),
+    "h200-141gb": ("NVIDIA H200", 143771),
     "b200": ("NVIDIA B200", 183359),
-}  # fmt: skip
+}
 DEFAULT_GPU_MODEL = "a100-40gb"
 #: MIG geometry, the same on every model: (compute slices, memory slices, instances that fit on one GPU, suffix) of
 #: each GPU instance profile. A GPU has 7 compute and 8 memory slices.

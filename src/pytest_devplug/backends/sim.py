@@ -153,9 +153,13 @@ class SimBackend:
         self.dra = SimDRA(self, self._api_client)
         assert self.workdir is not None
         return RealPlane(
-            self._api_client, self.workdir / "c", grace_period=self.options.grace_period, timeout=self.options.timeout,
-            remove_nodes=not self.options.keep_cluster, kube=self.options.kube,
-        )  # fmt: skip
+            self._api_client,
+            self.workdir / "c",
+            grace_period=self.options.grace_period,
+            timeout=self.options.timeout,
+            remove_nodes=not self.options.keep_cluster,
+            kube=self.options.kube,
+        )
 
     def _stop_control_plane(self, *, force: bool = False) -> None:
         """Stop the real control plane, unless it is kept (``--keep-cluster``): then say how to stop it."""
@@ -242,9 +246,13 @@ class SimBackend:
         dep.binds = self.node_files(node, spec)
         pci = self._pci_nodes.get(node)
         dep.proc = n.start_plugin(
-            argv, name=name, env=dep.env or None, standard_paths=spec.uses_standard_paths(), extra_binds=dep.binds,
+            argv,
+            name=name,
+            env=dep.env or None,
+            standard_paths=spec.uses_standard_paths(),
+            extra_binds=dep.binds,
             netdevs=pci.netdevs if pci is not None and spec.uses_standard_paths() else None,
-        )  # fmt: skip
+        )
 
     def node_files(self, node: str, spec: PluginSpec) -> list[tuple[Path, str]]:
         """The node's declared device nodes and, for a plugin on the mock NVML, what a GPU node has: the GPUs'
@@ -365,9 +373,12 @@ class SimBackend:
             raise BackendError(f"a second instance of the plugin already runs on {node} (retire_plugin first)")
         dep.instances += 1
         dep.surge = self.sim_node(node).start_plugin(
-            dep.argv, name=f"{dep.name}-{dep.instances}", env=dep.env or None,
-            standard_paths=dep.spec.uses_standard_paths(), extra_binds=dep.binds,
-        )  # fmt: skip
+            dep.argv,
+            name=f"{dep.name}-{dep.instances}",
+            env=dep.env or None,
+            standard_paths=dep.spec.uses_standard_paths(),
+            extra_binds=dep.binds,
+        )
 
     def retire_plugin(self, node: str, *, newest: bool = False) -> None:
         """SIGTERM to the first instance (or the second, ``newest``), held down as a deleted pod is, without

@@ -135,9 +135,13 @@ class SimDRA:
             mock_path.parent.mkdir(exist_ok=True)
             self.write_mock(mock_path, mockstate.initial_state(spec.gpus, spec.numa_nodes, spec.mig, spec.gpu_model))
         argv, own_env = spec.command(
-            plugins_registry=n.dra.registry_dir, plugins_dir=n.dra.plugins_dir, cdi_root=node_dir / "cdi",
-            node_name=node, kubeconfig=creds.kubeconfig, mock_state=mock_path,
-        )  # fmt: skip
+            plugins_registry=n.dra.registry_dir,
+            plugins_dir=n.dra.plugins_dir,
+            cdi_root=node_dir / "cdi",
+            node_name=node,
+            kubeconfig=creds.kubeconfig,
+            mock_state=mock_path,
+        )
         env = {"NODE_NAME": node, **creds.env, **own_env}
         if mock_path is not None:
             env = {**mock_nvml_env(mock_path), **env}
@@ -151,8 +155,9 @@ class SimDRA:
             ),
         )
         self._serial += 1
-        proc = n.start_plugin(argv, name=f"dra-driver-{self._serial}", env=env,
-                              standard_paths=standard, extra_binds=binds)  # fmt: skip
+        proc = n.start_plugin(
+            argv, name=f"dra-driver-{self._serial}", env=env, standard_paths=standard, extra_binds=binds
+        )
         self._drivers[node] = _Driver(spec, proc, mock_path)
 
     @staticmethod
@@ -168,8 +173,12 @@ class SimDRA:
 
     def _wait_gone(self, node: str, driver: str) -> None:
         dra = self._dra(node)
-        wait_for(lambda: dra.usable(driver), lambda usable: not usable, timeout=self._backend.options.timeout,
-                 what=f"the kubelet on {node} seeing DRA driver {driver} go")  # fmt: skip
+        wait_for(
+            lambda: dra.usable(driver),
+            lambda usable: not usable,
+            timeout=self._backend.options.timeout,
+            what=f"the kubelet on {node} seeing DRA driver {driver} go",
+        )
 
     def stop_driver(self, node: str) -> None:
         d = self._driver(node)
@@ -241,17 +250,25 @@ class SimDRA:
 
     def cdi_spec_files(self, node: str, *, nested: bool = False) -> dict[str, bytes]:
         dirs = self._kubelet(node).cdi_spec_dirs  # the node's /etc/cdi, /var/run/cdi
-        return {f"{where}/{f.relative_to(d)}": f.read_bytes()
-                for where, d in zip(cdi.SPEC_DIRS, dirs, strict=True) if d.is_dir()
-                for f in sorted(d.rglob("*") if nested else d.iterdir()) if f.is_file()}  # fmt: skip
+        return {
+            f"{where}/{f.relative_to(d)}": f.read_bytes()
+            for where, d in zip(cdi.SPEC_DIRS, dirs, strict=True)
+            if d.is_dir()
+            for f in sorted(d.rglob("*") if nested else d.iterdir())
+            if f.is_file()
+        }
 
     def call_driver(self, node: str, driver: str, method: str, claims: Sequence[Mapping[str, str]]) -> Any:
         dra = self._dra(node)
         endpoints = dra.registered().get(driver)
         if not endpoints:
             raise BackendError(f"DRA driver {driver} is not registered with the kubelet on {node}")
-        client = DRAPluginClient(driver, Path(endpoints[-1]), dra.chosen_service(driver) or SERVICE_V1,
-                                 call_timeout=max(self._backend.options.timeout, 10.0))  # fmt: skip
+        client = DRAPluginClient(
+            driver,
+            Path(endpoints[-1]),
+            dra.chosen_service(driver) or SERVICE_V1,
+            call_timeout=max(self._backend.options.timeout, 10.0),
+        )
         request = [pb.Claim(namespace=c["namespace"], uid=c["uid"], name=c["name"]) for c in claims]
         try:
             if method == "NodePrepareResources":

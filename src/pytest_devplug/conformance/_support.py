@@ -62,10 +62,12 @@ def wait_marked_unhealthy(
         return cap == capacity and bool(set(domain) - set(ids)) and alloc == capacity - len(gone)
 
     _, ids = wait_for(
-        lambda: (node.counts(res), node.device_ids(res)), ok, timeout=node.timeout,
+        lambda: (node.counts(res), node.device_ids(res)),
+        ok,
+        timeout=node.timeout,
         what=f"some of {domain} Unhealthy, (capacity, allocatable) agreeing with the allocatable devices",
         give_up=plugin.crashed,
-    )  # fmt: skip
+    )
     return sorted(set(domain) - set(ids))
 
 

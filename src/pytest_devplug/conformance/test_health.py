@@ -115,9 +115,11 @@ def test_device_health_reported_for_a_pod_that_never_started(
     n = devplug_plugin.node.capacity(devplug_plugin.resource_name)
     pod = devplug_pod(manifest=devplug_pod.manifest(count=1, image=UNPULLABLE_IMAGE))
     waiting = wait_for(
-        lambda: _waiting(pod), lambda w: w.get("reason") in PULL_FAILURES or "running" in w, timeout=pod.timeout,
+        lambda: _waiting(pod),
+        lambda w: w.get("reason") in PULL_FAILURES or "running" in w,
+        timeout=pod.timeout,
         what=f"container waiting with {' or '.join(PULL_FAILURES)} (image {UNPULLABLE_IMAGE})",
-    )  # fmt: skip
+    )
     assert "running" not in waiting, f"a container of image {UNPULLABLE_IMAGE} is running"
     (dev,) = wait_for(
         lambda: pod.allocated_devices, lambda ids: len(ids) == 1, timeout=pod.timeout, what="the pod's device"

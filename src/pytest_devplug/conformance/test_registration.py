@@ -36,9 +36,16 @@ def test_registration_accepted_without_errors(devplug_plugin: PluginHandle) -> N
     bad = [
         ln
         for ln in lines[:first_ok]
-        if res in ln and any(r in ln for r in ("Bad registration request", "Error connecting to device plugin client",
-                                                "Failed to connect to new client"))
-    ] + watcher_refusals(lines[:first_ok], res)  # fmt: skip
+        if res in ln
+        and any(
+            r in ln
+            for r in (
+                "Bad registration request",
+                "Error connecting to device plugin client",
+                "Failed to connect to new client",
+            )
+        )
+    ] + watcher_refusals(lines[:first_ok], res)
     assert not bad, (
         "the kubelet refused a registration of the plugin (wrong version, bad name, or registered before the plugin "
         f"served its socket): {bad}"

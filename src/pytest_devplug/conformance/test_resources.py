@@ -77,9 +77,12 @@ def test_every_resource_reregisters_after_kubelet_restart(devplug_plugin: Plugin
     for res in names:
         try:
             wait_for(
-                partial(node.counts, res), before[res].__eq__, timeout=node.reregistration_timeout,
-                what=f"{res} back to {before[res]}", give_up=devplug_plugin.crashed,
-            )  # fmt: skip
+                partial(node.counts, res),
+                before[res].__eq__,
+                timeout=node.reregistration_timeout,
+                what=f"{res} back to {before[res]}",
+                give_up=devplug_plugin.crashed,
+            )
         except WaitTimeout as exc:
             missing[res] = exc.last
     back = [r for r in names if r not in missing]

@@ -107,9 +107,12 @@ def test_convention_rolling_update_without_downtime(devplug_pod: PodFactory, dev
         watch.mark("while the second instance started")
         try:
             wait_for(
-                lambda: _registrations(node, res), lambda k: k > before, timeout=node.reregistration_timeout,
-                what=f"a Register call for {res} from the second instance", give_up=devplug_plugin.crashed,
-            )  # fmt: skip
+                lambda: _registrations(node, res),
+                lambda k: k > before,
+                timeout=node.reregistration_timeout,
+                what=f"a Register call for {res} from the second instance",
+                give_up=devplug_plugin.crashed,
+            )
         except WaitTimeout as exc:
             why = f" ({exc.reason})" if exc.reason else ""
             tail = "\n    ".join(devplug_plugin.log().splitlines()[-12:])

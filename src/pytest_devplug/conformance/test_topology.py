@@ -50,10 +50,14 @@ def numa_strict_node(
 ) -> Iterator[tuple[PluginHandle, PodFactory]]:
     """A second node with the Topology Manager's single-numa-node policy, running the same plugin."""
     require_topology(devplug_plugin)
-    node = devplug_cluster.ensure_node(replace(
-        devplug_node_spec, name="devplug-numa-strict", numa_nodes=max(devplug_plugin_spec.numa_nodes, 2),
-        topology_policy="single-numa-node",
-    ))  # fmt: skip
+    node = devplug_cluster.ensure_node(
+        replace(
+            devplug_node_spec,
+            name="devplug-numa-strict",
+            numa_nodes=max(devplug_plugin_spec.numa_nodes, 2),
+            topology_policy="single-numa-node",
+        )
+    )
     plugin = devplug_cluster.deploy(node, devplug_plugin_spec)
     pods = devplug_cluster.pods(node, devplug_plugin_spec.resource_name, prefix="numa-strict")
     try:

@@ -57,10 +57,26 @@ def _leaf(name: str, subject: str, ext: str, d: Path) -> None:
     _openssl(["req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr"], d)
     (d / f"{name}.ext").write_text(ext + "\n")
     _openssl(
-        ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-         "-days", _DAYS, "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt"],
+        [
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            _DAYS,
+            "-sha256",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.crt",
+        ],
         d,
-    )  # fmt: skip
+    )
 
 
 def make_pki(d: Path) -> Pki:
@@ -68,11 +84,26 @@ def make_pki(d: Path) -> Pki:
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     _key("ca.key", d)
     _openssl(
-        ["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=devplug-ca", "-days", _DAYS, "-sha256",
-         "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-         "-out", "ca.crt"],
+        [
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=devplug-ca",
+            "-days",
+            _DAYS,
+            "-sha256",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-out",
+            "ca.crt",
+        ],
         d,
-    )  # fmt: skip
+    )
     usage = "keyUsage=critical,digitalSignature,keyEncipherment"
     _leaf("apiserver", "/CN=kube-apiserver", f"{usage}\nextendedKeyUsage=serverAuth\nsubjectAltName={_SERVER_SANS}", d)
     _leaf("admin", "/O=system:masters/CN=devplug-admin", f"{usage}\nextendedKeyUsage=clientAuth", d)

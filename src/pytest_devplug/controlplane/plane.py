@@ -184,12 +184,27 @@ class ControlPlane:
             url[:] = [f"http://127.0.0.1:{client}"]
             data = self._path("etcd", "data")
             argv = [
-                str(self.binaries["etcd"]), "--name", "devplug", "--data-dir", str(data),
-                "--listen-client-urls", url[0], "--advertise-client-urls", url[0],
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"devplug=http://127.0.0.1:{peer}", "--listen-metrics-urls", "",
-                "--unsafe-no-fsync", "--log-level", "warn",
-            ]  # fmt: skip
+                str(self.binaries["etcd"]),
+                "--name",
+                "devplug",
+                "--data-dir",
+                str(data),
+                "--listen-client-urls",
+                url[0],
+                "--advertise-client-urls",
+                url[0],
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"devplug=http://127.0.0.1:{peer}",
+                "--listen-metrics-urls",
+                "",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ]
             return self._component("etcd", argv, self._path("etcd", "etcd.log"), f"{url[0]}/health", None)
 
         self._launch_retrying(make)
@@ -203,23 +218,37 @@ class ControlPlane:
             port = free_port()
             self.server = f"https://127.0.0.1:{port}"
             argv = [
-                str(self.binaries["kube-apiserver"]), f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+                str(self.binaries["kube-apiserver"]),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
                 f"--cert-dir={self._path('apiserver', 'certs')}",
-                f"--tls-cert-file={pki.server_cert}", f"--tls-private-key-file={pki.server_key}",
+                f"--tls-cert-file={pki.server_cert}",
+                f"--tls-private-key-file={pki.server_key}",
                 f"--client-ca-file={pki.ca_cert}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=RBAC",
-                "--allow-privileged=true", "--runtime-config=resource.k8s.io/v1=true",
-                "--enable-priority-and-fairness=false", "--profiling=false", "--v=0", *self._gates(),
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--runtime-config=resource.k8s.io/v1=true",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+                "--v=0",
+                *self._gates(),
                 # the kubernetes Service's endpoint is of no use here, and 1.37 refuses a loopback one to reconcile
                 "--endpoint-reconciler-type=none",
-            ]  # fmt: skip
+            ]
             return self._component(
-                "kube-apiserver", argv, self._path("apiserver", "kube-apiserver.log"), f"{self.server}/readyz",
-                pki.ca_cert, client_cert=(pki.admin_cert, pki.admin_key),
-            )  # fmt: skip
+                "kube-apiserver",
+                argv,
+                self._path("apiserver", "kube-apiserver.log"),
+                f"{self.server}/readyz",
+                pki.ca_cert,
+                client_cert=(pki.admin_cert, pki.admin_key),
+            )
 
         self._launch_retrying(make)
 
@@ -230,10 +259,17 @@ class ControlPlane:
         port = free_port()
         kc = str(self.kubeconfig)
         argv = [
-            str(self.binaries["kube-scheduler"]), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-            f"--secure-port={port}", f"--cert-dir={self._path('scheduler', 'certs')}", "--v=0", *self._gates(),
-        ]  # fmt: skip
+            str(self.binaries["kube-scheduler"]),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self._path('scheduler', 'certs')}",
+            "--v=0",
+            *self._gates(),
+        ]
         return self._component(
             "kube-scheduler",
             argv,
@@ -247,16 +283,28 @@ class ControlPlane:
         port = free_port()
         kc = str(self.kubeconfig)
         argv = [
-            str(self.binaries["kube-controller-manager"]), f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-            f"--secure-port={port}", f"--cert-dir={self._path('controller-manager', 'certs')}",
-            f"--controllers={','.join(CONTROLLERS)}", f"--service-account-private-key-file={self.pki.sa_key}",
-            f"--root-ca-file={self.pki.ca_cert}", f"--service-cluster-ip-range={SERVICE_CIDR}", "--v=0", *self._gates(),
-        ]  # fmt: skip
+            str(self.binaries["kube-controller-manager"]),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self._path('controller-manager', 'certs')}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            f"--service-account-private-key-file={self.pki.sa_key}",
+            f"--root-ca-file={self.pki.ca_cert}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--v=0",
+            *self._gates(),
+        ]
         return self._component(
-            "kube-controller-manager", argv, self._path("controller-manager", "kube-controller-manager.log"),
-            f"https://127.0.0.1:{port}/healthz", None,
-        )  # fmt: skip
+            "kube-controller-manager",
+            argv,
+            self._path("controller-manager", "kube-controller-manager.log"),
+            f"https://127.0.0.1:{port}/healthz",
+            None,
+        )
 
     def _start_together(self, makers: list[Any]) -> None:
         """Launch components that only need the API server at once, then wait for each (retrying port races)."""

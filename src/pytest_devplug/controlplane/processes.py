@@ -114,9 +114,16 @@ class Component:
     """One control-plane process: start it, wait until its health endpoint answers, stop it."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], log_path: Path, health_url: str, ca: Path | None, *,
-        client_cert: tuple[Path, Path] | None = None, detached: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        health_url: str,
+        ca: Path | None,
+        *,
+        client_cert: tuple[Path, Path] | None = None,
+        detached: bool = False,
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self.health_url = health_url

@@ -116,8 +116,13 @@ def assert_driver_registered(driver: DriverHandle, timeout: float | None = None)
         return driver.crashed() or _refused(driver)
 
     try:
-        wait_for(lambda: driver.usable, bool, timeout=driver.node.timeout if timeout is None else timeout,
-                 what=f"DRA driver {driver.name} registered and connected", give_up=give_up)  # fmt: skip
+        wait_for(
+            lambda: driver.usable,
+            bool,
+            timeout=driver.node.timeout if timeout is None else timeout,
+            what=f"DRA driver {driver.name} registered and connected",
+            give_up=give_up,
+        )
     except WaitTimeout as exc:
         why = f"; stopped early: {exc.reason}" if exc.reason else ""
         others = [n for n in driver.node.registered_drivers() if n != driver.name]

@@ -252,8 +252,12 @@ class ClaimHandle:
         return self.node.prepared_claim(self.namespace, self.name)
 
     def wait_allocated(self, timeout: float | None = None) -> list[AllocatedDevice]:
-        return wait_for(lambda: self.allocated, bool, timeout=self.timeout if timeout is None else timeout,
-                        what=f"ResourceClaim {self.namespace}/{self.name} allocated")  # fmt: skip
+        return wait_for(
+            lambda: self.allocated,
+            bool,
+            timeout=self.timeout if timeout is None else timeout,
+            what=f"ResourceClaim {self.namespace}/{self.name} allocated",
+        )
 
     def delete(self) -> None:
         try:
@@ -287,8 +291,11 @@ class ClaimPodHandle(PodHandle):
 
     @property
     def claims(self) -> list[ClaimHandle]:
-        return [ClaimHandle(self.node.dra.rest, self.namespace, n, node=self.node, timeout=self.timeout)
-                for n in self.claim_names().values() if n]  # fmt: skip
+        return [
+            ClaimHandle(self.node.dra.rest, self.namespace, n, node=self.node, timeout=self.timeout)
+            for n in self.claim_names().values()
+            if n
+        ]
 
     @property
     def claim_health(self) -> dict[tuple[str, str], str]:
@@ -388,8 +395,12 @@ class ClaimFactory:
     ) -> str:
         """A DeviceClass selecting the driver's devices (and ``selectors``; ``extended_resource_name``: pods asking for
         that extended resource are served by it); its name."""
-        body = device_class_manifest(name or self._cluster_wide_name("class"), self.driver.name, selectors,
-                                     extended_resource_name=extended_resource_name)  # fmt: skip
+        body = device_class_manifest(
+            name or self._cluster_wide_name("class"),
+            self.driver.name,
+            selectors,
+            extended_resource_name=extended_resource_name,
+        )
         return str(self._create(f"{RESOURCE_API}/deviceclasses", body)["metadata"]["name"])
 
     @property
@@ -400,16 +411,29 @@ class ClaimFactory:
         return self._class
 
     def claim(
-        self, name: str | None = None, *, count: int = 1, device_class: str | None = None,
-        requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
-        tolerations: Sequence[Mapping[str, str]] | None = None, config: Mapping[str, Any] | None = None,
-    ) -> ClaimHandle:  # fmt: skip
+        self,
+        name: str | None = None,
+        *,
+        count: int = 1,
+        device_class: str | None = None,
+        requests: Sequence[Mapping[str, Any]] | None = None,
+        selectors: Sequence[Mapping[str, Any]] | None = None,
+        tolerations: Sequence[Mapping[str, str]] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> ClaimHandle:
         """A ResourceClaim for ``count`` of the driver's devices, tolerating ``tolerations`` of device taints (or
         ``requests`` as given); ``config``: the driver's opaque parameters for it (e.g. NVIDIA's ``GpuConfig``)."""
         opaque = {self.driver.name: config} if config is not None else None
-        body = claim_manifest(name or self._name("claim"), self.namespace, device_class or self.default_class,
-                              count=count, requests=requests, selectors=selectors, tolerations=tolerations,
-                              config=opaque)  # fmt: skip
+        body = claim_manifest(
+            name or self._name("claim"),
+            self.namespace,
+            device_class or self.default_class,
+            count=count,
+            requests=requests,
+            selectors=selectors,
+            tolerations=tolerations,
+            config=opaque,
+        )
         made = self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims", body)
         return ClaimHandle(self.rest, self.namespace, made["metadata"]["name"], node=self.node, timeout=self.timeout)
 
@@ -423,20 +447,38 @@ class ClaimFactory:
         """Delete DeviceTaintRule ``rule``."""
         self.rest.delete(f"{RESOURCE_API}/devicetaintrules/{rule}")
 
-    def template(self, name: str | None = None, *, count: int = 1, device_class: str | None = None,
-                 requests: Sequence[Mapping[str, Any]] | None = None) -> str:  # fmt: skip
+    def template(
+        self,
+        name: str | None = None,
+        *,
+        count: int = 1,
+        device_class: str | None = None,
+        requests: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         """A ResourceClaimTemplate; its name."""
-        body = template_manifest(name or self._name("template"), self.namespace, device_class or self.default_class,
-                                 count=count, requests=requests)  # fmt: skip
+        body = template_manifest(
+            name or self._name("template"),
+            self.namespace,
+            device_class or self.default_class,
+            count=count,
+            requests=requests,
+        )
         return str(
             self._create(f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaimtemplates", body)["metadata"]["name"]
         )
 
     def manifest(
-        self, claims: Sequence[ClaimHandle | str] = (), templates: Sequence[str] = (), *, name: str | None = None,
-        containers: int = 1, node: str | None = None, image: str = DEFAULT_IMAGE, same_names: bool = False,
+        self,
+        claims: Sequence[ClaimHandle | str] = (),
+        templates: Sequence[str] = (),
+        *,
+        name: str | None = None,
+        containers: int = 1,
+        node: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        same_names: bool = False,
         limits: Mapping[str, int] | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """A pod whose containers each use every claim (by name) and template given, pinned to the node by nodeSelector
         (the scheduler allocates the claims). The claims' entries in the pod are ``c0``, ``c1``, ... (templates ``t0``,
         ...); ``same_names``: each claim's entry is named as the claim, as a kubelet 1.34 reports a claim's device

@@ -227,10 +227,16 @@ def _claim_spec(
 
 
 def claim_manifest(
-    name: str, namespace: str, device_class: str, *, count: int = 1,
-    requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
-    tolerations: Sequence[Mapping[str, str]] | None = None, config: Mapping[str, Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    name: str,
+    namespace: str,
+    device_class: str,
+    *,
+    count: int = 1,
+    requests: Sequence[Mapping[str, Any]] | None = None,
+    selectors: Sequence[Mapping[str, Any]] | None = None,
+    tolerations: Sequence[Mapping[str, str]] | None = None,
+    config: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A ResourceClaim for ``count`` devices of ``device_class`` (one request ``req-0``, tolerating ``tolerations``
     of device taints), or the given ``requests``. ``config``: opaque parameters per driver name, for every request
     (``spec.devices.config``: how a claim asks a driver for a setting, e.g. NVIDIA's ``GpuConfig`` sharing)."""
@@ -243,9 +249,14 @@ def claim_manifest(
 
 
 def template_manifest(
-    name: str, namespace: str, device_class: str, *, count: int = 1,
-    requests: Sequence[Mapping[str, Any]] | None = None, selectors: Sequence[Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    name: str,
+    namespace: str,
+    device_class: str,
+    *,
+    count: int = 1,
+    requests: Sequence[Mapping[str, Any]] | None = None,
+    selectors: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A ResourceClaimTemplate: each pod using it gets a claim of its own (made by the resourceclaim controller)."""
     return {
         "apiVersion": "resource.k8s.io/v1",

@@ -71,8 +71,18 @@ class DRASettings:
 
 def default_driver_argv(driver_name: str) -> list[str]:
     """The included GPU plugin as a DRA driver on the mock NVML, at the kubelet's standard paths."""
-    return [sys.executable, "-m", "devplug_gpu_plugin", "--dra", "--driver-name", driver_name,
-            "--nvml", "mock", "--mock-state", "{mock_state}"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "devplug_gpu_plugin",
+        "--dra",
+        "--driver-name",
+        driver_name,
+        "--nvml",
+        "mock",
+        "--mock-state",
+        "{mock_state}",
+    ]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -208,8 +218,13 @@ def devplug_dra_node(devplug_cluster: ClusterHandle) -> DRANodeHandle:
     """The node (a DRANodeHandle) the DRA driver runs on, with its kubelet's DRA side, for the whole session."""
     dra = dra_of(devplug_cluster.backend)
     name = devplug_cluster.backend.ensure_node(NodeSpec(NODE_NAME))
-    return DRANodeHandle(devplug_cluster.backend, dra, name, timeout=devplug_cluster.timeout,
-                         reregistration_timeout=devplug_cluster.reregistration_timeout)  # fmt: skip
+    return DRANodeHandle(
+        devplug_cluster.backend,
+        dra,
+        name,
+        timeout=devplug_cluster.timeout,
+        reregistration_timeout=devplug_cluster.reregistration_timeout,
+    )
 
 
 class DriverDeployable:

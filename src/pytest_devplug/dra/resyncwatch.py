@@ -95,8 +95,13 @@ class ResyncWatch(Watch):
         if name == self.main_node:
             self.inline = f"the backend cannot add a node beside {self.main_node}"
             return
-        node = DRANodeHandle(self.cluster.backend, dra, name, timeout=self.cluster.timeout,
-                             reregistration_timeout=self.cluster.reregistration_timeout)  # fmt: skip
+        node = DRANodeHandle(
+            self.cluster.backend,
+            dra,
+            name,
+            timeout=self.cluster.timeout,
+            reregistration_timeout=self.cluster.reregistration_timeout,
+        )
         dra.deploy_driver(name, self.spec)
         self.driver = DriverHandle(node, self.spec)
         try:
@@ -185,8 +190,9 @@ class ResyncWatch(Watch):
                 f"{since:.0f} s ago; "
                 f"expected {driver.name} to publish its devices again ({self.devices}) within {self.republish_s:g} s, "
                 f"saw {exc.last}" + (f"; {exc.reason}" if exc.reason else "") + ": the scheduler allocates nothing "
-                "on the node until it does", dra_evidence(driver),
-            ) from None  # fmt: skip
+                "on the node until it does",
+                dra_evidence(driver),
+            ) from None
 
     def close(self) -> None:
         if self.driver is None:

@@ -7,8 +7,12 @@ directory on ``LD_LIBRARY_PATH`` and names the mock-state file in ``DEVPLUG_NVML
 from .build import LIB_NAME, STATE_ENV, mock_library
 
 __all__ = [
-    "LIB_NAME", "STATE_ENV", "MOCK_DRIVER_VERSION", "mock_library", "mock_env",
-]  # fmt: skip
+    "LIB_NAME",
+    "STATE_ENV",
+    "MOCK_DRIVER_VERSION",
+    "mock_library",
+    "mock_env",
+]
 
 #: The driver version the mock reports (``MOCK_DRIVER_VERSION`` in mock_nvml.c): a GPU node's stub driver root
 #: holds ``libcuda.so.<this>``, which NVIDIA's plugin looks for by the version NVML reports.

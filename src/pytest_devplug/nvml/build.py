@@ -20,9 +20,14 @@ from pathlib import Path
 from ..errors import CompilerNotFoundError, MockBuildError
 
 __all__ = [
-    "CFLAGS", "LIB_NAME", "SOURCE", "STATE_ENV",
-    "cache_root", "find_compiler", "mock_library",
-]  # fmt: skip
+    "CFLAGS",
+    "LIB_NAME",
+    "SOURCE",
+    "STATE_ENV",
+    "cache_root",
+    "find_compiler",
+    "mock_library",
+]
 
 SOURCE = Path(__file__).with_name("mock_nvml.c")
 LIB_NAME = "libnvidia-ml.so.1"

@@ -23,9 +23,14 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_TIMEOUT = 10
 NVML_DEVICE_MIG_ENABLE = 1
 EVENT_TYPES = {
-    0x1: "SingleBitEccError", 0x2: "DoubleBitEccError", 0x4: "PState", 0x8: "XidCriticalError",
-    0x10: "Clock", 0x20: "PowerSourceChange", 0x40: "MigConfigChange",
-}  # fmt: skip
+    0x1: "SingleBitEccError",
+    0x2: "DoubleBitEccError",
+    0x4: "PState",
+    0x8: "XidCriticalError",
+    0x10: "Clock",
+    0x20: "PowerSourceChange",
+    0x40: "MigConfigChange",
+}
 _BUF = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE / NAME_V2; >= the driver version buffer's 80
 
 
@@ -46,16 +51,24 @@ class _Memory(ctypes.Structure):
 
 class _PciInfo(ctypes.Structure):
     _fields_ = [
-        ("busIdLegacy", c_char * 16), ("domain", c_uint), ("bus", c_uint), ("device", c_uint),
-        ("pciDeviceId", c_uint), ("pciSubSystemId", c_uint), ("busId", c_char * 32),
-    ]  # fmt: skip
+        ("busIdLegacy", c_char * 16),
+        ("domain", c_uint),
+        ("bus", c_uint),
+        ("device", c_uint),
+        ("pciDeviceId", c_uint),
+        ("pciSubSystemId", c_uint),
+        ("busId", c_char * 32),
+    ]
 
 
 class EventData(ctypes.Structure):
     _fields_ = [
-        ("device", c_void_p), ("eventType", c_ulonglong), ("eventData", c_ulonglong),
-        ("gpuInstanceId", c_uint), ("computeInstanceId", c_uint),
-    ]  # fmt: skip
+        ("device", c_void_p),
+        ("eventType", c_ulonglong),
+        ("eventData", c_ulonglong),
+        ("gpuInstanceId", c_uint),
+        ("computeInstanceId", c_uint),
+    ]
 
 
 class Nvml:

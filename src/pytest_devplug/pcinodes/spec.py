@@ -64,8 +64,22 @@ _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 #: A Linux interface name: at most 15 bytes, no '/', ':' or whitespace.
 _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_KEYS = frozenset({"address", "vendor", "device", "class", "driver", "numa_node", "iommu_group", "netdev", "mac",
-                   "rdma", "physfn", "names"})  # fmt: skip
+_KEYS = frozenset(
+    {
+        "address",
+        "vendor",
+        "device",
+        "class",
+        "driver",
+        "numa_node",
+        "iommu_group",
+        "netdev",
+        "mac",
+        "rdma",
+        "physfn",
+        "names",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -165,9 +179,16 @@ def _write_function(sys_dir: Path, f: PciFunction, vfs: Sequence[str]) -> None:
         f"pci:v{int(f.vendor, 16):08X}d{int(f.device, 16):08X}sv{int(f.vendor, 16):08X}sd00000000"
         f"bc{cls.upper()}sc{sub.upper()}i{prog.upper()}"
     )  # the kernel's pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X
-    for name, text in (("vendor", f"0x{f.vendor}"), ("device", f"0x{f.device}"), ("class", f"0x{f.pci_class}"),
-                       ("subsystem_vendor", f"0x{f.vendor}"), ("subsystem_device", "0x0000"), ("revision", "0x02"),
-                       ("numa_node", str(f.numa_node)), ("modalias", modalias)):  # fmt: skip
+    for name, text in (
+        ("vendor", f"0x{f.vendor}"),
+        ("device", f"0x{f.device}"),
+        ("class", f"0x{f.pci_class}"),
+        ("subsystem_vendor", f"0x{f.vendor}"),
+        ("subsystem_device", "0x0000"),
+        ("revision", "0x02"),
+        ("numa_node", str(f.numa_node)),
+        ("modalias", modalias),
+    ):
         _file(dev / name, text)
     _link(sys_dir / "bus" / "pci" / "devices" / f.address, f"../../../devices/{f.root}/{f.address}")
     if f.driver:
@@ -175,8 +196,10 @@ def _write_function(sys_dir: Path, f: PciFunction, vfs: Sequence[str]) -> None:
         _link(sys_dir / "bus" / "pci" / "drivers" / f.driver / f.address, f"../../../../devices/{f.root}/{f.address}")
     if f.iommu_group is not None:
         _link(dev / "iommu_group", f"../../../kernel/iommu_groups/{f.iommu_group}")
-        _link(sys_dir / "kernel" / "iommu_groups" / str(f.iommu_group) / "devices" / f.address,
-              f"../../../../devices/{f.root}/{f.address}")  # fmt: skip
+        _link(
+            sys_dir / "kernel" / "iommu_groups" / str(f.iommu_group) / "devices" / f.address,
+            f"../../../../devices/{f.root}/{f.address}",
+        )
     if f.physfn:
         _link(dev / "physfn", f"../{f.physfn}")
     if vfs:
@@ -206,8 +229,13 @@ def _pci_ids(functions: Sequence[PciFunction]) -> str:
     for vendor in sorted(vendors):
         lines.append(f"{vendor}  {names[vendor]}")
         lines += [f"\t{device}  {name}" for device, name in sorted(vendors[vendor].items())]
-    lines += ["C 02  Network controller", "\t00  Ethernet controller", "\t07  Infiniband controller",
-              "C 12  Processing accelerators", "\t00  Processing accelerators"]  # fmt: skip
+    lines += [
+        "C 02  Network controller",
+        "\t00  Ethernet controller",
+        "\t07  Infiniband controller",
+        "C 12  Processing accelerators",
+        "\t00  Processing accelerators",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -261,19 +289,23 @@ def parse_pci_node(data: Any, source: str) -> PciNode:
             raise PciNodeError(f"{where}: names {names!r} is not a mapping of vendor and device")
         netdev = _text(raw, "netdev", _IFNAME, where, "an interface name (at most 15 characters)", required=False)
         mac = _text(raw, "mac", _MAC, where, "a MAC address like 3c:fd:fe:00:00:01", required=netdev is not None)
-        functions.append(PciFunction(
-            address=str(address),
-            vendor=str(_text(raw, "vendor", _HEX4, where, "4 hex digits (a PCI vendor ID)")),
-            device=str(_text(raw, "device", _HEX4, where, "4 hex digits (a PCI device ID)")),
-            pci_class=str(_text(raw, "class", _CLASS, where, "6 hex digits (class, subclass, prog-if)")),
-            driver=_text(raw, "driver", _NAME, where, "a driver name", required=False),
-            numa_node=_numa(raw, where),
-            iommu_group=_number(raw, "iommu_group", where, None, 0),
-            netdev=netdev, mac=mac,
-            rdma=_text(raw, "rdma", _NAME, where, "an RDMA device name like mlx5_0", required=False),
-            physfn=_text(raw, "physfn", _ADDRESS, where, "the PCI address of its PF", required=False),
-            vendor_name=str(names.get("vendor", "")), device_name=str(names.get("device", "")),
-        ))  # fmt: skip
+        functions.append(
+            PciFunction(
+                address=str(address),
+                vendor=str(_text(raw, "vendor", _HEX4, where, "4 hex digits (a PCI vendor ID)")),
+                device=str(_text(raw, "device", _HEX4, where, "4 hex digits (a PCI device ID)")),
+                pci_class=str(_text(raw, "class", _CLASS, where, "6 hex digits (class, subclass, prog-if)")),
+                driver=_text(raw, "driver", _NAME, where, "a driver name", required=False),
+                numa_node=_numa(raw, where),
+                iommu_group=_number(raw, "iommu_group", where, None, 0),
+                netdev=netdev,
+                mac=mac,
+                rdma=_text(raw, "rdma", _NAME, where, "an RDMA device name like mlx5_0", required=False),
+                physfn=_text(raw, "physfn", _ADDRESS, where, "the PCI address of its PF", required=False),
+                vendor_name=str(names.get("vendor", "")),
+                device_name=str(names.get("device", "")),
+            )
+        )
     return _checked(functions, source)
 
 

@@ -227,8 +227,9 @@ class PluginDaemon:
                 self._waiting_logged = True
                 self._logger.info(
                     '"Back-off restarting failed container" err="back-off %gs restarting failed container=%s"',
-                    self._backoff.delay, self.name,
-                )  # fmt: skip
+                    self._backoff.delay,
+                    self.name,
+                )
             return
         self._backoff.next(self._finished, now)
         self._restarts += 1

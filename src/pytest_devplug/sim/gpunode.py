@@ -34,10 +34,22 @@ from ..nvml.driverroot import CONTAINER_DRIVER_ROOT, DRIVER_BINS, DRIVER_LIBS, D
 from ..pcinodes.spec import PciFunction, PciNode
 
 __all__ = [
-    "CDI_HOOK", "CDI_HOOK_STUB", "GPU_PCI_CLASS", "GPU_PCI_DEVICE_IDS",
-    "MOCK_PCI_DOMAIN", "NVCAPS_DIR", "NVCAPS_PROC_DIR", "NVIDIA_PCI_VENDOR", "PCI_DEVICES_DIR", "PROC_DEVICES",
-    "gpu_pci_address", "gpu_pci_functions", "mig_cap_device_nodes", "mig_minors", "node_file_binds",
-]  # fmt: skip
+    "CDI_HOOK",
+    "CDI_HOOK_STUB",
+    "GPU_PCI_CLASS",
+    "GPU_PCI_DEVICE_IDS",
+    "MOCK_PCI_DOMAIN",
+    "NVCAPS_DIR",
+    "NVCAPS_PROC_DIR",
+    "NVIDIA_PCI_VENDOR",
+    "PCI_DEVICES_DIR",
+    "PROC_DEVICES",
+    "gpu_pci_address",
+    "gpu_pci_functions",
+    "mig_cap_device_nodes",
+    "mig_minors",
+    "node_file_binds",
+]
 
 #: Where NVIDIA's images keep the container toolkit's hook program.
 CDI_HOOK = "/usr/bin/nvidia-cdi-hook"
@@ -70,8 +82,12 @@ MOCK_PCI_DOMAIN = 0x10DE
 NVIDIA_PCI_VENDOR = "10de"
 #: The PCI device ID NVML gives each mock GPU model (``mock_nvml.c``'s ``gpu_models``; a test holds them equal).
 GPU_PCI_DEVICE_IDS = {
-    "a100-40gb": "20b0", "a100-80gb": "20b2", "h100-80gb": "2330", "h200-141gb": "2335", "b200": "2901",
-}  # fmt: skip
+    "a100-40gb": "20b0",
+    "a100-80gb": "20b2",
+    "h100-80gb": "2330",
+    "h200-141gb": "2335",
+    "b200": "2901",
+}
 _DEFAULT_GPU_MODEL = "a100-40gb"  # the mock's, for a state GPU without "model"
 #: A data-center GPU's PCI class: display controller, 3D controller.
 GPU_PCI_CLASS = "030200"
@@ -95,11 +111,15 @@ def gpu_pci_functions(gpus: Iterable[Mapping[str, Any]]) -> list[PciFunction]:
 
 def _gpu_pci_function(gpu: Mapping[str, Any]) -> PciFunction:
     return PciFunction(
-        address=gpu_pci_address(int(gpu["minor"])), vendor=NVIDIA_PCI_VENDOR, pci_class=GPU_PCI_CLASS, driver="nvidia",
+        address=gpu_pci_address(int(gpu["minor"])),
+        vendor=NVIDIA_PCI_VENDOR,
+        pci_class=GPU_PCI_CLASS,
+        driver="nvidia",
         device=GPU_PCI_DEVICE_IDS[str(gpu.get("model") or _DEFAULT_GPU_MODEL)],
         numa_node=-1 if gpu.get("numa_node") is None else int(gpu["numa_node"]),
-        vendor_name="NVIDIA Corporation", device_name=str(gpu.get("name") or ""),
-    )  # fmt: skip
+        vendor_name="NVIDIA Corporation",
+        device_name=str(gpu.get("name") or ""),
+    )
 
 
 def _pci_binds(root: Path, gpus: Sequence[Mapping[str, Any]]) -> list[tuple[Path, str]]:

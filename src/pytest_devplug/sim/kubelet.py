@@ -223,9 +223,11 @@ class SimNode:
             watcher = PluginWatcher(self.registry_dir, handlers, logger=self.logger, kube=self.kube)
             get_terminal = not self.kube.has("podresources-get-terminal-not-found")
             podres = PodResourcesServer(
-                dm, self._active_pods_for_podresources, self.pod_resources_socket,
+                dm,
+                self._active_pods_for_podresources,
+                self.pod_resources_socket,
                 get_pods=functools.partial(self._pods_for_podresources, terminal=get_terminal),
-            )  # fmt: skip
+            )
             podres.start()
             with self._lock:
                 self._dm, self._podres, self._watcher, self._running = dm, podres, watcher, True
@@ -378,9 +380,12 @@ class SimNode:
         self._status.unschedulable = unschedulable
 
     def update(
-        self, *, labels: Mapping[str, str] | None = None, taints: Sequence[Mapping[str, Any]] | None = None,
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, Any]] | None = None,
         unschedulable: bool | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Take an update of the Node object (``None``: that field unchanged): the kubelet admits pods by these."""
         if labels is not None:
             self.labels = dict(labels)
@@ -530,9 +535,13 @@ class SimNode:
                 for res, ids in dm.container_devices(view.uid, c.name).items():
                     allocated[res] = allocated.get(res, 0) + len(ids)
         predicate_admit(
-            pod, [r.pod for r in others], labels=self.labels, taints=self.taints,
-            allocatable=self.allocatable_amounts(), allocated=allocated,
-        )  # fmt: skip
+            pod,
+            [r.pod for r in others],
+            labels=self.labels,
+            taints=self.taints,
+            allocatable=self.allocatable_amounts(),
+            allocated=allocated,
+        )
 
     def _reject(self, rec: PodRecord, reason: str, message: str) -> None:
         rec.phase, rec.reason, rec.message = "Failed", reason, "Pod was rejected: " + message
@@ -739,10 +748,13 @@ class SimNode:
         dra = self.dra
         claims = (lambda container: dra.resources_status(rec.pod, container)) if dra is not None else None
         return pod_status(
-            rec, records, lambda res: dm.listed_health(res) if dm is not None else {}, claims,
+            rec,
+            records,
+            lambda res: dm.listed_health(res) if dm is not None else {},
+            claims,
             allocated=lambda container: dm.container_devices(rec.uid, container) if dm is not None else {},
             resource_health=self.kube.gate("ResourceHealthStatus"),
-        )  # fmt: skip
+        )
 
     def _publish(self, uid: str) -> None:
         st = self.pod_status(uid)

@@ -40,11 +40,23 @@ _QUALIFIED_NAME = re.compile(_QUALIFIED_NAME_FMT)
 STANDARD_CONTAINER_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 #: ``helper.standardResources``: the names without a domain that are resources at all.
 _STANDARD_RESOURCES = STANDARD_CONTAINER_RESOURCES | {
-    "requests.cpu", "requests.memory", "requests.ephemeral-storage", "requests.storage",
-    "limits.cpu", "limits.memory", "limits.ephemeral-storage",
-    "pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "configmaps",
-    "persistentvolumeclaims", "services.nodeports", "services.loadbalancers",
-}  # fmt: skip
+    "requests.cpu",
+    "requests.memory",
+    "requests.ephemeral-storage",
+    "requests.storage",
+    "limits.cpu",
+    "limits.memory",
+    "limits.ephemeral-storage",
+    "pods",
+    "services",
+    "replicationcontrollers",
+    "resourcequotas",
+    "secrets",
+    "configmaps",
+    "persistentvolumeclaims",
+    "services.nodeports",
+    "services.loadbalancers",
+}
 
 
 def _regex_error(msg: str, fmt: str, *examples: str) -> str:

@@ -119,5 +119,5 @@ class NodeStatus:
                 "allocatable": self.allocatable(),
                 "conditions": [condition],
                 "nodeInfo": self.node_info(),
-            },  # fmt: skip
+            },
         }

@@ -263,8 +263,12 @@ class PluginWatcher:
                 handler.register_plugin(info.name, endpoint, versions, None)
             except PluginHandlerError as err:
                 # Before 1.36 the plugin was added to the actual state first and stays there: never retried.
-                self._refuse(stub, f"RegisterPlugin error -- plugin registration failed with err: {err}",
-                             None if self._retry else identity, plugin_type=info.type)  # fmt: skip
+                self._refuse(
+                    stub,
+                    f"RegisterPlugin error -- plugin registration failed with err: {err}",
+                    None if self._retry else identity,
+                    plugin_type=info.type,
+                )
             try:
                 stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=True), timeout=NOTIFY_TIMEOUT_S)
             except grpc.RpcError as err:

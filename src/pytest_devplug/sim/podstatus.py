@@ -146,10 +146,13 @@ def container_status(c: ContainerRecord) -> dict[str, Any]:
     elif c.state == "terminated":
         state = {
             "terminated": {
-                "exitCode": c.exit_code, "reason": c.reason, "startedAt": c.started_at, "finishedAt": c.finished_at,
+                "exitCode": c.exit_code,
+                "reason": c.reason,
+                "startedAt": c.started_at,
+                "finishedAt": c.finished_at,
                 "containerID": cid,
             }
-        }  # fmt: skip
+        }
     else:
         waiting: dict[str, Any] = {"reason": c.reason}
         if c.message:

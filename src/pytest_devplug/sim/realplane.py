@@ -195,11 +195,16 @@ class RealPlane(PlaneBase):
             control_plane=self,
         )
         node.dra = NodeDRA(
-            name, node.node_dir, KubeletDRAApi(self._rest),
+            name,
+            node.node_dir,
+            KubeletDRAApi(self._rest),
             endpoint_paths={KUBELET_PATHS[d]: node.node_dir / d for d in ("plugins_registry", "plugins")},
             event_sink=lambda pod, type_, reason, message: self.record_event(name, pod, type_, reason, message),
-            on_change=self._kick.set, timings=DRATimings(**vars(self.dra_timings)), logger=node.logger, kube=self.kube,
-        )  # fmt: skip
+            on_change=self._kick.set,
+            timings=DRATimings(**vars(self.dra_timings)),
+            logger=node.logger,
+            kube=self.kube,
+        )
         agent = _NodeAgent(node)
         with self._lock:
             self._agents[name] = agent
@@ -231,10 +236,12 @@ class RealPlane(PlaneBase):
             return [str(t.get("key")) for t in (node.get("spec") or {}).get("taints") or []]
 
         wait_for(
-            taints, lambda keys: NOT_READY_TAINT not in keys, timeout=self.timeout,
+            taints,
+            lambda keys: NOT_READY_TAINT not in keys,
+            timeout=self.timeout,
             what=f"kube-controller-manager's node lifecycle controller to lift the {NOT_READY_TAINT} taint "
             f"of node {name}",
-        )  # fmt: skip
+        )
 
     def _deregister(self, name: str) -> None:
         for path in (f"/api/v1/nodes/{name}", f"{_LEASES}/{name}"):
@@ -476,9 +483,10 @@ class RealPlane(PlaneBase):
                     return None
             try:
                 patched = self._rest.patch(
-                    f"/api/v1/namespaces/{key[0]}/pods/{key[1]}/status", {"metadata": {"uid": uid}, "status": status},
+                    f"/api/v1/namespaces/{key[0]}/pods/{key[1]}/status",
+                    {"metadata": {"uid": uid}, "status": status},
                     content_type=STRATEGIC_PATCH,
-                )  # fmt: skip
+                )
             except RestError as exc:
                 if exc.status not in (404, 409):  # deleted (or replaced by a pod of the same name) meanwhile
                     _log.warning("posting status of pod %s/%s failed: %s", key[0], key[1], _api_error(exc))
@@ -601,9 +609,11 @@ class RealPlane(PlaneBase):
                     rv = self._relist()
                     self._synced.set()
                 for event in kubernetes.watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    self._core.list_pod_for_all_namespaces, resource_version=rv, timeout_seconds=60,
+                    self._core.list_pod_for_all_namespaces,
+                    resource_version=rv,
+                    timeout_seconds=60,
                     _request_timeout=(self.timeout, _WATCH_IDLE_SECONDS),
-                ):  # fmt: skip
+                ):
                     if self._closed.is_set():
                         return
                     pod = event.get("raw_object") or {}

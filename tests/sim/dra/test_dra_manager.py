@@ -254,8 +254,11 @@ def test_health_message_reaches_the_status_only_with_its_gate(
     driver.devices["claim-1"] = [device("node-1", "gpu-0", "example.com/gpu=gpu-0")]
     dra_kubelet.manager.prepare_resources(p)
     driver.send_health(("node-1", "gpu-0", hpb.UNHEALTHY, "Xid 79: fell off the bus"))
-    (entry,) = wait_for(lambda: dra_kubelet.manager.allocated_resources_status(p, "ctr"),
-                        lambda s: s[0]["resources"][0]["health"] == "Unhealthy",
-                        timeout=T, what="Unhealthy reported")  # fmt: skip
+    (entry,) = wait_for(
+        lambda: dra_kubelet.manager.allocated_resources_status(p, "ctr"),
+        lambda s: s[0]["resources"][0]["health"] == "Unhealthy",
+        timeout=T,
+        what="Unhealthy reported",
+    )
     want = {"resourceID": "example.com/gpu=gpu-0", "health": "Unhealthy"}
     assert entry["resources"] == [{**want, "message": "Xid 79: fell off the bus"} if messages else want]

@@ -40,14 +40,22 @@ class World:
         self.events: list[tuple[str, str, str]] = []
         self.node = SimNode("node-1", root, control_plane=self)
         self.node.dra = NodeDRA(
-            "node-1", root, self.api, endpoint_paths={}, on_change=lambda: None,
+            "node-1",
+            root,
+            self.api,
+            endpoint_paths={},
+            on_change=lambda: None,
             event_sink=lambda p, t, r, m: self.events.append((p["metadata"]["name"], r, m)),
-            timings=DRATimings(retry_period=0.1, reconcile_period=0.2), logger=self.node.logger,
-        )  # fmt: skip
+            timings=DRATimings(retry_period=0.1, reconcile_period=0.2),
+            logger=self.node.logger,
+        )
         cdi = root / "etc-cdi"  # /etc/cdi: the fake driver writes no spec, so this one must outlive a reboot
         cdi.mkdir(parents=True, exist_ok=True)
-        spec = {"cdiVersion": "0.6.0", "kind": "k8s.gpu.example.com/gpu",
-                "devices": [{"name": "gpu-0", "containerEdits": {"env": ["GPU_DEVICE_0=gpu-0"]}}]}  # fmt: skip
+        spec = {
+            "cdiVersion": "0.6.0",
+            "kind": "k8s.gpu.example.com/gpu",
+            "devices": [{"name": "gpu-0", "containerEdits": {"env": ["GPU_DEVICE_0=gpu-0"]}}],
+        }
         (cdi / "k8s.gpu.example.com-gpu.json").write_text(json.dumps(spec))
         self.node.start_kubelet()
 
@@ -122,9 +130,12 @@ def test_failed_prepare_keeps_the_pod_pending_and_is_retried(world: World, drive
     status = world.node.pod_status("pod-uid-1")
     assert status is not None and status["phase"] == "Pending"
     assert status["containerStatuses"][0]["state"] == {"waiting": {"reason": "ContainerCreating"}}
-    assert ("p", "FailedPrepareDynamicResources",
-            "Failed to prepare dynamic resources: prepare dynamic resources: "
-            "NodePrepareResources failed for ResourceClaim c1: no GPU today") in world.events  # fmt: skip
+    assert (
+        "p",
+        "FailedPrepareDynamicResources",
+        "Failed to prepare dynamic resources: prepare dynamic resources: "
+        "NodePrepareResources failed for ResourceClaim c1: no GPU today",
+    ) in world.events
     assert world.dra.pending() == {
         "pod-uid-1": "prepare dynamic resources: NodePrepareResources failed for ResourceClaim c1: no GPU today"
     }

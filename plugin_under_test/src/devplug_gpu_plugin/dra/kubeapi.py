@@ -156,9 +156,12 @@ class KubeApi:
         event per existing slice, until the server ends the watch (``timeout_s``) or :meth:`close`."""
         try:
             resp: Any = self._resource.list_resource_slice(
-                field_selector=self._selector(driver, node), watch=True, timeout_seconds=timeout_s,
-                _preload_content=False, _request_timeout=(self._timeout, timeout_s + self._timeout),
-            )  # fmt: skip
+                field_selector=self._selector(driver, node),
+                watch=True,
+                timeout_seconds=timeout_s,
+                _preload_content=False,
+                _request_timeout=(self._timeout, timeout_s + self._timeout),
+            )
         except Exception as exc:  # noqa: BLE001 - as in _call
             raise _error(exc) from None
         with self._lock:

@@ -104,9 +104,12 @@ class DraService(pb_grpc.DRAPluginServicer):
                         cdi_device_ids=list(d.cdi_ids),
                     )
                 log.info(
-                    "NodePrepareResources: claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid,
+                    "NodePrepareResources: claim %s/%s (%s): %s",
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
                     ", ".join(d.device for d in prepared.devices) or "no device of this driver",
-                )  # fmt: skip
+                )
         return resp
 
     def NodeUnprepareResources(
@@ -124,9 +127,12 @@ class DraService(pb_grpc.DRAPluginServicer):
                     continue
                 self._prepared.pop(ref.uid, None)
                 log.info(
-                    "NodeUnprepareResources: claim %s/%s (%s)%s", ref.namespace, ref.name, ref.uid,
+                    "NodeUnprepareResources: claim %s/%s (%s)%s",
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
                     "" if removed else ": was not prepared",
-                )  # fmt: skip
+                )
         return resp
 
 

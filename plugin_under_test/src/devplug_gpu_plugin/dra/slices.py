@@ -34,10 +34,23 @@ _BACKOFF_START_S, _BACKOFF_MAX_S = 0.5, 30.0
 #: Spec fields our slice never has (it is on its node, with no counters); an update clears them.
 _PLACEMENT = ("allNodes", "nodeSelector", "perDeviceNodeSelection", "sharedCounters")
 _SUFFIXES: dict[str, int | Fraction] = {
-    "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}  # fmt: skip
+    "": 1,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
 _QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+))?([KMGTPE]i|[numkMGTPE])?")
 
 
@@ -151,9 +164,10 @@ class SlicePublisher:
         """One reconciliation; returns what it did. Raises :class:`KubeApiError`."""
         devices = self._devices()
         mine = [
-            s for s in self.api.list_slices(self.driver, self.node)
+            s
+            for s in self.api.list_slices(self.driver, self.node)
             if (s.get("spec") or {}).get("driver") == self.driver and (s.get("spec") or {}).get("nodeName") == self.node
-        ]  # fmt: skip
+        ]
         pooled = [s for s in mine if ((s.get("spec") or {}).get("pool") or {}).get("name") == self.node]
         for s in mine:
             if s not in pooled:

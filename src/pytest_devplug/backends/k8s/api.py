@@ -135,9 +135,17 @@ class KubeApi:
         """Run ``argv`` in the container through the API's exec; the exit status comes from the v4 channel."""
         try:
             ws = stream(
-                self.core.connect_get_namespaced_pod_exec, name, namespace, container=container, command=list(argv),
-                stderr=True, stdin=False, stdout=True, tty=False, _preload_content=False,
-            )  # fmt: skip
+                self.core.connect_get_namespaced_pod_exec,
+                name,
+                namespace,
+                container=container,
+                command=list(argv),
+                stderr=True,
+                stdin=False,
+                stdout=True,
+                tty=False,
+                _preload_content=False,
+            )
         except ApiException as exc:
             raise BackendError(
                 f"exec in {namespace}/{name}/{container}: {exc.status} {exc.reason}: {exc.body}"

@@ -185,9 +185,11 @@ class KubeBackend:
             raise BackendUnavailableError(f"{self.name} backend: {exc}") from None
         # Pods are refused until the namespace's default ServiceAccount exists.
         self.wait_until(
-            lambda: self.api.service_account_exists("default", self.namespace), bool,
-            f"ServiceAccount default in namespace {self.namespace}", timeout=max(self.options.timeout, _CLUSTER_PACE_S),
-        )  # fmt: skip
+            lambda: self.api.service_account_exists("default", self.namespace),
+            bool,
+            f"ServiceAccount default in namespace {self.namespace}",
+            timeout=max(self.options.timeout, _CLUSTER_PACE_S),
+        )
 
     def close(self) -> None:
         """Remove everything the run made (plugins, node files and pods, the namespace), then the cluster if ours."""
@@ -267,9 +269,13 @@ class KubeBackend:
         """:func:`wait_for` with the backend's timeout; API and node errors count as "not yet"."""
         try:
             return wait_for(
-                probe, ok, timeout=self.options.timeout if timeout is None else timeout, interval=0.5, what=what,
+                probe,
+                ok,
+                timeout=self.options.timeout if timeout is None else timeout,
+                interval=0.5,
+                what=what,
                 retry_on=(BackendError, OSError),
-            )  # fmt: skip
+            )
         except WaitTimeout as exc:
             raise BackendError(str(exc)) from None
 

@@ -249,9 +249,15 @@ class KubeDRA:
         ns = self._b.namespace
         uid = str(self.rest.get(f"/api/v1/namespaces/{ns}")["metadata"]["uid"])
         objects = render_driver(
-            spec, image, namespace=ns, namespace_uid=uid, node=node, labels={MANAGED_BY[0]: MANAGED_BY[1]},
-            api_endpoint=self._api_endpoint(), tolerations=node_tolerations(self._b.get_node(node)),
-        )  # fmt: skip
+            spec,
+            image,
+            namespace=ns,
+            namespace_uid=uid,
+            node=node,
+            labels={MANAGED_BY[0]: MANAGED_BY[1]},
+            api_endpoint=self._api_endpoint(),
+            tolerations=node_tolerations(self._b.get_node(node)),
+        )
         self._create_rbac(objects.rbac)
         workload = self._b.pinned_daemonsets(node, objects.daemonsets)
         workload.apply()
@@ -439,9 +445,13 @@ class KubeDRA:
         endpoint, _ = self._endpoint(node, driver)
         try:
             raw = self._b.nodeops.transport.grpc_call(
-                node, endpoint, _HEALTH_METHODS[service], hpb.NodeWatchResourcesRequest().SerializeToString(),
-                timeout=max(self._b.options.timeout, 10.0), stream=True,
-            )  # fmt: skip
+                node,
+                endpoint,
+                _HEALTH_METHODS[service],
+                hpb.NodeWatchResourcesRequest().SerializeToString(),
+                timeout=max(self._b.options.timeout, 10.0),
+                stream=True,
+            )
         except NodeGrpcError as exc:
             if exc.code == "UNIMPLEMENTED":
                 return None
@@ -455,9 +465,12 @@ class KubeDRA:
         for name in sorted(n for n in listing.split() if n.endswith(".sock")):
             try:
                 raw = self._b.nodeops.transport.grpc_call(
-                    node, f"{PLUGINS_REGISTRY}/{name}", _GET_INFO, rpb.InfoRequest().SerializeToString(),
+                    node,
+                    f"{PLUGINS_REGISTRY}/{name}",
+                    _GET_INFO,
+                    rpb.InfoRequest().SerializeToString(),
                     timeout=max(self._b.options.timeout, 10.0),
-                )  # fmt: skip
+                )
             except NodeGrpcError:
                 continue
             info = rpb.PluginInfo.FromString(raw)

@@ -73,9 +73,16 @@ def _load(spec: DriverSpec) -> tuple[Path, list[JSONDict]]:
 
 
 def render_driver(
-    spec: DriverSpec, image: str | None, *, namespace: str, namespace_uid: str, node: str, labels: dict[str, str],
-    api_endpoint: tuple[str, int] | None = None, tolerations: list[JSONDict] | None = None,
-) -> DriverObjects:  # fmt: skip
+    spec: DriverSpec,
+    image: str | None,
+    *,
+    namespace: str,
+    namespace_uid: str,
+    node: str,
+    labels: dict[str, str],
+    api_endpoint: tuple[str, int] | None = None,
+    tolerations: list[JSONDict] | None = None,
+) -> DriverObjects:
     """The driver's objects for ``node``, owned by the run (``namespace``, its UID) and labelled ``labels``.
 
     Every container runs ``image`` (``None``: the manifest's own); the included driver's manifest gets

@@ -122,9 +122,11 @@ class HostPodTransport:
             wait_for(
                 lambda: (self.api.get_pod(name, self.namespace).get("status") or {}).get("phase"),
                 lambda phase: phase == "Running",
-                timeout=max(self.timeout, 120.0), interval=0.5, give_up=stuck,
+                timeout=max(self.timeout, 120.0),
+                interval=0.5,
+                give_up=stuck,
                 what=f"node-operations pod {self.namespace}/{name} running on {node}",
-            )  # fmt: skip
+            )
         except WaitTimeout as exc:
             raise BackendError(f"cannot reach node {node} through a privileged pod: {exc}") from None
         return name
@@ -138,9 +140,12 @@ class HostPodTransport:
             return
         try:
             wait_for(
-                lambda: self._phase(name), lambda phase: phase is None,
-                timeout=max(self.timeout, 60.0), interval=0.5, what=f"ended node-operations pod {name} deleted",
-            )  # fmt: skip
+                lambda: self._phase(name),
+                lambda phase: phase is None,
+                timeout=max(self.timeout, 60.0),
+                interval=0.5,
+                what=f"ended node-operations pod {name} deleted",
+            )
         except WaitTimeout as exc:
             raise BackendError(str(exc)) from None
 

@@ -88,9 +88,12 @@ def delete_namespace(api: KubeApi, name: str, timeout: float) -> None:
     api.delete_namespace(name)
     try:
         wait_for(
-            lambda: api.namespace_exists(name), lambda exists: not exists,
-            timeout=timeout, interval=1.0, what=f"namespace {name} deleted",
-        )  # fmt: skip
+            lambda: api.namespace_exists(name),
+            lambda exists: not exists,
+            timeout=timeout,
+            interval=1.0,
+            what=f"namespace {name} deleted",
+        )
     except WaitTimeout as exc:
         raise BackendError(f"{exc} (it is terminating; check it with kubectl get ns {name})") from None
 

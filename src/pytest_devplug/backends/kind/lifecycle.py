@@ -371,9 +371,12 @@ class ClusterManager:
         api = self.api_client()
         try:
             wait_for(
-                lambda: _not_ready(api), lambda why: not why, timeout=timeout, interval=1.0,
+                lambda: _not_ready(api),
+                lambda why: not why,
+                timeout=timeout,
+                interval=1.0,
                 what=f"kind cluster {self.name} ready (API /readyz, nodes Ready, default ServiceAccount)",
-            )  # fmt: skip
+            )
         except WaitTimeout as exc:
             raise BackendError(str(exc)) from None
         finally:

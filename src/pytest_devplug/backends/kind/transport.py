@@ -100,11 +100,26 @@ class DockerExecTransport:
                 "too long for a socket) and no helper image (python3 + grpcio) is known"
             )
         proc = run(
-            ["docker", "run", "--rm", "--volumes-from", node, "--entrypoint", "python3", helper,
-             "-c", GRPC_CALL, socket, method, base64.b64encode(request).decode(), str(timeout),
-             "stream" if stream else "unary"],
-            timeout=timeout + 60, check=False,
-        )  # fmt: skip
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--volumes-from",
+                node,
+                "--entrypoint",
+                "python3",
+                helper,
+                "-c",
+                GRPC_CALL,
+                socket,
+                method,
+                base64.b64encode(request).decode(),
+                str(timeout),
+                "stream" if stream else "unary",
+            ],
+            timeout=timeout + 60,
+            check=False,
+        )
         if proc.returncode != 0:
             raise NodeGrpcError.from_stderr(proc.stderr) or BackendError(
                 f"{method} at {socket} on node {node} failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}"

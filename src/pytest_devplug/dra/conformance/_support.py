@@ -16,9 +16,17 @@ from pytest_devplug.errors import UnsupportedOperationError, WaitTimeout
 from pytest_devplug.waiting import wait_for
 
 __all__ = [
-    "CONSISTENTLY_S", "UNSCHEDULABLE_TEXT", "claim_ref", "consistently", "fault", "need_devices", "scheduled_condition",
-    "short_dra_timings", "succeeded", "waited",
-]  # fmt: skip
+    "CONSISTENTLY_S",
+    "UNSCHEDULABLE_TEXT",
+    "claim_ref",
+    "consistently",
+    "fault",
+    "need_devices",
+    "scheduled_condition",
+    "short_dra_timings",
+    "succeeded",
+    "waited",
+]
 
 T = TypeVar("T")
 
@@ -104,5 +112,9 @@ def need_devices(driver: DriverHandle, n: int) -> list[tuple[str, str]]:
 def scheduled_condition(pod: Any, driver: DriverHandle) -> dict[str, Any]:
     """The pod's PodScheduled condition once the scheduler has decided (True or False)."""
     __tracebackhide__ = True
-    return waited(lambda: pod.scheduled_condition or {}, lambda c: c.get("status") in ("True", "False"),
-                  "the scheduler's PodScheduled condition", driver=driver)  # fmt: skip
+    return waited(
+        lambda: pod.scheduled_condition or {},
+        lambda c: c.get("status") in ("True", "False"),
+        "the scheduler's PodScheduled condition",
+        driver=driver,
+    )

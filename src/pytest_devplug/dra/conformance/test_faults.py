@@ -49,8 +49,9 @@ def _failed_prepare(pod: ClaimPodHandle, driver: DriverHandle) -> str:
 
 
 @pytest.mark.devplug_disruptive
-def test_failed_prepare_keeps_pod_pending_then_runs(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
-                                                    devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+def test_failed_prepare_keeps_pod_pending_then_runs(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector
+) -> None:
     """Upstream "must run pod if NodePrepareResources fails and then succeeds": while the driver fails the prepare,
     the pod stays Pending with the driver's error in a FailedPrepareDynamicResources event; once it succeeds the
     kubelet's retry runs the pod."""
@@ -64,8 +65,9 @@ def test_failed_prepare_keeps_pod_pending_then_runs(devplug_claims: ClaimFactory
 
 
 @pytest.mark.devplug_disruptive
-def test_prepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
-                                               devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+def test_prepare_retried_after_kubelet_restart(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector
+) -> None:
     """Upstream "must retry NodePrepareResources after Kubelet restart": a prepare that failed before the kubelet
     stopped is retried by the new kubelet, and the pod runs."""
     node = devplug_driver.node
@@ -110,14 +112,19 @@ def test_failed_unprepare_is_retried(
     with short_dra_timings(devplug_driver, retry_period=0.5) as periods:
         uid, since = _failing_unprepare(devplug_claims, devplug_driver, devplug_dra_faults)
         devplug_dra_faults.fail_unprepare(False)
-        waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-               "the unprepare retried until it succeeded", driver=devplug_driver,
-               timeout=devplug_driver.node.timeout + _backoff(periods))  # fmt: skip
+        waited(
+            lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+            bool,
+            "the unprepare retried until it succeeded",
+            driver=devplug_driver,
+            timeout=devplug_driver.node.timeout + _backoff(periods),
+        )
 
 
 @pytest.mark.devplug_disruptive
-def test_unprepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
-                                                 devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+def test_unprepare_retried_after_kubelet_restart(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector
+) -> None:
     """Upstream "must retry NodeUnprepareResources after Kubelet restart": an unprepare that failed before the kubelet
     restarted is retried by the new kubelet (its reconcile loop, 1 s here) from the checkpoint."""
     node = devplug_driver.node
@@ -128,9 +135,13 @@ def test_unprepare_retried_after_kubelet_restart(devplug_claims: ClaimFactory, d
             devplug_dra_faults.fail_unprepare(False)
         finally:
             node.start_kubelet()
-        waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-               "the unprepare retried by the restarted kubelet", driver=devplug_driver,
-               timeout=node.reregistration_timeout + periods["reconcile_period"])  # fmt: skip
+        waited(
+            lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+            bool,
+            "the unprepare retried by the restarted kubelet",
+            driver=devplug_driver,
+            timeout=node.reregistration_timeout + periods["reconcile_period"],
+        )
 
 
 #: The health services a kubelet of 1.37+ watches, in its order of preference (``healthServicesSupportedByKubelet``).
@@ -170,8 +181,12 @@ def test_device_health_reaches_pod_status(
     claim = devplug_claims.claim()
     pod = devplug_claims.pod([claim], wait=True, same_names=True)
     (allocated,) = claim.allocated
-    waited(lambda: pod.claim_health, lambda h: bool(h) and set(h.values()) == {"Healthy"},
-           "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: pod.claim_health,
+        lambda h: bool(h) and set(h.values()) == {"Healthy"},
+        "the claim's device Healthy in the pod status",
+        driver=devplug_driver,
+    )
     with fault("report a device Unhealthy"):
         devplug_dra_faults.set_unhealthy(allocated.pool, allocated.device)
     waited(
@@ -184,8 +199,12 @@ def test_device_health_reaches_pod_status(
         devplug_dra_faults.set_healthy(allocated.pool, allocated.device)
     except FaultNotSupportedError:
         return  # recovery is beyond this injector; the transition to Unhealthy was judged
-    waited(lambda: pod.claim_health, lambda h: set(h.values()) == {"Healthy"},
-           "the device Healthy again in the pod status", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: pod.claim_health,
+        lambda h: set(h.values()) == {"Healthy"},
+        "the device Healthy again in the pod status",
+        driver=devplug_driver,
+    )
 
 
 @pytest.mark.devplug_disruptive
@@ -194,8 +213,12 @@ def test_device_health_unknown_after_driver_stops(devplug_claims: ClaimFactory, 
     devices read Unknown in the pod status; started again, it reports them Healthy again."""
     _health_service(devplug_driver)
     pod = devplug_claims.pod([devplug_claims.claim()], wait=True, same_names=True)
-    waited(lambda: pod.claim_health, lambda h: bool(h) and set(h.values()) == {"Healthy"},
-           "the claim's device Healthy in the pod status", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: pod.claim_health,
+        lambda h: bool(h) and set(h.values()) == {"Healthy"},
+        "the claim's device Healthy in the pod status",
+        driver=devplug_driver,
+    )
     devplug_driver.stop()
     waited(
         lambda: pod.claim_health,
@@ -243,8 +266,9 @@ def _pci_bus_ids(driver: DriverHandle) -> dict[tuple[str, str], str]:
 
 
 @pytest.mark.devplug_disruptive
-def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, devplug_driver: DriverHandle,
-                                                 devplug_dra_faults: DRAFaultInjector) -> None:  # fmt: skip
+def test_device_health_reported_as_device_taints(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle, devplug_dra_faults: DRAFaultInjector
+) -> None:
     """KEP-5055 device taints as the health report, for a driver with no health stream (NVIDIA's DRA driver with its
     NVMLDeviceHealthCheck gate): once a running pod's device turns Unhealthy the driver's slice taints that device
     with an effect that keeps new claims off it (NoSchedule or NoExecute), taints no device on other hardware (those
@@ -275,8 +299,10 @@ def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, d
     try:
         wait_for(added, bool, timeout=driver.node.timeout, what="a new device taint in the slices")
     except WaitTimeout:
-        pytest.skip(f"{driver.name} serves no health service and tainted no device within {driver.node.timeout:g} s of "
-                    f"{target[0]}/{target[1]} turning Unhealthy: it reports no device health")  # fmt: skip
+        pytest.skip(
+            f"{driver.name} serves no health service and tainted no device within {driver.node.timeout:g} s of "
+            f"{target[0]}/{target[1]} turning Unhealthy: it reports no device health"
+        )
     tainted = waited(added, lambda t: target in t, f"device {target[0]}/{target[1]} tainted", driver=driver)
     effects = {t["effect"] for t in tainted[target]}
     assert effects & set(KEEPS_CLAIMS_OFF), (
@@ -302,5 +328,8 @@ def test_device_health_reported_as_device_taints(devplug_claims: ClaimFactory, d
         f"(PodScheduled {cond})"
     )
     assert UNSCHEDULABLE_TEXT in str(cond.get("message")), f"the scheduler says {cond.get('message')!r}"
-    consistently(lambda: (blocked.phase, every.allocation), lambda s: s == ("Pending", None),
-                 "the pod Pending, its claim unallocated while a device it needs is tainted")  # fmt: skip
+    consistently(
+        lambda: (blocked.phase, every.allocation),
+        lambda s: s == ("Pending", None),
+        "the pod Pending, its claim unallocated while a device it needs is tainted",
+    )

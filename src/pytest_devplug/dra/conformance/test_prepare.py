@@ -44,10 +44,15 @@ def test_claim_with_several_requests(devplug_claims: ClaimFactory, devplug_drive
     classes = (devplug_claims.default_class, devplug_claims.device_class())
     for counts in ((1, 2), (1, 1, 1)):
         names = [f"req-{i}" for i in range(len(counts))]
-        claim = devplug_claims.claim(requests=[
-            {"name": name, "exactly": {"deviceClassName": classes[i % 2], "allocationMode": "ExactCount", "count": n}}
-            for i, (name, n) in enumerate(zip(names, counts, strict=True))
-        ])  # fmt: skip
+        claim = devplug_claims.claim(
+            requests=[
+                {
+                    "name": name,
+                    "exactly": {"deviceClassName": classes[i % 2], "allocationMode": "ExactCount", "count": n},
+                }
+                for i, (name, n) in enumerate(zip(names, counts, strict=True))
+            ]
+        )
         body = devplug_claims.manifest([claim], containers=len(counts))
         containers = body["spec"]["containers"]
         for container, name in zip(containers, names, strict=True):
@@ -144,8 +149,12 @@ def test_unprepared_when_pod_deleted_and_unprepare_is_idempotent(
     assert_claim_prepared(pod, devplug_driver)
     uid, since = claim.uid, len(devplug_driver.node.dra_calls())
     pod.delete_and_wait_gone()
-    waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-           f"a NodeUnprepareResources of claim {uid} that succeeded", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+        bool,
+        f"a NodeUnprepareResources of claim {uid} that succeeded",
+        driver=devplug_driver,
+    )
     waited(claim.prepared, lambda p: p is None, "the claim gone from dra_manager_state", driver=devplug_driver)
     answer = devplug_driver.call("NodeUnprepareResources", [claim_ref(claim)])
     result = answer.claims.get(uid)

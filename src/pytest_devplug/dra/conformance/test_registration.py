@@ -64,8 +64,12 @@ def test_abrupt_kill_then_start_registers_again(devplug_driver: DriverHandle) ->
     devplug_driver.kill()
     devplug_driver.start()
     assert_driver_registered(devplug_driver)
-    after = waited(devplug_driver.devices, lambda d: d == before, "the same devices published after the kill and start",
-                   driver=devplug_driver)  # fmt: skip
+    after = waited(
+        devplug_driver.devices,
+        lambda d: d == before,
+        "the same devices published after the kill and start",
+        driver=devplug_driver,
+    )
     assert after == before
 
 
@@ -82,8 +86,12 @@ def test_recovers_after_refused_registration(devplug_driver: DriverHandle) -> No
         node.refuse_next_registration(reason)
     finally:
         node.start_kubelet()
-    waited(lambda: [e for e in node.registration_events() if e.kind == "failed" and reason in e.detail], bool,
-           "the kubelet refusing the driver's registration once", driver=driver)  # fmt: skip
+    waited(
+        lambda: [e for e in node.registration_events() if e.kind == "failed" and reason in e.detail],
+        bool,
+        "the kubelet refusing the driver's registration once",
+        driver=driver,
+    )
     assert_driver_registered(driver, node.reregistration_timeout)
     assert driver.running and driver.restarts == restarts, (
         f"the driver exited after the refused registration (restarted {driver.restarts - restarts} times since): "

@@ -48,9 +48,13 @@ def test_unprepare_for_pod_deleted_while_kubelet_down(
             pod.delete()
         finally:
             node.start_kubelet()
-        waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-               f"NodeUnprepareResources of claim {uid} succeeding after the kubelet came back",
-               driver=devplug_driver, timeout=node.reregistration_timeout + periods["reconcile_period"])  # fmt: skip
+        waited(
+            lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+            bool,
+            f"NodeUnprepareResources of claim {uid} succeeding after the kubelet came back",
+            driver=devplug_driver,
+            timeout=node.reregistration_timeout + periods["reconcile_period"],
+        )
         waited(
             claim.prepared,
             lambda p: p is None,
@@ -139,8 +143,12 @@ def test_unprepare_after_a_restart_removes_the_claims_cdi_specs(
         restart()
         uid, since = claim.uid, len(node.dra_calls())
         pod.delete()
-        waited(lambda uid=uid, since=since: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,  # type: ignore[misc]
-               f"the claim unprepared after {what} and its pod was deleted", driver=devplug_driver)  # fmt: skip
+        waited(
+            lambda uid=uid, since=since: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),  # type: ignore[misc]
+            bool,
+            f"the claim unprepared after {what} and its pod was deleted",
+            driver=devplug_driver,
+        )
         left = sorted(set(written) & set(node.cdi_spec_files()))
         assert not left, (
             f"after {what} between prepare and unprepare, {devplug_driver.name} unprepared claim {claim.name} but left "
@@ -170,9 +178,13 @@ def test_pods_come_back_with_their_devices_after_a_node_reboot(
         note_check(request.node, "reboot", node.reboot())
         devplug_driver.start()  # its DaemonSet's pod comes back after a reboot
         assert_driver_registered(devplug_driver, node.reregistration_timeout)
-        waited(lambda: succeeded(devplug_driver, "NodePrepareResources", uid, since), bool,
-               f"the kubelet preparing claim {uid} again after the reboot, and the driver answering without error",
-               driver=devplug_driver, timeout=node.reregistration_timeout + periods["retry_period"])  # fmt: skip
+        waited(
+            lambda: succeeded(devplug_driver, "NodePrepareResources", uid, since),
+            bool,
+            f"the kubelet preparing claim {uid} again after the reboot, and the driver answering without error",
+            driver=devplug_driver,
+            timeout=node.reregistration_timeout + periods["retry_period"],
+        )
     try:
         pod.wait_container_replaced(old_id)
     except AssertionError as exc:

@@ -34,14 +34,21 @@ def test_unsatisfiable_claim_stays_unschedulable(devplug_claims: ClaimFactory, d
     n = len(devplug_driver.devices())
     claim = devplug_claims.claim(count=n + 1)
     pod = devplug_claims.pod([claim])
-    cond = waited(lambda: pod.scheduled_condition or {}, lambda c: c.get("status") == "False",
-                  "the scheduler's PodScheduled=False condition", driver=devplug_driver)  # fmt: skip
+    cond = waited(
+        lambda: pod.scheduled_condition or {},
+        lambda c: c.get("status") == "False",
+        "the scheduler's PodScheduled=False condition",
+        driver=devplug_driver,
+    )
     assert cond.get("reason") == "Unschedulable", f"PodScheduled condition {cond}"
     assert UNSCHEDULABLE_TEXT in str(cond.get("message")), (
         f"the scheduler says {cond.get('message')!r}, not {UNSCHEDULABLE_TEXT!r}"
     )
-    consistently(lambda: (pod.phase, pod.node_name, claim.allocation), lambda s: s == ("Pending", None, None),
-                 f"the pod Pending and unbound, its claim for {n + 1} devices unallocated")  # fmt: skip
+    consistently(
+        lambda: (pod.phase, pod.node_name, claim.allocation),
+        lambda s: s == ("Pending", None, None),
+        f"the pod Pending and unbound, its claim for {n + 1} devices unallocated",
+    )
     uid = claim.uid
     asked = [c for c in devplug_driver.node.dra_calls(driver=devplug_driver.name) if uid in c.claim_uids]
     assert not asked, f"the driver was asked about an unallocated claim: {asked}"
@@ -68,13 +75,21 @@ def test_shared_claim(devplug_claims: ClaimFactory, devplug_driver: DriverHandle
     assert len(prepares) == 1, f"a shared claim is prepared once; the kubelet prepared it {len(prepares)} times"
     since = len(node.dra_calls())
     first.delete()
-    waited(lambda: claim.prepared(), lambda p: p is not None and p.pod_uids == {second.uid},
-           f"only pod {second.uid} left in the claim's checkpoint entry", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: claim.prepared(),
+        lambda p: p is not None and p.pod_uids == {second.uid},
+        f"only pod {second.uid} left in the claim's checkpoint entry",
+        driver=devplug_driver,
+    )
     unprepared = [c for c in node.dra_calls("NodeUnprepareResources", since=since) if uid in c.claim_uids]
     assert not unprepared, f"the claim was unprepared while pod {second.name} still uses it: {unprepared}"
     second.delete()
-    waited(lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since), bool,
-           "the claim unprepared once its last pod was deleted", driver=devplug_driver)  # fmt: skip
+    waited(
+        lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+        bool,
+        "the claim unprepared once its last pod was deleted",
+        driver=devplug_driver,
+    )
     assert a.claim_uid == b.claim_uid == uid
 
 
@@ -114,8 +129,10 @@ def _rule_seen(driver: DriverHandle, rule: str) -> None:
     def observed() -> bool:
         obj: dict[str, Any] = driver.dra.rest.get(f"{RESOURCE_API}/devicetaintrules/{rule}")
         gen = (obj.get("metadata") or {}).get("generation")
-        return any(c.get("type") == "EvictionInProgress" and c.get("observedGeneration") == gen
-                   for c in (obj.get("status") or {}).get("conditions") or [])  # fmt: skip
+        return any(
+            c.get("type") == "EvictionInProgress" and c.get("observedGeneration") == gen
+            for c in (obj.get("status") or {}).get("conditions") or []
+        )
 
     try:
         wait_for(
@@ -158,8 +175,11 @@ def test_device_taint_keeps_claims_off_tainted_devices(
     assert UNSCHEDULABLE_TEXT in str(cond.get("message")), (
         f"the scheduler says {cond.get('message')!r}, not {UNSCHEDULABLE_TEXT!r}"
     )
-    consistently(lambda: (pod.phase, pod.node_name, claim.allocation), lambda s: s == ("Pending", None, None),
-                 "the pod Pending and unbound, its claim unallocated while every device is tainted")  # fmt: skip
+    consistently(
+        lambda: (pod.phase, pod.node_name, claim.allocation),
+        lambda s: s == ("Pending", None, None),
+        "the pod Pending and unbound, its claim unallocated while every device is tainted",
+    )
     uid = claim.uid
     asked = [c for c in node.dra_calls(driver=devplug_driver.name) if uid in c.claim_uids]
     assert not asked, f"the driver was asked about a claim the taint keeps unallocated: {asked}"

@@ -52,8 +52,13 @@ def test_slices_removed_after_driver_stops(devplug_driver: DriverHandle) -> None
     with short_dra_timings(devplug_driver, wiping_delay=1.0) as periods:
         delay = periods["wiping_delay"]
         devplug_driver.stop()
-        waited(devplug_driver.slices, lambda s: not s, f"the driver's slices deleted {delay:g} s after it stopped",
-               driver=devplug_driver, timeout=devplug_driver.node.timeout + delay)  # fmt: skip
+        waited(
+            devplug_driver.slices,
+            lambda s: not s,
+            f"the driver's slices deleted {delay:g} s after it stopped",
+            driver=devplug_driver,
+            timeout=devplug_driver.node.timeout + delay,
+        )
         consistently(devplug_driver.slices, lambda s: not s, "no slices of the stopped driver")
 
 

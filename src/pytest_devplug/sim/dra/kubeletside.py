@@ -193,16 +193,26 @@ class NodeDRA:
         for the kubelet's plugin watcher."""
         health = HealthInfoCache()
         plugins = DRAPluginManager(
-            self.node_name, wiper=self.api, wiping_delay=self.timings.wiping_delay,
+            self.node_name,
+            wiper=self.api,
+            wiping_delay=self.timings.wiping_delay,
             health_cache=health if self.kube.gate("ResourceHealthStatus") else None,
-            on_health_change=lambda _driver, _devices: self._on_change(), path_of_endpoint=self.host_path,
-            on_call=self._record_call, logger=self._log, kube=self.kube,
-        )  # fmt: skip
+            on_health_change=lambda _driver, _devices: self._on_change(),
+            path_of_endpoint=self.host_path,
+            on_call=self._record_call,
+            logger=self._log,
+            kube=self.kube,
+        )
         try:
             manager = DRAManager(
-                self.node_dir, plugins, self.api, health_cache=health, logger=self._log,
-                health_messages=self.kube.gate("ResourceHealthStatusMessage"), kube=self.kube,
-            )  # fmt: skip
+                self.node_dir,
+                plugins,
+                self.api,
+                health_cache=health,
+                logger=self._log,
+                health_messages=self.kube.gate("ResourceHealthStatusMessage"),
+                kube=self.kube,
+            )
         except Exception:
             plugins.stop()
             raise

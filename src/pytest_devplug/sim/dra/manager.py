@@ -41,8 +41,9 @@ from pytest_devplug.sim.dra.health import HealthInfoCache
 from pytest_devplug.sim.dra.plugins import DRAPluginManager
 
 __all__ = [
-    "ClaimSource", "DRAManager",
-]  # fmt: skip
+    "ClaimSource",
+    "DRAManager",
+]
 
 Obj = Mapping[str, Any]
 

@@ -142,10 +142,15 @@ class DRAPluginManager:
             health_service = self._health_service(versions)
             if self._health_cache is not None and health_service:
                 stream = HealthStream(
-                    name, plugin.channel, self._health_cache, service=health_service,
-                    stop_on_unimplemented=self.kube.has("dra-health-v1"), on_change=self._on_health_change,
-                    retry_period=self._health_retry_period, logger=self._log,
-                )  # fmt: skip
+                    name,
+                    plugin.channel,
+                    self._health_cache,
+                    service=health_service,
+                    stop_on_unimplemented=self.kube.has("dra-health-v1"),
+                    on_change=self._on_health_change,
+                    retry_period=self._health_retry_period,
+                    logger=self._log,
+                )
                 self._streams[plugin] = stream
                 stream.start()
             self._log.info(
