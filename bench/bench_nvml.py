@@ -18,14 +18,15 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from pytest_devplug.backends.base import PluginSpec
 from pytest_devplug.backends import mockstate
 from pytest_devplug.nvml import mock_env
+from pytest_devplug.settings import default_plugin_argv
 from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.kubelet import SimNode
 
@@ -56,19 +57,8 @@ def nvidia_binary() -> str:
 def plugin_argv(kind: str, state: Path, node: SimNode) -> tuple[list[str], bool]:
     """The plugin's command line on ``node`` and whether it needs the kubelet's standard paths."""
     if kind == "included":
-        return [
-            sys.executable,
-            "-m",
-            "devplug_gpu_plugin",
-            "--plugin-dir",
-            str(node.plugin_dir),
-            "--resource-name",
-            GPU,
-            "--nvml",
-            "mock",
-            "--mock-state",
-            str(state),
-        ], False
+        spec = PluginSpec(argv=default_plugin_argv(GPU, pre_start_required=False))
+        return spec.command(plugin_dir=node.plugin_dir, mock_state=state)[0], False
     return [nvidia_binary(), "--device-discovery-strategy", "nvml"], True
 
 

@@ -53,6 +53,8 @@ from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc  # noqa:
 from pytest_devplug.api.podresources import v1_pb2, v1_pb2_grpc  # noqa: E402
 from pytest_devplug.cli import main as devplug  # noqa: E402
 from pytest_devplug.nvml import mock_env  # noqa: E402
+from pytest_devplug.settings import default_plugin_argv  # noqa: E402
+from pytest_devplug.backends.base import PluginSpec  # noqa: E402
 from pytest_devplug.kubeletmodel.checkpoint import CheckpointData, decode, encode  # noqa: E402
 from pytest_devplug.errors import CheckpointFormatError, NotFoundError  # noqa: E402
 from pytest_devplug.sim.embeddedplane import EmbeddedPlane  # noqa: E402
@@ -367,22 +369,8 @@ def bench_admission(ops: int, work: Path) -> Row:
     double = leaks = 0
     with EmbeddedPlane() as cluster:
         node = cluster.add_node("node-1")
-        node.start_plugin(
-            [
-                sys.executable,
-                "-m",
-                "devplug_gpu_plugin",
-                "--plugin-dir",
-                str(node.plugin_dir),
-                "--resource-name",
-                GPU,
-                "--nvml",
-                "mock",
-                "--mock-state",
-                str(state),
-            ],
-            env=mock_env(str(state)),
-        )
+        spec = PluginSpec(argv=default_plugin_argv(GPU, pre_start_required=False))
+        node.start_plugin(spec.command(plugin_dir=node.plugin_dir, mock_state=state)[0], env=mock_env(str(state)))
         deadline = time.monotonic() + 30
         while node.allocatable().get(GPU) != "4":
             if time.monotonic() > deadline:

@@ -16,14 +16,15 @@ import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_devplug.backends.base import PluginSpec
 from pytest_devplug.nvml import mock_env
+from pytest_devplug.settings import default_plugin_argv
 from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.kubelet import SimNode
 
@@ -49,19 +50,10 @@ def write_state(path: Path, n: int, lost: frozenset[int] = frozenset()) -> None:
 
 
 def argv(plugin_dir: Path, state: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "devplug_gpu_plugin",
-        "--plugin-dir",
-        str(plugin_dir),
-        "--resource-name",
-        GPU,
-        "--nvml",
-        "mock",
-        "--mock-state",
-        str(state),
-    ]
+    """The included GPU plugin's command line as the harness starts it on a node."""
+    return PluginSpec(argv=default_plugin_argv(GPU, pre_start_required=False)).command(
+        plugin_dir=plugin_dir, mock_state=state
+    )[0]
 
 
 def wait(fn: Callable[[], bool], what: str, timeout: float = 15.0) -> float:

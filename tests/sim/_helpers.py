@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from pytest_devplug.backends.base import PluginSpec
 from pytest_devplug.nvml import mock_env
+from pytest_devplug.settings import default_plugin_argv
 
 from ..support import RESOURCE, WAIT, wait_until
 
@@ -38,20 +39,9 @@ def write_state(path: Path, gpus: list[dict[str, Any]], events: list[dict[str, A
 
 
 def plugin_argv(plugin_dir: Path, state: Path, *extra: str, resource: str = GPU) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "devplug_gpu_plugin",
-        "--plugin-dir",
-        str(plugin_dir),
-        "--resource-name",
-        resource,
-        "--nvml",
-        "mock",
-        "--mock-state",
-        str(state),
-        *extra,
-    ]
+    """The included GPU plugin's command line as the harness starts it on a node, plus ``extra`` flags."""
+    spec = PluginSpec(argv=default_plugin_argv(resource, pre_start_required=False))
+    return [*spec.command(plugin_dir=plugin_dir, mock_state=state)[0], *extra]
 
 
 def pod(
