@@ -18,6 +18,10 @@ DaemonSet to restart them (with neither it nor ``--retry`` a failed ``Register``
 ``--shared`` makes every ID a share of one device (``/dev/widget`` in every container): a scheduling budget, as
 plugins that share a device by design advertise it.
 
+``--socket-per-start-second`` names its socket after the second the process started in and never removes a stale
+one, retrying every second while the name is taken, as squat's generic-device-plugin does (``gdp-<resource>-<unix
+seconds>.sock``): correct on a node, where two starts of a plugin are never within a second of each other.
+
 ``--registration plugins_registry`` puts its socket in ``--registry-dir`` instead, serving ``Registration`` beside
 ``DevicePlugin`` (an empty endpoint: the kubelet dials that same socket), as SR-IOV's and RDMA's plugins do; it then
 never calls ``Register``. ``--info-version`` is the version its ``GetInfo`` names (a wrong one is a seeded bug).
@@ -62,6 +66,9 @@ parser.add_argument("--registration", choices=["kubelet.sock", "plugins_registry
 parser.add_argument("--shared", action="store_true", help="every ID is a share of one device: /dev/widget for all")
 parser.add_argument("--host-nodes", action="store_true", help="each ID its own host node /dev/<id> (not /dev/null)")
 parser.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry")
+parser.add_argument(
+    "--socket-per-start-second", action="store_true", help="socket widget-<unix seconds>.sock, stale ones kept"
+)
 parser.add_argument("--info-version", default="v1beta1", help="the version GetInfo names (plugins_registry)")
 args = parser.parse_args()
 
@@ -79,7 +86,18 @@ if args.fault == "panic-at-start":
     sys.stderr.flush()
     sys.exit(2)
 
-NAME = "widget.sock"
+
+def start_second() -> int:
+    """The Unix second this process started in (/proc: boot time + its start in clock ticks), as a Go plugin reads
+    the clock first thing; the clock read here would come after gRPC's import, a good part of a second later."""
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rpartition(")")[2].split()[19])
+    return boot + ticks // os.sysconf("SC_CLK_TCK")
+
+
+NAME = f"widget-{start_second()}.sock" if args.socket_per_start_second else "widget.sock"
 WATCHED = args.registration == "plugins_registry"
 SOCK = os.path.join(args.registry_dir if WATCHED else args.plugin_dir, NAME)
 KUBELET = os.path.join(args.plugin_dir, "kubelet.sock")
@@ -131,7 +149,13 @@ class Registration(rpbg.RegistrationServicer):
 
 
 def serve() -> grpc.Server:
-    if os.path.exists(SOCK):
+    if args.socket_per_start_second:
+        # Go's net.Listen refuses a path that exists (gRPC's C core would unlink it): wait for it to go.
+        while os.path.exists(SOCK):
+            print(f"widget: listen unix {SOCK}: bind: address already in use; trying again in 1 s", flush=True)
+            if stop.wait(1.0):
+                sys.exit(0)
+    elif os.path.exists(SOCK):
         os.unlink(SOCK)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pbg.add_DevicePluginServicer_to_server(Widgets(), server)

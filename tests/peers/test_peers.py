@@ -10,7 +10,9 @@ name a reason that fits what the peer lacks; a test that fails here on a correct
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,6 +110,55 @@ def test_conformance_suite_passes_on_peer(
     missing = [t for t in peer.must_pass if t not in result.passed]
     assert not missing, f"{peer.name}: expected to pass but did not run or skipped: {missing}; skips: {result.skipped}"
     same_verdicts(peer.name, control_plane, result.verdicts())
+
+
+#: squat's generic-device-plugin on every release whose kubelet model differs in what it meets (1.37's endpoint per
+#: socket; 1.34-1.36's one client per resource).
+GENERIC_RELEASES = ("1.34", "1.35", "1.36", "1.37")
+#: What the generic plugin may skip: it reads no mock NVML, reports no topology, asks for no PreStart, serves one
+#: resource and declares no convention but the rolling update it is run with.
+GENERIC_SKIPS = (NO_MOCK, CONVENTION_OFF, NO_PRE_START, NO_TOPOLOGY, ONE_RESOURCE)
+GENERIC_MUST_PASS = (
+    "test_abrupt_kill_then_restart_serves_again",
+    "test_device_ids_stable_across_restarts",
+    "test_reregisters_after_kubelet_restart",
+    "test_checkpoint_survives_kubelet_restart",
+)
+#: A second plugin for a resource joins the first only from 1.37 (one endpoint per socket); before, the rolling
+#: update check skips naming the release.
+ROLLING_UPDATE = "test_convention_rolling_update_without_downtime"
+BEFORE_PER_SOCKET = re.compile(r"holds for Kubernetes 1\.37 and later .* runs kubernetes 1\.3[4-6]\.")
+
+
+@pytest.mark.parametrize("release", GENERIC_RELEASES)
+def test_generic_device_plugin_passes(release: str, peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """squat's generic-device-plugin (Go, widely deployed) with its README's kind of command line: four files as
+    ``example.com/widget``. Its socket is ``gdp-<resource>-<unix seconds>.sock``, named when it starts and never
+    cleaned up, so a second instance beside the first never shares it (the rolling-update convention holds) and a
+    process started again within the second of its predecessor's start could never serve (issue 45: the harness did
+    that; no node does)."""
+    binary = peer_binary("generic-device-plugin")
+    widgets = tmp_path / "widgets"
+    widgets.mkdir()
+    for i in range(4):
+        (widgets / f"widget{i}").touch()
+    device = json.dumps({"name": "widget", "groups": [{"paths": [{"path": f"{widgets}/widget*"}]}]})
+    cmd = shlex.join([str(binary), "--plugin-directory", "{plugin_dir}", "--domain", "example.com"])
+    cmd += " --listen 127.0.0.1:0 --device " + shlex.quote(device)  # no port of its own: runs beside others
+    options = ["--kubernetes-version", release, "--plugin-cmd", cmd, "--resource-name", "example.com/widget"]
+    report = tmp_path / "report.md"
+    options += ["--conventions", "rolling-update", "--report", str(report)]
+    result = run_conformance(options, [], tmp_path, timeout=SUITE_TIMEOUT_S)
+    assert not result.failed, f"generic-device-plugin at {release}:\n" + "\n".join(result.failed) + result.output
+    assert result.returncode == 0, f"devplug conformance exited {result.returncode}:\n{result.output}"
+    header = report.read_text().split("\n\n")[1]
+    assert f"| Kubernetes | kubernetes {release}." in header, f"the run did not follow {release}:\n{header}"
+    per_socket = release >= "1.37"
+    skips = GENERIC_SKIPS if per_socket else (*GENERIC_SKIPS, BEFORE_PER_SOCKET)
+    unexplained = {t: r for t, r in result.skipped.items() if not any(p.search(r) for p in skips)}
+    assert not unexplained, f"generic-device-plugin: skips without a reason that fits it: {unexplained}"
+    missing = [t for t in (*GENERIC_MUST_PASS, *([ROLLING_UPDATE] if per_socket else [])) if t not in result.passed]
+    assert not missing, f"generic-device-plugin: expected to pass, did not: {missing}; skips: {result.skipped}"
 
 
 STUB_DIR = Path(__file__).resolve().parents[2] / "peers" / "stub-plugin"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_devplug.sim.daemon import KUBELET_BACKOFF, BackOffPolicy, CrashBackOff, PluginDaemon
 from pytest_devplug.procs.process import PluginProcess
+from pytest_devplug.sim.daemon import KUBELET_BACKOFF, BackOffPolicy, CrashBackOff, PluginDaemon
 
 from ..support import wait_until
 
@@ -156,3 +156,34 @@ def test_a_stop_between_two_crashes_keeps_it_down(
     restarts = d.restarts
     time.sleep(1.0)
     assert d.restarts == restarts and not d.running and d.exit_reason() == "exited with status 3"
+
+
+def test_no_two_starts_within_a_relist_period(daemons: list[PluginDaemon], tmp_path: Path, kubelet: Kubelet) -> None:
+    """A node never starts a plugin's container again within a second (``genericPlegRelistPeriod``) of its last
+    start; the harness may ask at once (kill, then start as a new pod) and a crash is seen within ``relist``, yet both
+    starts wait. Each process writes the monotonic clock (system-wide) first thing; ``-S`` keeps its start-up to
+    milliseconds. The 1 s is pinned here as a literal (upstream's value in every pinned release), not the constant."""
+    starts = tmp_path / "starts"
+    recorder = [
+        sys.executable,
+        "-S",
+        "-c",
+        f"import time; open({str(starts)!r}, 'a').write(f'{{time.monotonic()}}\\n'); time.sleep(60)",
+    ]
+    d = daemon(daemons, tmp_path, kubelet, recorder, KUBELET_BACKOFF)
+
+    def seen() -> list[float]:
+        return [float(x) for x in starts.read_text().split()] if starts.exists() else []
+
+    wait_until("the first start", seen, lambda t: len(t) == 1, timeout=10)
+    d.kill(signal.SIGKILL)
+    d.wait(5)
+    d.start()  # the harness's new pod, asked for at once
+    wait_until("the start as a new pod", seen, lambda t: len(t) == 2, timeout=10)
+    pid = d.pid
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)  # a crash: the kubelet's restart, seen within relist
+    wait_until("the kubelet's restart", seen, lambda t: len(t) == 3, timeout=10)
+    t = seen()
+    gaps = [b - a for a, b in zip(t, t[1:], strict=False)]
+    assert all(g >= 0.9 for g in gaps), f"starts {gaps} s apart; a node keeps them >= 1 s apart"

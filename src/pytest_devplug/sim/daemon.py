@@ -17,6 +17,12 @@ The harness's own stop and kill are not exits of this kind: they stand for the p
 plugin stays down until :meth:`PluginDaemon.start`, which starts it as a new pod (restart count 0, no
 back-off). The kubelet notices an exit by polling (upstream's PLEG relists every second; here every
 ``relist`` seconds).
+
+Neither start comes within ``spacing`` (:data:`~pytest_devplug.kubeletmodel.periods.PLEG_RELIST_PERIOD_S`, one
+second) of the process's previous start: the harness can start a process again at once, a node cannot (its
+restart waits for a relist, a replacement pod for the controllers and a sandbox). A plugin that names its socket
+after the second it started in (squat's generic-device-plugin) would otherwise find its predecessor's stale socket
+under its own name, a collision no node produces.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SimError
+from ..kubeletmodel.periods import PLEG_RELIST_PERIOD_S
 from ..procs.process import PluginProcess, append_log
 
 __all__ = ["BackOffPolicy", "CrashBackOff", "KUBELET_BACKOFF", "PluginDaemon"]
@@ -99,6 +106,7 @@ class PluginDaemon:
         logger: logging.Logger,
         policy: BackOffPolicy = KUBELET_BACKOFF,
         relist: float = 0.1,
+        spacing: float = PLEG_RELIST_PERIOD_S,
     ) -> None:
         self.proc = proc
         self.name = name
@@ -106,6 +114,9 @@ class PluginDaemon:
         self._logger = logger
         self._policy = policy
         self._relist = relist
+        self._spacing = spacing
+        #: When the process last started (``time.monotonic()``), ``None`` before its first start.
+        self._started: float | None = None
         self._cond = threading.Condition()
         #: Down by the harness's hand (stop, kill, not started yet): never restarted until ``start``.
         self._held = True
@@ -158,9 +169,15 @@ class PluginDaemon:
     def start(self) -> None:
         """Start the plugin as a new pod would: restart count 0, no back-off; the kubelet keeps it running (a
         process the kubelet restarted meanwhile is taken as the new pod's)."""
+        early = self._too_early()
+        if early > 0:
+            self._logger.info(
+                '"Starting container" container="%s" in %.2fs: a node starts it again no sooner', self.name, early
+            )
+            time.sleep(early)  # a node's latency, modelled: nothing to wait for but the clock
         with self._cond:
             if not self.proc.running:
-                self.proc.start()
+                self._start_process()
             self._held, self._restarts, self._finished = False, 0, None
             self._backoff = CrashBackOff(self._policy)
             self._kubelet_seen = self._kubelet()
@@ -170,6 +187,16 @@ class PluginDaemon:
         threading.Thread(
             target=self._supervise, args=(generation,), name=f"devplug-daemon-{self.name}", daemon=True
         ).start()
+
+    def _too_early(self) -> float:
+        """Seconds until the process may start again (``spacing`` after its last start), 0 when it may now."""
+        with self._cond:
+            return 0.0 if self._started is None else max(self._started + self._spacing - time.monotonic(), 0.0)
+
+    def _start_process(self) -> None:
+        """``_cond`` held."""
+        self._started = time.monotonic()
+        self.proc.start()
 
     def _hold(self) -> None:
         with self._cond:
@@ -231,12 +258,14 @@ class PluginDaemon:
                     self.name,
                 )
             return
+        if self._started is not None and now < self._started + self._spacing:
+            return  # started less than a relist period ago: a later relist restarts it
         self._backoff.next(self._finished, now)
         self._restarts += 1
         self._finished = None
         self._note(f"--- restarted by the kubelet (restartPolicy Always): restart {self._restarts}")
         try:
-            self.proc.start()
+            self._start_process()
         except SimError as exc:
             # The runtime could not start it (StartError): an exit like any other for the back-off.
             self._note(f"--- start failed: {exc}")
