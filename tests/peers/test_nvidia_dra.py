@@ -13,10 +13,10 @@ A correct driver gets 0 failed; every skip must name what it lacks: a fault inje
 (the mock NVML has no such fault), a health service (v0.4.0 serves no ``DRAResourceHealth``). Its health is judged as
 it reports it, as device taints: with its ``NVMLDeviceHealthCheck`` gate on (a chart value), an Xid on a running
 pod's GPU taints that device ``gpu.nvidia.com/xid=79:NoSchedule`` and the scheduler keeps new claims off it (on the
-default release, 1.37, where the API server keeps device taints). v0.4.0 fails the node
-reboot check for an upstream defect: a prepare of a claim its checkpoint holds as ``PrepareCompleted`` is skipped,
-so after a reboot emptied ``/var/run/cdi`` the claim's CDI spec is never written again and the container is refused
-for good (kubernetes-sigs/dra-driver-nvidia-gpu#951); that stays visible as a strict xfail.
+default release, 1.37, where the API server keeps device taints). It passes the node reboot check because the
+reboot changes the boot ID: v0.4.0 keeps the kernel's boot ID in its checkpoint and, when it reads another one at
+start, drops the checkpoint and prepares every claim afresh (its fix of kubernetes-sigs/dra-driver-nvidia-gpu#951,
+``pkg/bootid``); a reboot that kept the boot ID (the embedded kubelet's before issue 40) made it fail for good.
 
 On kind (``nox -s e2e``) it runs as its chart deploys it (``peers/nvidia-dra/``: the chart's kubelet-plugin DaemonSet
 and RBAC, its image built here from the same binary), on the mock GPU node the kind backend makes (the stub driver
@@ -36,11 +36,9 @@ import pytest
 
 from ..support import (
     KnownUpstreamDefect,
-    SuiteResult,
     assert_suite_passed,
     parse_junit,
     run_conformance,
-    upstream_defect_verdict,
 )
 
 DRIVER = "gpu.nvidia.com"
@@ -98,14 +96,9 @@ MUST_PASS = (
     "test_checkpoint_contents",
     "test_extended_resource_served_by_the_driver",
     "test_device_health_reported_as_device_taints",
+    "test_pods_come_back_with_their_devices_after_a_node_reboot",
 )
 SUITE_TIMEOUT_S = 600
-REBOOT_CHECK = "test_pods_come_back_with_their_devices_after_a_node_reboot"
-REBOOT_BUG = "CDI device injection failed: unresolvable CDI devices"
-UPSTREAM_BUG = (
-    "kubernetes-sigs/dra-driver-nvidia-gpu#951: v0.4.0 skips the prepare of a claim its checkpoint holds as "
-    "PrepareCompleted, so after a reboot the claim's CDI spec is never written again"
-)
 
 
 def _env(values: dict[str, str]) -> str:
@@ -127,26 +120,10 @@ def _command(binary: Path) -> list[str]:
 
 
 def test_dra_suite_passes_on_nvidias_dra_driver(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
-    """v0.4.0 as its chart starts it, every check but the reboot check (the strict xfail below judges that one)."""
+    """v0.4.0 as its chart starts it: the whole suite, the node reboot check included."""
     binary = peer_binary("gpu-kubelet-plugin")
-    result = run_conformance(_command(binary), ["-k", f"not {REBOOT_CHECK}"], tmp_path, timeout=SUITE_TIMEOUT_S)
+    result = run_conformance(_command(binary), [], tmp_path, timeout=SUITE_TIMEOUT_S)
     assert_suite_passed(result, "NVIDIA's DRA driver", ALLOWED_SKIPS, MUST_PASS)
-
-
-@pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=UPSTREAM_BUG)
-def test_nvidias_dra_driver_fails_the_reboot_check(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
-    """v0.4.0: the reboot check fails it with the runtime's CDI refusal. A release that passes turns this strict
-    xfail into a failure (update its row in docs/guides/dra-drivers.md); failing it for another reason is a plain
-    failure."""
-    result = run_conformance(
-        _command(peer_binary("gpu-kubelet-plugin")), ["-k", REBOOT_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S
-    )
-    _reboot_verdict(result)
-
-
-def _reboot_verdict(result: SuiteResult) -> None:
-    __tracebackhide__ = True
-    upstream_defect_verdict(result, "NVIDIA's DRA driver v0.4.0", REBOOT_CHECK, REBOOT_BUG, UPSTREAM_BUG)
 
 
 #: Static MIG (its default, DynamicMIG off) on mock GPUs with MIG enabled: a check of NVIDIA's own, run inside a

@@ -452,11 +452,11 @@ class SimBackend:
         return bool(self.sim_node(node).running)
 
     def reboot_node(self, node: str) -> str:
-        self.sim_node(node).reboot()
-        return (
-            "rebooted (embedded kubelet): every container, sandbox and plugin process gone, /var/run/cdi emptied, "
-            "/var/lib/kubelet kept"
-        )
+        kept_boot_id = self.sim_node(node).reboot()
+        done = "every container, sandbox and plugin process gone, /var/run/cdi emptied, /var/lib/kubelet kept"
+        if kept_boot_id is not None:
+            return f"staged (embedded kubelet): {done}; the boot ID unchanged (no private namespace: {kept_boot_id})"
+        return f"rebooted (embedded kubelet): {done}, a new boot ID and uptime for the node's processes"
 
     def machine_numa_nodes(self, node: str) -> list[int]:
         return list(range(int(self.sim_node(node).numa_nodes)))

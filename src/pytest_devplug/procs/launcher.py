@@ -5,6 +5,9 @@ so that starting a plugin imports nothing but the standard library); it replaces
 
 * ``--parent PID``: the plugin gets SIGKILL when the thread that started it dies, so a killed test
   run leaves no plugin behind; if ``PID`` is already gone the launcher exits instead of starting it.
+* ``--boottime-origin SECONDS``: in the namespace, a time namespace of the process's own whose ``CLOCK_BOOTTIME``
+  (so ``/proc/uptime``) counts from the host's ``SECONDS``: the node's boot (:mod:`~pytest_devplug.procs.boot`).
+  A kernel without time namespaces (before 5.6) keeps the host's uptime, said on stderr (the plugin log).
 * ``--bind SRC DST``: before the exec, the process enters a private mount namespace in which each
   ``SRC`` directory (or file: a stub device node such as ``/dev/nvidia0``) is bind-mounted at ``DST``; nobody
   outside sees these mounts, so each node's
@@ -37,6 +40,7 @@ __all__ = [
     "NamespaceError",
     "enter_namespace",
     "enter_network_namespace",
+    "enter_time_namespace",
     "main",
     "NO_NAMESPACE_HELP",
     "path_in_node",
@@ -77,6 +81,7 @@ NO_NAMESPACE_HELP = (
 )
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWTIME = 0x00000080
 _CLONE_NEWUSER = 0x10000000
 _MS_BIND = 4096
 _MS_REC = 16384
@@ -229,6 +234,21 @@ def enter_namespace(binds: Sequence[tuple[str, str]], scratch: str) -> None:
         _mount(src, dst, None, _MS_BIND | _MS_REC)
 
 
+def enter_time_namespace(origin: float) -> None:
+    """A new time namespace whose ``CLOCK_BOOTTIME`` reads 0 at the host's ``origin``; the offsets must be written
+    before a process enters it, and ``setns`` moves this (single-threaded) process in, not only its children."""
+    _check(_libc.unshare(_CLONE_NEWTIME), "unshare(CLONE_NEWTIME)")
+    whole = int(origin // 1)
+    nanos = int(round((origin - whole) * 1e9))
+    secs, nanos = (-whole, 0) if nanos == 0 else (-whole - 1, 1_000_000_000 - nanos)
+    _write("/proc/self/timens_offsets", f"boottime {secs} {nanos}")
+    fd = os.open("/proc/self/ns/time_for_children", os.O_RDONLY)
+    try:
+        _check(_libc.setns(fd, _CLONE_NEWTIME), "setns(time_for_children)")
+    finally:
+        os.close(fd)
+
+
 _CLONE_NEWNET = 0x40000000
 _TUNSETIFF, _TUNSETPERSIST = 0x400454CA, 0x400454CB
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _SIOCSIFHWADDR = 0x8913, 0x8914, 0x8924
@@ -292,6 +312,7 @@ def main(args: Sequence[str]) -> int:
     scratch = ""
     probe = False
     netdevs: list[tuple[str, str]] = []
+    origin: float | None = None
     i = 0
     while i < len(opts):
         opt = opts[i]
@@ -302,6 +323,8 @@ def main(args: Sequence[str]) -> int:
             i += 3
         elif opt == "--scratch":
             scratch, i = opts[i + 1], i + 2
+        elif opt == "--boottime-origin":
+            origin, i = float(opts[i + 1]), i + 2
         elif opt == "--probe":
             probe, i = True, i + 1
         elif opt == "--netdev":
@@ -331,6 +354,11 @@ def main(args: Sequence[str]) -> int:
             return 126
     if probe:
         return 0
+    if origin is not None:
+        try:
+            enter_time_namespace(origin)
+        except (NamespaceError, OSError) as exc:
+            print(f"devplug launcher: /proc/uptime counts from the host's boot, not the node's: {exc}", file=sys.stderr)
     if netdevs:
         try:
             enter_network_namespace(netdevs)

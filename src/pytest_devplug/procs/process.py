@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from . import launcher
+from .boot import BOOT_ID_PATH, NodeBoot
 from pytest_devplug.errors import NamespaceUnavailableError, PluginProcessError
 
 __all__ = [
@@ -234,8 +235,13 @@ class PluginProcess:
         env: Mapping[str, str] | None = None,
         binds: Sequence[tuple[Path, str]] = (),
         netdevs: Mapping[str, str] | None = None,
+        boot: NodeBoot | None = None,
     ) -> None:
         self.argv = list(argv)
+        #: The node's boot, shown to the process where a private namespace can be made (:mod:`.boot`).
+        self.boot = boot
+        #: Whether the last start showed it the node's boot ID and uptime (no namespace here: the host's).
+        self.sees_node_boot = False
         #: Interface name -> MAC: taps in a network namespace of the plugin's own (a mock NIC node's netdevs).
         self.netdevs = dict(netdevs or {})
         self.log_path = Path(log_path)
@@ -279,7 +285,8 @@ class PluginProcess:
 
     def start(self) -> None:
         """Start the process (error if it is already running)."""
-        problem = namespace_problem() if self.binds else None  # probed outside the locks: it may take seconds
+        # probed outside the locks: it may take seconds
+        problem = namespace_problem() if self.binds or self.boot is not None else None
         # _registry_lock too: the dirs made here must not appear while a signal's handler removes the work dir.
         with self._lock, _registry_lock:
             if self.running:
@@ -295,13 +302,18 @@ class PluginProcess:
                     f"cannot start plugin {self.argv}: {self.argv[0]!r} is not an executable file or on PATH"
                 )
             command = [*_LAUNCHER, "--parent", str(os.getpid())]
-            if self.binds:
-                if problem is not None:
-                    raise NamespaceUnavailableError(problem)
+            if self.binds and problem is not None:
+                raise NamespaceUnavailableError(problem)
+            binds = list(self.binds)
+            self.sees_node_boot = self.boot is not None and problem is None
+            if self.sees_node_boot and self.boot is not None:
+                binds.append((self.boot.id_file, BOOT_ID_PATH))
+                command += ["--boottime-origin", f"{self.boot.origin:.9f}"]
+            if binds:
                 scratch = self.log_path.with_name(f".{self.log_path.stem}.mnt")
                 scratch.mkdir(exist_ok=True)
                 command += ["--scratch", str(scratch)]
-                for src, dst in self.binds:
+                for src, dst in binds:
                     if not src.exists():  # a node directory; a file bind (a stub device node) exists already
                         src.mkdir(parents=True)
                     command += ["--bind", str(src), dst]

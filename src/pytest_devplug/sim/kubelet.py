@@ -46,7 +46,8 @@ from .daemon import KUBELET_BACKOFF, BackOffPolicy, PluginDaemon
 from .nodestatus import DEFAULT_CPU, DEFAULT_MEMORY, DEFAULT_PODS, NodeStatus
 from .podresources import PodResourcesServer
 from .podstatus import PodRecord, pod_phase, pod_status
-from ..procs.process import PluginProcess
+from ..procs.boot import NodeBoot
+from ..procs.process import PluginProcess, namespace_problem
 from .runtime import ContainerRecord, ContainerRuntime, image_pull_error
 from ..errors import UnresolvableCdiDevicesError
 
@@ -106,6 +107,8 @@ class SimNode:
         self.name = name
         self.node_dir = Path(node_dir)
         self.node_dir.mkdir(parents=True, exist_ok=True)
+        #: The machine boot its processes see: a boot ID of its own, renewed by :meth:`reboot`.
+        self.boot = NodeBoot(self.node_dir / "boot_id")
         self.numa_nodes = numa_nodes
         self.topology_policy = topology_policy
         self.grace_period = grace_period
@@ -273,10 +276,13 @@ class SimNode:
         self.stop_kubelet()
         self.start_kubelet()
 
-    def reboot(self) -> None:
+    def reboot(self) -> str | None:
         """A node reboot: the kubelet, every container and sandbox and every plugin process go away and
-        ``/run`` is empty (:attr:`tmpfs_dirs`); then the kubelet starts again (plugins are not restarted: their
-        DaemonSet pods would be, later)."""
+        ``/run`` is empty (:attr:`tmpfs_dirs`); the node gets a new boot ID and its uptime starts over (:attr:`boot`);
+        then the kubelet starts again (plugins are not restarted: their DaemonSet pods would be, later).
+
+        Returns why the node's processes keep seeing the host's boot ID (no private namespace can be made here), or
+        ``None`` when they see the new one."""
         self.stop_kubelet()
         for proc in list(self._plugins.values()):
             proc.stop()
@@ -284,8 +290,15 @@ class SimNode:
             self._runtime.clear()
         for d in self.tmpfs_dirs:
             _empty_dir(d)
-        self.logger.info('"Node rebooted" node="%s" emptied="%s"', self.name, ",".join(str(d) for d in self.tmpfs_dirs))
+        self.boot.renew()
+        self.logger.info(
+            '"Node rebooted" node="%s" emptied="%s" bootID="%s"',
+            self.name,
+            ",".join(str(d) for d in self.tmpfs_dirs),
+            self.boot.boot_id,
+        )
         self.start_kubelet()
+        return namespace_problem()
 
     def close(self) -> None:
         """Stop plugins and the kubelet; keep nothing running."""
@@ -329,7 +342,12 @@ class SimNode:
             else []
         )
         proc = PluginProcess(
-            argv, log_path=self.node_dir / f"{name}.log", env=dict(env) if env else None, binds=binds, netdevs=netdevs
+            argv,
+            log_path=self.node_dir / f"{name}.log",
+            env=dict(env) if env else None,
+            binds=binds,
+            netdevs=netdevs,
+            boot=self.boot,
         )
         daemon = PluginDaemon(proc, name=name, kubelet=lambda: self._dm, logger=self.logger, policy=backoff)
         daemon.start()

@@ -166,7 +166,11 @@ def test_pods_come_back_with_their_devices_after_a_node_reboot(
     kept. Once the driver is back, the kubelet, which keeps no "prepared" flag in its checkpoint, prepares the claim
     again (kubernetes/kubernetes#141966) and the driver must answer as before *with its CDI spec written again*:
     a driver answering from its checkpoint alone leaves the pod in ``CreateContainerError`` for good ("CDI device
-    injection failed: unresolvable CDI devices"), kubernetes/kubernetes#141433 (dra-example-driver's PR #259)."""
+    injection failed: unresolvable CDI devices"), kubernetes/kubernetes#141433 (dra-example-driver's PR #259).
+
+    A reboot changes the kernel's boot ID, by which a driver may tell it from a restart of its own (NVIDIA's drops its
+    checkpoint then). Where the reboot is staged and the boot ID stays (kind, clusters), a container that does not
+    come back is not blamed on the driver: the check skips saying so, and the embedded kubelet's reboot judges it."""
     node = devplug_driver.node
     claim = devplug_claims.claim()
     pod = devplug_claims.pod([claim], wait=True)
@@ -175,7 +179,8 @@ def test_pods_come_back_with_their_devices_after_a_node_reboot(
     uid, since = claim.uid, len(node.dra_calls())
     # the kubelet's prepare fails until the driver is back; its retry (10 s) shortened to 1 s where the backend can
     with short_dra_timings(devplug_driver, retry_period=1.0) as periods:
-        note_check(request.node, "reboot", node.reboot())
+        how = node.reboot()
+        note_check(request.node, "reboot", how)
         devplug_driver.start()  # its DaemonSet's pod comes back after a reboot
         assert_driver_registered(devplug_driver, node.reregistration_timeout)
         waited(
@@ -188,6 +193,12 @@ def test_pods_come_back_with_their_devices_after_a_node_reboot(
     try:
         pod.wait_container_replaced(old_id)
     except AssertionError as exc:
+        if how.startswith("staged"):
+            pytest.skip(
+                f"the reboot was staged ({how}): the boot ID did not change, so a driver that tells a reboot from its "
+                f"own restart by it rightly kept claim {claim.name} prepared from its checkpoint; the container did "
+                f"not come back ({exc}). Not judged here: the embedded kubelet's reboot changes the boot ID"
+            )
         raise AssertionError(
             f"after a node reboot emptied /var/run/cdi, {devplug_driver.name} prepared claim {claim.name} again but "
             f"the pod's container did not come back: {exc}; "
