@@ -89,6 +89,19 @@ def test_dra_suite_passes_on_the_example_driver(peer_binary: Callable[[str], Pat
     assert_suite_passed(result, "dra-example-driver", ALLOWED_SKIPS, MUST_PASS)
 
 
+def test_dra_suite_passes_on_the_example_drivers_partitions(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:
+    """v0.4.0 with ``--gpu-partitions 2`` (KEP-4815): every GPU published whole and as two partitions, all three
+    consuming the GPU's shared counters, so no claim holds a GPU with its own partitions. Every check but the reboot
+    check (v0.4.0 has kubernetes/kubernetes#141433, judged below) passes: the checks that claim "every device" claim
+    as many as the counters allow together, which the scheduler can allocate."""
+    binary = peer_binary("dra-example-kubeletplugin-v040")
+    options = ["--dra", "--driver-cmd", f"{binary} --cdi-root {CHART_CDI_ROOT} --gpu-partitions 2"]
+    result = run_conformance(
+        [*options, "--driver-name", DRIVER], ["-k", f"not {REBOOT_CHECK}"], tmp_path, timeout=SUITE_TIMEOUT_S
+    )
+    assert_suite_passed(result, "dra-example-driver v0.4.0 --gpu-partitions 2", ALLOWED_SKIPS, MUST_PASS)
+
+
 @pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=UPSTREAM_BUG)
 @pytest.mark.parametrize("peer", ["dra-example-kubeletplugin", "dra-example-kubeletplugin-v040"])
 def test_example_driver_releases_fail_the_reboot_check(

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from pytest_devplug import suite_support
+from pytest_devplug.dra.counters import PoolCounters, together
 from pytest_devplug.dra.handles import ClaimHandle, DriverHandle
 from pytest_devplug.errors import UnsupportedOperationError, WaitTimeout
 from pytest_devplug.waiting import wait_for
@@ -20,6 +21,7 @@ __all__ = [
     "UNSCHEDULABLE_TEXT",
     "claim_ref",
     "consistently",
+    "devices_together",
     "fault",
     "need_devices",
     "scheduled_condition",
@@ -107,6 +109,15 @@ def need_devices(driver: DriverHandle, n: int) -> list[tuple[str, str]]:
     if len(devices) < n:
         pytest.skip(f"needs {n} devices of {driver.name} on the node; it publishes {len(devices)}: {devices}")
     return devices
+
+
+def devices_together(driver: DriverHandle) -> list[tuple[str, str]]:
+    """As many of the driver's devices as one claim can hold at once: all of them, unless they share counters
+    (partitions of one GPU and the GPU itself), then a largest set the counters allow (:mod:`~pytest_devplug.dra.
+    counters`). A skip when the driver publishes none."""
+    devices = need_devices(driver, 1)
+    counters = PoolCounters.of(s.raw for s in driver.slices())
+    return together(counters, devices) if counters.partitionable else devices
 
 
 def scheduled_condition(pod: Any, driver: DriverHandle) -> dict[str, Any]:

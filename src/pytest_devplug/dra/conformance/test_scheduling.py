@@ -19,7 +19,7 @@ from pytest_devplug.dra.objects import RESOURCE_API
 from pytest_devplug.errors import RestError, WaitTimeout
 from pytest_devplug.waiting import wait_for
 
-from ._support import UNSCHEDULABLE_TEXT, consistently, need_devices, scheduled_condition, succeeded, waited
+from ._support import UNSCHEDULABLE_TEXT, consistently, devices_together, scheduled_condition, succeeded, waited
 
 #: The taint the device-taint check puts on the driver's devices, and the toleration of it.
 TAINT = {"key": "devplug.example/conformance", "value": "tainted", "effect": "NoSchedule"}
@@ -98,8 +98,10 @@ def test_devices_prepared_again_for_a_new_claim_after_cleanup(
 ) -> None:
     """KEP-5970's resource reuse: a claim for every device the driver publishes on the node runs its pod; once the
     pod and the claim are gone (the claim unprepared), a new claim for the same devices is allocated, prepared and
-    runs. A driver that keeps an unprepared device marked in use refuses the second prepare."""
-    n = len(need_devices(devplug_driver, 1))
+    runs. A driver that keeps an unprepared device marked in use refuses the second prepare. Devices that share
+    counters (a GPU and its partitions) cannot all be allocated at once: the claim then asks for as many as the
+    counters allow together."""
+    n = len(devices_together(devplug_driver))
     first = devplug_claims.claim(count=n)
     pod = devplug_claims.pod([first], wait=True)
     assert_claim_prepared(pod, devplug_driver)
