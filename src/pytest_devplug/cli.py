@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from .checkpoint_view import (
     checkpoint_as_dict,
@@ -308,8 +309,16 @@ def _add_nvml_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     lib.set_defaults(func=_nvml_lib)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line and the help command, not the whole usage first (``devplug conformance`` has some
+    forty options): exit status 2, as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="devplug", description=__doc__)
+    parser: argparse.ArgumentParser = _Parser(prog="devplug", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_checkpoint_commands(sub)
     _add_conformance_command(sub)

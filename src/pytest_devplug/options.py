@@ -93,6 +93,8 @@ class Option:
     negative_help: str = ""
     #: ``kind``: a kind cluster option, named as pytest-kind-ng names it, no ini key.
     group: Literal["devplug", "kind"] = "devplug"
+    #: A value the help shows where it says ``{example}``; valid at the default release (a test runs each).
+    example: str | None = None
 
     @property
     def dest(self) -> str:
@@ -124,10 +126,15 @@ class Option:
             return f"{self.default:g}"
         return None if self.default is None else str(self.default)
 
+    @property
+    def described(self) -> str:
+        """The help with its example in place."""
+        return self.help if self.example is None else self.help.replace("{example}", self.example)
+
     def help_text(self, naming: Callable[[str], str] = lambda flag: flag) -> str:
         """The help, its default rendered from the table; ``naming`` renames the ``--devplug-*`` options it mentions
         (``devplug conformance`` shows its own flags)."""
-        text = re.sub(r"--devplug-[a-z0-9-]*[a-z0-9]", lambda m: naming(m.group(0)), self.help)
+        text = re.sub(r"--devplug-[a-z0-9-]*[a-z0-9]", lambda m: naming(m.group(0)), self.described)
         default = self.shown_default()
         return text if default is None else f"{text} (default: {default})"
 
@@ -187,8 +194,9 @@ OPTIONS: tuple[Option, ...] = (
         "plugin-env",
         "environment of the plugin under test, KEY=VALUE pairs, comma-separated (sim: its process, placeholders as "
         "in --devplug-plugin-cmd; kind and cluster: every container of its DaemonSet; \\, is a comma in a value), e.g. "
-        "DP_REGISTRATION=plugins_registry to have the included plugin register through the kubelet's plugin watcher",
+        "{example} to have the included plugin register through the kubelet's plugin watcher",
         cli="--plugin-env",
+        example="DP_REGISTRATION=plugins_registry",
         metavar="KEY=VALUE,...",
     ),
     Option("plugin-image", "container image of the plugin under test (kind, cluster)", cli="--plugin-image"),
@@ -252,10 +260,11 @@ OPTIONS: tuple[Option, ...] = (
         "mig",
         f"MIG devices on every mock GPU, comma-separated profiles (on the default {DEFAULT_GPU_MODEL}: "
         f"{', '.join(mig_profiles())}; named for the model's memory, e.g. 1g.10gb on h100-80gb; e.g. "
-        "1g.5gb,1g.5gb,2g.10gb): the mock GPUs are MIG-enabled, and what is advertised is the "
+        "{example}): the mock GPUs are MIG-enabled, and what is advertised is the "
         "plugin's choice (NVIDIA's --mig-strategy single: nvidia.com/gpu, mixed: nvidia.com/mig-1g.5gb ...)",
         cli="--mig",
         metavar="PROFILE,...",
+        example="1g.5gb,1g.5gb,2g.10gb",
     ),
     Option("timeout", "seconds every bounded wait may take", kind="float", default=DEFAULT_TIMEOUT, cli="--timeout"),
     Option(
@@ -284,9 +293,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "kubernetes-version",
-        "the Kubernetes release to reproduce and judge against (each a pinned patch release; v1.37 and 1.37.2 name "
-        "1.37 too): sim: the embedded kubelet, API server and scheduler behave as it and the real control plane runs "
-        "its binaries; kind: nodes of it; kind and cluster: the nodes' own release is reported beside it",
+        "the Kubernetes release to reproduce and judge against (each a pinned patch release; v1.37 names 1.37 too, "
+        "and any patch release of a minor, e.g. 1.36.1, is judged by that minor's rules): sim: the embedded "
+        "kubelet, API server and scheduler behave as it and the real control plane runs its binaries; kind: nodes "
+        "of it; kind and cluster: the nodes' own release is reported beside it",
         default=DEFAULT_VERSION,
         choices=tuple(releases()),
         validate=release,
@@ -295,10 +305,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "feature-gates",
         "feature gates over the release's defaults, as the components' --feature-gates takes them (e.g. "
-        "DRADeviceTaints=false,ResourceHealthStatus=false); checked as that release checks them (unknown, locked, "
+        "{example}); checked as that release checks them (unknown, locked, "
         "dependencies); sim: the embedded kubelet and control plane follow them and the real control plane gets them",
         cli="--feature-gates",
         metavar="NAME=true|false,...",
+        example="DRAPartitionableDevices=false,DRAConsumableCapacity=false",
     ),
     Option(
         "k8s-bin-dir",
@@ -318,9 +329,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "device-nodes",
-        "sim: device nodes the node has, comma-separated (e.g. /dev/ttyS0,/dev/widget0), for a plugin that scans "
+        "sim: device nodes the node has, comma-separated (e.g. {example}), for a plugin that scans "
         "/dev: stub character devices in the private mount namespace of a plugin started without {plugin_dir} "
         "(a mock-NVML node has the GPU's /dev/nvidia* anyway)",
+        example="/dev/ttyS0,/dev/widget0",
     ),
     Option(
         "pci-node",
@@ -586,6 +598,6 @@ def options_markdown(options: Iterable[Option] = OPTIONS) -> str:
         ini = f"`{o.ini}`" if o.ini else None
         rows.append(
             f"| {flags} | {_cell(ini)} | {_cell(cli)} | {_cell(o.shown_default())} | {_cell(choices)} "
-            f"| {_cell(('DRA: ' if o.dra else '') + o.help)} |"
+            f"| {_cell(('DRA: ' if o.dra else '') + o.described)} |"
         )
     return "\n".join(rows) + "\n"

@@ -12,7 +12,7 @@ import pytest
 
 from .backends import mockstate
 from .backends.base import BackendOptions, PluginSpec
-from .kubeletmodel.releases import KubeVersion, release
+from .kubeletmodel.releases import KubeVersion
 from .errors import VersionError
 from .options import CONVENTIONS, command_line, env_pairs, given, option, value
 from .soakwatch import DEFAULT_SOAK_S
@@ -154,10 +154,10 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
 
 def _kube_version(config: pytest.Config) -> KubeVersion:
     """The release (``--devplug-kubernetes-version``) and its feature gates (``--devplug-feature-gates``)."""
-    chosen = release(str(value(config, "kubernetes-version")))
+    version = str(value(config, "kubernetes-version"))
     gates = given(config, "feature-gates")
     try:
-        return KubeVersion.of(chosen.minor, str(gates or ""))
+        return KubeVersion.of(version, str(gates or ""))
     except VersionError as exc:
         raise pytest.UsageError(f"{option('feature-gates').named} = {gates!r}: {exc}") from None
 

@@ -22,7 +22,18 @@ def test_supported_releases_and_the_default() -> None:
     assert release("1.35").staging == "v0.35.4"
 
 
-@pytest.mark.parametrize("bad", ["1.33", "1.39", "2.0", "1.37.0", "latest", ""])
+def test_any_patch_release_is_judged_by_its_minors_rules() -> None:
+    """Rules change between minors only: 1.36.1 is 1.36, and the header says which patch the model follows."""
+    assert release("1.36.1") == release("1.36") == release("v1.36.0")
+    assert release("1.38.0") == release("1.38")
+    kube = KubeVersion.of("1.36.1")
+    assert kube.release.kubernetes == "v1.36.3" and kube.patch == "1.36.1"
+    assert kube.name == "kubernetes 1.36.1 (judged by the rules of 1.36.3, the pinned patch release)"
+    assert KubeVersion.of("1.36.3").patch is None and KubeVersion.of("1.36.3").name == "kubernetes 1.36.3"
+    assert KubeVersion.of("1.36.1").has("endpoint-per-socket") is KubeVersion.of("1.36").has("endpoint-per-socket")
+
+
+@pytest.mark.parametrize("bad", ["1.33", "1.39", "2.0", "1.37.x", "1.37.0.1", "latest", ""])
 def test_an_unsupported_version_names_the_supported_ones(bad: str) -> None:
     if bad == "":
         assert release(bad) == release()  # empty: the default, as an unset option
@@ -104,3 +115,18 @@ def test_the_differences_table_has_every_rule_and_the_pins() -> None:
         assert row.startswith(f"| {rule.since} |") and rule.upstream.split(" ")[0] in row, row
     for minor, pins in releases().items():
         assert any(r.startswith(f"| {minor} | {pins.kubernetes} | {pins.etcd} |") for r in rows), minor
+
+
+def test_a_bad_version_on_the_command_line_is_one_line_and_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not argparse's forty-option usage first: the error, then where the options are; exit status 2."""
+    from pytest_devplug import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["conformance", "--kubernetes-version", "1.99"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "devplug conformance: error: argument --kubernetes-version: '1.99': Kubernetes '1.99' is not a supported "
+        "version; choose one of 1.34 (v1.34.4), 1.35 (v1.35.4), 1.36 (v1.36.3), 1.37 (v1.37.2), 1.38 (v1.38.0-beta.0)",
+        "(`devplug conformance --help` lists the options)",
+    ], err

@@ -10,6 +10,7 @@ import pytest
 
 from pytest_devplug import cli, options
 from pytest_devplug.options import OPTIONS, Option
+from pytest_devplug.settings import parse_settings
 
 pytest_plugins = ["pytester"]
 
@@ -114,3 +115,26 @@ def test_help_never_restates_a_default_by_hand() -> None:
     hand_written = [o.name for o in OPTIONS if re.search(r"\(default|default:|Default", o.help)]
     assert hand_written == []
     assert options.option("timeout").help_text().endswith("(default: 20)")
+
+
+EXAMPLES = [pytest.param(o, id=o.name) for o in OPTIONS if o.example is not None]
+
+
+@pytest.mark.parametrize("o", EXAMPLES)
+def test_every_help_example_is_taken_at_the_default_release(pytester: pytest.Pytester, o: Option) -> None:
+    """What a help text shows as an example goes through ``devplug conformance``, pytest's parser and the settings
+    (feature gates checked against the default release's locks and dependencies) without an error, and the help
+    shows it in place."""
+    assert o.example is not None and o.example in o.help_text() and "{example}" not in o.help_text()
+    forwarded = _conformance(o.cli, o.example) if o.cli is not None else _conformance("--", o.flag, o.example)
+    config = pytester.parseconfig(*forwarded)
+    assert config.getoption(o.dest) == o.example
+    parse_settings(config)  # raises pytest.UsageError naming the option when the example is refused
+
+
+def test_a_planted_bad_example_is_caught(pytester: pytest.Pytester) -> None:
+    """The check above can fail: the example the feature-gates help once gave is refused at 1.37 (its gates'
+    dependants stay on)."""
+    config = pytester.parseconfig("--devplug-feature-gates", "DRADeviceTaints=false,ResourceHealthStatus=false")
+    with pytest.raises(pytest.UsageError, match="depends on features that are disabled"):
+        parse_settings(config)

@@ -73,8 +73,8 @@ def test_disruptive():
         ),
         (
             [],
-            "devplug_kubernetes_version = 1.37.0",
-            ["devplug_kubernetes_version", "'1.37.0'", "not a supported version"],
+            "devplug_kubernetes_version = 1.37.x",
+            ["devplug_kubernetes_version", "'1.37.x'", "not a supported version"],
         ),
         (
             ["--devplug-feature-gates", "NoSuchGate=true"],

@@ -14,6 +14,7 @@ offline kind build reads too.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -28,6 +29,7 @@ __all__ = [
     "Release",
     "Rule",
     "parse_feature_gates",
+    "patch_of",
     "release",
     "releases",
 ]
@@ -81,19 +83,27 @@ def releases() -> dict[str, Release]:
 DEFAULT_VERSION = _table()[1]
 
 
+#: ``1.37``, ``v1.37``, ``1.37.1``, ``1.38.0-beta.0``: a minor, then maybe a patch release of it.
+_VERSION_RE = re.compile(r"v?(?P<minor>[0-9]+\.[0-9]+)(?:\.(?P<patch>[0-9]+(?:-(?:alpha|beta|rc)\.[0-9]+)?))?")
+
+
 def release(version: str | None = None) -> Release:
-    """The pinned release of ``version`` (``1.37``, ``v1.37``, ``1.37.2``; ``None``: :data:`DEFAULT_VERSION`);
-    :class:`VersionError` naming the supported ones when it is not one of them (a patch release other than the
-    pinned one is refused too)."""
+    """The pinned release of ``version``'s minor (``1.37``, ``v1.37``, ``1.37.1``; ``None``: :data:`DEFAULT_VERSION`):
+    every patch release of a minor is judged by the rules of its pinned one (rules change between minors only).
+    :class:`VersionError` naming the supported ones when it is no release of them."""
     table = _table()[0]
-    text = str(version or DEFAULT_VERSION).strip().removeprefix("v")
-    parts = text.split(".")
-    minor = ".".join(parts[:2])
-    found = table.get(minor)
-    if found is None or (len(parts) > 2 and found.kubernetes != "v" + text):
+    matched = _VERSION_RE.fullmatch(str(version or DEFAULT_VERSION).strip())
+    found = table.get(matched.group("minor")) if matched else None
+    if found is None:
         supported = ", ".join(f"{m} ({r.kubernetes})" for m, r in table.items())
         raise VersionError(f"Kubernetes {version!r} is not a supported version; choose one of {supported}")
     return found
+
+
+def patch_of(version: str | None) -> str | None:
+    """The patch release ``version`` names (``1.36.1``), ``None`` when it names only a minor."""
+    matched = _VERSION_RE.fullmatch(str(version or "").strip())
+    return f"{matched.group('minor')}.{matched.group('patch')}" if matched and matched.group("patch") else None
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,8 @@ class KubeVersion:
     release: Release
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     rules: Mapping[str, bool] = field(default_factory=dict)
+    #: The patch release the run named when it is not the pinned one (``1.36.1``): judged by the pinned one's rules.
+    patch: str | None = None
 
     @classmethod
     def of(cls, version: str | None = None, feature_gates: str | Mapping[str, bool] = "", **rules: bool) -> KubeVersion:
@@ -190,7 +202,9 @@ class KubeVersion:
         unknown = sorted(set(rules) - {n.replace("-", "_") for n in RULES})
         if unknown:
             raise VersionError(f"unknown rule(s) {', '.join(unknown)}; known: {', '.join(RULES)}")
-        made = cls(chosen, gates, {k.replace("_", "-"): v for k, v in rules.items()})
+        asked = patch_of(version)
+        patch = asked if asked and "v" + asked != chosen.kubernetes else None
+        made = cls(chosen, gates, {k.replace("_", "-"): v for k, v in rules.items()}, patch)
         made._check_gates()
         return made
 
@@ -212,8 +226,12 @@ class KubeVersion:
 
     @property
     def name(self) -> str:
-        """``kubernetes 1.37.2``: what the report header says."""
-        return f"kubernetes {self.release.kubernetes.removeprefix('v')}"
+        """``kubernetes 1.37.2``: what the report header says; for a patch release other than the pinned one,
+        ``kubernetes 1.36.1 (judged by the rules of 1.36.3, the pinned patch release)``."""
+        pinned = self.release.kubernetes.removeprefix("v")
+        if self.patch is None:
+            return f"kubernetes {pinned}"
+        return f"kubernetes {self.patch} (judged by the rules of {pinned}, the pinned patch release)"
 
     def at_least(self, minor: str) -> bool:
         return self.release.number >= int(minor.split(".")[1])
