@@ -14,10 +14,9 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["BOOT_ID_PATH", "NodeBoot"]
+from .launcher import BOOT_ID_PATH
 
-#: Where Linux shows the boot ID, a random UUID made at each boot (``random(4)``).
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+__all__ = ["BOOT_ID_PATH", "NodeBoot"]
 
 
 class NodeBoot:

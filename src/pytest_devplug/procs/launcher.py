@@ -5,6 +5,8 @@ so that starting a plugin imports nothing but the standard library); it replaces
 
 * ``--parent PID``: the plugin gets SIGKILL when the thread that started it dies, so a killed test
   run leaves no plugin behind; if ``PID`` is already gone the launcher exits instead of starting it.
+* ``--boot-id FILE``: in the namespace, ``FILE`` is bound over the kernel's boot ID (the node's own); where that
+  bind fails the host's stays, said on stderr (the plugin log), and the plugin starts all the same.
 * ``--boottime-origin SECONDS``: in the namespace, a time namespace of the process's own whose ``CLOCK_BOOTTIME``
   (so ``/proc/uptime``) counts from the host's ``SECONDS``: the node's boot (:mod:`~pytest_devplug.procs.boot`).
   A kernel without time namespaces (before 5.6) keeps the host's uptime, said on stderr (the plugin log).
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BOOT_ID_PATH",
     "KUBELET_PATHS",
     "NamespaceError",
     "enter_namespace",
@@ -68,6 +71,9 @@ def path_in_node(path: str, dirs: Mapping[str, Path]) -> Path:
             return local / path[len(prefix.rstrip("/")) + 1 :]
     return Path(path)
 
+
+#: Where Linux shows the boot ID, a random UUID made at each boot (``random(4)``).
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 #: Where the host's kubelet files are hidden behind a tmpfs inside the namespace.
 _KUBELET_ROOT = "/var/lib/kubelet"
@@ -313,6 +319,7 @@ def main(args: Sequence[str]) -> int:
     probe = False
     netdevs: list[tuple[str, str]] = []
     origin: float | None = None
+    boot_id = ""
     i = 0
     while i < len(opts):
         opt = opts[i]
@@ -323,6 +330,8 @@ def main(args: Sequence[str]) -> int:
             i += 3
         elif opt == "--scratch":
             scratch, i = opts[i + 1], i + 2
+        elif opt == "--boot-id":
+            boot_id, i = opts[i + 1], i + 2
         elif opt == "--boottime-origin":
             origin, i = float(opts[i + 1]), i + 2
         elif opt == "--probe":
@@ -340,7 +349,7 @@ def main(args: Sequence[str]) -> int:
     if not argv and not probe:
         print("devplug launcher: no command after --", file=sys.stderr)
         return 2
-    if binds or probe:
+    if binds or probe or boot_id or origin is not None:
         try:
             enter_namespace(binds, scratch)
         except MountError as exc:
@@ -354,6 +363,11 @@ def main(args: Sequence[str]) -> int:
             return 126
     if probe:
         return 0
+    if boot_id:
+        try:
+            _mount(boot_id, BOOT_ID_PATH, None, _MS_BIND)
+        except MountError as exc:
+            print(f"devplug launcher: the boot ID is the host's, not the node's: {exc}", file=sys.stderr)
     if origin is not None:
         try:
             enter_time_namespace(origin)

@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from . import launcher
-from .boot import BOOT_ID_PATH, NodeBoot
+from .boot import NodeBoot
 from pytest_devplug.errors import NamespaceUnavailableError, PluginProcessError
 
 __all__ = [
@@ -304,16 +304,14 @@ class PluginProcess:
             command = [*_LAUNCHER, "--parent", str(os.getpid())]
             if self.binds and problem is not None:
                 raise NamespaceUnavailableError(problem)
-            binds = list(self.binds)
             self.sees_node_boot = self.boot is not None and problem is None
             if self.sees_node_boot and self.boot is not None:
-                binds.append((self.boot.id_file, BOOT_ID_PATH))
-                command += ["--boottime-origin", f"{self.boot.origin:.9f}"]
-            if binds:
+                command += ["--boot-id", str(self.boot.id_file), "--boottime-origin", f"{self.boot.origin:.9f}"]
+            if self.binds:
                 scratch = self.log_path.with_name(f".{self.log_path.stem}.mnt")
                 scratch.mkdir(exist_ok=True)
                 command += ["--scratch", str(scratch)]
-                for src, dst in binds:
+                for src, dst in self.binds:
                     if not src.exists():  # a node directory; a file bind (a stub device node) exists already
                         src.mkdir(parents=True)
                     command += ["--bind", str(src), dst]
