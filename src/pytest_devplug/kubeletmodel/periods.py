@@ -33,6 +33,6 @@ POD_BACKOFF_PERIOD_S = 10.0
 #: How often the kubelet lists the node's containers to notice one that exited (``genericPlegRelistPeriod``,
 #: ``kubelet.go``: one second). A container is started again only after a relist saw it gone, and a replacement
 #: pod passes the DaemonSet controller, the scheduler and a new sandbox first: two starts of a plugin's container
-#: on a real node are never within this period of each other (plugins that name their socket after their start
-#: second, as squat's generic-device-plugin does, rely on it).
+#: on a real node come this far apart or more, but for a container that dies within its first relist period
+#: (plugins that name their socket after their start second, as squat's generic-device-plugin does, rely on it).
 PLEG_RELIST_PERIOD_S = 1.0

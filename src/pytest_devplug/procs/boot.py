@@ -3,7 +3,8 @@
 Drivers tell a node reboot from a restart of their own by the kernel's boot ID: NVIDIA's DRA driver keeps it in
 its checkpoint and, when ``/proc/sys/kernel/random/boot_id`` reads otherwise at start, drops the checkpoint and
 prepares every claim afresh (``pkg/bootid``, ``cmd/gpu-kubelet-plugin/device_state.go``, v0.4.0). A simulated reboot
-must therefore change it, and only for that node: the launcher binds :attr:`NodeBoot.id_file` over the boot ID in
+must therefore change it, and only for that node: the launcher binds :attr:`NodeBoot.id_file` over the boot ID
+(``launcher.BOOT_ID_PATH``) in
 the process's private mount namespace and starts ``CLOCK_BOOTTIME`` (so ``/proc/uptime``) at :attr:`NodeBoot.origin`
 in a time namespace of its own.
 """
@@ -14,9 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .launcher import BOOT_ID_PATH
-
-__all__ = ["BOOT_ID_PATH", "NodeBoot"]
+__all__ = ["NodeBoot"]
 
 
 class NodeBoot:

@@ -240,8 +240,6 @@ class PluginProcess:
         self.argv = list(argv)
         #: The node's boot, shown to the process where a private namespace can be made (:mod:`.boot`).
         self.boot = boot
-        #: Whether the last start showed it the node's boot ID and uptime (no namespace here: the host's).
-        self.sees_node_boot = False
         #: Interface name -> MAC: taps in a network namespace of the plugin's own (a mock NIC node's netdevs).
         self.netdevs = dict(netdevs or {})
         self.log_path = Path(log_path)
@@ -304,8 +302,7 @@ class PluginProcess:
             command = [*_LAUNCHER, "--parent", str(os.getpid())]
             if self.binds and problem is not None:
                 raise NamespaceUnavailableError(problem)
-            self.sees_node_boot = self.boot is not None and problem is None
-            if self.sees_node_boot and self.boot is not None:
+            if self.boot is not None and problem is None:
                 command += ["--boot-id", str(self.boot.id_file), "--boottime-origin", f"{self.boot.origin:.9f}"]
             if self.binds:
                 scratch = self.log_path.with_name(f".{self.log_path.stem}.mnt")
