@@ -20,7 +20,8 @@ plugins that share a device by design advertise it.
 
 ``--socket-per-start-second`` names its socket after the second the process started in and never removes a stale
 one, retrying every second while the name is taken, as squat's generic-device-plugin does (``gdp-<resource>-<unix
-seconds>.sock``): correct on a node, where two starts of a plugin are never within a second of each other.
+seconds>.sock``): fine on a node, where two starts of a plugin come a second apart or more (but for one that
+dies within its first second).
 
 ``--registration plugins_registry`` puts its socket in ``--registry-dir`` instead, serving ``Registration`` beside
 ``DevicePlugin`` (an empty endpoint: the kubelet dials that same socket), as SR-IOV's and RDMA's plugins do; it then
