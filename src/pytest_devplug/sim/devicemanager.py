@@ -332,6 +332,8 @@ class DeviceManager:
                 if primary is not None:
                     primary.set_stop_time(time.monotonic())
                 last = primary is not None
+            for e in closing:  # upstream's Disconnect closes the connection before PluginDisconnected
+                e.ignore_stream()
             if last:
                 self._mark_resource_unhealthy(resource)
                 if self._running:

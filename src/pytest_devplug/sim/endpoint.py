@@ -17,9 +17,11 @@ from typing import Any
 
 import grpc
 
+
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.deviceplugin import v1beta1_pb2_grpc as pb_grpc
 from pytest_devplug.errors import EndpointError
+from pytest_devplug.sim.dial import plugin_channel
 
 __all__ = ["Endpoint", "go_rpc_error", "DIAL_TIMEOUT_S", "PRE_START_TIMEOUT_S"]
 
@@ -106,7 +108,7 @@ class Endpoint:
     def connect(self, timeout: float = DIAL_TIMEOUT_S) -> None:
         """Dial the plugin socket and wait until the channel is ready (``grpc.WithBlock``)."""
         assert self.socket_path is not None
-        channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[("grpc.default_authority", "localhost")])
+        channel = plugin_channel(self.socket_path)
         try:
             grpc.channel_ready_future(channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
@@ -156,6 +158,12 @@ class Endpoint:
 
         self._thread = threading.Thread(target=reader, name=f"listandwatch-{self.resource_name}", daemon=True)
         self._thread.start()
+
+    def ignore_stream(self) -> None:
+        """Count none of its stream's messages from now on, as a closed connection delivers none: the device
+        manager calls it under its lock while it disconnects the endpoint, whose :meth:`close` (which waits for the
+        stream's reader) comes after the lock is released."""
+        self._closed = True
 
     def close(self) -> None:
         """Cancel the stream and close the channel; ``on_end`` will not be called afterwards."""

@@ -29,6 +29,7 @@ import grpc
 from pytest_devplug.api.pluginregistration import v1_pb2 as rpb
 from pytest_devplug.kubeletmodel.releases import KubeVersion
 from pytest_devplug.api.pluginregistration import v1_pb2_grpc as rpb_grpc
+from pytest_devplug.sim.dial import plugin_channel
 from pytest_devplug.sim.endpoint import go_rpc_error
 from pytest_devplug.errors import PluginHandlerError
 
@@ -227,7 +228,7 @@ class PluginWatcher:
                 self.events.append(RegistrationEvent("failed", path, detail=detail, plugin_type=plugin_type))
 
     def _attempt(self, path: str) -> tuple[str, str, str]:
-        channel: Any = grpc.insecure_channel(f"unix://{path}", options=[("grpc.default_authority", "localhost")])
+        channel: Any = plugin_channel(path)
         try:
             try:
                 grpc.channel_ready_future(channel).result(timeout=DIAL_TIMEOUT_S)

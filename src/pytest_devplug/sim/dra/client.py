@@ -23,6 +23,7 @@ from pytest_devplug.api.dra import v1_pb2 as pb
 from pytest_devplug.api.dra import v1_pb2_grpc as pb_grpc
 from pytest_devplug.api.dra import v1beta1_pb2 as pb_beta
 from pytest_devplug.api.dra import v1beta1_pb2_grpc as pb_beta_grpc
+from pytest_devplug.sim.dial import plugin_channel
 from pytest_devplug.sim.endpoint import go_rpc_error
 from pytest_devplug.errors import DRAPluginCallError
 
@@ -86,9 +87,7 @@ class DRAPluginClient:
         #: Whether the channel is READY now (upstream ``monitoredPlugin.connected``).
         self._connected = False
         self._closed = False
-        self.channel: Any = grpc.insecure_channel(
-            f"unix://{endpoint}", options=[("grpc.default_authority", "localhost")]
-        )
+        self.channel: Any = plugin_channel(endpoint)
         stub_module = pb_grpc if chosen_service == SERVICE_V1 else pb_beta_grpc
         self._stub = stub_module.DRAPluginStub(self.channel)
         # try_to_connect: gRPC dials now and again after every drop, as upstream's conn.Connect() does
