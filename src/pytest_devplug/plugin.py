@@ -381,10 +381,7 @@ def node_kubernetes_version(config: pytest.Config, cluster: ClusterHandle, node:
     what = f"kubernetes {version.removeprefix('v')}" + (" (the embedded kubelet)" if s.backend == "sim" else "")
     asked = s.backend_options.kube
     if s.backend == "sim" and asked.patch is not None:
-        what = (
-            f"kubernetes {asked.patch} (the embedded kubelet, judged by the rules of {version.removeprefix('v')}, "
-            "the pinned patch release)"
-        )
+        what = f"{asked.name} (the embedded kubelet)"
     if s.backend != "sim":
         mismatch = s.backend_options.kube_chosen and not version.removeprefix("v").startswith(asked.release.minor + ".")
         note = f"; --devplug-kubernetes-version asked for {asked.release.minor}: MISMATCH" if mismatch else ""

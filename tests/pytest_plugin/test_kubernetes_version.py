@@ -22,15 +22,34 @@ def test_supported_releases_and_the_default() -> None:
     assert release("1.35").staging == "v0.35.4"
 
 
-def test_any_patch_release_is_judged_by_its_minors_rules() -> None:
-    """Rules change between minors only: 1.36.1 is 1.36, and the header says which patch the model follows."""
+def test_any_patch_release_is_modelled_on_its_minors_pinned_one() -> None:
+    """1.36.1 runs as 1.36's pinned release, and the header says which patch the model follows."""
     assert release("1.36.1") == release("1.36") == release("v1.36.0")
     assert release("1.38.0") == release("1.38")
     kube = KubeVersion.of("1.36.1")
     assert kube.release.kubernetes == "v1.36.3" and kube.patch == "1.36.1"
-    assert kube.name == "kubernetes 1.36.1 (judged by the rules of 1.36.3, the pinned patch release)"
+    assert kube.name == "kubernetes 1.36.1 (modelled on 1.36.3, the pinned patch release, with 1.36.1's rules)"
     assert KubeVersion.of("1.36.3").patch is None and KubeVersion.of("1.36.3").name == "kubernetes 1.36.3"
     assert KubeVersion.of("1.36.1").has("endpoint-per-socket") is KubeVersion.of("1.36").has("endpoint-per-socket")
+
+
+@pytest.mark.parametrize(
+    ("version", "has"),
+    [("1.34", False), ("1.34.6", False), ("1.34.7", True), ("1.35.0", False), ("1.35.3", False), ("1.35", True)],
+)
+def test_a_rule_backported_in_a_patch_holds_from_that_patch(version: str, has: bool) -> None:
+    """Terminated pods answered "not found" came with v1.35.4 and v1.34.7 (cherry-picks #138042, #138027 of
+    #135485): an earlier patch of either minor, or the pinned 1.34.4, has not got it."""
+    assert KubeVersion.of(version).has("podresources-get-terminal-not-found") is has
+
+
+def test_a_node_is_judged_at_its_patch() -> None:
+    run = KubeVersion.of("1.37")
+    assert run.on_node("v1.35.2").patch == "1.35.2" and not run.on_node("v1.35.2").has(
+        "podresources-get-terminal-not-found"
+    )
+    assert run.on_node("v1.35.4").patch is None and run.on_node("v1.35.4").has("podresources-get-terminal-not-found")
+    assert run.on_node("v1.36.3-gke.1").release.minor == "1.36" and run.on_node("v1.36.3-gke.1").patch is None
 
 
 @pytest.mark.parametrize("bad", ["1.33", "1.39", "2.0", "1.37.x", "1.37.0.1", "latest", ""])
@@ -72,13 +91,15 @@ def test_a_nodes_release_is_judged_by_its_own_rules() -> None:
     assert run.on_node("v1.36.3").release.minor == "1.36"
     assert run.on_node("v1.36.3").gate("ResourceHealthStatus") is False  # the run's setting travels with it
     assert run.on_node("v1.41.0").release.minor == "1.38" and run.on_node("v1.29.1").release.minor == "1.34"
-    assert run.on_node("") is run and run.on_node("v1.37.0") is run
+    assert run.on_node("") is run and run.on_node("v1.37.2") is run
+    assert run.on_node("v1.37.0").patch == "1.37.0"  # judged at its own patch, not the pinned one
 
 
 def test_rules_name_their_release_and_upstream_file() -> None:
     for rule in RULES.values():
         assert rule.since in releases() and rule.since != "1.34", rule
         assert rule.upstream.startswith("pkg/"), rule
+        assert rule.change.startswith("kubernetes/kubernetes#"), rule
         assert not KubeVersion.of(f"1.{int(rule.since[2:]) - 1}").has(rule.name) and KubeVersion.of(rule.since).has(
             rule.name
         )
@@ -113,6 +134,7 @@ def test_the_differences_table_has_every_rule_and_the_pins() -> None:
         row = next((r for r in rows if f"`{rule.name}`" in r), None)
         assert row is not None, f"no row for {rule.name} in {DOC.name}"
         assert row.startswith(f"| {rule.since} |") and rule.upstream.split(" ")[0] in row, row
+        assert all(tag in row for tag in rule.first_in) and rule.change.split(" ")[0] in row, row
     for minor, pins in releases().items():
         assert any(r.startswith(f"| {minor} | {pins.kubernetes} | {pins.etcd} |") for r in rows), minor
 

@@ -1,9 +1,10 @@
 """Every release-dependent rule of the embedded kubelet, judged on both sides of the release that brought it.
 
 Each rule of ``kubeletmodel.releases.RULES`` (and each feature gate the embedded kubelet follows) has a test here
-that runs the behaviour as the release before and as the release that has it and asserts what differs; switching
-the rule to the other release's behaviour (``KubeVersion.of(..., rule=False)``) fails the test. The last test
-checks that no rule is left without one.
+that runs the behaviour at releases written as literals (:func:`boundary`: the last release without the rule, the
+first with it, the default) and asserts what differs; switching the rule to the other release's behaviour
+(``KubeVersion.of(..., rule=False)``) fails the test. The last test checks that no rule is left without one and
+that the tests' releases are the table's. ``tools/rule-mutants.py`` moves each rule and lists what catches it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .dra.dra_fakes import FakeDriver, remove_root, short_root
 from pytest_devplug.api.deviceplugin import v1beta1_pb2 as pb
 from pytest_devplug.api.podresources import v1_pb2 as pr
 from pytest_devplug.api.podresources import v1_pb2_grpc as pr_grpc
-from pytest_devplug.kubeletmodel.releases import RULES, KubeVersion
+from pytest_devplug.kubeletmodel.releases import DEFAULT_VERSION, RULES, KubeVersion
 from pytest_devplug.sim.embeddedplane import EmbeddedPlane
 from pytest_devplug.sim.devicemanager import DeviceManager
 from pytest_devplug.sim.dra.health import HealthInfoCache
@@ -31,29 +32,36 @@ from pytest_devplug.errors import DRAPluginError
 from pytest_devplug.sim.pluginwatcher import DRA_PLUGIN_TYPE, PluginWatcher
 
 T = 10.0
-#: test name -> the rule it judges (checked against RULES by the last test).
-COVERED: dict[str, str] = {}
+#: test name -> (the rule it judges, the first release with it as the test states it).
+COVERED: dict[str, tuple[str, str]] = {}
 
 
-def judges(rule: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    def mark(fn: Callable[..., None]) -> Callable[..., None]:
-        COVERED[fn.__name__] = rule
-        return fn
+def boundary(rule: str, first: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Judge ``rule`` on both sides of ``first``, the first release tag that has it (``1.37.0``), written here rather
+    than read from ``RULES``: moving the rule in the table by one release then fails the test on one side.
 
-    return mark
-
-
-def before_and_from(rule: str) -> pytest.MarkDecorator:
-    """Parametrise a test over the release before ``rule`` and the release that brought it (``has``: whether it
-    applies), and over the rule switched by hand on the newer release (it must then behave as the older one)."""
-    since = RULES[rule].since
-    before = f"1.{int(since.split('.')[1]) - 1}"
+    The test runs as the last release without the rule (``has`` False: the patch before, or the previous minor's
+    pinned release), the first with it, the default release (so switching the rule off there fails too), and the
+    default release with the rule switched off by hand, which must behave as the older releases: the test can tell
+    the two apart."""
+    minor, patch = first.rsplit(".", 1)
+    before = f"{minor}.{int(patch) - 1}" if int(patch) else f"1.{int(minor.split('.')[1]) - 1}"
     cases = [
         pytest.param(KubeVersion.of(before), False, id=before),
-        pytest.param(KubeVersion.of(since), True, id=since),
-        pytest.param(KubeVersion.of(since, **{rule.replace("-", "_"): False}), False, id=f"{since}-switched-off"),
+        pytest.param(KubeVersion.of(first), True, id=first),
+        pytest.param(KubeVersion.of(DEFAULT_VERSION), True, id=f"{DEFAULT_VERSION}-default"),
+        pytest.param(
+            KubeVersion.of(DEFAULT_VERSION, **{rule.replace("-", "_"): False}),
+            False,
+            id=f"{DEFAULT_VERSION}-switched-off",
+        ),
     ]
-    return pytest.mark.parametrize(("kube", "has"), cases)
+
+    def mark(fn: Callable[..., None]) -> Callable[..., None]:
+        COVERED[fn.__name__] = (rule, first)
+        return pytest.mark.parametrize(("kube", "has"), cases)(fn)
+
+    return mark
 
 
 # --- device manager -------------------------------------------------------------------------------------------
@@ -77,8 +85,7 @@ def _a_then_b(
     return dm, w, a, b
 
 
-@judges("endpoint-per-socket")
-@before_and_from("endpoint-per-socket")
+@boundary("endpoint-per-socket", "1.37.0")
 def test_register_on_a_held_socket(
     dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
     dm_fake: Callable[..., FakePlugin],
@@ -102,8 +109,7 @@ def test_register_on_a_held_socket(
     assert dm.capacity()[:2] == ({GPU: 2}, {GPU: 2})
 
 
-@judges("endpoint-per-socket")
-@before_and_from("endpoint-per-socket")
+@boundary("endpoint-per-socket", "1.37.0")
 def test_a_refused_register_leaves_its_socket_held(
     dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
     dm_fake: Callable[..., FakePlugin],
@@ -138,8 +144,7 @@ def test_a_refused_register_leaves_its_socket_held(
     _counts(dm2, w2, (2, 2))
 
 
-@judges("endpoint-per-socket")
-@before_and_from("endpoint-per-socket")
+@boundary("endpoint-per-socket", "1.37.0")
 def test_earlier_plugins_exit_after_a_newer_one_registered(
     dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
     dm_fake: Callable[..., FakePlugin],
@@ -164,8 +169,7 @@ def test_earlier_plugins_exit_after_a_newer_one_registered(
         _counts(dm, w, (3, 3))
 
 
-@judges("endpoint-per-socket")
-@before_and_from("endpoint-per-socket")
+@boundary("endpoint-per-socket", "1.37.0")
 def test_last_endpoint_of_a_resource_going(
     dm_make: Callable[..., tuple[DeviceManager, DmWaiter]],
     dm_fake: Callable[..., FakePlugin],
@@ -190,8 +194,7 @@ def test_last_endpoint_of_a_resource_going(
 # --- scheduler ---------------------------------------------------------------------------------------------------
 
 
-@judges("scheduler-dra-postfilter-silent")
-@before_and_from("scheduler-dra-postfilter-silent")
+@boundary("scheduler-dra-postfilter-silent", "1.37.0")
 def test_fit_error_of_a_pod_without_claims(kube: KubeVersion, has: bool) -> None:
     """The FailedScheduling text of a pod no node fits: DRA's PostFilter note goes from 1.37."""
     from pytest_devplug.sim.apiserver import admit_pod
@@ -210,8 +213,7 @@ def test_fit_error_of_a_pod_without_claims(kube: KubeVersion, has: bool) -> None
 # --- pod resources ----------------------------------------------------------------------------------------------
 
 
-@judges("podresources-get-terminal-not-found")
-@before_and_from("podresources-get-terminal-not-found")
+@boundary("podresources-get-terminal-not-found", "1.35.4")
 def test_podresources_get_of_a_terminated_pod(tmp_path: Path, kube: KubeVersion, has: bool) -> None:
     """A pod whose containers all ended (restartPolicy Never): from 1.35 Get answers "not found" like for a pod
     the kubelet never had; before, it answers with the pod (its devices freed)."""
@@ -238,8 +240,7 @@ def test_podresources_get_of_a_terminated_pod(tmp_path: Path, kube: KubeVersion,
 # --- DRA checkpoint ------------------------------------------------------------------------------------------
 
 
-@judges("dra-checkpoint-share-id")
-@before_and_from("dra-checkpoint-share-id")
+@boundary("dra-checkpoint-share-id", "1.35.0")
 def test_dra_checkpoint_device_layout(kube: KubeVersion, has: bool) -> None:
     """From 1.35 every prepared device in dra_manager_state has ``"ShareID"``, null without one (upstream's
     checkpointer_test.go of each release has the bytes)."""
@@ -282,8 +283,7 @@ def registry() -> Iterator[Path]:
     remove_root(root)
 
 
-@judges("pluginwatcher-retry")
-@before_and_from("pluginwatcher-retry")
+@boundary("pluginwatcher-retry", "1.36.0")
 def test_failed_register_plugin_is_retried(registry: Path, kube: KubeVersion, has: bool) -> None:
     """From 1.36 a plugin whose RegisterPlugin failed leaves the watcher's actual state and is tried again (after
     its back-off); before, it stays there and is never tried again while its socket stays."""
@@ -309,8 +309,7 @@ def test_failed_register_plugin_is_retried(registry: Path, kube: KubeVersion, ha
         driver.stop()
 
 
-@judges("pluginwatcher-retry")
-@before_and_from("pluginwatcher-retry")
+@boundary("pluginwatcher-retry", "1.36.0")
 def test_failed_notify_registration_status(registry: Path, kube: KubeVersion, has: bool) -> None:
     """The plugin fails NotifyRegistrationStatus(true): from 1.36 the kubelet deregisters it and registers it
     again; before, the registration stands."""
@@ -356,8 +355,7 @@ def health_plugins(registry: Path) -> Iterator[Callable[[KubeVersion], tuple[DRA
         plugins.stop()
 
 
-@judges("dra-health-v1")
-@before_and_from("dra-health-v1")
+@boundary("dra-health-v1", "1.37.0")
 @pytest.mark.parametrize(
     ("serves", "lists", "want_from", "want_before"),
     [
@@ -392,8 +390,7 @@ def test_health_service_watched(
         driver.stop()
 
 
-@judges("dra-health-v1")
-@before_and_from("dra-health-v1")
+@boundary("dra-health-v1", "1.37.0")
 def test_unimplemented_health_service(
     registry: Path,
     health_plugins: Callable[[KubeVersion], tuple[DRAPluginManager, PluginWatcher]],
@@ -505,6 +502,12 @@ def test_the_schedulers_extended_resource_claim_follows_dra_extended_resource(
     assert devices == (["d.example/gpu=gpu-0"] if prepared else [])
 
 
-def test_every_rule_is_judged_here() -> None:
-    missing = sorted(set(RULES) - set(COVERED.values()))
+def test_every_rule_is_judged_here_at_its_release() -> None:
+    """Every rule has a boundary test, and the release each test states is the table's: a rule moved in the table
+    fails its behaviour tests and, naming the move, this one."""
+    stated = {rule: first for rule, first in COVERED.values()}
+    missing = sorted(set(RULES) - set(stated))
     assert not missing, f"rules without a test on both sides of their release: {missing}"
+    table = {name: rule.first_in[0].removeprefix("v") for name, rule in RULES.items()}
+    moved = {name: (stated[name], table[name]) for name in RULES if stated[name] != table[name]}
+    assert not moved, f"rules whose first release in RULES is not the one their tests judge (tests, table): {moved}"

@@ -89,8 +89,8 @@ _VERSION_RE = re.compile(r"v?(?P<minor>[0-9]+\.[0-9]+)(?:\.(?P<patch>[0-9]+(?:-(
 
 def release(version: str | None = None) -> Release:
     """The pinned release of ``version``'s minor (``1.37``, ``v1.37``, ``1.37.1``; ``None``: :data:`DEFAULT_VERSION`):
-    every patch release of a minor is judged by the rules of its pinned one (rules change between minors only).
-    :class:`VersionError` naming the supported ones when it is no release of them."""
+    every patch release of a minor is modelled on its pinned one, less the rules a later patch brought
+    (:meth:`KubeVersion.has`). :class:`VersionError` naming the supported ones when it is no release of them."""
     table = _table()[0]
     matched = _VERSION_RE.fullmatch(str(version or DEFAULT_VERSION).strip())
     found = table.get(matched.group("minor")) if matched else None
@@ -106,15 +106,43 @@ def patch_of(version: str | None) -> str | None:
     return f"{matched.group('minor')}.{matched.group('patch')}" if matched and matched.group("patch") else None
 
 
+def _minor_and_patch(version: str) -> tuple[int, int]:
+    """``v1.35.4`` -> (35, 4); a pre-release counts as its patch (``v1.38.0-beta.0`` -> (38, 0))."""
+    matched = _VERSION_RE.fullmatch(version.strip())
+    if matched is None:
+        raise VersionError(f"{version!r} is no Kubernetes release tag")
+    patch = (matched.group("patch") or "0").split("-")[0]
+    return int(matched.group("minor").split(".")[1]), int(patch)
+
+
 @dataclass(frozen=True)
 class Rule:
-    """A way the kubelet (or the API server, the scheduler) behaves from one release on, as a plugin sees it."""
+    """A way the kubelet (or the API server, the scheduler) behaves from one release on, as a plugin sees it.
+
+    ``first_in`` holds the first release tag of each minor line whose source has it (checked in the tagged source
+    of ``k8s.io/kubernetes``): the release that brought it, then any older line it was backported to. Every minor
+    after the first has it; an older one only from the backport's patch on."""
 
     name: str
-    since: str  # the first release that has it, "1.37"
+    first_in: tuple[str, ...]  # ("v1.35.4", "v1.34.7")
     what: str
     #: Where upstream does it (the first release's tree).
     upstream: str
+    #: The upstream change that brought it (``kubernetes/kubernetes#135437``), its backports after it.
+    change: str
+
+    @property
+    def since(self) -> str:
+        """The first minor that has it in every patch from ``first_in[0]`` on: ``"1.37"``."""
+        return f"1.{_minor_and_patch(self.first_in[0])[0]}"
+
+    def holds_at(self, minor: int, patch: int) -> bool:
+        """Whether release 1.<minor>.<patch> behaves as this rule says."""
+        for tag in self.first_in:
+            tag_minor, tag_patch = _minor_and_patch(tag)
+            if tag_minor == minor:
+                return patch >= tag_patch
+        return minor > _minor_and_patch(self.first_in[0])[0]
 
 
 RULES: dict[str, Rule] = {
@@ -122,42 +150,48 @@ RULES: dict[str, Rule] = {
     for r in (
         Rule(
             "endpoint-per-socket",
-            "1.37",
+            ("v1.37.0",),
             "the device manager keeps one endpoint per plugin socket: a second plugin for a resource joins the first, "
             "the resource stays while any is connected, and a Register on a socket the kubelet holds is refused",
             "pkg/kubelet/cm/devicemanager/manager.go (endpointStore, PluginConnected, PluginDisconnected)",
+            "kubernetes/kubernetes#135437 (DRA-like fix for device-plugin race condition problem)",
         ),
         Rule(
             "podresources-get-terminal-not-found",
-            "1.35",
+            ("v1.35.4", "v1.34.7"),
             'pod-resources Get answers "pod <name> in namespace <ns> not found" for a pod that has terminated',
             "pkg/kubelet/kubelet.go (kubeletPodsProvider.GetPodByName)",
+            "kubernetes/kubernetes#135485 (in v1.36.0), cherry-picked to 1.35 by #138042 and to 1.34 by #138027",
         ),
         Rule(
             "dra-checkpoint-share-id",
-            "1.35",
+            ("v1.35.0",),
             "dra_manager_state carries ShareID on every prepared device, null where the driver gave none",
             "pkg/kubelet/cm/dra/state/state.go (Device.ShareID)",
+            "kubernetes/kubernetes#134520 ([DRA] Add ShareID to kubelet plugin API)",
         ),
         Rule(
             "pluginwatcher-retry",
-            "1.36",
+            ("v1.36.0",),
             "the plugin watcher retries a registration whose RegisterPlugin or NotifyRegistrationStatus failed",
             "pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go",
+            "kubernetes/kubernetes#133335 (pluginmanager: fix handling registration failures)",
         ),
         Rule(
             "scheduler-dra-postfilter-silent",
-            "1.37",
+            ("v1.37.0",),
             'a pod no node fits reads "0/N nodes are available: ... preemption: ...": DynamicResources\' PostFilter no '
             'longer adds "no new claims to deallocate, " for a pod without claims',
             "pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go (PostFilter)",
+            "kubernetes/kubernetes#140222 (scheduler: reduce scheduler PostFilter event noise)",
         ),
         Rule(
             "dra-health-v1",
-            "1.37",
+            ("v1.37.0",),
             "the kubelet watches DRA device health through v1.DRAResourceHealth (then v1alpha1), only for a driver "
             "that lists the service, and stops on Unimplemented",
             "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go (pickHealthService)",
+            "kubernetes/kubernetes#139477 (DRA kubelet: add v1 DRAResourceHealth gRPC API)",
         ),
     )
 }
@@ -209,38 +243,39 @@ class KubeVersion:
         return made
 
     def on_node(self, kubelet_version: str) -> KubeVersion:
-        """This run's gates and rule switches on the release a node's kubelet reports (``v1.36.3``): what a
-        release-dependent check judges by on kind and a cluster. A release outside the supported ones is judged
-        as the nearest supported one; an unreadable version as this run's."""
-        parts = kubelet_version.strip().removeprefix("v").split(".")
-        try:
-            number = int(parts[1])
-        except (IndexError, ValueError):
+        """This run's gates and rule switches on the release a node's kubelet reports (``v1.36.3``), at its patch:
+        what a release-dependent check judges by on kind and a cluster. A release outside the supported ones is
+        judged as the nearest supported one; an unreadable version as this run's."""
+        matched = _VERSION_RE.match(kubelet_version.strip())
+        if matched is None:
             return self
+        number = int(matched.group("minor").split(".")[1])
         table = _table()[0]
         nearest = min(table.values(), key=lambda r: (abs(r.number - number), -r.number))
-        if nearest == self.release:
+        named = f"{matched.group('minor')}.{matched.group('patch')}" if matched.group("patch") else None
+        patch = named if nearest.number == number and named and "v" + named != nearest.kubernetes else None
+        if nearest == self.release and patch == self.patch:
             return self
         gates = {k: v for k, v in self.feature_gates.items() if k in GATES[nearest.number]}
-        return KubeVersion(nearest, gates, self.rules)
+        return KubeVersion(nearest, gates, self.rules, patch)
 
     @property
     def name(self) -> str:
         """``kubernetes 1.37.2``: what the report header says; for a patch release other than the pinned one,
-        ``kubernetes 1.36.1 (judged by the rules of 1.36.3, the pinned patch release)``."""
+        ``kubernetes 1.36.1 (modelled on 1.36.3, the pinned patch release, with 1.36.1's rules)``."""
         pinned = self.release.kubernetes.removeprefix("v")
         if self.patch is None:
             return f"kubernetes {pinned}"
-        return f"kubernetes {self.patch} (judged by the rules of {pinned}, the pinned patch release)"
+        return f"kubernetes {self.patch} (modelled on {pinned}, the pinned patch release, with {self.patch}'s rules)"
 
     def at_least(self, minor: str) -> bool:
         return self.release.number >= int(minor.split(".")[1])
 
     def has(self, rule: str) -> bool:
-        """Whether this release behaves as ``rule`` says (its own release check unless a test switched it)."""
+        """Whether this release, at the patch the run named, behaves as ``rule`` says (unless a test switched it)."""
         if rule in self.rules:
             return self.rules[rule]
-        return self.at_least(RULES[rule].since)
+        return RULES[rule].holds_at(*_minor_and_patch(self.patch or self.release.kubernetes))
 
     def gate(self, name: str) -> bool:
         """Whether feature gate ``name`` is on: the run's setting, else this release's default. A gate this release
