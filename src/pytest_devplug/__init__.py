@@ -3,9 +3,13 @@
 The public API: the ``assert_*`` helpers, the handles the fixtures return, and the backend data types
 a ``conftest.py`` needs to point the fixtures at its own plugin (:class:`PluginSpec`). ``__all__`` lists them once,
 grouped like the imports (``tests/pytest_plugin/test_public_surface.py`` holds the two equal); the DRA side's are in
-:mod:`pytest_devplug.dra`.
+:mod:`pytest_devplug.dra`. A name renamed or removed since an earlier release still answers an import: see
+:mod:`pytest_devplug._renames`.
 """
 
+import typing as _typing
+
+from . import _renames
 from .assertions import (
     assert_allocatable,
     assert_allocate_injections,
@@ -94,3 +98,11 @@ __all__ = [
     # waiting
     "wait_for",
 ]
+
+
+# Hidden from type checkers: a module __getattr__ would make them accept any name imported from the package.
+if not _typing.TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        """A name of an earlier release: a renamed one gives its successor (warning), a removed one names it."""
+        return globals()[_renames.successor(name)]

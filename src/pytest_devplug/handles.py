@@ -311,6 +311,10 @@ class PluginChanges:
         self.touched = self.devices = False
 
 
+#: ``plugin.dirty = True`` of 0.1.0 would otherwise set an attribute nothing reads, and change nothing.
+_DIRTY_REMOVED = "PluginHandle.dirty was removed: call plugin.mark_changed(devices=True) (see CHANGELOG.md)"
+
+
 class PluginHandle:
     """The plugin under test as deployed on one node.
 
@@ -334,6 +338,15 @@ class PluginHandle:
     def mark_changed(self, *, devices: bool = False) -> None:
         """Tell the deployment this plugin is no longer as deployed (``devices``: its devices changed too)."""
         self._changes.note(devices=devices)
+
+    @property
+    def dirty(self) -> bool:
+        """Removed (0.1.0's way to say the plugin changed): raises, naming :meth:`mark_changed`."""
+        raise AttributeError(_DIRTY_REMOVED)
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        raise AttributeError(_DIRTY_REMOVED)
 
     def __repr__(self) -> str:
         return f"PluginHandle({self.spec.resource_name!r} on {self.node.name!r})"
