@@ -40,7 +40,7 @@ from .errors import (
     WaitTimeout,
 )
 from .kubeletmodel import quantity
-from .kubeletmodel.releases import RULES, KubeVersion
+from .kubeletmodel.releases import RULES, KubeVersion, RuleName
 from .waiting import wait_for
 
 __all__ = [
@@ -102,7 +102,7 @@ class NodeHandle:
         version = str(self.obj.get("status", {}).get("nodeInfo", {}).get("kubeletVersion") or "")
         return self.backend.options.kube.on_node(version)
 
-    def require(self, rule: str) -> KubeVersion:
+    def require(self, rule: RuleName) -> KubeVersion:
         """Skip the calling check, saying why, where this node's release does not behave as ``rule``
         (:data:`~pytest_devplug.kubeletmodel.releases.RULES`); returns the node's release where it does."""
         kube = self.kube

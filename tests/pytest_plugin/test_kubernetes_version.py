@@ -3,12 +3,14 @@ where the run says which one it is."""
 
 from __future__ import annotations
 
+import typing
+
 from pathlib import Path
 
 import pytest
 
 from pytest_devplug.kubeletmodel.featuregates_generated import GATES
-from pytest_devplug.kubeletmodel.releases import DEFAULT_VERSION, RULES, KubeVersion, release, releases
+from pytest_devplug.kubeletmodel.releases import DEFAULT_VERSION, RULES, KubeVersion, RuleName, release, releases
 from pytest_devplug.errors import VersionError
 
 pytest_plugins = ["pytester"]
@@ -105,6 +107,7 @@ def test_rules_name_their_release_and_upstream_file() -> None:
         )
     with pytest.raises(VersionError, match="unknown rule"):
         KubeVersion.of("1.37", no_such_rule=True)
+    assert typing.get_args(RuleName) == tuple(RULES) and all(name == rule.name for name, rule in RULES.items())
 
 
 def test_header_names_the_release(pytester: pytest.Pytester) -> None:

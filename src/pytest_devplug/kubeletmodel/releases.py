@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from typing import Literal
 
 from .featuregates_generated import DEPENDENCIES, GATES
 from ..errors import VersionError
@@ -28,6 +29,7 @@ __all__ = [
     "KubeVersion",
     "Release",
     "Rule",
+    "RuleName",
     "parse_feature_gates",
     "patch_of",
     "release",
@@ -115,6 +117,17 @@ def _minor_and_patch(version: str) -> tuple[int, int]:
     return int(matched.group("minor").split(".")[1]), int(patch)
 
 
+#: The name of every rule in :data:`RULES` (a test holds the two equal): a misspelt rule is a type error.
+RuleName = Literal[
+    "endpoint-per-socket",
+    "podresources-get-terminal-not-found",
+    "dra-checkpoint-share-id",
+    "pluginwatcher-retry",
+    "scheduler-dra-postfilter-silent",
+    "dra-health-v1",
+]
+
+
 @dataclass(frozen=True)
 class Rule:
     """A way the kubelet (or the API server, the scheduler) behaves from one release on, as a plugin sees it.
@@ -123,7 +136,7 @@ class Rule:
     of ``k8s.io/kubernetes``): the release that brought it, then any older line it was backported to. Every minor
     after the first has it; an older one only from the backport's patch on."""
 
-    name: str
+    name: RuleName
     first_in: tuple[str, ...]  # ("v1.35.4", "v1.34.7")
     what: str
     #: Where upstream does it (the first release's tree).
@@ -145,7 +158,7 @@ class Rule:
         return minor > _minor_and_patch(self.first_in[0])[0]
 
 
-RULES: dict[str, Rule] = {
+RULES: dict[RuleName, Rule] = {
     r.name: r
     for r in (
         Rule(
@@ -271,7 +284,7 @@ class KubeVersion:
     def at_least(self, minor: str) -> bool:
         return self.release.number >= int(minor.split(".")[1])
 
-    def has(self, rule: str) -> bool:
+    def has(self, rule: RuleName) -> bool:
         """Whether this release, at the patch the run named, behaves as ``rule`` says (unless a test switched it)."""
         if rule in self.rules:
             return self.rules[rule]
