@@ -179,7 +179,7 @@ class CheckpointError(DevplugError):
 
 class CheckpointFormatError(CheckpointError, ValueError):
     """The file is not a device-manager checkpoint (bad JSON or wrong shape); a ``ValueError`` too, as
-    :func:`parse_checkpoint` raised before it decoded by Go's rules."""
+    :func:`~pytest_devplug.kubeletmodel.checkpoint.parse_checkpoint` raised before it decoded by Go's rules."""
 
 
 class CheckpointCorruptError(CheckpointError):

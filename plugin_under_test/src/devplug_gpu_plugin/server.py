@@ -112,7 +112,7 @@ def list_response(snapshot: Snapshot, replicas: int = 1) -> pb.ListAndWatchRespo
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    """Maps RPCs onto :mod:`devices` and :mod:`allocation`; holds no logic of its own."""
+    """Maps RPCs onto :mod:`.devices` and :mod:`.allocation`; holds no logic of its own."""
 
     def __init__(
         self,

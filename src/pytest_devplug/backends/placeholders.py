@@ -17,8 +17,8 @@ def fill_placeholders(
     argv: Sequence[str], env: Mapping[str, str], values: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str]]:
     """``argv`` and ``env``'s values with each ``{name}`` of ``values`` (and ``{python}``: this interpreter) put in, in
-    one pass: a value is never filled again, other braces stay as written. What :meth:`PluginSpec.command` and
-    ``DriverSpec.command`` share."""
+    one pass: a value is never filled again, other braces stay as written. What :meth:`~.base.PluginSpec.command` and
+    :meth:`~.dra.DriverSpec.command` share."""
     values = {"python": sys.executable, **values}
     pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")\}")
 

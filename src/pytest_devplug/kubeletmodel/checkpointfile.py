@@ -59,7 +59,8 @@ def _file_kind(mode: int) -> str:
 
 
 def read_checkpoint(path: Path) -> CheckpointData:
-    """Read and verify a checkpoint; raises :class:`CheckpointCorruptError` on a checksum mismatch."""
+    """Read and verify a checkpoint; raises :class:`~pytest_devplug.errors.CheckpointCorruptError` on a checksum
+    mismatch."""
     return decode_verified(read_bytes(path), source=str(path))
 
 

@@ -3,7 +3,7 @@
 :class:`KubeBackend` holds the Kubernetes logic (the run's namespace, the plugin's DaemonSets, pods, waits,
 the checkpoint-derived container view, kubelet restarts and policies); a :class:`ClusterProvider` says how
 the cluster is had (kind: created, reused or kept, images loaded into it; a kubeconfig: an existing cluster,
-images pulled by its nodes) and which :class:`~.node.NodeTransport` reaches a node (``docker exec`` into a
+images pulled by its nodes) and which :class:`~.nodeops.NodeTransport` reaches a node (``docker exec`` into a
 kind node; a privileged host-PID pod). Backends differ only in their provider.
 
 Everything the run creates lives in its own namespace (``devplug-<id>``, labelled and annotated with the

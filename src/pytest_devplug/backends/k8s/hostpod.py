@@ -7,7 +7,7 @@ sockets (pod-resources, a DRA driver's) are called from inside the pod: pod-reso
 ``pod-resources`` directory it mounts, any other socket through ``/proc/1/root`` (the node's root, seen from
 a privileged host-PID pod). The image needs ``sh``,
 ``nsenter`` (util-linux) and ``python3`` with ``grpcio``: the included plugin's image has all three.
-The pods live in the run's namespace and are deleted by :meth:`close`; each carries an
+The pods live in the run's namespace and are deleted by :meth:`HostPodTransport.close`; each carries an
 ``activeDeadlineSeconds`` (:data:`NODE_POD_DEADLINE_S`), so one left by a killed run stops by itself soon,
 and a session that outlasts it gets a new pod.
 """

@@ -87,7 +87,7 @@ class NodeTransport(Protocol):
     ) -> bytes:
         """The raw response of ``method`` (``/v1.PodResourcesLister/List``) at the node's Unix ``socket`` (its path on
         the node) for the serialized ``request``; with ``stream`` the first message of the server stream. A gRPC
-        error raises :class:`NodeGrpcError`; a node that cannot be reached ``BackendError``."""
+        error raises :class:`~pytest_devplug.errors.NodeGrpcError`; a node that cannot be reached ``BackendError``."""
         ...
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """The ``kind`` backend: the Kubernetes backend plus kind's lifecycle (see the package docstring for the pieces).
 
 :class:`KindProvider` gives :class:`~..k8s.backend.KubeBackend` a kind cluster (created, reused or kept:
-:class:`~.cluster.ClusterManager`), loads images into it (the included plugin's is built here) and reaches
+:class:`~.lifecycle.ClusterManager`), loads images into it (the included plugin's is built here) and reaches
 a node by ``docker exec`` into its container.
 """
 

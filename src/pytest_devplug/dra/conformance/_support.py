@@ -113,8 +113,8 @@ def need_devices(driver: DriverHandle, n: int) -> list[tuple[str, str]]:
 
 def devices_together(driver: DriverHandle) -> list[tuple[str, str]]:
     """As many of the driver's devices as one claim can hold at once: all of them, unless they share counters
-    (partitions of one GPU and the GPU itself), then a largest set the counters allow (:mod:`~pytest_devplug.dra.
-    counters`). A skip when the driver publishes none."""
+    (partitions of one GPU and the GPU itself), then a largest set the counters allow
+    (:mod:`~pytest_devplug.dra.counters`). A skip when the driver publishes none."""
     devices = need_devices(driver, 1)
     counters = PoolCounters.of(s.raw for s in driver.slices())
     return together(counters, devices) if counters.partitionable else devices

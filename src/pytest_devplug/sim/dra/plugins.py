@@ -1,11 +1,11 @@
 """The registered DRA plugins of one kubelet (upstream ``DRAPluginManager``).
 
-The plugin watcher hands it each ``DRAPlugin`` registration (:class:`PluginHandler`'s upstream method
-names). It picks the service to call (the first of the plugin's list the kubelet supports), keeps one
-client per (driver, endpoint), watches whether each is connected and, through the narrow
-:class:`ResourceSliceWiper` seam (the API server plugs in there), deletes all of the node's
-ResourceSlices once at start and a driver's slices ``wiping_delay`` seconds after its last plugin went
-away or lost its connection, unless one comes back first.
+The plugin watcher hands it each ``DRAPlugin`` registration
+(:class:`~pytest_devplug.sim.pluginwatcher.PluginHandler`'s upstream method names). It picks the service to call
+(the first of the plugin's list the kubelet supports), keeps one client per (driver, endpoint), watches whether
+each is connected and, through the narrow :class:`ResourceSliceWiper` seam (the API server plugs in there),
+deletes all of the node's ResourceSlices once at start and a driver's slices ``wiping_delay`` seconds after its
+last plugin went away or lost its connection, unless one comes back first.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def go_quote_list(values: Sequence[str]) -> str:
 
 
 class DRAPluginManager:
-    """Registered DRA plugins by driver, in registration order; implements :class:`PluginHandler`."""
+    """Registered DRA plugins by driver, in registration order; implements
+    :class:`~pytest_devplug.sim.pluginwatcher.PluginHandler`."""
 
     def __init__(
         self,
