@@ -183,7 +183,7 @@ def versions(session: nox.Session) -> None:
     built from Go modules into the cache once per release, ~8 min cold each) with the DRA suite there.
     ``nox -s versions -- 1.36`` runs the releases named; ``-- --embedded`` only the embedded control plane (no build:
     what CI runs)."""
-    session.install("-e", ".[cluster]", "-e", "./plugin_under_test[dra]")  # control-plane build needs the checkout
+    session.install("-e", ".[cluster]", "-e", "./plugin_under_test[dra]")
     supported, default = _releases()
     embedded_only = "--embedded" in session.posargs
     chosen = [a for a in session.posargs if a != "--embedded"] or [r for r in supported if r != default]

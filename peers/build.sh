@@ -25,7 +25,7 @@ source_hash() {  # source_hash FILE...: short digest of the files that shape a b
 
 # peer_dir NAME: the cache dir of NAME's current build (version + source hash in its name).
 peer_dir() {
-  local srcs=("$PEERS_DIR/build.sh" "$OFFLINE_DIR/lib.sh" "$OFFLINE_DIR/versions.env")
+  local srcs=("$PEERS_DIR/build.sh" "$OFFLINE_DIR/lib.sh" "$OFFLINE_DIR/versions.env" "$REPO_ROOT/src/pytest_devplug/controlplane/gobuild.sh")
   case $1 in
     sample-device-plugin) echo "$PEERS_CACHE/$1-$KUBERNETES_VERSION-$(source_hash "${srcs[@]}")" ;;
     stub-plugin) echo "$PEERS_CACHE/$1-$KUBERNETES_VERSION-$(source_hash "${srcs[@]}" "$PEERS_DIR"/stub-plugin/*.go)" ;;

@@ -30,6 +30,7 @@ mkdir -p "$WORK"
 
 inputs_hash() {  # PYTHON_BASE_IMAGE: everything the node image is made from, the preloaded Python base's image ID too
   { (cd "$OFFLINE_DIR" && cat versions.env build-node-image.sh build-k8s.sh build-containerd.sh lib.sh pause/pause.go node/*)
+    cat "$REPO_ROOT/src/pytest_devplug/controlplane/gobuild.sh"
     docker image inspect -f '{{.Id}}' "$1"; } | sha256sum | cut -c1-16
 }
 

@@ -220,7 +220,7 @@ def _add_control_plane_commands(sub: argparse._SubParsersAction[argparse.Argumen
     cps = cp.add_subparsers(dest="action", required=True)
     build = cps.add_parser(
         "build",
-        help="build etcd and the Kubernetes binaries from Go modules into the cache (a source checkout and Go needed)",
+        help="build etcd and the Kubernetes binaries from Go modules into the cache (needs Go and the Go module proxy)",
     )
     where = cps.add_parser("where", help="print the binaries --devplug-control-plane real would use (no download)")
     where.add_argument("--k8s-bin-dir", help="as --devplug-k8s-bin-dir")

@@ -63,6 +63,11 @@ def test_build_check_install_and_run_the_suite_from_the_wheel(tmp_path: Path, uv
     assert report["run"]["backend"] == "sim" and report["summary"].get("passed", 0) > 0
     assert not {"failed", "error"} & set(report["summary"]), report["summary"]
 
+    # The control-plane build ships in the wheel: it runs from the installed package, no checkout (the default
+    # release, which `nox -s tests` builds first: cached, so instant here; a cold one builds the same way).
+    built = run([str(bin_ / "devplug"), "control-plane", "build"], cwd=empty, timeout=1800)
+    assert "kube-apiserver: " in built and "etcd: " in built, built
+
     # Without the kind extra: its options still exist (ours), and choosing kind names the extra at once.
     help_text = run([str(bin_ / "pytest"), "--help"], cwd=empty)
     for option in (

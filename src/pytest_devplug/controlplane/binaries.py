@@ -3,8 +3,8 @@
 1. ``--devplug-k8s-bin-dir`` (``bin_dir``): a directory holding the binaries under their usual names.
 2. ``KUBEBUILDER_ASSETS``: envtest's convention, the directory ``setup-envtest use -p path`` prints (etcd,
    kube-apiserver, kubectl; it has no scheduler or controller manager, which come from the next source).
-3. The cache shared with the offline kind build (``kind-config/offline/build-k8s.sh``, also run by
-   ``devplug control-plane build``): ``<cache>/offline/k8s/<version>/bin`` and ``<cache>/offline/etcd/<version>/bin``.
+3. The cache ``devplug control-plane build`` fills (``gobuild.sh`` beside this module, which the offline kind build
+   runs too): ``<cache>/offline/k8s/<version>/bin`` and ``<cache>/offline/etcd/<version>/bin``.
 4. The official release binaries (``dl.k8s.io``, etcd's GitHub release), downloaded into the cache and
    checked against their published SHA-256 before they are made executable.
 
@@ -219,22 +219,11 @@ def _download(missing: list[str], dest: Path, pins: Release, *, k8s_url: str, et
     return out
 
 
-def build_script() -> Path | None:
-    """The offline build script of a source checkout (it is not part of the wheel), or ``None``."""
-    script = Path(__file__).resolve().parents[3] / "kind-config" / "offline" / "build-k8s.sh"
-    return script if script.is_file() else None
-
-
 def build(env: Mapping[str, str] | None = None, *, version: str | None = None) -> Binaries:
-    """``devplug control-plane build``: the offline build's Go-module build of release ``version``'s control plane
-    (default: the default release) into the cache (cached: instant)."""
+    """``devplug control-plane build``: release ``version``'s control plane (default: the default release) built
+    from Go modules into the cache (cached: instant), the build's progress on stderr."""
     pins = release(version)
-    script = build_script()
-    if script is None:
-        raise BinariesNotFoundError(
-            "devplug control-plane build needs a source checkout of pytest-devplug (kind-config/offline/build-k8s.sh); "
-            "elsewhere use --devplug-k8s-bin-dir, KUBEBUILDER_ASSETS or the release download"
-        )
+    script = Path(__file__).with_name("gobuild.sh")
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
         raise BinariesNotFoundError("devplug control-plane build needs Go (go on PATH or /usr/local/go/bin/go)")
     run_env = {**os.environ, **(env or {}), "DEVPLUG_KUBERNETES_VERSION": pins.minor}
