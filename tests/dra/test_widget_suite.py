@@ -333,6 +333,10 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
         lambda b, d, f: test_prepare.test_claim_with_several_requests(f, d),
         "the driver named the requests",
     ),
+    "sub-request-names": (
+        lambda b, d, f: test_prepare.test_prioritized_list_gets_the_next_choice(f, d),
+        "a device named for gpu/one reaches no container",
+    ),
     "forget-on-restart": (
         lambda b, d, f: test_restarts.test_unprepare_after_a_restart_removes_the_claims_cdi_specs(f, d),
         "left the CDI spec file(s) its prepare wrote",

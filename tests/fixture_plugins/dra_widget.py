@@ -20,6 +20,8 @@ health). ``--break`` makes it wrong the way drivers are:
 * ``health-unlisted``: serves its health stream but lists no health service in GetInfo (a 1.37 kubelet ignores it);
 * ``first-request-only``: prepares only the devices of a claim's first request;
 * ``no-request-names``: answers its devices without the requests they were allocated for;
+* ``sub-request-names``: names a device allocated for a prioritized list's sub-request (``gpu/one``) by that, not
+  by the request a container names (``gpu``; the kubeletplugin library strips the sub-request, as the kubelet needs);
 * ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back);
 * ``spec-in-subdir``: writes its CDI specs in a subdirectory of the CDI root, which no runtime reads;
 * ``no-reuse``: marks a prepared device in use and never frees it at unprepare, so a later claim for it fails;
@@ -73,6 +75,7 @@ parser.add_argument(
         "health-unlisted",
         "first-request-only",
         "no-request-names",
+        "sub-request-names",
         "forget-on-restart",
         "spec-in-subdir",
         "reboot-loses-spec",
@@ -276,7 +279,8 @@ def prepare(claim):
                 name = next(d for d in DEVICES if d != name)
             cdi_name = f"{claim.uid}-{name}" + (f"-{serial[0]}" if args.broken == "prepare-not-idempotent" else "")
             cdi_devices.append({"name": cdi_name, "containerEdits": {"env": [f"WIDGET_{DEVICES.index(name)}={name}"]}})
-            names = [] if args.broken == "no-request-names" else [r["request"]]
+            request_name = r["request"] if args.broken == "sub-request-names" else r["request"].split("/", 1)[0]
+            names = [] if args.broken == "no-request-names" else [request_name]
             devices.append(
                 pb.Device(
                     request_names=names, pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]

@@ -85,6 +85,48 @@ def test_claim_with_several_requests(devplug_claims: ClaimFactory, devplug_drive
         claim.delete()
 
 
+def test_prioritized_list_gets_the_next_choice(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
+    """A prioritized list (DRAPrioritizedList: beta and on from 1.34, GA in 1.36): a request whose first choice no
+    device satisfies is allocated its next one, as result request ``gpu/one``. The container names the request
+    ``gpu``, and the kubelet gives it the CDI devices the driver named for exactly ``gpu``
+    (``pkg/kubelet/cm/dra/claiminfo.go``, ``cdiDevicesAsList``): a driver must name the parent request (upstream's
+    ``resourceclaim.BaseRequestRef``), not the sub-request, or the container starts without its device."""
+    devplug_driver.node.require_gate("DRAPrioritizedList", "requests with firstAvailable sub-requests")
+    nothing = {"cel": {"expression": 'device.driver == "no-such-driver.devplug.invalid"'}}
+    claim = devplug_claims.claim(
+        requests=[
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    {"name": "none", "deviceClassName": devplug_claims.default_class, "selectors": [nothing]},
+                    {"name": "one", "deviceClassName": devplug_claims.default_class, "count": 1},
+                ],
+            }
+        ]
+    )
+    body = devplug_claims.manifest([claim])
+    (container,) = body["spec"]["containers"]
+    container["resources"]["claims"] = [{"name": "c0", "request": "gpu"}]
+    pod = devplug_claims.pod(manifest=body, wait=True)
+    assert [a.request for a in claim.allocated] == ["gpu/one"], (
+        f"the scheduler allocated {[(a.request, a.device) for a in claim.allocated]}, want one device for gpu/one"
+    )
+    prepared = claim.prepared()
+    assert prepared is not None, f"claim {claim.name} is not in the kubelet's dra_manager_state"
+    answered = prepared.devices.get(devplug_driver.name, ())
+    named = [(d.device, list(d.requests)) for d in answered]
+    assert [d.device for d in answered] == [claim.allocated[0].device], (
+        f"the driver prepared {named}; the scheduler allocated {claim.allocated[0].device} for gpu/one"
+    )
+    cdi = sorted({i for d in answered if "gpu" in d.requests for i in d.cdi_device_ids})
+    seen = sorted(set(pod.view(container["name"]).cdi_devices))
+    assert cdi and seen == cdi, (
+        f"the container uses request gpu of claim {claim.name}, allocated as gpu/one: it got the CDI devices {seen}; "
+        f"the driver named the requests {named} (the kubelet matches the parent request gpu exactly, so a device "
+        "named for gpu/one reaches no container)"
+    )
+
+
 def test_extended_resource_served_by_the_driver(devplug_claims: ClaimFactory, devplug_driver: DriverHandle) -> None:
     """Extended resources backed by DRA (DRAExtendedResource: on from 1.36, GA in 1.37): a DeviceClass naming an
     extended resource lets a pod ask for it in its limits like a device plugin's; the scheduler allocates one of the
