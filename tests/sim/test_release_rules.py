@@ -4,7 +4,7 @@ Each rule of ``kubeletmodel.releases.RULES`` (and each feature gate the embedded
 that runs the behaviour at releases written as literals (:func:`boundary`: the last release without the rule, the
 first with it, the default) and asserts what differs; switching the rule to the other release's behaviour
 (``KubeVersion.of(..., rule=False)``) fails the test. The last test checks that no rule is left without one and
-that the tests' releases are the table's. ``tools/rule-mutants.py`` moves each rule and lists what catches it.
+that the tests' releases are the table's. ``tools/rule_mutants.py`` moves each rule and lists what catches it.
 """
 
 from __future__ import annotations
