@@ -337,6 +337,10 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
         lambda b, d, f: test_prepare.test_prioritized_list_gets_the_next_choice(f, d),
         "a device named for gpu/one reaches no container",
     ),
+    "unprepare-per-device": (
+        lambda b, d, f: test_scheduling.test_admin_access_leaves_the_pod_using_the_device_alone(f, d),
+        "which pod",
+    ),
     "forget-on-restart": (
         lambda b, d, f: test_restarts.test_unprepare_after_a_restart_removes_the_claims_cdi_specs(f, d),
         "left the CDI spec file(s) its prepare wrote",

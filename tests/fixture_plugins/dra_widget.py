@@ -20,6 +20,8 @@ health). ``--break`` makes it wrong the way drivers are:
 * ``health-unlisted``: serves its health stream but lists no health service in GetInfo (a 1.37 kubelet ignores it);
 * ``first-request-only``: prepares only the devices of a claim's first request;
 * ``no-request-names``: answers its devices without the requests they were allocated for;
+* ``unprepare-per-device``: keeps its preparations per device, so unpreparing a claim (an admin-access one beside
+  a user's) also drops every other claim's preparation of its devices and their CDI spec files;
 * ``sub-request-names``: names a device allocated for a prioritized list's sub-request (``gpu/one``) by that, not
   by the request a container names (``gpu``; the kubeletplugin library strips the sub-request, as the kubelet needs);
 * ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back);
@@ -76,6 +78,7 @@ parser.add_argument(
         "first-request-only",
         "no-request-names",
         "sub-request-names",
+        "unprepare-per-device",
         "forget-on-restart",
         "spec-in-subdir",
         "reboot-loses-spec",
@@ -318,7 +321,13 @@ class DRA(pbg.DRAPluginServicer):
                 if claim.uid not in prepared and args.broken == "unprepare-unknown-fails":
                     resp.claims[claim.uid].error = f"claim {claim.uid} is not prepared"
                     continue
-                known = prepared.pop(claim.uid, None) is not None
+                gone = prepared.pop(claim.uid, None)
+                known = gone is not None
+                if gone and args.broken == "unprepare-per-device":
+                    names = {d.device_name for d in gone}
+                    for other in [u for u, devs in prepared.items() if names & {d.device_name for d in devs}]:
+                        del prepared[other]
+                        os.unlink(cdi_spec_path(other))
                 save_checkpoint()
                 if not known and args.broken == "forget-on-restart":
                     resp.claims[claim.uid].SetInParent()

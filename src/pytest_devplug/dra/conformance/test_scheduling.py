@@ -195,3 +195,65 @@ def test_device_taint_keeps_claims_off_tainted_devices(
         devplug_claims.untaint(rule)
     pod.wait_running()
     assert_claim_prepared(pod, devplug_driver)
+
+
+#: The namespace label the API server requires of a claim asking for admin access (DRAAdminAccess, since 1.33).
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def test_admin_access_leaves_the_pod_using_the_device_alone(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
+    """Admin access (DRAAdminAccess: beta and on from 1.34, GA in 1.36): a monitoring pod's claim with
+    ``adminAccess`` is allocated a device another pod already uses (the scheduler skips its in-use check for it),
+    and the driver prepares it beside the user's claim. Preparing and then unpreparing the admin claim must leave the
+    user's claim as it was: still prepared in the kubelet's checkpoint, its CDI spec files on the node, its
+    CDI devices resolving for a new container of that claim. A driver that keeps its preparations per device rather
+    than per claim refuses the admin claim or, unpreparing it, takes the user's device state with it."""
+    node = devplug_driver.node
+    node.require_gate("DRAAdminAccess", "claims with adminAccess on devices in use")
+    user_claim = devplug_claims.claim()
+    user = devplug_claims.pod([user_claim], wait=True)
+    assert_claim_prepared(user, devplug_driver)
+    (used,) = [(a.pool, a.device) for a in user_claim.allocated if a.driver == devplug_driver.name]
+    specs = set(node.cdi_spec_files())
+    path = f"/api/v1/namespaces/{devplug_claims.namespace}"
+    labels = (devplug_claims.rest.get(path).get("metadata") or {}).get("labels") or {}
+    if labels.get(ADMIN_ACCESS_LABEL) != "true":
+        devplug_claims.rest.patch(path, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
+    try:
+        request = {"deviceClassName": devplug_claims.default_class, "count": 1, "adminAccess": True}
+        admin_claim = devplug_claims.claim(requests=[{"name": "admin", "exactly": request}])
+        admin = devplug_claims.pod([admin_claim], wait=True)
+    finally:
+        if labels.get(ADMIN_ACCESS_LABEL) != "true":
+            devplug_claims.rest.patch(path, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: None}}})
+    granted = [(a.pool, a.device) for a in admin_claim.allocated if a.driver == devplug_driver.name]
+    if granted != [used]:
+        pytest.skip(
+            f"the scheduler gave the admin claim {granted}, not the device in use {used} (its counters, shared with "
+            "the device in use, may be spent): no device to judge sharing on"
+        )
+    assert_claim_prepared(admin, devplug_driver)
+    uid, since = admin_claim.uid, len(node.dra_calls())
+    admin.delete()
+    waited(
+        lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+        bool,
+        "the admin claim unprepared after its pod was deleted",
+        driver=devplug_driver,
+    )
+    gone = sorted(specs - set(node.cdi_spec_files()))
+    assert not gone, (
+        f"{devplug_driver.name} unprepared admin claim {admin_claim.name} on device {used}, and the CDI spec file(s) "
+        f"of claim {user_claim.name}, which pod {user.name} still uses on that device, are gone: {gone}"
+    )
+    # A new container of the user's claim gets its CDI devices from the spec files as they are now.
+    try:
+        assert_claim_prepared(user, devplug_driver)
+        assert_claim_prepared(devplug_claims.pod([user_claim]), devplug_driver)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"after admin claim {admin_claim.name} on device {used} was prepared and unprepared, claim "
+            f"{user_claim.name} of pod {user.name} on that device is no longer usable: {exc}"
+        ) from None
