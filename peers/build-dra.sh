@@ -81,6 +81,7 @@ build_peer() {
     [ -x "$out/bin/$name" ] || die "$name: the build left no $out/bin/$name"
     touch "$out/bin/.complete"
   else
+    touch "$out/bin/.complete"  # its last use, which prune_unused reads
     log "$name cached: $out/bin/$name"
   fi
   echo "$name $out/bin/$name"
@@ -92,3 +93,4 @@ names=("$@")
 for n in "${names[@]}"; do
   (build_peer "$n")
 done
+prune_unused "$PEERS_CACHE"

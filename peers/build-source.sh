@@ -104,6 +104,7 @@ build_peer() {
     [ -x "$out/bin/$name" ] || die "$name: the build left no $out/bin/$name"
     touch "$out/bin/.complete"
   else
+    touch "$out/bin/.complete"  # its last use, which prune_unused reads
     log "$name cached: $out/bin/$name"
   fi
   echo "$name $out/bin/$name"
@@ -114,3 +115,4 @@ build_peer() {
 for n in "$@"; do
   (build_peer "$n")
 done
+prune_unused "$PEERS_CACHE"

@@ -101,6 +101,7 @@ build_peer() {
     [ -x "$out/bin/$name" ] || die "$name: the build left no $out/bin/$name"
     touch "$out/bin/.complete"
   else
+    touch "$out/bin/.complete"  # its last use, which prune_unused reads
     log "$name cached: $out/bin/$name"
   fi
   echo "$name $out/bin/$name"
@@ -113,3 +114,4 @@ for n in "${names[@]}"; do
   # A subshell per peer, so each lock is released when its build is done.
   (build_peer "$n")
 done
+prune_unused "$PEERS_CACHE"

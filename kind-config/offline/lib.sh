@@ -25,6 +25,28 @@ ensure_docker() {
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 image_label() { docker image inspect -f "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true; }
 
+# How long a build nothing used stays in the cache.
+UNUSED_BUILD_DAYS=14
+
+# prune_unused DIR: remove the builds under DIR (each a directory whose bin/.complete is touched whenever the build
+# is used) not used for $UNUSED_BUILD_DAYS days, with their lock files: a build no script names any more is never
+# used again. A build a concurrent run holds the lock of is left alone.
+prune_unused() {
+  local dir=$1 days=$UNUSED_BUILD_DAYS build fd
+  for build in "$dir"/*/; do
+    build=${build%/}
+    [ -f "$build/bin/.complete" ] || continue
+    [ -n "$(find "$build/bin/.complete" -mtime +"$days" 2>/dev/null)" ] || continue
+    exec {fd}>"$build.lock"
+    if flock -n "$fd"; then
+      rm -rf "$build"
+      rm -f "$build.lock"
+      log "pruned $build (unused for over $days days)"
+    fi
+    exec {fd}>&-
+  done
+}
+
 apt_ensure() {  # apt_ensure pkg... : install Debian packages on the build host when missing
   local missing=()
   for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
