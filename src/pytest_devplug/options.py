@@ -15,12 +15,18 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import pytest
 
 from .backends import BACKENDS
-from .backends.base import DEFAULT_GRACE_PERIOD, DEFAULT_REREGISTRATION_TIMEOUT, DEFAULT_RESOURCE_NAME, DEFAULT_TIMEOUT
+from .backends.base import (
+    CONTROL_PLANES,
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_REREGISTRATION_TIMEOUT,
+    DEFAULT_RESOURCE_NAME,
+    DEFAULT_TIMEOUT,
+)
 from .backends.dra import DEFAULT_DRIVER_NAME
 from .backends.mockstate import DEFAULT_GPU_MODEL, GPU_MODELS, check_gpu_model, mig_profiles
 from .kubeletmodel.releases import DEFAULT_VERSION, release, releases
@@ -62,8 +68,8 @@ CONVENTIONS: dict[str, str] = {
     "device by design (time-slicing, a scheduling budget) does not declare it",
 }
 
-#: Values of ``--devplug-control-plane``.
-CONTROL_PLANES = ("embedded", "real")
+#: What the fault-injection tests do without a fault injector (``--devplug-missing-faults``).
+MissingFaults = Literal["skip", "fail"]
 
 ValueKind = Literal["str", "int", "float", "switch"]
 Default = str | int | float | None
@@ -355,7 +361,7 @@ OPTIONS: tuple[Option, ...] = (
         "what the fault-injection tests do when there is no fault injector (mock NVML or a conftest's "
         "devplug_faults fixture): skip (naming the contract to implement) or fail",
         default="skip",
-        choices=("skip", "fail"),
+        choices=get_args(MissingFaults),
         cli="--missing-faults",
     ),
     Option(

@@ -6,15 +6,15 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, get_args
 
 import pytest
 
 from .backends import mockstate
-from .backends.base import BackendOptions, PluginSpec
+from .backends.base import CONTROL_PLANES, BackendOptions, PluginSpec
 from .kubeletmodel.releases import KubeVersion
 from .errors import VersionError
-from .options import CONVENTIONS, command_line, env_pairs, given, option, value
+from .options import CONVENTIONS, MissingFaults, command_line, env_pairs, given, option, value
 from .soakwatch import DEFAULT_SOAK_S
 
 __all__ = ["DevplugSettings", "default_plugin_argv", "get_settings", "parse_settings", "settings_from_config"]
@@ -30,7 +30,7 @@ class DevplugSettings:
     backend: str
     backend_options: BackendOptions
     plugin: PluginSpec
-    missing_faults: str  # "skip" or "fail"
+    missing_faults: MissingFaults
     included_plugin: bool = False  # no plugin option given: the included GPU plugin is the one under test
     #: Whether @devplug_disruptive tests run (cluster backend: only with --devplug-allow-disruptive).
     allow_disruptive: bool = True
@@ -67,12 +67,24 @@ def default_plugin_argv(
     return argv
 
 
+_Choice = TypeVar("_Choice", bound=str)
+
+
+def _one_of(config: pytest.Config, name: str, choices: tuple[_Choice, ...]) -> _Choice:
+    """Option ``name``'s value as the type of its choices (the options table has already refused any other)."""
+    got = str(value(config, name))
+    for choice in choices:
+        if choice == got:
+            return choice
+    raise pytest.UsageError(f"{option(name).named}: {got!r} is not one of {', '.join(choices)}")
+
+
 def settings_from_config(config: pytest.Config) -> DevplugSettings:
     """Parse the options (command line first, then ini keys, then the defaults declared with them); a bad
     value raises :class:`pytest.UsageError` naming the option and what it accepts. ``pytest_configure``
     calls it once: read the result with :func:`get_settings`."""
     backend = str(value(config, "backend"))
-    control_plane = str(value(config, "control-plane"))
+    control_plane = _one_of(config, "control-plane", CONTROL_PLANES)
     resource, *extra_resources = _resource_names(value(config, "resource-name"))
     cmd = given(config, "plugin-cmd")
     image = given(config, "plugin-image")
@@ -143,7 +155,7 @@ def settings_from_config(config: pytest.Config) -> DevplugSettings:
         backend,
         opts,
         spec,
-        str(value(config, "missing-faults")),
+        _one_of(config, "missing-faults", get_args(MissingFaults)),
         included_plugin=not custom,
         allow_disruptive=allow_disruptive,
         soak=float(value(config, "soak")),

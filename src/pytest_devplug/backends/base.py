@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from ..kubeletmodel.checkpoint import Checkpoint, CheckpointEntry, parse_checkpoint
 from ..kubeletmodel.periods import ENDPOINT_STOP_GRACE_PERIOD_S
@@ -397,6 +397,12 @@ class Backend(Protocol):
         """Change the grace period (sim only; kind raises ``UnsupportedOperationError``)."""
 
 
+#: sim's control plane: the harness's own API server and scheduler, or etcd, kube-apiserver, kube-scheduler and
+#: kube-controller-manager of the release (``--devplug-control-plane``).
+ControlPlaneKind = Literal["embedded", "real"]
+CONTROL_PLANES: tuple[ControlPlaneKind, ...] = get_args(ControlPlaneKind)
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     """What selects and shapes a backend (from the pytest options / ini keys)."""
@@ -407,7 +413,7 @@ class BackendOptions:
     #: sim: seconds the kubelet keeps a resource after its plugin went away (upstream: 300).
     grace_period: float = DEFAULT_GRACE_PERIOD
     #: sim: ``embedded`` (the harness's API server and scheduler) or ``real`` (etcd, kube-apiserver, kube-scheduler).
-    control_plane: str = "embedded"
+    control_plane: ControlPlaneKind = "embedded"
     #: sim, real control plane: a directory with its binaries (``None``: KUBEBUILDER_ASSETS, the cache, a download).
     k8s_bin_dir: str | None = None
     #: The Kubernetes release the run reproduces and judges against, with its feature gates.
