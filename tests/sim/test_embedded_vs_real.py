@@ -188,3 +188,29 @@ def test_resource_name_is_listed_on_the_real_node(sides: Sides, tmp_path: Path) 
     start_gpu_node(sides["real"], "node-1", tmp_path / "s.json", 2)
     node = sides["real"].get_node("node-1")
     assert (node["status"]["capacity"][GPU], node["status"]["allocatable"][GPU]) == ("2", "2")
+
+
+def test_a_pod_deleted_gracefully_by_another_client_is_stopped_and_removed(
+    control_plane: ControlPlane, sides: Sides, tmp_path: Path
+) -> None:
+    """A graceful delete from another client (an eviction controller, ``kubectl delete``) only sets the pod's
+    ``deletionTimestamp``; the node's kubelet stops the pod and removes the object (grace 0, its UID as the
+    precondition). Without that the pod stays Terminating for good and its device is never freed."""
+    real = sides["real"]
+    node = start_gpu_node(real, "node-1", tmp_path / "real.json", 1)
+    uid = real.create_pod(pod("doomed", 1))["metadata"]["uid"]
+    wait_for(lambda: phase(real, "doomed"), lambda v: v == "Running", "doomed running")
+    core = kubernetes.client.CoreV1Api(control_plane.client())
+    core.delete_namespaced_pod("doomed", "default", grace_period_seconds=30)
+
+    def present() -> bool:
+        try:
+            real.get_pod("doomed")
+        except ApiError:
+            return False
+        return True
+
+    wait_for(present, lambda there: not there, "the gracefully deleted pod removed by its kubelet", timeout=15)
+    assert uid not in node.active_pod_uids(), "the kubelet still runs the deleted pod"
+    real.create_pod(pod("next", 1))
+    wait_for(lambda: phase(real, "next"), lambda v: v == "Running", "the next pod running on the freed GPU")

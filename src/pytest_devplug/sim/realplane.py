@@ -563,18 +563,45 @@ class RealPlane(PlaneBase):
         )
 
     def _hand_over(self, pod: dict[str, Any]) -> None:
-        """A pod bound to one of our nodes goes to that node's admission queue, once."""
+        """A pod bound to one of our nodes goes to that node's admission queue, once; one being deleted
+        gracefully is terminated instead."""
         node_name = pod["spec"].get("nodeName")
         uid = pod["metadata"]["uid"]
         with self._lock:
             agent = self._agents.get(node_name) if node_name else None
-            if agent is None or uid in agent.handed or pod["metadata"].get("deletionTimestamp"):
+            if agent is None:
                 return
-            agent.handed.add(uid)
+            deleting = bool(pod["metadata"].get("deletionTimestamp"))
+            if not deleting:
+                if uid in agent.handed:
+                    return
+                agent.handed.add(uid)
+        if deleting:
+            self._terminate(agent, pod)
+            return
         try:
             agent.queue.submit(self._admit, agent, pod)
         except RuntimeError:
             pass  # shutting down
+
+    def _terminate(self, agent: _NodeAgent, pod: Mapping[str, Any]) -> None:
+        """A pod another component deleted gracefully (its ``deletionTimestamp`` set: the device-taint or taint
+        eviction controller, the eviction API, ``kubectl delete``): the node's kubelet stops it, then removes the
+        object for good with a zero grace period and a UID precondition, as the kubelet's status manager does once
+        the pod's resources are reclaimed. A node whose kubelet is down leaves it until the kubelet starts again."""
+        if not agent.node.running:
+            return
+        meta = pod["metadata"]
+        agent.node.kill_pod(meta["uid"])
+        try:
+            self._rest.request(
+                "DELETE",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+            )
+        except RestError as exc:
+            if exc.status not in (404, 409):  # gone already, or a new pod of that name
+                _log.warning("deleting terminated pod %s/%s failed: %s", meta["namespace"], meta["name"], exc)
 
     def _admit(self, agent: _NodeAgent, pod: dict[str, Any]) -> None:
         try:
