@@ -341,6 +341,10 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
         lambda b, d, f: test_scheduling.test_admin_access_leaves_the_pod_using_the_device_alone(f, d),
         "which pod",
     ),
+    "keep-specs": (
+        lambda b, d, f: test_scheduling.test_noexecute_taint_evicts_the_pod_and_unprepares_its_claim(f, d),
+        "after its pod was evicted for a NoExecute device taint, but left the CDI spec file(s)",
+    ),
     "forget-on-restart": (
         lambda b, d, f: test_restarts.test_unprepare_after_a_restart_removes_the_claims_cdi_specs(f, d),
         "left the CDI spec file(s) its prepare wrote",

@@ -22,6 +22,7 @@ health). ``--break`` makes it wrong the way drivers are:
 * ``no-request-names``: answers its devices without the requests they were allocated for;
 * ``unprepare-per-device``: keeps its preparations per device, so unpreparing a claim (an admin-access one beside
   a user's) also drops every other claim's preparation of its devices and their CDI spec files;
+* ``keep-specs``: unprepares a claim without removing the CDI spec file its prepare wrote;
 * ``sub-request-names``: names a device allocated for a prioritized list's sub-request (``gpu/one``) by that, not
   by the request a container names (``gpu``; the kubeletplugin library strips the sub-request, as the kubelet needs);
 * ``forget-on-restart``: unprepares only the claims it prepared since it started (no checkpoint read back);
@@ -79,6 +80,7 @@ parser.add_argument(
         "no-request-names",
         "sub-request-names",
         "unprepare-per-device",
+        "keep-specs",
         "forget-on-restart",
         "spec-in-subdir",
         "reboot-loses-spec",
@@ -333,7 +335,8 @@ class DRA(pbg.DRAPluginServicer):
                     resp.claims[claim.uid].SetInParent()
                     continue
                 try:
-                    os.unlink(cdi_spec_path(claim.uid))
+                    if args.broken != "keep-specs":
+                        os.unlink(cdi_spec_path(claim.uid))
                 except FileNotFoundError:
                     pass
             resp.claims[claim.uid].SetInParent()

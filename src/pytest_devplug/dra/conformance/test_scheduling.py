@@ -16,7 +16,7 @@ import pytest
 from pytest_devplug.dra.assertions import assert_claim_prepared
 from pytest_devplug.dra.handles import ClaimFactory, DriverHandle
 from pytest_devplug.dra.objects import RESOURCE_API
-from pytest_devplug.errors import RestError, WaitTimeout
+from pytest_devplug.errors import ObjectNotFoundError, RestError, WaitTimeout
 from pytest_devplug.waiting import wait_for
 
 from ._support import UNSCHEDULABLE_TEXT, consistently, devices_together, scheduled_condition, succeeded, waited
@@ -195,6 +195,65 @@ def test_device_taint_keeps_claims_off_tainted_devices(
         devplug_claims.untaint(rule)
     pod.wait_running()
     assert_claim_prepared(pod, devplug_driver)
+
+
+#: The taint the eviction check puts on the driver's devices: every pod using one without tolerating it is evicted.
+EVICT = {"key": "devplug.example/conformance", "value": "evict", "effect": "NoExecute"}
+
+
+def test_noexecute_taint_evicts_the_pod_and_unprepares_its_claim(
+    devplug_claims: ClaimFactory, devplug_driver: DriverHandle
+) -> None:
+    """Device taints with effect ``NoExecute`` (DRADeviceTaintRules, GA in 1.37): kube-controller-manager's
+    device-taint-eviction controller deletes a pod whose claim holds a tainted device it does not tolerate; the
+    kubelet stops the pod and asks the driver to unprepare the claim, which must remove the CDI spec files its
+    prepare wrote. NVIDIA's DRA driver reports a lost GPU this way."""
+    node = devplug_driver.node
+    node.require_gate("DRADeviceTaintRules", "DeviceTaintRules, whose NoExecute taints the eviction controller acts on")
+    before = set(node.cdi_spec_files())
+    claim = devplug_claims.claim()
+    pod = devplug_claims.pod([claim], wait=True)
+    assert_claim_prepared(pod, devplug_driver)
+    written = sorted(set(node.cdi_spec_files()) - before)
+    pools = sorted({a.pool for a in claim.allocated if a.driver == devplug_driver.name})
+    uid, since = claim.uid, len(node.dra_calls())
+    rules: list[str] = []
+    try:
+        try:
+            rules += [devplug_claims.taint_rule(pool, EVICT) for pool in pools]
+        except RestError as exc:
+            if exc.not_found:
+                pytest.skip(f"the API server serves no resource.k8s.io/v1 DeviceTaintRules ({exc})")
+            raise
+
+        def still_there() -> bool:
+            try:
+                pod.backend.get_pod(pod.name, pod.namespace)
+            except ObjectNotFoundError:
+                return False
+            return True
+
+        waited(
+            still_there,
+            lambda present: not present,
+            f"pod {pod.name} evicted for the {EVICT['key']}={EVICT['value']}:NoExecute taint of DeviceTaintRule(s) "
+            f"{', '.join(rules)} on its device's pool(s) {', '.join(pools)}",
+            driver=devplug_driver,
+        )
+        waited(
+            lambda: succeeded(devplug_driver, "NodeUnprepareResources", uid, since),
+            bool,
+            f"claim {claim.name} unprepared after its pod was evicted",
+            driver=devplug_driver,
+        )
+    finally:
+        for rule in rules:
+            devplug_claims.untaint(rule)
+    left = sorted(set(written) & set(node.cdi_spec_files()))
+    assert not left, (
+        f"{devplug_driver.name} unprepared claim {claim.name} after its pod was evicted for a NoExecute device taint, "
+        f"but left the CDI spec file(s) its prepare wrote: {left}"
+    )
 
 
 #: The namespace label the API server requires of a claim asking for admin access (DRAAdminAccess, since 1.33).
