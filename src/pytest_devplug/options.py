@@ -300,9 +300,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "kubernetes-version",
         "the Kubernetes release to reproduce and judge against (each a pinned patch release; v1.37 names 1.37 too, "
-        "and any patch release of a minor, e.g. 1.36.1, is judged by that minor's rules): sim: the embedded "
-        "kubelet, API server and scheduler behave as it and the real control plane runs its binaries; kind: nodes "
-        "of it; kind and cluster: the nodes' own release is reported beside it",
+        "and any patch release of a minor, e.g. 1.35.2, runs as that minor's with the rules of the patch named): "
+        "sim: the embedded kubelet, API server and scheduler behave as it and the real control plane runs its "
+        "binaries; kind: nodes of it; kind and cluster: the nodes' own release is reported beside it",
         default=DEFAULT_VERSION,
         choices=tuple(releases()),
         validate=release,
