@@ -28,6 +28,9 @@ from pytest_devplug.errors import WaitTimeout
 #: The kubelet's line for every Register call (embedded: ``... with resource X``;
 #: real: ``... resource name" resourceName="X"``).
 REGISTRATION = "Got registration request from device plugin with resource"
+#: The kubelet's line for every device list a plugin's ListAndWatch stream brings (embedded: ``... plugin X: n
+#: devices``; real, at verbosity 2 and above: ``..." resource="X" resourceCapacity=n``).
+PUSHED = "State pushed for device plugin"
 #: Seconds the node is watched after the first instance's process exited (``retire`` returns then): whatever its
 #: exit did to the socket or the stream shows at once.
 HOLD_S = 2.0
@@ -41,6 +44,10 @@ SURGE_AFTER_S = 1.1
 
 def _registrations(node: NodeHandle, resource: str) -> int:
     return sum(1 for ln in node.kubelet_log().splitlines() if REGISTRATION in ln and resource in ln)
+
+
+def _pushes(node: NodeHandle, resource: str) -> int:
+    return sum(1 for ln in node.kubelet_log().splitlines() if PUSHED in ln and resource in ln)
 
 
 class _CountWatch:
@@ -100,7 +107,7 @@ def test_convention_rolling_update_without_downtime(devplug_pod: PodFactory, dev
     ids = sorted(set(node.device_ids(res)))
     first = devplug_pod(count=1, wait=True)
     time.sleep(SURGE_AFTER_S)  # the first instance may have been (re)started by the test before this one
-    before = _registrations(node, res)
+    before, pushed = _registrations(node, res), _pushes(node, res)
     watch = _CountWatch(node, res, (n, n))
     with watch.running():
         devplug_plugin.surge()
@@ -121,6 +128,16 @@ def test_convention_rolling_update_without_downtime(devplug_pod: PodFactory, dev
                 f"{node.reregistration_timeout:g}s; the plugin's log (both instances):\n    {tail}"
             ) from None
         watch.mark("after the second instance registered")
+        if pushed:  # the kubelet logs the lists it gets: wait for the new instance's first one
+            # (a plugin that discovers its devices only when ListAndWatch opens cannot answer an Allocate sent in
+            # the milliseconds between its Register and that call; no DaemonSet rollout schedules a pod into them)
+            wait_for(
+                lambda: _pushes(node, res),
+                lambda k: k > pushed,
+                timeout=node.reregistration_timeout,
+                what=f"the second instance's first device list for {res} in the kubelet's log",
+                give_up=devplug_plugin.crashed,
+            )
         second = devplug_pod(count=1, wait=True)
         now = sorted(set(node.device_ids(res)))
         assert now == ids, f"the second instance lists {now}; the first listed {ids} (running pods refer to those)"
