@@ -42,12 +42,9 @@ SAMPLE_S = 0.05
 SURGE_AFTER_S = 1.1
 
 
-def _registrations(node: NodeHandle, resource: str) -> int:
-    return sum(1 for ln in node.kubelet_log().splitlines() if REGISTRATION in ln and resource in ln)
-
-
-def _pushes(node: NodeHandle, resource: str) -> int:
-    return sum(1 for ln in node.kubelet_log().splitlines() if PUSHED in ln and resource in ln)
+def _logged(node: NodeHandle, line: str, resource: str) -> int:
+    """How many of the kubelet's log lines carry ``line`` (:data:`REGISTRATION`, :data:`PUSHED`) for ``resource``."""
+    return sum(1 for ln in node.kubelet_log().splitlines() if line in ln and resource in ln)
 
 
 class _CountWatch:
@@ -107,14 +104,14 @@ def test_convention_rolling_update_without_downtime(devplug_pod: PodFactory, dev
     ids = sorted(set(node.device_ids(res)))
     first = devplug_pod(count=1, wait=True)
     time.sleep(SURGE_AFTER_S)  # the first instance may have been (re)started by the test before this one
-    before, pushed = _registrations(node, res), _pushes(node, res)
+    before, pushed = _logged(node, REGISTRATION, res), _logged(node, PUSHED, res)
     watch = _CountWatch(node, res, (n, n))
     with watch.running():
         devplug_plugin.surge()
         watch.mark("while the second instance started")
         try:
             wait_for(
-                lambda: _registrations(node, res),
+                lambda: _logged(node, REGISTRATION, res),
                 lambda k: k > before,
                 timeout=node.reregistration_timeout,
                 what=f"a Register call for {res} from the second instance",
@@ -131,13 +128,19 @@ def test_convention_rolling_update_without_downtime(devplug_pod: PodFactory, dev
         if pushed:  # the kubelet logs the lists it gets: wait for the new instance's first one
             # (a plugin that discovers its devices only when ListAndWatch opens cannot answer an Allocate sent in
             # the milliseconds between its Register and that call; no DaemonSet rollout schedules a pod into them)
-            wait_for(
-                lambda: _pushes(node, res),
-                lambda k: k > pushed,
-                timeout=node.reregistration_timeout,
-                what=f"the second instance's first device list for {res} in the kubelet's log",
-                give_up=devplug_plugin.crashed,
-            )
+            try:
+                wait_for(
+                    lambda: _logged(node, PUSHED, res),
+                    lambda k: k > pushed,
+                    timeout=node.reregistration_timeout,
+                    what=f"the second instance's first device list for {res} in the kubelet's log",
+                    give_up=devplug_plugin.crashed,
+                )
+            except WaitTimeout as exc:
+                raise AssertionError(
+                    f"the second instance registered {res} but the kubelet got no device list from it ({exc}): a "
+                    "registered plugin must answer ListAndWatch"
+                ) from None
         second = devplug_pod(count=1, wait=True)
         now = sorted(set(node.device_ids(res)))
         assert now == ids, f"the second instance lists {now}; the first listed {ids} (running pods refer to those)"
