@@ -109,7 +109,7 @@ class NodeHandle:
         if not kube.has(rule):
             r = RULES[rule]
             pytest.skip(
-                f"holds for Kubernetes {r.since} and later ({r.what}; {r.upstream}); node {self.name} runs {kube.name}"
+                f"holds for Kubernetes {r.releases} ({r.what}; {r.upstream}); node {self.name} runs {kube.name}"
             )
         return kube
 

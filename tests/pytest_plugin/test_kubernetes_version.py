@@ -45,6 +45,13 @@ def test_a_rule_backported_in_a_patch_holds_from_that_patch(version: str, has: b
     assert KubeVersion.of(version).has("podresources-get-terminal-not-found") is has
 
 
+def test_a_rules_releases_are_said_as_its_tags_have_it() -> None:
+    assert RULES["endpoint-per-socket"].releases == "1.37 and later"
+    assert RULES["podresources-get-terminal-not-found"].releases == (
+        "1.35.4 and later, and 1.34.7 and later 1.34 patches"
+    )
+
+
 def test_a_node_is_judged_at_its_patch() -> None:
     run = KubeVersion.of("1.37")
     assert run.on_node("v1.35.2").patch == "1.35.2" and not run.on_node("v1.35.2").has(

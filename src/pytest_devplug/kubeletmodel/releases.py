@@ -149,6 +149,14 @@ class Rule:
         """The first minor that has it in every patch from ``first_in[0]`` on: ``"1.37"``."""
         return f"1.{_minor_and_patch(self.first_in[0])[0]}"
 
+    @property
+    def releases(self) -> str:
+        """Where it holds, as a skip message says it: ``1.37 and later``; ``1.35.4 and later, and 1.34.7 and later
+        1.34 patches`` for one brought in a patch release and backported."""
+        (minor, patch), *older = [_minor_and_patch(t) for t in self.first_in]
+        said = f"1.{minor}" + (f".{patch}" if patch else "") + " and later"
+        return said + "".join(f", and 1.{m}.{p} and later 1.{m} patches" for m, p in older)
+
     def holds_at(self, minor: int, patch: int) -> bool:
         """Whether release 1.<minor>.<patch> behaves as this rule says."""
         for tag in self.first_in:
