@@ -200,8 +200,8 @@ def test_a_pod_deleted_gracefully_by_another_client_is_stopped_and_removed(
     node = start_gpu_node(real, "node-1", tmp_path / "real.json", 1)
     uid = real.create_pod(pod("doomed", 1))["metadata"]["uid"]
     wait_for(lambda: phase(real, "doomed"), lambda v: v == "Running", "doomed running")
-    core = kubernetes.client.CoreV1Api(control_plane.client())
-    core.delete_namespaced_pod("doomed", "default", grace_period_seconds=30)
+    with control_plane.client() as client:  # another client than the plane's own
+        kubernetes.client.CoreV1Api(client).delete_namespaced_pod("doomed", "default", grace_period_seconds=30)
 
     def present() -> bool:
         try:
