@@ -21,7 +21,7 @@ from pytest_devplug.backends.k8s.api import KubeApi
 from pytest_devplug.controlplane import ControlPlane
 from pytest_devplug.dra.objects import device_class_manifest, list_slices
 from pytest_devplug.kuberest import KubeRest
-from pytest_devplug.errors import RestError
+from pytest_devplug.errors import BackendUnavailableError, RestError
 from pytest_devplug.sim import realplane
 from pytest_devplug.sim.realplane import RealPlane
 from pytest_devplug.sim.dra.apiseams import RESOURCE_API, KubeletDRAApi
@@ -103,3 +103,17 @@ def test_every_kind_of_request_at_this_client_release(
             client.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == [], f"the embedded kubelets' requests failed (logged only): {warnings}"
+
+
+def test_listing_pods_of_a_cluster_gone_is_a_backend_error() -> None:
+    """A kind session that deleted its cluster still has the report's look after the last check: listing pods must
+    raise the harness's error (which the report expects), not urllib3's (pytest's INTERNALERROR)."""
+    config = kubernetes.client.Configuration()
+    config.host = "https://127.0.0.1:9"  # the discard port: nothing listens
+    config.retries = False
+    api = KubeApi(kubernetes.client.ApiClient(config), timeout=2)
+    try:
+        with pytest.raises(BackendUnavailableError, match=r"listing pods: https://127\.0\.0\.1:9 does not answer"):
+            api.list_pods("default")
+    finally:
+        api.close()

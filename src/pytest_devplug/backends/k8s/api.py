@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client import ApiException
 from kubernetes.stream import stream
 
 from ...kuberest import KubeRest
-from ...errors import BackendError, ObjectNotFoundError, PodRejectedError, RestError
+from ...errors import BackendError, BackendUnavailableError, ObjectNotFoundError, PodRejectedError, RestError
 from ..base import ExecResult
 
 __all__ = ["KubeApi"]
@@ -96,11 +97,22 @@ class KubeApi:
     def list_pods(
         self, namespace: str | None = None, *, label_selector: str = "", field_selector: str = ""
     ) -> list[JSONDict]:
+        """The pods of ``namespace`` (every namespace: None); an API server that does not answer (a cluster deleted
+        under the session) raises :class:`BackendUnavailableError`, which the report's look after each check
+        expects, rather than urllib3's exception."""
         kw: dict[str, Any] = {"label_selector": label_selector, "field_selector": field_selector}
-        if namespace is None:
-            resp = self.core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._t(), **kw)
-        else:
-            resp = self.core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=self._t(), **kw)
+        try:
+            if namespace is None:
+                resp = self.core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=self._t(), **kw)
+            else:
+                resp = self.core.list_namespaced_pod(
+                    namespace, _preload_content=False, _request_timeout=self._t(), **kw
+                )
+        except ApiException as exc:
+            raise BackendError(f"listing pods: {exc.status} {exc.reason}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            where = getattr(self.client.configuration, "host", "the API server")
+            raise BackendUnavailableError(f"listing pods: {where} does not answer: {exc}") from None
         return list(_json(resp)["items"])
 
     def events(self, *, namespace: str | None = None, involved_name: str | None = None) -> list[JSONDict]:
