@@ -256,6 +256,13 @@ def _mock_nvml(path: Path) -> Iterator[None]:
     with pynvml.libLoadLock:
         pynvml.nvmlLib = lib
         pynvml._nvmlGetFunctionPointer_cache.clear()
+    # The library is loaded once per process (dlopen hands every test the same copy, tests/nvml's too): an earlier
+    # test that left it initialised leaves it on that test's state file, watching it, and this nvmlInit would only
+    # count up, reading and watching nothing of ours (the malformed-reload test then waits in vain for the
+    # library's line). Start from uninitialised.
+    with contextlib.suppress(pynvml.NVMLError_Uninitialized):
+        for _ in range(64):
+            pynvml.nvmlShutdown()
     pynvml.nvmlInit()
     try:
         yield
