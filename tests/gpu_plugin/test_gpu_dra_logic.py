@@ -16,7 +16,9 @@ from devplug_gpu_plugin.devices import DeviceState, GpuInfo, Probe
 from devplug_gpu_plugin.dra.cdi import CdiLayout, InvalidClaimUidError
 from devplug_gpu_plugin.dra.health import HealthService
 from devplug_gpu_plugin.dra.prepare import ClaimCheckError, ClaimError, check_claim, prepare_claim
+from devplug_gpu_plugin.dra.kubeapi import KubeApiError
 from devplug_gpu_plugin.dra.slices import _comparable, slice_devices
+from devplug_gpu_plugin.dra.status import CONFLICT_RETRIES, report_device_status, with_device_data
 from pytest_devplug.kubeletmodel.cdi import resolve
 
 DRIVER, NODE = "gpu.devplug.io", "node-1"
@@ -216,6 +218,7 @@ def test_cli_dra_defaults_and_env_equivalents(monkeypatch: pytest.MonkeyPatch) -
         (["--dra", "--node-name", "n", "--replicas", "2"], "--replicas is a device-plugin flag"),
         (["--driver-name", "gpu.example.com"], "--driver-name needs --dra"),
         (["--cdi-root", "/etc/cdi"], "--cdi-root needs --dra"),
+        (["--device-status"], "--device-status needs --dra"),
     ],
 )
 def test_cli_dra_rejects_bad_flags(
@@ -226,3 +229,62 @@ def test_cli_dra_rejects_bad_flags(
         cli.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+class _StatusApi:
+    """The claim's status as an API server keeps it: a write at an old resourceVersion conflicts; ``others`` writes
+    of another party land just before each of this driver's first ``others`` writes."""
+
+    def __init__(self, claim: dict[str, Any], others: int = 0) -> None:
+        self.claim, self.others, self.writes = claim, others, 0
+        claim["metadata"]["resourceVersion"] = "1"
+
+    def _bump(self) -> None:
+        meta = self.claim["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return {**self.claim, "metadata": dict(self.claim["metadata"]), "status": dict(self.claim["status"])}
+
+    def set_claim_device_status(self, namespace: str, name: str, resource_version: str, entries: Any) -> None:
+        self.writes += 1
+        if self.others:
+            self.others -= 1
+            devices = self.claim["status"].setdefault("devices", [])
+            devices.append({"driver": "nic.example.com", "pool": NODE, "device": f"eth-{self.writes}"})
+            self._bump()
+        if resource_version != self.claim["metadata"]["resourceVersion"]:
+            raise KubeApiError(409, "Conflict (HTTP 409)")
+        self.claim["status"]["devices"] = [dict(e) for e in entries]
+        self._bump()
+
+
+def test_device_status_merges_into_what_others_wrote(tmp_path: Path) -> None:
+    """``--device-status``: each prepared GPU's data lands in its own entry, beside a condition another writer set on
+    it and another driver's entry, both kept; a write that lost to another writer is made again on a fresh read
+    (that writer's entry kept too), an unchanged status is not written, and a claim that keeps changing is an error
+    naming it."""
+    condition = {"type": "Attached", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "t"}
+    claim = _claim(("gpus", DRIVER, NODE, "gpu-1"), ("nic", "nic.example.com", NODE, "eth-0"))
+    claim["status"]["devices"] = [
+        {"driver": "nic.example.com", "pool": NODE, "device": "eth-0", "networkData": {"ips": ["10.0.0.1/24"]}},
+        {"driver": DRIVER, "pool": NODE, "device": "gpu-1", "conditions": [condition]},
+    ]
+    prepared = prepare_claim(claim, _state().snapshot(), CdiLayout(DRIVER, str(tmp_path)), NODE)
+    api = _StatusApi(claim, others=1)
+    assert report_device_status(api, api.get_claim("ns", "c"), DRIVER, prepared) is True
+    assert api.writes == 2
+    data = {"uuid": "GPU-1aaa-0000", "model": "NVIDIA A100-SXM4-40GB", "minor": 1}
+    assert claim["status"]["devices"] == [
+        {"driver": "nic.example.com", "pool": NODE, "device": "eth-0", "networkData": {"ips": ["10.0.0.1/24"]}},
+        {"driver": DRIVER, "pool": NODE, "device": "gpu-1", "conditions": [condition], "data": data},
+        {"driver": "nic.example.com", "pool": NODE, "device": "eth-1"},
+    ]
+    assert report_device_status(api, api.get_claim("ns", "c"), DRIVER, prepared) is False and api.writes == 2
+    # a device with no entry yet gets one
+    assert with_device_data([], DRIVER, {(NODE, "gpu-0"): {"minor": 0}}) == [
+        {"driver": DRIVER, "pool": NODE, "device": "gpu-0", "data": {"minor": 0}}
+    ]
+    busy = _StatusApi(_claim(("gpus", DRIVER, NODE, "gpu-1")), others=CONFLICT_RETRIES)
+    with pytest.raises(KubeApiError, match=r"claim ns/c: status.devices changed under 5 writes"):
+        report_device_status(busy, busy.get_claim("ns", "c"), DRIVER, prepared)

@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
         DRA_DEFAULTS["cdi_root"],
         "where the CDI spec of each prepared claim is written (default %(default)s)",
     )
+    dra.add_argument(
+        "--device-status",
+        action="store_true",
+        default=_env_bool("--device-status"),
+        help="publish each prepared GPU's UUID, model and minor number in its entry of the claim's status.devices, "
+        "keeping what others wrote there (needs update on resourceclaims/status) [DP_DEVICE_STATUS]",
+    )
     return p
 
 
@@ -196,7 +203,7 @@ DEVICE_PLUGIN_ONLY = (
     "second_resource",
     "registration",
 )
-DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_plugins_dir", "cdi_root")
+DRA_ONLY = ("driver_name", "node_name", "kubeconfig", "kubelet_plugins_dir", "cdi_root", "device_status")
 #: A DRA driver name: a DNS subdomain of at most 63 characters (the API's limit) starting with a letter
 #: (CDI vendor rule).
 _DRIVER_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

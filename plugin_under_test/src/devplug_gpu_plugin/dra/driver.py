@@ -12,7 +12,7 @@ import argparse
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..allocation import ensure_dev_nodes
@@ -25,10 +25,12 @@ from ..devices import DeviceState
 from .cdi import CdiLayout
 from .health import V1, HealthService
 from .kubeapi import KubeApi
+from .prepare import PreparedClaim
 from .registration import RegistrationService
 from .server import DriverServer, Socket
 from .service import DraService, DraServiceV1beta1
 from .slices import SlicePublisher, slice_devices
+from .status import report_device_status
 
 __all__ = ["DRA_SOCKET", "Driver", "registration_socket"]
 
@@ -59,7 +61,11 @@ class Driver:
         layout = CdiLayout(driver, args.cdi_root, args.dev_root, args.driver_lib_dir)
         self.publisher = SlicePublisher(api, driver, node, lambda: slice_devices(state.snapshot().gpus))
         self.registration = RegistrationService(driver, self.dra_path)
-        dra = DraService(api, state, layout, node, fault)
+
+        def report(claim: Mapping[str, Any], prepared: PreparedClaim) -> bool:
+            return report_device_status(api, claim, driver, prepared)
+
+        dra = DraService(api, state, layout, node, fault, report=report if args.device_status else None)
         health = HealthService(state, node, stopping)
         health_v1 = HealthService(state, node, stopping, api=V1)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = ["SERVICE_ACCOUNT_DIR", "ApiConfigError", "KubeApi", "KubeApiError", "connect"]
@@ -109,6 +109,17 @@ class KubeApi:
     def get_claim(self, namespace: str, name: str) -> JSON:
         claim: JSON = self._call(self._resource.read_namespaced_resource_claim, name, namespace)
         return claim
+
+    def set_claim_device_status(
+        self, namespace: str, name: str, resource_version: str, entries: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Set the claim's ``status.devices`` to ``entries`` if the claim is still at ``resource_version`` (a
+        conflict otherwise: HTTP 409). A JSON patch: a list body is sent as one by every client release."""
+        patch = [
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/status/devices", "value": [dict(e) for e in entries]},
+        ]
+        self._call(self._resource.patch_namespaced_resource_claim_status, name, namespace, patch)
 
     def get_node_uid(self, name: str) -> str:
         return str(self._call(self._core.read_node, name).get("metadata", {}).get("uid", ""))

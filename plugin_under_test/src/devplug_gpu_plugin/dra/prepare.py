@@ -35,6 +35,10 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    #: The GPU's UUID, model and minor number (what ``--device-status`` publishes in the claim).
+    uuid: str
+    model: str
+    minor: int
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,15 @@ def prepare_claim(
             raise ClaimError(f"{where}: preparing {device} ({gpu.uuid}) failed: {why}")
         allocated.append((request, gpu, device))
     devices = tuple(
-        PreparedDevice(request, node, device, (layout.gpu_id(uid, gpu.info.minor), layout.request_id(uid, request)))
+        PreparedDevice(
+            request,
+            node,
+            device,
+            (layout.gpu_id(uid, gpu.info.minor), layout.request_id(uid, request)),
+            gpu.uuid,
+            gpu.info.name,
+            gpu.info.minor,
+        )
         for request, gpu, device in allocated
     )
     spec = layout.claim_spec(uid, [(r, g) for r, g, _ in allocated]) if allocated else None

@@ -46,8 +46,11 @@ class DraService(pb_grpc.DRAPluginServicer):
         layout: CdiLayout,
         node: str,
         fault: Callable[[str], str | None] | None = None,
+        report: Callable[[Mapping[str, Any], PreparedClaim], object] | None = None,
     ) -> None:
         self.claims = claims
+        #: Publishes a prepared claim's device status (``--device-status``); its failure is logged, not the claim's.
+        self.report = report
         self.state = state
         self.layout = layout
         self.node = node
@@ -96,6 +99,13 @@ class DraService(pb_grpc.DRAPluginServicer):
                     entry.error = str(exc)
                     log.error("NodePrepareResources: %s/%s: %s", ref.namespace, ref.name, exc)
                     continue
+                if self.report is not None:
+                    try:
+                        self.report(claim, prepared)
+                    except Exception as exc:  # noqa: BLE001 - the devices are prepared; only their status is missing
+                        log.error(
+                            "NodePrepareResources: %s/%s: device status not written: %s", ref.namespace, ref.name, exc
+                        )
                 for d in prepared.devices:
                     entry.devices.add(
                         request_names=[d.request],
