@@ -167,6 +167,10 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
+#: The device-status check's skip for a driver that publishes no device status (most drivers: it is optional).
+WRITES_NO_DEVICE_STATUS = re.compile(r"writes nothing into a claim's status\.devices")
+
+
 class KnownUpstreamDefect(AssertionError):
     """A peer failed the check about a defect it is known to have upstream, for that defect and nothing else (what
     a strict xfail naming the upstream report expects)."""

@@ -104,7 +104,7 @@ dra_included="test_failed_prepare_keeps_pod_pending_then_runs test_prepare_retri
   test_extended_resource_served_by_the_driver test_claim_with_several_requests test_prioritized_list_gets_the_next_choice
   test_admin_access_leaves_the_pod_using_the_device_alone test_noexecute_taint_evicts_the_pod_and_unprepares_its_claim
   test_unprepare_after_a_restart_removes_the_claims_cdi_specs test_pods_come_back_with_their_devices_after_a_node_reboot
-  test_checkpoint_contents"
+  test_checkpoint_contents test_device_status_keeps_what_others_wrote"
 # the driver's own restarts, its slices across the kubelet's and its own restarts, the kubelet kept down, the other
 # half of the quick core
 dra_example="test_reregisters_after_driver_restart test_abrupt_kill_then_start_registers_again

@@ -25,6 +25,7 @@ from pytest_devplug.controlplane.binaries import cache_root
 from pytest_devplug.deployment import SessionDeployment
 from pytest_devplug.dra.assertions import assert_driver_registered, assert_slices_published
 from pytest_devplug.dra.conformance import (
+    test_device_status,
     test_faults,
     test_prepare,
     test_registration,
@@ -290,6 +291,24 @@ def test_health_by_device_taints_skips_a_driver_with_a_health_stream(
         factory.cleanup()
 
 
+def test_device_status_check_passes_a_driver_that_merges_and_skips_one_that_writes_none(
+    real_backend: SimBackend, broken_driver: Callable[..., DriverHandle]
+) -> None:
+    """The widget with ``--device-status`` keeps the condition another writer put on its entry and passes; without
+    it, the widget writes nothing there and the check skips, saying so."""
+    for extra, skipped in ((("--device-status",), False), ((), True)):
+        driver = broken_driver("none", *extra)
+        factory = ClaimFactory(real_backend, driver, timeout=20.0, prefix="status")
+        try:
+            if skipped:
+                with pytest.raises(pytest.skip.Exception, match="writes nothing into a claim's status.devices"):
+                    test_device_status.test_device_status_keeps_what_others_wrote(factory, driver)
+            else:
+                test_device_status.test_device_status_keeps_what_others_wrote(factory, driver)
+        finally:
+            factory.cleanup()
+
+
 def _resync(backend: SimBackend, driver: DriverHandle, factory: ClaimFactory) -> None:
     """The resync check on a copy of the broken driver; a 2 s republish bound (the widget republishes within 0.3 s).
     The copy itself gets the same 20 s to come up as every driver here: a Python process start alone took over 5 s
@@ -372,6 +391,10 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
     "taint-every-device": (
         lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
         "tainted devices other than the Unhealthy",
+    ),
+    "status-replaces": (
+        lambda b, d, f: test_device_status.test_device_status_keeps_what_others_wrote(f, d),
+        "dropped what another writer had put there: the DevplugObserved condition",
     ),
 }
 

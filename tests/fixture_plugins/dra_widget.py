@@ -32,7 +32,12 @@ health). ``--break`` makes it wrong the way drivers are:
 * ``taint-every-device`` (health by taints): taints every device once one is Unhealthy;
 * ``reboot-loses-spec``: keeps its prepared claims in a checkpoint (``<plugins>/<driver>/checkpoint.json``) and
   answers a claim found there without writing its CDI spec again, so after a reboot emptied ``/var/run/cdi`` the
-  container's CDI devices resolve nowhere (dra-example-driver up to v0.4.0, kubernetes/kubernetes#141433).
+  container's CDI devices resolve nowhere (dra-example-driver up to v0.4.0, kubernetes/kubernetes#141433);
+* ``status-replaces`` (writes device status as ``--device-status`` does): sets the claim's ``status.devices``
+  to its own entries, dropping what others wrote there (dra-example-driver v0.4.0 with ``--gpu-device-status``).
+
+``--device-status`` writes each prepared device's data (``{"name": ...}``) into its entry of the claim's
+``status.devices``, keeping the rest of the entry and every other entry.
 """
 
 import argparse
@@ -87,8 +92,10 @@ parser.add_argument(
         "no-reuse",
         "taint-effect-none",
         "taint-every-device",
+        "status-replaces",
     ],
 )
+parser.add_argument("--device-status", action="store_true")
 parser.add_argument("--health", choices=["stream", "taints"], default="stream")
 args = parser.parse_args()
 TAINTS = args.health == "taints" or args.broken.startswith("taint-")
@@ -254,6 +261,31 @@ def cdi_spec_path(uid):
     return os.path.join(root, f"devplug-widget-{uid}.json")
 
 
+def write_device_status(claim, results):
+    """Each device's data in its ``status.devices`` entry, merged into what is there (``status-replaces``: the list
+    set to its own entries); a conflict reads the claim again."""
+    path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+    keys = ("driver", "pool", "device", "shareID")
+    for _ in range(5):
+        obj = request("GET", path)
+        entries = [] if args.broken == "status-replaces" else list((obj.get("status") or {}).get("devices") or [])
+        for r in results:
+            own = {k: r[k] for k in keys if k in r}
+            entry = next((e for e in entries if all(e.get(k) == own.get(k) for k in keys)), None)
+            if entry is None:
+                entry = dict(own)
+                entries.append(entry)
+            entry["data"] = {"name": r["device"]}
+        obj.setdefault("status", {})["devices"] = entries
+        try:
+            request("PUT", f"{path}/status", obj)
+            return
+        except RuntimeError as exc:
+            if ": 409 " not in str(exc):
+                raise
+    raise RuntimeError(f"claim {claim.namespace}/{claim.name}: status.devices kept conflicting")
+
+
 def prepare(claim):
     if control().get("fail_prepare"):
         raise RuntimeError("preparation failed on purpose (control file)")
@@ -291,6 +323,8 @@ def prepare(claim):
                     request_names=names, pool_name=r["pool"], device_name=name, cdi_device_ids=[f"{VENDOR}={cdi_name}"]
                 )
             )
+        if args.device_status or args.broken == "status-replaces":
+            write_device_status(claim, [r for r in results if r["driver"] == DRIVER])
         os.makedirs(os.path.dirname(cdi_spec_path(claim.uid)), exist_ok=True)
         tmp = cdi_spec_path(claim.uid) + ".tmp"
         with open(tmp, "w") as f:

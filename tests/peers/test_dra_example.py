@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from ..support import (
+    WRITES_NO_DEVICE_STATUS,
     KnownUpstreamDefect,
     SuiteResult,
     assert_suite_passed,
@@ -37,6 +38,7 @@ DRIVER = "gpu.example.com"
 ALLOWED_SKIPS = (
     re.compile(r"needs a fault injector: .*DRAFaultInjector"),
     re.compile(r"serves neither v1\.DRAResourceHealth nor v1alpha1\.DRAResourceHealth"),
+    WRITES_NO_DEVICE_STATUS,  # without --gpu-device-status (v0.4.0; v0.2.1 has no such flag)
 )
 #: The checks it is here to exercise: everything that needs no fault.
 MUST_PASS = (
@@ -118,6 +120,36 @@ def _reboot_verdict(result: SuiteResult, what: str) -> None:
     """:class:`KnownUpstreamDefect` when the reboot check failed for the CDI refusal and nothing else failed."""
     __tracebackhide__ = True
     upstream_defect_verdict(result, what, REBOOT_CHECK, REBOOT_BUG, UPSTREAM_BUG)
+
+
+#: The device-status check, and what v0.4.0 with ``--gpu-device-status`` fails it for.
+DEVICE_STATUS_CHECK = "test_device_status_keeps_what_others_wrote"
+DEVICE_STATUS_BUG = "dropped what another writer had put there"
+DEVICE_STATUS_UPSTREAM = (
+    "dra-example-driver v0.4.0 with --gpu-device-status sets a prepared claim's status.devices to its own entries "
+    "(cmd/dra-example-kubeletplugin/state.go, updateDeviceStatus: claim.Status.Devices = devices), dropping the "
+    "entries and conditions others wrote there (binding conditions among them); not yet reported upstream"
+)
+
+
+@pytest.mark.xfail(strict=True, raises=KnownUpstreamDefect, reason=DEVICE_STATUS_UPSTREAM)
+def test_example_driver_with_device_status_drops_what_others_wrote(
+    peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """v0.4.0 with ``--gpu-device-status`` (its devices' uuid, model and driverVersion in the claim's status): the
+    device-status check fails it for the condition written before its prepare, gone after it."""
+    binary = peer_binary("dra-example-kubeletplugin-v040")
+    options = ["--dra", "--driver-cmd", f"{binary} --cdi-root {CHART_CDI_ROOT} --gpu-device-status"]
+    result = run_conformance(
+        [*options, "--driver-name", DRIVER], ["-k", DEVICE_STATUS_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S
+    )
+    upstream_defect_verdict(
+        result,
+        "dra-example-driver v0.4.0 --gpu-device-status",
+        DEVICE_STATUS_CHECK,
+        DEVICE_STATUS_BUG,
+        DEVICE_STATUS_UPSTREAM,
+    )
 
 
 def test_patched_example_driver_passes_the_reboot_check(peer_binary: Callable[[str], Path], tmp_path: Path) -> None:

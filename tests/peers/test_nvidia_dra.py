@@ -37,6 +37,7 @@ import pytest
 from ..support import (
     KnownUpstreamDefect,
     assert_suite_passed,
+    WRITES_NO_DEVICE_STATUS,
     parse_junit,
     run_conformance,
 )
@@ -67,6 +68,7 @@ SIM_VALUES = {"HTTP_ENDPOINT": "", "HEALTHCHECK_PORT": "0"}
 ALLOWED_SKIPS = (
     re.compile(r"the DRA fault injector cannot fail Node(Un)?[Pp]repareResources"),
     re.compile(r"serves neither v1\.DRAResourceHealth nor v1alpha1\.DRAResourceHealth"),
+    WRITES_NO_DEVICE_STATUS,  # its GPU kubelet plugin leaves status.devices alone
 )
 MUST_PASS = (
     "test_driver_registers_with_the_kubelet",

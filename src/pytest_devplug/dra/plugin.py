@@ -70,12 +70,14 @@ class DRASettings:
 
 
 def default_driver_argv(driver_name: str) -> list[str]:
-    """The included GPU plugin as a DRA driver on the mock NVML, at the kubelet's standard paths."""
+    """The included GPU plugin as a DRA driver on the mock NVML, at the kubelet's standard paths, publishing its
+    devices' status in the claims (so the device-status check judges code we own)."""
     return [
         sys.executable,
         "-m",
         "devplug_gpu_plugin",
         "--dra",
+        "--device-status",
         "--driver-name",
         driver_name,
         "--nvml",
