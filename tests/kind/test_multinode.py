@@ -22,6 +22,7 @@ from pytest_devplug.errors import BackendUnavailableError
 from pytest_devplug.backends.kind import kind_backend
 from pytest_devplug.handles import DEFAULT_IMAGE, PodHandle
 from pytest_devplug.settings import default_plugin_argv
+from pytest_devplug.waiting import wait_for
 
 pytestmark = pytest.mark.kind
 
@@ -132,7 +133,14 @@ def test_more_gpus_than_any_node_stays_pending(multi: tuple[ClusterHandle, str])
     try:
         msg = pod.wait_event(f"FailedScheduling: .*Insufficient {RES}")
         assert pod.phase == "Pending" and pod.node_name is None, (pod.phase, pod.node_name)
-        cond = next(c for c in pod.conditions if c.get("type") == "PodScheduled")
+        # kube-scheduler records the event and patches the pod's status separately: the event may be seen first
+        cond = wait_for(
+            lambda: next((c for c in pod.conditions if c.get("type") == "PodScheduled"), {}),
+            lambda c: c.get("status") == "False",
+            timeout=30.0,
+            interval=0.5,
+            what=f"pod {pod.name}'s PodScheduled=False condition after its FailedScheduling event",
+        )
         assert (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable"), cond
         assert msg.startswith(f"FailedScheduling: 0/{len(cluster.backend.list_nodes())} nodes are available: "), msg
     finally:
