@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=_env_bool("--device-status"),
         help="publish each prepared GPU's UUID, model and minor number in its entry of the claim's status.devices, "
-        "keeping what others wrote there (needs update on resourceclaims/status) [DP_DEVICE_STATUS]",
+        "keeping what others wrote there (needs patch on resourceclaims/status and, from 1.36, on "
+        "resourceclaims/driver for the driver name) [DP_DEVICE_STATUS]",
     )
     return p
 

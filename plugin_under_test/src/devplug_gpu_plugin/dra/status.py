@@ -15,10 +15,8 @@ from typing import Any, Protocol
 from .kubeapi import KubeApiError
 from .prepare import PreparedClaim
 
-__all__ = ["CONFLICT_RETRIES", "ENTRY_KEY", "ClaimStatusApi", "device_data", "report_device_status", "with_device_data"]
+__all__ = ["CONFLICT_RETRIES", "ClaimStatusApi", "device_data", "report_device_status", "with_device_data"]
 
-#: What identifies an entry of ``status.devices`` (the API's list-map keys).
-ENTRY_KEY = ("driver", "pool", "device", "shareID")
 #: How many times a write that lost to another writer is tried again, each on a fresh read.
 CONFLICT_RETRIES = 5
 
