@@ -35,7 +35,7 @@ from pytest_devplug.dra.conformance import (
 )
 from pytest_devplug.dra.handles import ClaimFactory, DRANodeHandle, DriverHandle
 from pytest_devplug.dra.plugin import driver_deployment
-from pytest_devplug.dra.resyncwatch import ResyncWatch
+from pytest_devplug.dra.resyncwatch import ResyncWatch, assert_slices_back_after_an_update_then_a_kubelet_start
 from pytest_devplug.handles import ClusterHandle
 
 from ..support import control_plane_bin_dir, parse_junit
@@ -309,6 +309,15 @@ def test_device_status_check_passes_a_driver_that_merges_and_skips_one_that_writ
             factory.cleanup()
 
 
+def test_update_then_kubelet_start_check_passes_a_driver_that_republishes(
+    broken_driver: Callable[..., DriverHandle],
+) -> None:
+    """The correct widget puts back the device the check dropped from its slice, in place, and publishes its slice
+    again after the kubelet's start deleted it (its watch-less loop looks every 0.3 s: a 2 s bound)."""
+    driver = broken_driver("none")
+    assert_slices_back_after_an_update_then_a_kubelet_start(driver, republish_s=2.0)
+
+
 def _resync(backend: SimBackend, driver: DriverHandle, factory: ClaimFactory) -> None:
     """The resync check on a copy of the broken driver; a 2 s republish bound (the widget republishes within 0.3 s).
     The copy itself gets the same 20 s to come up as every driver here: a Python process start alone took over 5 s
@@ -391,6 +400,10 @@ BROKEN: dict[str, tuple[Callable[[SimBackend, DriverHandle, ClaimFactory], None]
     "taint-every-device": (
         lambda b, d, f: test_faults.test_device_health_reported_as_device_taints(f, d, _faults(d)),
         "tainted devices other than the Unhealthy",
+    ),
+    "stale-after-update": (
+        lambda b, d, f: assert_slices_back_after_an_update_then_a_kubelet_start(d, republish_s=2.0),
+        "inherits kubernetes/kubernetes#140011",
     ),
     "status-replaces": (
         lambda b, d, f: test_device_status.test_device_status_keeps_what_others_wrote(f, d),

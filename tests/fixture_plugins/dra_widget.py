@@ -34,7 +34,12 @@ health). ``--break`` makes it wrong the way drivers are:
   answers a claim found there without writing its CDI spec again, so after a reboot emptied ``/var/run/cdi`` the
   container's CDI devices resolve nowhere (dra-example-driver up to v0.4.0, kubernetes/kubernetes#141433);
 * ``status-replaces`` (writes device status as ``--device-status`` does): sets the claim's ``status.devices``
-  to its own entries, dropping what others wrote there (dra-example-driver v0.4.0 with ``--gpu-device-status``).
+  to its own entries, dropping what others wrote there (dra-example-driver v0.4.0 with ``--gpu-device-status``);
+* ``stale-after-update``: once it updated its slice in place (putting back devices someone removed), a deletion
+  within the next minute loses the slice for good, as upstream's ``kubeletplugin`` up to v0.37 does
+  (kubernetes/kubernetes#140011).
+
+Its slice holds its devices: one edited by someone else is put back in place.
 
 ``--device-status`` writes each prepared device's data (``{"name": ...}``) into its entry of the claim's
 ``status.devices``, keeping the rest of the entry and every other entry.
@@ -93,6 +98,7 @@ parser.add_argument(
         "taint-effect-none",
         "taint-every-device",
         "status-replaces",
+        "stale-after-update",
     ],
 )
 parser.add_argument("--device-status", action="store_true")
@@ -189,18 +195,36 @@ def retaint(obj):
     log(f"tainted {sorted(want)}")
 
 
+def correct(obj):
+    """Put back the devices someone else removed from (or added to) the slice, in place; returns whether it did."""
+    if sorted(d["name"] for d in obj["spec"].get("devices") or []) == sorted(DEVICES):
+        return False
+    body = slice_body()
+    body["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+    request("PUT", f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}", body)
+    log(f"updated {SLICE}: its devices were edited")
+    return True
+
+
 def publish_loop():
     published = False
+    updated_at = None  # stale-after-update: when it last updated its slice in place
+    lost = False  # stale-after-update: a deletion came within a minute of that update
     while not stop.is_set():
         try:
             obj = request("GET", f"/apis/resource.k8s.io/v1/resourceslices/{SLICE}")
             published = True
-            if TAINTS:
+            if correct(obj):
+                updated_at = time.monotonic()
+            elif TAINTS:
                 retaint(obj)
         except RuntimeError as exc:
-            if " 404 " not in str(exc):
+            gone = " 404 " in str(exc)
+            if gone and args.broken == "stale-after-update" and updated_at is not None:
+                lost = lost or time.monotonic() - updated_at < 60.0
+            if not gone:
                 log(f"reading my slice: {exc}")
-            elif not (published and args.broken == "no-republish"):
+            elif not (published and args.broken == "no-republish") and not lost:
                 try:
                     request("POST", "/apis/resource.k8s.io/v1/resourceslices", slice_body())
                     log(f"published {SLICE} with {len(DEVICES)} devices")
