@@ -6,6 +6,9 @@
 #                                      (kubernetes/kubernetes#141433; upstream fix: dra-example-driver PR #259)
 #   dra-example-kubeletplugin-v040     the same @ $DRA_EXAMPLE_V040_VERSION as released (still has that bug;
 #                                      its flags add --device-profile/--driver-name, default gpu / gpu.example.com)
+#   dra-example-kubeletplugin-v040-lib038  the same @ $DRA_EXAMPLE_V040_VERSION on k8s.io/dynamic-resource-allocation
+#                                      $DRA_LIBRARY_FIXED (Go $LIBRARY_TOOLCHAIN), + peers/dra-example/$DRA_LIBRARY_PATCH:
+#                                      the library with kubernetes/kubernetes#140011 fixed, a positive control
 #
 # usage: peers/build-dra.sh [NAME...]   (default: all). Prints "NAME BINARY" per peer on stdout.
 # A sibling of peers/build.sh with the same cache layout ($DEVPLUG_CACHE_DIR/peers/<name>-<version>-<hash>/
@@ -16,15 +19,18 @@
 DRA_EXAMPLE_VERSION=v0.2.1
 DRA_EXAMPLE_V040_VERSION=v0.4.0   # its go.mod says go 1.26.0: the local Go 1.26 builds it
 DRA_EXAMPLE_PATCH=recreate-cdi-spec-on-restored-claim.patch   # against $DRA_EXAMPLE_VERSION, applied with patch -p1
+DRA_LIBRARY_FIXED=v0.38.0-beta.0   # the first k8s.io/dynamic-resource-allocation with kubernetes/kubernetes#140063
+LIBRARY_TOOLCHAIN=go1.27.3         # v0.38 needs Go 1.27; the Go module proxy serves this toolchain
+DRA_LIBRARY_PATCH=kubeletplugin-library-v0.38.patch   # against $DRA_EXAMPLE_V040_VERSION: compiles on that library
 PEERS_DIR="$REPO_ROOT/peers"
 PEERS_CACHE="$CACHE_ROOT/peers"
-KNOWN="dra-example-kubeletplugin dra-example-kubeletplugin-patched dra-example-kubeletplugin-v040"
+KNOWN="dra-example-kubeletplugin dra-example-kubeletplugin-patched dra-example-kubeletplugin-v040 dra-example-kubeletplugin-v040-lib038"
 mkdir -p "$PEERS_CACHE"
 
 peer_version() {  # peer_version NAME: the dra-example-driver release NAME is built from
   case $1 in
     dra-example-kubeletplugin|dra-example-kubeletplugin-patched) echo "$DRA_EXAMPLE_VERSION" ;;
-    dra-example-kubeletplugin-v040) echo "$DRA_EXAMPLE_V040_VERSION" ;;
+    dra-example-kubeletplugin-v040|dra-example-kubeletplugin-v040-lib038) echo "$DRA_EXAMPLE_V040_VERSION" ;;
     *) die "unknown DRA peer '$1' (known: $KNOWN)" ;;
   esac
 }
@@ -32,6 +38,7 @@ peer_version() {  # peer_version NAME: the dra-example-driver release NAME is bu
 peer_patch() {  # peer_patch NAME: the patch applied to NAME's source (none: empty)
   case $1 in
     dra-example-kubeletplugin-patched) echo "$PEERS_DIR/dra-example/$DRA_EXAMPLE_PATCH" ;;
+    dra-example-kubeletplugin-v040-lib038) echo "$PEERS_DIR/dra-example/$DRA_LIBRARY_PATCH" ;;
   esac
 }
 
@@ -63,7 +70,14 @@ build_dra_example() {
     (cd "$out/src" && patch -p1 --batch --forward <"$patch" >&2) \
       || die "$name: applying $(basename "$patch") to dra-example-driver@$version failed"
   fi
-  (cd "$out/src" && CGO_ENABLED=0 "$GO" build -mod=mod -trimpath -ldflags "-s -w" \
+  local toolchain=${GOTOOLCHAIN:-local}
+  if [ "$name" = dra-example-kubeletplugin-v040-lib038 ]; then
+    toolchain=$LIBRARY_TOOLCHAIN
+    (cd "$out/src" && GOTOOLCHAIN=$toolchain GOFLAGS=-mod=mod "$GO" get \
+        "k8s.io/dynamic-resource-allocation@$DRA_LIBRARY_FIXED" >&2) \
+      || die "$name: could not upgrade k8s.io/dynamic-resource-allocation to $DRA_LIBRARY_FIXED"
+  fi
+  (cd "$out/src" && GOTOOLCHAIN=$toolchain CGO_ENABLED=0 "$GO" build -mod=mod -trimpath -ldflags "-s -w" \
       -o "$out/bin/$name" ./cmd/dra-example-kubeletplugin)
   rm -rf "$out/src"
 }

@@ -27,7 +27,12 @@ BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build.sh"
 BUILD_SCRIPTS = {
     **{
         name: BUILD_SCRIPT.with_name("build-dra.sh")
-        for name in ("dra-example-kubeletplugin", "dra-example-kubeletplugin-patched", "dra-example-kubeletplugin-v040")
+        for name in (
+            "dra-example-kubeletplugin",
+            "dra-example-kubeletplugin-patched",
+            "dra-example-kubeletplugin-v040",
+            "dra-example-kubeletplugin-v040-lib038",
+        )
     },
     # from a source tarball or checkout (the Go module proxy refuses the module): DEVPLUG_SRIOV_SOURCE or ../shared
     "sriovdp": BUILD_SCRIPT.with_name("build-source.sh"),

@@ -141,10 +141,23 @@ def test_example_driver_releases_lose_slices_updated_before_a_kubelet_start(
     peer: str, peer_binary: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """v0.2.1 and v0.4.0 as released: restarted with a device missing from their slice they update it in place, and
-    the kubelet's start right after deletes it for good. (v0.4.0 rebuilt on the library's v0.38.0-beta.0 passed the
-    same check: the verdict follows the library, not the harness.)"""
+    the kubelet's start right after deletes it for good (v0.4.0 on the fixed library passes: below)."""
     result = run_conformance(_command(peer_binary(peer)), ["-k", LIBRARY_BUG_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S)
     upstream_defect_verdict(result, peer, LIBRARY_BUG_CHECK, LIBRARY_BUG_SYMPTOM, LIBRARY_UPSTREAM)
+
+
+def test_example_driver_on_the_fixed_library_keeps_slices_updated_before_a_kubelet_start(
+    peer_binary: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The positive control of the strict xfail above: v0.4.0 built on k8s.io/dynamic-resource-allocation
+    v0.38.0-beta.0 (kubernetes/kubernetes#140063's fix; ``peers/dra-example/kubeletplugin-library-v0.38.patch``
+    only makes it compile there) publishes its slices again after the same update and kubelet start. So the
+    released drivers fail the check for their library, not for anything the harness does."""
+    binary = peer_binary("dra-example-kubeletplugin-v040-lib038")
+    result = run_conformance(_command(binary), ["-k", LIBRARY_BUG_CHECK], tmp_path, timeout=SUITE_TIMEOUT_S)
+    assert result.passed == [LIBRARY_BUG_CHECK], (
+        f"expected {LIBRARY_BUG_CHECK} to pass: failed {result.failed}, skipped {result.skipped}\n{result.output}"
+    )
 
 
 def _reboot_verdict(result: SuiteResult, what: str) -> None:
