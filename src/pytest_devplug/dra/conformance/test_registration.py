@@ -30,9 +30,13 @@ def test_driver_registers_with_the_kubelet(devplug_driver_started: DriverHandle)
     driver = devplug_driver_started
     assert_driver_registered(driver)
     assert driver.service in KUBELET_SERVICES, f"the kubelet chose {driver.service!r}; it supports {KUBELET_SERVICES}"
-    registered = [e for e in driver.node.registration_events() if e.kind == "registered" and e.name == driver.name]
-    assert registered, (
-        f"no registration of {driver.name} among the watcher's outcomes {driver.node.registration_events()}"
+    # the watcher records its outcome once the driver answered NotifyRegistrationStatus, after the kubelet's handler
+    # registered it (what assert_driver_registered saw): wait for the record, do not read it once
+    waited(
+        driver.node.registration_events,
+        lambda events: any(e.kind == "registered" and e.name == driver.name for e in events),
+        f"the watcher's outcomes to hold a registration of {driver.name}",
+        driver=driver,
     )
 
 
