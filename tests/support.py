@@ -177,7 +177,7 @@ WRITES_NO_DEVICE_STATUS = re.compile(r"writes nothing into a claim's status\.dev
 #: The check of kubernetes/kubernetes#140011, which every released driver on upstream's kubeletplugin library up to
 #: v0.37 fails, and what its failure says; a peer's whole-suite run deselects it as a driver's CI may
 #: (``NOT_LIBRARY_BUGS``), and a strict xfail of its own judges it.
-LIBRARY_BUG_CHECK = "test_slices_published_again_after_an_update_then_a_kubelet_start"
+LIBRARY_BUG_CHECK = "test_slices_come_back_after_an_update_then_a_kubelet_start"
 LIBRARY_BUG_SYMPTOM = "inherits kubernetes/kubernetes#140011"
 NOT_LIBRARY_BUGS = ("-m", "not upstream_library_bug")
 

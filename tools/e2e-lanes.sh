@@ -105,7 +105,7 @@ dra_included="test_failed_prepare_keeps_pod_pending_then_runs test_prepare_retri
   test_admin_access_leaves_the_pod_using_the_device_alone test_noexecute_taint_evicts_the_pod_and_unprepares_its_claim
   test_unprepare_after_a_restart_removes_the_claims_cdi_specs test_pods_come_back_with_their_devices_after_a_node_reboot
   test_checkpoint_contents test_device_status_keeps_what_others_wrote
-  test_slices_published_again_after_an_update_then_a_kubelet_start"
+  test_slices_come_back_after_an_update_then_a_kubelet_start"
 # the driver's own restarts, its slices across the kubelet's and its own restarts, the kubelet kept down, the other
 # half of the quick core
 dra_example="test_reregisters_after_driver_restart test_abrupt_kill_then_start_registers_again

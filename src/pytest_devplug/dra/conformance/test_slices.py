@@ -45,7 +45,7 @@ def test_node_slices_removed_on_kubelet_start_then_published_again(
 
 @pytest.mark.devplug_disruptive
 @pytest.mark.upstream_library_bug
-def test_slices_published_again_after_an_update_then_a_kubelet_start(devplug_driver: DriverHandle) -> None:
+def test_slices_come_back_after_an_update_then_a_kubelet_start(devplug_driver: DriverHandle) -> None:
     """kubernetes/kubernetes#140011, forced: a driver restarted (a rolling upgrade) finds its slice other than it
     publishes (the harness dropped a device while it was down) and updates it in place; the kubelet restarts right
     after, and its start deletes the node's slices. The driver must publish its devices again within 90 s, as after
