@@ -70,14 +70,14 @@ build_dra_example() {
     (cd "$out/src" && patch -p1 --batch --forward <"$patch" >&2) \
       || die "$name: applying $(basename "$patch") to dra-example-driver@$version failed"
   fi
-  local toolchain=${GOTOOLCHAIN:-local}
+  local go_env=()   # the toolchain: the environment's, but for the build on the newer library
   if [ "$name" = dra-example-kubeletplugin-v040-lib038 ]; then
-    toolchain=$LIBRARY_TOOLCHAIN
-    (cd "$out/src" && GOTOOLCHAIN=$toolchain GOFLAGS=-mod=mod "$GO" get \
+    go_env=("GOTOOLCHAIN=$LIBRARY_TOOLCHAIN")
+    (cd "$out/src" && env "${go_env[@]}" GOFLAGS=-mod=mod "$GO" get \
         "k8s.io/dynamic-resource-allocation@$DRA_LIBRARY_FIXED" >&2) \
       || die "$name: could not upgrade k8s.io/dynamic-resource-allocation to $DRA_LIBRARY_FIXED"
   fi
-  (cd "$out/src" && GOTOOLCHAIN=$toolchain CGO_ENABLED=0 "$GO" build -mod=mod -trimpath -ldflags "-s -w" \
+  (cd "$out/src" && env "${go_env[@]}" CGO_ENABLED=0 "$GO" build -mod=mod -trimpath -ldflags "-s -w" \
       -o "$out/bin/$name" ./cmd/dra-example-kubeletplugin)
   rm -rf "$out/src"
 }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from ..backends.base import NodeSpec
-from ..errors import RestError, UnsupportedOperationError, WaitTimeout
+from ..errors import DevplugAssertionError, RestError, UnsupportedOperationError, WaitTimeout
 from ..backends.dra import DriverSpec, dra_of
 from ..handles import ClusterHandle
 from ..waiting import wait_for
@@ -187,8 +187,6 @@ class ResyncWatch(Watch):
         driver = self.driver
         if driver is None or self.wiped_at is None:
             raise AssertionError(f"the driver's copy on {self.node_name} did not come up: {self.failed_start}")
-        from ..errors import DevplugAssertionError
-
         stale = sorted(s.name for s in list_slices(driver.dra.rest, driver=STALE_DRIVER))
         if stale != [self.other_node]:
             raise DevplugAssertionError(
@@ -251,17 +249,15 @@ def assert_slices_back_after_an_update_then_a_kubelet_start(
     kubernetes/kubernetes#140011 reconstructed from a rolling upgrade, forced: the harness's edit makes the update
     certain, where a real upgrade makes one only when the new release publishes something else."""
     __tracebackhide__ = True
-    from ..errors import DevplugAssertionError
-
     node = driver.node
-    before = sorted(driver.devices())
+    before = driver.devices()
     driver.stop()
     slice_name, device = _drop_a_device(driver)
     driver.start()
     assert_driver_registered(driver)
     try:
         wait_for(
-            lambda: sorted(driver.devices()),
+            driver.devices,
             lambda now: now == before,
             timeout=node.timeout,
             interval=0.2,
